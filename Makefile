@@ -1,0 +1,29 @@
+# Pigeon. `make run` starts a node on its embedded defaults; `make test` runs the test suite.
+PY ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+DATA ?= ./data
+
+.PHONY: run test lint bench soak clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV) || python3 -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/pigeon serve --host 127.0.0.1 --port 8085 --data-dir $(DATA)
+
+test: $(STAMP)
+	$(BIN)/lint-imports
+	$(BIN)/python -m pytest -q
+
+bench: $(STAMP)
+	$(BIN)/python scripts/first_reading.py
+
+clean:
+	rm -rf $(VENV) $(DATA) .pytest_cache

@@ -1,0 +1,3 @@
+from pigeon.cli.main import main
+
+main()

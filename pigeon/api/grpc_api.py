@@ -1,0 +1,348 @@
+"""The Pub/Sub v1 gRPC surface. Owns the rule: translation only — wire messages in, engine calls, wire
+messages out; a PigeonError becomes its gRPC status here and nowhere else.
+
+`google.pubsub_v1` ships message types but no servicers, so the services are generic handlers whose
+(de)serializers are the raw protobuf classes. Publish takes and Pull/StreamingPull return raw bytes so
+stored messages are spliced, not re-encoded."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+
+import grpc
+from google.pubsub_v1 import types
+
+from pigeon.core import limits, names, wire
+from pigeon.core.errors import InvalidArgument, PigeonError
+from pigeon.node.engine import Engine
+
+log = logging.getLogger("pigeon.api")
+
+pb = {n: getattr(types, n).pb() for n in dir(types) if isinstance(getattr(types, n), type) and hasattr(getattr(types, n), "pb")}
+
+
+def _status(code_name: str) -> grpc.StatusCode:
+    return grpc.StatusCode[code_name]
+
+
+def _translate(fn):
+    @functools.wraps(fn)
+    async def handler(self, request, context):
+        try:
+            return await fn(self, request, context)
+        except PigeonError as e:
+            await context.abort(_status(e.code), e.message)
+
+    return handler
+
+
+def _check_message(m) -> None:
+    if not m.data and not m.attributes:
+        raise InvalidArgument("Some messages in the publish request are empty. Each message must contain "
+                              "non-empty data, or at least one attribute.")
+    if len(m.data) > limits.message_data_bytes_max:
+        raise InvalidArgument(f"Message data is too large: the limit is {limits.message_data_bytes_max} bytes.")
+    if m.attributes:
+        if len(m.attributes) > limits.attributes_max:
+            raise InvalidArgument(
+                f"A message has {len(m.attributes)} attributes: the limit is {limits.attributes_max} per message.")
+        for k, v in m.attributes.items():
+            kb = len(k.encode())
+            if kb == 0 or kb > limits.attribute_key_bytes_max:
+                raise InvalidArgument(
+                    f"Attribute key ({k[:32]}) must be 1 to {limits.attribute_key_bytes_max} bytes long.")
+            if len(v.encode()) > limits.attribute_value_bytes_max:
+                raise InvalidArgument(
+                    f"The value of attribute {k} exceeds the limit of {limits.attribute_value_bytes_max} bytes.")
+            if k.startswith("goog"):
+                raise InvalidArgument(f'Attribute key ({k}) must not start with "goog": that prefix is reserved.')
+
+
+def _strip_server_fields(raw: bytes) -> bytes:
+    m = pb["PubsubMessage"].FromString(raw)
+    m.ClearField("message_id")
+    m.ClearField("publish_time")
+    return m.SerializeToString()
+
+
+class PubSubApi:
+    def __init__(self, engine: Engine):
+        self.engine = engine
+
+    # ---------------------------------------------------------------- Publisher
+    @_translate
+    async def create_topic(self, req, context):
+        return (await self.engine.create_topic(req)).SerializeToString()
+
+    @_translate
+    async def update_topic(self, req, context):
+        if not req.HasField("topic"):
+            raise InvalidArgument("topic must be set.")
+        return (await self.engine.update_topic(req.topic, req.update_mask)).SerializeToString()
+
+    @_translate
+    async def publish(self, raw: bytes, context):
+        if len(raw) > limits.publish_request_bytes_max + 64 * 1024:
+            raise InvalidArgument(
+                f"The publish request is too large: the limit is {limits.publish_request_bytes_max} bytes.")
+        req = pb["PublishRequest"].FromString(raw)
+        n = len(req.messages)
+        if n == 0:
+            raise InvalidArgument("The publish request must contain at least one message.")
+        if n > limits.publish_messages_max:
+            raise InvalidArgument(
+                f"The publish request has {n} messages: the limit is {limits.publish_messages_max} per request.")
+        key = req.messages[0].ordering_key
+        server_fields = False
+        for m in req.messages:
+            if m.attributes or not m.data or len(m.data) > limits.message_data_bytes_max:
+                _check_message(m)
+            if m.ordering_key != key:
+                raise InvalidArgument("All messages in one publish request must have the same ordering key.")
+            if m.message_id or m.HasField("publish_time"):
+                server_fields = True
+        if len(key.encode()) > limits.ordering_key_bytes_max:
+            raise InvalidArgument(f"The ordering key exceeds the limit of {limits.ordering_key_bytes_max} bytes.")
+        raws = wire.split_repeated(raw, 2)
+        if server_fields:  # a client set server-owned fields: drop them (slow path)
+            raws = [_strip_server_fields(r) for r in raws]
+        ids = await self.engine.publish(req.topic, raws, key)
+        return b"".join([wire.length_delimited(1, i.encode()) for i in ids])
+
+    @_translate
+    async def get_topic(self, req, context):
+        return self.engine.get_topic(req.topic).SerializeToString()
+
+    @_translate
+    async def list_topics(self, req, context):
+        project = names.project_of(req.project)
+        page, token = self.engine.list_topics(project, req.page_size, req.page_token)
+        reg = self.engine.registry
+        resp = pb["ListTopicsResponse"](topics=[reg.topics[n].config for n in page], next_page_token=token)
+        return resp.SerializeToString()
+
+    @_translate
+    async def list_topic_subscriptions(self, req, context):
+        page, token = self.engine.list_topic_subscriptions(req.topic, req.page_size, req.page_token)
+        return pb["ListTopicSubscriptionsResponse"](subscriptions=page, next_page_token=token).SerializeToString()
+
+    @_translate
+    async def list_topic_snapshots(self, req, context):
+        page, token = self.engine.list_topic_snapshots(req.topic, req.page_size, req.page_token)
+        return pb["ListTopicSnapshotsResponse"](snapshots=page, next_page_token=token).SerializeToString()
+
+    @_translate
+    async def delete_topic(self, req, context):
+        await self.engine.delete_topic(req.topic)
+        return b""
+
+    # ---------------------------------------------------------------- Subscriber
+    @_translate
+    async def create_subscription(self, req, context):
+        return (await self.engine.create_subscription(req)).SerializeToString()
+
+    @_translate
+    async def get_subscription(self, req, context):
+        return self.engine.get_subscription(req.subscription).SerializeToString()
+
+    @_translate
+    async def update_subscription(self, req, context):
+        if not req.HasField("subscription"):
+            raise InvalidArgument("subscription must be set.")
+        return (await self.engine.update_subscription(req.subscription, req.update_mask)).SerializeToString()
+
+    @_translate
+    async def list_subscriptions(self, req, context):
+        project = names.project_of(req.project)
+        page, token = self.engine.list_subscriptions(project, req.page_size, req.page_token)
+        subs = [self.engine.get_subscription(n) for n in page]
+        return pb["ListSubscriptionsResponse"](subscriptions=subs, next_page_token=token).SerializeToString()
+
+    @_translate
+    async def delete_subscription(self, req, context):
+        await self.engine.delete_subscription(req.subscription)
+        return b""
+
+    @_translate
+    async def modify_ack_deadline(self, req, context):
+        if not req.ack_ids:
+            raise InvalidArgument("ack_ids must not be empty.")
+        await self.engine.modify_ack_deadline(req.subscription, list(req.ack_ids), req.ack_deadline_seconds)
+        return b""
+
+    @_translate
+    async def acknowledge(self, req, context):
+        await self.engine.acknowledge(req.subscription, list(req.ack_ids))
+        return b""
+
+    @_translate
+    async def pull(self, req, context):
+        rms = await self.engine.pull(req.subscription, req.max_messages, req.return_immediately)
+        return b"".join([wire.length_delimited(1, rm) for rm in rms])
+
+    async def streaming_pull(self, request_iterator, context):
+        engine = self.engine
+        stream = None
+        reader = None
+        try:
+            try:
+                first = await request_iterator.__anext__()
+            except StopAsyncIteration:
+                return
+            if not first.subscription:
+                raise InvalidArgument("The first StreamingPullRequest must set subscription.")
+            if first.modify_deadline_seconds or first.modify_deadline_ack_ids:
+                if len(first.modify_deadline_seconds) != len(first.modify_deadline_ack_ids):
+                    raise InvalidArgument(
+                        "modify_deadline_seconds and modify_deadline_ack_ids must have the same length.")
+            stream = engine.open_stream(
+                first.subscription,
+                first.client_id,
+                first.stream_ack_deadline_seconds,
+                first.max_outstanding_messages or limits.stream_outstanding_messages_default,
+                first.max_outstanding_bytes,
+            )
+            self._stream_requests(stream, first)
+            reader = asyncio.create_task(self._read_requests(stream, request_iterator))
+            cfg = stream.sub.config
+            props = wire.length_delimited(
+                4,
+                (b"\x08\x01" if cfg.enable_exactly_once_delivery else b"")
+                + (b"\x10\x01" if cfg.enable_message_ordering else b""),
+            )
+            while True:
+                rms = await engine.stream_next(stream)
+                if not rms:
+                    return
+                for resp in _responses(rms, props):
+                    yield resp
+        except PigeonError as e:
+            await context.abort(_status(e.code), e.message)
+        finally:
+            if reader is not None:
+                reader.cancel()
+            if stream is not None:
+                engine.close_stream(stream)
+
+    def _stream_requests(self, stream, req) -> None:
+        if req.ack_ids:
+            self.engine.stream_acks(stream, list(req.ack_ids))
+        if req.modify_deadline_ack_ids or req.modify_deadline_seconds:
+            self.engine.modify_deadlines(stream.sub, list(req.modify_deadline_ack_ids), list(req.modify_deadline_seconds))
+
+    async def _read_requests(self, stream, request_iterator) -> None:
+        try:
+            async for req in request_iterator:
+                self._stream_requests(stream, req)
+        except PigeonError as e:
+            stream.error = e
+        except (asyncio.CancelledError, grpc.RpcError):
+            return
+        else:
+            stream.ended = True
+        self.engine.signal(stream.sub.uid).notify()
+
+    @_translate
+    async def modify_push_config(self, req, context):
+        s = self.engine.registry.sub(req.subscription)
+        sub = pb["Subscription"](name=s.name, push_config=req.push_config)
+        mask = pb["UpdateSubscriptionRequest"](update_mask={"paths": ["push_config"]}).update_mask
+        await self.engine.update_subscription(sub, mask)
+        return b""
+
+    @_translate
+    async def get_snapshot(self, req, context):
+        return self.engine.get_snapshot(req.snapshot).SerializeToString()
+
+    @_translate
+    async def list_snapshots(self, req, context):
+        project = names.project_of(req.project)
+        page, token = self.engine.list_snapshots(project, req.page_size, req.page_token)
+        snaps = [self.engine.get_snapshot(n) for n in page]
+        return pb["ListSnapshotsResponse"](snapshots=snaps, next_page_token=token).SerializeToString()
+
+    @_translate
+    async def create_snapshot(self, req, context):
+        snap = await self.engine.create_snapshot(req.name, req.subscription, dict(req.labels))
+        return snap.SerializeToString()
+
+    @_translate
+    async def update_snapshot(self, req, context):
+        return (await self.engine.update_snapshot(req.snapshot, req.update_mask)).SerializeToString()
+
+    @_translate
+    async def delete_snapshot(self, req, context):
+        await self.engine.delete_snapshot(req.snapshot)
+        return b""
+
+    @_translate
+    async def seek(self, req, context):
+        which = req.WhichOneof("target")
+        if which == "time":
+            await self.engine.seek(req.subscription, req.time.ToMilliseconds(), None)
+        elif which == "snapshot":
+            await self.engine.seek(req.subscription, None, req.snapshot)
+        else:
+            raise InvalidArgument("Seek needs either time or snapshot.")
+        return b""
+
+    # ---------------------------------------------------------------- wiring
+    def handlers(self) -> list[grpc.GenericRpcHandler]:
+        def unary(fn, request_type):
+            de = pb[request_type].FromString if request_type else None
+            return grpc.unary_unary_rpc_method_handler(
+                functools.partial(fn), request_deserializer=de, response_serializer=None
+            )
+
+        publisher = {
+            "CreateTopic": unary(self.create_topic, "Topic"),
+            "UpdateTopic": unary(self.update_topic, "UpdateTopicRequest"),
+            "Publish": unary(self.publish, None),
+            "GetTopic": unary(self.get_topic, "GetTopicRequest"),
+            "ListTopics": unary(self.list_topics, "ListTopicsRequest"),
+            "ListTopicSubscriptions": unary(self.list_topic_subscriptions, "ListTopicSubscriptionsRequest"),
+            "ListTopicSnapshots": unary(self.list_topic_snapshots, "ListTopicSnapshotsRequest"),
+            "DeleteTopic": unary(self.delete_topic, "DeleteTopicRequest"),
+        }
+        subscriber = {
+            "CreateSubscription": unary(self.create_subscription, "Subscription"),
+            "GetSubscription": unary(self.get_subscription, "GetSubscriptionRequest"),
+            "UpdateSubscription": unary(self.update_subscription, "UpdateSubscriptionRequest"),
+            "ListSubscriptions": unary(self.list_subscriptions, "ListSubscriptionsRequest"),
+            "DeleteSubscription": unary(self.delete_subscription, "DeleteSubscriptionRequest"),
+            "ModifyAckDeadline": unary(self.modify_ack_deadline, "ModifyAckDeadlineRequest"),
+            "Acknowledge": unary(self.acknowledge, "AcknowledgeRequest"),
+            "Pull": unary(self.pull, "PullRequest"),
+            "StreamingPull": grpc.stream_stream_rpc_method_handler(
+                self.streaming_pull,
+                request_deserializer=pb["StreamingPullRequest"].FromString,
+                response_serializer=None,
+            ),
+            "ModifyPushConfig": unary(self.modify_push_config, "ModifyPushConfigRequest"),
+            "GetSnapshot": unary(self.get_snapshot, "GetSnapshotRequest"),
+            "ListSnapshots": unary(self.list_snapshots, "ListSnapshotsRequest"),
+            "CreateSnapshot": unary(self.create_snapshot, "CreateSnapshotRequest"),
+            "UpdateSnapshot": unary(self.update_snapshot, "UpdateSnapshotRequest"),
+            "DeleteSnapshot": unary(self.delete_snapshot, "DeleteSnapshotRequest"),
+            "Seek": unary(self.seek, "SeekRequest"),
+        }
+        return [
+            grpc.method_handlers_generic_handler("google.pubsub.v1.Publisher", publisher),
+            grpc.method_handlers_generic_handler("google.pubsub.v1.Subscriber", subscriber),
+        ]
+
+
+def _responses(rms: list[bytes], props: bytes):
+    """StreamingPullResponse bytes, each under the client's 4 MiB receive limit."""
+    parts: list[bytes] = [props]
+    size = len(props)
+    for rm in rms:
+        item = wire.length_delimited(1, rm)
+        if size + len(item) > limits.response_bytes_max and len(parts) > 1:
+            yield b"".join(parts)
+            parts, size = [props], len(props)
+        parts.append(item)
+        size += len(item)
+    yield b"".join(parts)

@@ -1,0 +1,65 @@
+"""Runs one node: the engine and the gRPC server on one event loop, until SIGTERM/SIGINT.
+
+Shutdown order: refuse new work and end open streams with UNAVAILABLE (clients reconnect elsewhere or
+later), let in-flight calls finish, write a checkpoint, close the WAL."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+import grpc
+
+from pigeon.api.grpc_api import PubSubApi
+from pigeon.core import limits
+from pigeon.node.engine import Engine
+from pigeon.ops.config import Config
+
+log = logging.getLogger("pigeon.server")
+
+
+async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
+    engine = Engine(config)
+    await engine.start()
+    server = grpc.aio.server(
+        options=[
+            ("grpc.max_receive_message_length", limits.grpc_receive_bytes_max),
+            ("grpc.max_send_message_length", limits.grpc_receive_bytes_max),
+            ("grpc.so_reuseport", 0),
+        ]
+    )
+    api = PubSubApi(engine)
+    server.add_generic_rpc_handlers(api.handlers())
+    address = f"{config.host}:{config.port}"
+    port = server.add_insecure_port(address)
+    if port == 0:
+        raise SystemExit(f"cannot listen on {address}")
+    await server.start()
+    log.info("pigeon serving on %s:%d (data %s, fsync=%s)", config.host, port, config.data_dir, config.fsync)
+    print(f"pigeon: listening on {config.host}:{port}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    if ready is not None:
+        ready.set()
+    await stop.wait()
+    log.info("shutting down")
+    engine.closing = True
+    for s in engine.signals.values():
+        s.notify()
+    await server.stop(grace=2.0)
+    await engine.stop()
+    log.info("stopped")
+
+
+def run(config: Config) -> None:
+    logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    asyncio.run(serve(config))

@@ -1,0 +1,163 @@
+"""Topic, subscription and snapshot configuration. Owns the rules: documented limits and defaults on
+resource configuration, which fields an update mask may touch, and label syntax."""
+
+from __future__ import annotations
+
+import re
+
+from google.pubsub_v1 import types
+
+from pigeon.core import limits, names
+from pigeon.core.errors import InvalidArgument
+
+Topic = types.Topic.pb()
+Subscription = types.Subscription.pb()
+Snapshot = types.Snapshot.pb()
+
+_LABEL_KEY = re.compile(r"[a-z][a-z0-9_\-]{0,62}\Z")
+_LABEL_VALUE = re.compile(r"[a-z0-9_\-]{0,63}\Z")
+
+TOPIC_MUTABLE = frozenset(
+    {
+        "labels",
+        "message_storage_policy",
+        "kms_key_name",
+        "schema_settings",
+        "message_retention_duration",
+        "ingestion_data_source_settings",
+        "message_transforms",
+    }
+)
+SUBSCRIPTION_MUTABLE = frozenset(
+    {
+        "push_config",
+        "bigquery_config",
+        "cloud_storage_config",
+        "ack_deadline_seconds",
+        "retain_acked_messages",
+        "message_retention_duration",
+        "labels",
+        "expiration_policy",
+        "dead_letter_policy",
+        "retry_policy",
+        "enable_exactly_once_delivery",
+        "message_transforms",
+    }
+)
+SNAPSHOT_MUTABLE = frozenset({"labels", "expire_time"})
+
+
+def duration_s(d) -> float:
+    return d.seconds + d.nanos / 1e9
+
+
+def check_labels(labels) -> None:
+    if len(labels) > limits.labels_max:
+        raise InvalidArgument(f"Too many labels: at most {limits.labels_max} are allowed (got {len(labels)}).")
+    for k, v in labels.items():
+        if not _LABEL_KEY.match(k):
+            raise InvalidArgument(
+                f"Invalid label key ({k}): keys start with a lowercase letter and hold at most "
+                f"{limits.label_chars_max} lowercase letters, digits, '_' or '-'."
+            )
+        if not _LABEL_VALUE.match(v):
+            raise InvalidArgument(
+                f"Invalid label value ({v}) for key {k}: at most {limits.label_chars_max} lowercase letters, "
+                "digits, '_' or '-'."
+            )
+
+
+def _check_retention(d, what: str) -> None:
+    s = duration_s(d)
+    if not limits.retention_s_min <= s <= limits.retention_s_max:
+        raise InvalidArgument(
+            f"Invalid {what}: it must be between {limits.retention_s_min}s (10 minutes) and "
+            f"{limits.retention_s_max}s (31 days), got {s:g}s."
+        )
+
+
+def check_topic(t) -> None:
+    """Validate a Topic in place."""
+    names.split(t.name, "topics")
+    check_labels(t.labels)
+    if t.HasField("message_retention_duration"):
+        _check_retention(t.message_retention_duration, "message_retention_duration")
+
+
+def check_subscription(s, *, creating: bool) -> None:
+    """Validate a Subscription and fill in the service's defaults, in place."""
+    names.split(s.name, "subscriptions")
+    check_labels(s.labels)
+    if s.ack_deadline_seconds == 0:
+        s.ack_deadline_seconds = limits.ack_deadline_s_default
+    if not limits.ack_deadline_s_min <= s.ack_deadline_seconds <= limits.ack_deadline_s_max:
+        raise InvalidArgument(
+            f"Invalid ack_deadline_seconds: it must be between {limits.ack_deadline_s_min} and "
+            f"{limits.ack_deadline_s_max} seconds (got {s.ack_deadline_seconds})."
+        )
+    if s.HasField("message_retention_duration"):
+        _check_retention(s.message_retention_duration, "message_retention_duration")
+    else:
+        s.message_retention_duration.seconds = limits.subscription_retention_s_default
+    if creating and not s.HasField("expiration_policy"):
+        s.expiration_policy.ttl.seconds = limits.expiration_ttl_s_default
+    if s.HasField("expiration_policy") and s.expiration_policy.HasField("ttl"):
+        ttl = duration_s(s.expiration_policy.ttl)
+        if ttl < limits.expiration_ttl_s_min:
+            raise InvalidArgument(
+                f"Invalid expiration_policy.ttl: it must be at least {limits.expiration_ttl_s_min}s (1 day), "
+                f"got {ttl:g}s."
+            )
+        if ttl < duration_s(s.message_retention_duration):
+            raise InvalidArgument(
+                "Invalid expiration_policy.ttl: it must be at least the subscription's message_retention_duration."
+            )
+    if s.HasField("dead_letter_policy"):
+        dlp = s.dead_letter_policy
+        if dlp.max_delivery_attempts == 0:
+            dlp.max_delivery_attempts = 5
+        if not 5 <= dlp.max_delivery_attempts <= 100:
+            raise InvalidArgument(
+                f"Invalid dead_letter_policy.max_delivery_attempts: it must be between 5 and 100 "
+                f"(got {dlp.max_delivery_attempts})."
+            )
+        if dlp.dead_letter_topic:
+            names.split(dlp.dead_letter_topic, "topics")
+    if s.HasField("retry_policy"):
+        rp = s.retry_policy
+        lo = duration_s(rp.minimum_backoff) if rp.HasField("minimum_backoff") else 10.0
+        hi = duration_s(rp.maximum_backoff) if rp.HasField("maximum_backoff") else 600.0
+        if not (0 <= lo <= 600 and 0 <= hi <= 600 and lo <= hi):
+            raise InvalidArgument(
+                "Invalid retry_policy: minimum_backoff and maximum_backoff must be between 0 and 600 seconds "
+                "and minimum_backoff must not exceed maximum_backoff."
+            )
+    if len(s.filter.encode()) > 256:
+        raise InvalidArgument("Invalid filter: it must be at most 256 bytes.")
+    if s.push_config.push_endpoint and not re.match(r"https?://", s.push_config.push_endpoint):
+        raise InvalidArgument(f"Invalid push_endpoint ({s.push_config.push_endpoint}): it must be an http(s) URL.")
+    s.state = types.Subscription.State.ACTIVE
+
+
+def apply_mask(current, update, mask, mutable: frozenset[str], kind: str):
+    """A copy of `current` with the fields named in `mask` taken from `update`."""
+    if not mask.paths:
+        raise InvalidArgument("The update_mask must be set and name at least one field.")
+    merged = type(current)()
+    merged.CopyFrom(current)
+    for path in mask.paths:
+        top = path.split(".")[0]
+        if top not in mutable:
+            raise InvalidArgument(f"Invalid update_mask path ({path}): the {kind} field {top} cannot be updated.")
+        if top in ("labels",):
+            merged.ClearField(top)
+            merged.labels.update(update.labels)
+            continue
+        field = current.DESCRIPTOR.fields_by_name[top]
+        if field.message_type is not None:
+            merged.ClearField(top)
+            if update.HasField(top):
+                getattr(merged, top).CopyFrom(getattr(update, top))
+        else:
+            setattr(merged, top, getattr(update, top))
+    return merged

@@ -1,0 +1,124 @@
+"""Topic shards as compact indexes. Owns the rule: offsets are dense and monotonic per shard, and a
+message is visible to subscribers only once it is durable (offset < shard.durable).
+
+No per-message Python object: a shard keeps three arrays with one entry per published *batch*
+(base offset, WAL position of the batch's record, publish time in ms)."""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+from array import array
+
+import crc32c
+
+from pigeon.core import limits
+
+SHARD_MASK = (1 << limits.shard_bits) - 1
+
+
+def msgnum(offset: int, shard: int) -> int:
+    return (offset << limits.shard_bits) | shard
+
+
+def split_msgnum(num: int) -> tuple[int, int]:
+    """message number → (offset, shard)"""
+    return num >> limits.shard_bits, num & SHARD_MASK
+
+
+class ShardIndex:
+    __slots__ = ("next", "durable", "base", "pos", "ms", "bytes")
+
+    def __init__(self, start: int = 0):
+        self.next = start  # next offset to assign
+        self.durable = start  # offsets below are on disk
+        self.base = array("q")  # first offset of each batch
+        self.pos = array("q")  # WAL position of each batch's record
+        self.ms = array("q")  # publish time of each batch (ms, non-decreasing)
+        self.bytes = 0  # payload bytes retained (approximate, for metrics)
+
+    def append(self, count: int, pos: int, publish_ms: int) -> int:
+        assert count > 0
+        if self.ms and publish_ms < self.ms[-1]:
+            publish_ms = self.ms[-1]  # keep time monotonic per shard for seek-by-time bisection
+        base = self.next
+        self.base.append(base)
+        self.pos.append(pos)
+        self.ms.append(publish_ms)
+        self.next = base + count
+        return base
+
+    def first(self) -> int:
+        """The oldest offset still indexed."""
+        return self.base[0] if self.base else self.next
+
+    def batch_of(self, offset: int) -> int:
+        """Index of the batch holding `offset` (which must be retained)."""
+        i = bisect.bisect_right(self.base, offset) - 1
+        assert i >= 0 and offset < self.next, (offset, self.first(), self.next)
+        return i
+
+    def batch_end(self, i: int) -> int:
+        return self.base[i + 1] if i + 1 < len(self.base) else self.next
+
+    def offset_at_ms(self, ms: int) -> int:
+        """First offset published at or after `ms` (self.next when none)."""
+        i = bisect.bisect_left(self.ms, ms)
+        return self.base[i] if i < len(self.base) else self.next
+
+    def publish_ms(self, offset: int) -> int:
+        return self.ms[self.batch_of(offset)]
+
+    def trim_before(self, offset: int) -> None:
+        """Forget batches that end at or before `offset`."""
+        if offset >= self.next:
+            i = len(self.base)
+        else:
+            i = bisect.bisect_right(self.base, offset) - 1  # the batch holding `offset` stays
+        if i > 0:
+            del self.base[:i], self.pos[:i], self.ms[:i]
+
+    def export(self) -> tuple[int, bytes, bytes, bytes]:
+        return self.next, self.base.tobytes(), self.pos.tobytes(), self.ms.tobytes()
+
+    @classmethod
+    def restore(cls, next_offset: int, base: bytes, pos: bytes, ms: bytes) -> "ShardIndex":
+        s = cls(next_offset)
+        s.base.frombytes(base)
+        s.pos.frombytes(pos)
+        s.ms.frombytes(ms)
+        return s
+
+
+class TopicState:
+    """A topic: its configuration (the Topic proto), shard indexes, and attached subscriptions."""
+
+    def __init__(self, uid: int, name: str, config, shard_count: int):
+        assert 1 <= shard_count <= limits.shards_per_topic_max
+        self.uid = uid
+        self.name = name
+        self.config = config
+        self.shards = [ShardIndex() for _ in range(shard_count)]
+        self.subscriptions: set[int] = set()
+        self.deleted = False
+        self._rr = itertools.cycle(range(shard_count))
+
+    def shard_for(self, ordering_key: str) -> int:
+        """Per-key order is shard order: a key always maps to the same shard (stable hash)."""
+        if ordering_key:
+            return crc32c.crc32c(ordering_key.encode()) % len(self.shards)
+        return next(self._rr)
+
+    def message_id(self, offset: int, shard: int) -> str:
+        return str((((self.uid << limits.topic_offset_bits) | offset) << limits.shard_bits) | shard)
+
+    def backlog_end(self) -> list[int]:
+        return [s.next for s in self.shards]
+
+
+def parse_message_id(message_id: str) -> tuple[int, int, int]:
+    """message id → (topic uid, offset, shard)"""
+    n = int(message_id)
+    shard = n & SHARD_MASK
+    n >>= limits.shard_bits
+    return n >> limits.topic_offset_bits, n & ((1 << limits.topic_offset_bits) - 1), shard

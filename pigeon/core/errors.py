@@ -1,0 +1,47 @@
+"""Operational errors. Owns the rule: every error a client can cause is a PigeonError carrying its
+gRPC status code name and HTTP status; the API boundary translates them once (api.status)."""
+
+from __future__ import annotations
+
+
+class PigeonError(Exception):
+    """Base of operational errors. `code` is the google.rpc.Code name, `http` the HTTP status."""
+
+    code = "INTERNAL"
+    http = 500
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidArgument(PigeonError):
+    code, http = "INVALID_ARGUMENT", 400
+
+
+class NotFound(PigeonError):
+    code, http = "NOT_FOUND", 404
+
+
+class AlreadyExists(PigeonError):
+    code, http = "ALREADY_EXISTS", 409
+
+
+class FailedPrecondition(PigeonError):
+    code, http = "FAILED_PRECONDITION", 400
+
+
+class ResourceExhausted(PigeonError):
+    code, http = "RESOURCE_EXHAUSTED", 429
+
+
+class Unavailable(PigeonError):
+    code, http = "UNAVAILABLE", 503
+
+
+class Aborted(PigeonError):
+    code, http = "ABORTED", 409
+
+
+class Unimplemented(PigeonError):
+    code, http = "UNIMPLEMENTED", 501

@@ -1,0 +1,58 @@
+"""Every limit in one place, units last. Owns the rule: no other module hard-codes a limit.
+Pub/Sub's documented limits come first (reference/pubsub-api.md), Pigeon's own after."""
+
+from __future__ import annotations
+
+# --- Pub/Sub v1 documented limits -------------------------------------------------------------
+name_chars_min = 3
+name_chars_max = 255
+publish_messages_max = 1_000
+publish_request_bytes_max = 10_000_000
+message_data_bytes_max = 10_000_000
+attributes_max = 100
+attribute_key_bytes_max = 256
+attribute_value_bytes_max = 1_024
+ordering_key_bytes_max = 1_024
+ack_deadline_s_min = 10
+ack_deadline_s_max = 600
+ack_deadline_s_default = 10
+modify_deadline_s_max = 600
+retention_s_min = 600
+retention_s_max = 31 * 86_400
+subscription_retention_s_default = 7 * 86_400
+expiration_ttl_s_min = 86_400
+expiration_ttl_s_default = 31 * 86_400
+pull_messages_max = 1_000
+ack_ids_per_request_max = 2_500
+snapshot_lifetime_s_max = 7 * 86_400
+snapshot_lifetime_s_min = 3_600
+labels_max = 64
+label_chars_max = 63
+list_page_size_max = 1_000
+list_page_size_default = 100
+
+# --- Pigeon's own -----------------------------------------------------------------------------
+response_bytes_max = 4 * 1024 * 1024 - 64 * 1024  # stay under the client's default 4 MiB receive limit
+grpc_receive_bytes_max = 20 * 1024 * 1024
+shards_per_topic_max = 64
+shards_per_topic_default = 4
+shard_bits = 6  # message number = offset << shard_bits | shard
+topic_offset_bits = 40  # message id = (topic uid << topic_offset_bits | offset) << shard_bits | shard
+segment_bytes_max = 64 * 1024 * 1024
+record_bytes_max = 16 * 1024 * 1024
+group_commit_bytes_max = 8 * 1024 * 1024
+checkpoint_wal_bytes_max = 256 * 1024 * 1024  # take a checkpoint after this much WAL
+checkpoint_interval_s_max = 60.0
+read_cache_bytes_max = 64 * 1024 * 1024
+pull_wait_s_max = 10.0
+stream_outstanding_messages_default = 1_000
+stream_response_messages_max = 1_000
+lease_tick_s = 0.05
+retention_tick_s = 5.0
+
+assert 1 << shard_bits >= shards_per_topic_max
+assert publish_request_bytes_max + 1024 * 1024 <= record_bytes_max
+assert record_bytes_max <= segment_bytes_max
+assert publish_request_bytes_max <= grpc_receive_bytes_max
+assert ack_deadline_s_min <= ack_deadline_s_default <= ack_deadline_s_max
+assert snapshot_lifetime_s_min < snapshot_lifetime_s_max

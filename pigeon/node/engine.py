@@ -1,0 +1,619 @@
+"""The node's engine: wires the pure broker state to the WAL, the reader and the event loop.
+
+Owns the rules: a state change is applied to memory, logged, and answered only once its record is
+durable; a published message becomes visible to subscribers only once durable; checkpoints are written
+only after the WAL covers their position. Every public coroutine here is one API call."""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import logging
+import os
+import time
+import uuid
+
+from pigeon.broker import resources
+from pigeon.broker.registry import Registry, SnapshotState, pb64
+from pigeon.broker.subscription import SubscriptionState
+from pigeon.core import limits, names, wire
+from pigeon.core.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, Unavailable
+from pigeon.node import recovery
+from pigeon.node.reader import MessageReader
+from pigeon.node.wal import Wal, fsync_dir
+from pigeon.ops.config import Config
+from pigeon.storage import payloads
+
+log = logging.getLogger("pigeon.engine")
+
+
+class WallClock:
+    def now(self) -> float:
+        return time.time()
+
+
+class Signal:
+    """Wakes every coroutine waiting on it (new messages, released leases, resets)."""
+
+    __slots__ = ("_futs",)
+
+    def __init__(self):
+        self._futs: list[asyncio.Future] = []
+
+    def notify(self) -> None:
+        futs, self._futs = self._futs, []
+        for f in futs:
+            if not f.done():
+                f.set_result(None)
+
+    async def wait(self, timeout: float) -> None:
+        fut = asyncio.get_running_loop().create_future()
+        self._futs.append(fut)
+        try:
+            await asyncio.wait_for(fut, timeout)
+        except asyncio.TimeoutError:
+            pass
+        finally:
+            if fut in self._futs:
+                self._futs.remove(fut)
+
+
+class Stream:
+    """One StreamingPull stream's flow control: what it holds and how much more it may take."""
+
+    def __init__(self, sub: SubscriptionState, client_id: str, deadline_s: int, max_messages: int, max_bytes: int):
+        self.sub = sub
+        self.client_id = client_id
+        self.deadline_s = deadline_s
+        self.max_messages = max_messages if max_messages > 0 else 1 << 62
+        self.max_bytes = max_bytes if max_bytes > 0 else 1 << 62
+        self.held: dict[int, int] = {}  # message number → bytes
+        self.held_bytes = 0
+        self.error: Exception | None = None  # set by the request reader: ends the stream with it
+        self.ended = False  # the client half-closed
+
+    def release(self, num: int) -> None:
+        self.held_bytes -= self.held.pop(num, 0)
+
+    def room(self) -> int:
+        if self.held_bytes >= self.max_bytes:
+            return 0
+        return max(0, self.max_messages - len(self.held))
+
+
+def _parse_ack_id(sub_uid: int, ack_id: str) -> tuple[int, int] | None:
+    """ack id "uid.num.version" → (num, version); None when it belongs to another subscription."""
+    try:
+        uid, num, version = ack_id.split(".")
+        if int(uid) != sub_uid:
+            return None
+        return int(num), int(version)
+    except ValueError:
+        raise InvalidArgument(f"You have passed an invalid ack ID to the service (ack_id={ack_id[:64]}).") from None
+
+
+class Engine:
+    def __init__(self, config: Config, clock=None):
+        self.config = config
+        self.clock = clock or WallClock()
+        self.registry = Registry()
+        self.wal = Wal(
+            os.path.join(config.data_dir, "wal"), config.fsync, config.segment_bytes, limits.group_commit_bytes_max
+        )
+        self.reader = MessageReader(self.wal, limits.read_cache_bytes_max)
+        self.signals: dict[int, Signal] = {}
+        self.closing = False
+        self.report: recovery.Report | None = None
+        self._checkpoints: list[int] = []
+        self._last_ck_time = 0.0
+        self._maintenance: asyncio.Task | None = None
+        self._ck_lock = asyncio.Lock()
+
+    # --- lifecycle -------------------------------------------------------------------------------
+    async def start(self) -> None:
+        os.makedirs(os.path.join(self.config.data_dir, "checkpoints"), exist_ok=True)
+        loop = asyncio.get_running_loop()
+        t0 = time.monotonic()
+        self.report = await loop.run_in_executor(
+            None, lambda: recovery.recover(self.config.data_dir, self.registry, repair=True)
+        )
+        for line in self.report.lines():
+            log.error("recovery: %s", line)
+        self.wal.open(self.report.tail)
+        self._checkpoints = recovery.list_checkpoints(self._ck_dir)
+        self._last_ck_time = self.clock.now()
+        log.info(
+            "recovered %d topics, %d subscriptions, %d records replayed in %.3fs",
+            len(self.registry.topics),
+            len(self.registry.subs),
+            self.report.replayed_records,
+            time.monotonic() - t0,
+        )
+        self._maintenance = asyncio.create_task(self._maintain())
+
+    async def stop(self) -> None:
+        self.closing = True
+        for sig in self.signals.values():
+            sig.notify()
+        if self._maintenance:
+            self._maintenance.cancel()
+        try:
+            await self.checkpoint()
+        except Exception:  # the WAL still holds everything; a checkpoint only speeds up the next start
+            log.exception("final checkpoint failed")
+        await self.wal.close()
+
+    @property
+    def _ck_dir(self) -> str:
+        return os.path.join(self.config.data_dir, "checkpoints")
+
+    def signal(self, sub_uid: int) -> Signal:
+        sig = self.signals.get(sub_uid)
+        if sig is None:
+            sig = self.signals[sub_uid] = Signal()
+        return sig
+
+    def _check_open(self) -> None:
+        if self.closing:
+            raise Unavailable("The server is shutting down; retry on another connection.")
+
+    async def _log_change(self, change: dict) -> None:
+        self.registry.apply(change)
+        self.wal.append(payloads.meta_record(change))
+        await self.wal.wait_durable(self.wal.tail)
+
+    # --- topics ----------------------------------------------------------------------------------
+    async def create_topic(self, topic):
+        self._check_open()
+        resources.check_topic(topic)
+        if topic.name in self.registry.topics:
+            raise AlreadyExists("Resource already exists in the project (resource=%s)." % topic.name.split("/")[-1])
+        uid = self.registry.next_uid
+        await self._log_change(
+            {"op": "topic.put", "uid": uid, "pb": pb64(topic), "shards": self.config.shards_per_topic}
+        )
+        return self.registry.topics_by_uid[uid].config
+
+    def get_topic(self, name: str):
+        return self.registry.topic(name).config
+
+    async def update_topic(self, topic, mask):
+        self._check_open()
+        t = self.registry.topic(topic.name)
+        merged = resources.apply_mask(t.config, topic, mask, resources.TOPIC_MUTABLE, "topic")
+        resources.check_topic(merged)
+        await self._log_change({"op": "topic.put", "uid": t.uid, "pb": pb64(merged), "shards": len(t.shards)})
+        return t.config
+
+    async def delete_topic(self, name: str) -> None:
+        self._check_open()
+        t = self.registry.topic(name)
+        await self._log_change({"op": "topic.del", "uid": t.uid})
+
+    def list_topics(self, project: str, page_size: int, token: str):
+        prefix = f"projects/{project}/topics/"
+        return _page(sorted(n for n in self.registry.topics if n.startswith(prefix)), page_size, token)
+
+    def list_topic_subscriptions(self, topic_name: str, page_size: int, token: str):
+        t = self.registry.topic(topic_name)
+        subs = sorted(self.registry.subs_by_uid[u].name for u in t.subscriptions)
+        return _page(subs, page_size, token)
+
+    def list_topic_snapshots(self, topic_name: str, page_size: int, token: str):
+        t = self.registry.topic(topic_name)
+        snaps = sorted(s.name for s in self.registry.snapshots.values() if s.topic_uid == t.uid)
+        return _page(snaps, page_size, token)
+
+    # --- subscriptions ---------------------------------------------------------------------------
+    async def create_subscription(self, sub):
+        self._check_open()
+        if not sub.name:
+            project = names.split(sub.topic, "topics")[0]
+            sub.name = names.join(project, "subscriptions", f"sub-{uuid.uuid4().hex}")
+        names.split(sub.name, "subscriptions")
+        topic = self.registry.topic(sub.topic)
+        if sub.name in self.registry.subs:
+            raise AlreadyExists("Resource already exists in the project (resource=%s)." % sub.name.split("/")[-1])
+        resources.check_subscription(sub, creating=True)
+        if sub.detached:
+            raise InvalidArgument("A subscription cannot be created detached.")
+        uid = self.registry.next_uid
+        await self._log_change(
+            {"op": "sub.put", "uid": uid, "topic": topic.uid, "pb": pb64(sub), "start": topic.backlog_end()}
+        )
+        return self.subscription_view(self.registry.subs_by_uid[uid])
+
+    def subscription_view(self, s: SubscriptionState):
+        """The Subscription proto as Get returns it (with output-only fields filled in)."""
+        out = resources.Subscription()
+        out.CopyFrom(s.config)
+        if s.topic is not None and s.topic.config.HasField("message_retention_duration"):
+            out.topic_message_retention_duration.CopyFrom(s.topic.config.message_retention_duration)
+        return out
+
+    def get_subscription(self, name: str):
+        return self.subscription_view(self.registry.sub(name))
+
+    async def update_subscription(self, sub, mask):
+        self._check_open()
+        s = self.registry.sub(sub.name)
+        merged = resources.apply_mask(s.config, sub, mask, resources.SUBSCRIPTION_MUTABLE, "subscription")
+        resources.check_subscription(merged, creating=False)
+        await self._log_change({"op": "sub.put", "uid": s.uid, "topic": None, "pb": pb64(merged)})
+        self.signal(s.uid).notify()
+        return self.subscription_view(s)
+
+    async def delete_subscription(self, name: str) -> None:
+        self._check_open()
+        s = self.registry.sub(name)
+        await self._log_change({"op": "sub.del", "uid": s.uid})
+        sig = self.signals.pop(s.uid, None)
+        if sig:
+            sig.notify()
+
+    def list_subscriptions(self, project: str, page_size: int, token: str):
+        prefix = f"projects/{project}/subscriptions/"
+        return _page(sorted(n for n in self.registry.subs if n.startswith(prefix)), page_size, token)
+
+    def _live_sub(self, name: str) -> SubscriptionState:
+        self._check_open()
+        s = self.registry.sub(name)
+        if s.detached:
+            raise FailedPrecondition(f"The subscription {name} is detached.")
+        return s
+
+    # --- publish ---------------------------------------------------------------------------------
+    async def publish(self, topic_name: str, raw_messages: list[bytes], ordering_key: str) -> list[str]:
+        """Store one batch; returns the message ids once the batch is durable."""
+        self._check_open()
+        t = self.registry.topic(topic_name)
+        shard = t.shard_for(ordering_key)
+        ix = t.shards[shard]
+        now = self.clock.now()
+        ms = int(now * 1000)
+        if ix.ms and ms < ix.ms[-1]:
+            ms = ix.ms[-1]
+        ts = wire.timestamp(ms // 1000, (ms % 1000) * 1_000_000)
+        base = ix.next
+        prefix = ((t.uid << limits.topic_offset_bits) | base) << limits.shard_bits | shard
+        step = 1 << limits.shard_bits
+        ids = [str(prefix + i * step) for i in range(len(raw_messages))]
+        stamp = wire.stamp_message
+        stored = [stamp(raw, mid, ts) for raw, mid in zip(raw_messages, ids)]
+        rec = payloads.publish_record(t.uid, shard, base, ms, stored)
+        pos = self.wal.append(rec)
+        ix.append(len(stored), pos, ms)
+        self.reader.remember(pos, stored, len(rec))
+        end = base + len(stored)
+        await self.wal.wait_durable(pos + len(rec))
+        if ix.durable < end:
+            ix.durable = end
+            for uid in t.subscriptions:
+                sig = self.signals.get(uid)
+                if sig is not None:
+                    sig.notify()
+        return ids
+
+    # --- delivery --------------------------------------------------------------------------------
+    def deliver(self, s: SubscriptionState, max_messages: int, max_bytes: int, owner, deadline_s: float) -> list[bytes]:
+        """Lock up to `max_messages` messages and return their ReceivedMessage bytes."""
+        now = self.clock.now()
+        taken = s.take(max_messages, now, deadline_s, owner)
+        if not taken:
+            return []
+        msgs = self.reader.messages(s.topic, [num for num, _ in taken])
+        show_attempt = bool(s.config.dead_letter_policy.dead_letter_topic)
+        prefix = f"{s.uid}."
+        out = []
+        total = 0
+        held = owner.held if owner is not None else None
+        for i, ((num, version), m) in enumerate(zip(taken, msgs)):
+            total += len(m) + 64
+            if total > max_bytes and out:
+                s.untake(taken[i:])
+                break
+            out.append(wire.received_message(f"{prefix}{num}.{version}".encode(), m, version if show_attempt else 0))
+            if held is not None:
+                held[num] = len(m)
+                owner.held_bytes += len(m)
+        return out
+
+    async def pull(self, name: str, max_messages: int, return_immediately: bool) -> list[bytes]:
+        if max_messages <= 0:
+            raise InvalidArgument("max_messages must be greater than 0.")
+        s = self._live_sub(name)
+        max_messages = min(max_messages, limits.pull_messages_max)
+        give_up = time.monotonic() + limits.pull_wait_s_max
+        while True:
+            out = self.deliver(s, max_messages, limits.response_bytes_max, None, s.ack_deadline_s)
+            if out or return_immediately:
+                return out
+            left = give_up - time.monotonic()
+            if left <= 0:
+                return out
+            await self.signal(s.uid).wait(self._wait_s(s, left))
+            s = self._live_sub(name)
+
+    def _wait_s(self, s: SubscriptionState, cap: float) -> float:
+        d = s.next_deadline()
+        if d is None:
+            return cap
+        return max(0.001, min(cap, d - self.clock.now()))
+
+    def open_stream(self, name: str, client_id: str, deadline_s: int, max_messages: int, max_bytes: int) -> Stream:
+        s = self._live_sub(name)
+        if not limits.ack_deadline_s_min <= deadline_s <= limits.ack_deadline_s_max:
+            raise InvalidArgument(
+                f"Invalid stream_ack_deadline_seconds: it must be between {limits.ack_deadline_s_min} and "
+                f"{limits.ack_deadline_s_max} (got {deadline_s})."
+            )
+        return Stream(s, client_id, deadline_s, max_messages, max_bytes)
+
+    async def stream_next(self, stream: Stream) -> list[bytes]:
+        """Wait until the stream may take messages and some are ready; return them."""
+        s = stream.sub
+        while True:
+            self._check_open()
+            if stream.error is not None:
+                raise stream.error
+            if stream.ended:
+                return []
+            if self.registry.subs_by_uid.get(s.uid) is not s:
+                raise NotFound(f"Resource not found (resource={s.name.split('/')[-1]}).")
+            if s.detached:
+                raise FailedPrecondition(f"The subscription {s.name} is detached.")
+            room = stream.room()
+            if room > 0:
+                out = self.deliver(
+                    s,
+                    min(room, limits.stream_response_messages_max),
+                    max(1, stream.max_bytes - stream.held_bytes),
+                    stream,
+                    stream.deadline_s,
+                )
+                if out:
+                    return out
+            await self.signal(s.uid).wait(self._wait_s(s, 1.0))
+
+    def close_stream(self, stream: Stream) -> None:
+        """Messages it still holds stay leased until their deadline (the client may still ack them)."""
+        for num in list(stream.held):
+            lease = stream.sub.leases.get(num)
+            if lease is not None and lease[2] is stream:
+                stream.sub.leases[num] = (lease[0], lease[1], None)
+        stream.held.clear()
+
+    def _parse_ack_ids(self, s: SubscriptionState, ack_ids) -> list[tuple[int, int]]:
+        out = []
+        for a in ack_ids:
+            p = _parse_ack_id(s.uid, a)
+            if p is not None:
+                out.append(p)
+        return out
+
+    async def acknowledge(self, name: str, ack_ids) -> None:
+        s = self._live_sub(name)
+        if not ack_ids:
+            raise InvalidArgument("ack_ids must not be empty.")
+        parsed = self._parse_ack_ids(s, ack_ids)
+        changed = s.ack([num for num, _ in parsed])
+        if changed:
+            self.wal.append(payloads.ack_record(s.uid, changed))
+            self.signal(s.uid).notify()
+        await self.wal.wait_durable(self.wal.tail)  # also covers an equal ack still in flight
+
+    async def modify_ack_deadline(self, name: str, ack_ids, seconds: int) -> None:
+        s = self._live_sub(name)
+        self.modify_deadlines(s, ack_ids, [seconds] * len(ack_ids))
+
+    def modify_deadlines(self, s: SubscriptionState, ack_ids, seconds) -> None:
+        if len(ack_ids) != len(seconds):
+            raise InvalidArgument("modify_deadline_seconds and modify_deadline_ack_ids must have the same length.")
+        for sec in seconds:
+            if not 0 <= sec <= limits.modify_deadline_s_max:
+                raise InvalidArgument(
+                    f"Invalid ack deadline ({sec}s): it must be between 0 and {limits.modify_deadline_s_max} seconds."
+                )
+        now = self.clock.now()
+        released = False
+        for (num, version), sec in zip(self._parse_ack_ids(s, ack_ids), seconds):
+            if s.modify_deadline(num, version, sec, now) and sec == 0:
+                released = True
+        if released:
+            self.signal(s.uid).notify()
+
+    def stream_acks(self, stream: Stream, ack_ids) -> asyncio.Future:
+        s = stream.sub
+        changed = s.ack([num for num, _ in self._parse_ack_ids(s, ack_ids)])
+        if changed:
+            self.wal.append(payloads.ack_record(s.uid, changed))
+            self.signal(s.uid).notify()
+        return self.wal.wait_durable(self.wal.tail)
+
+    # --- snapshots and seek ----------------------------------------------------------------------
+    async def create_snapshot(self, name: str, sub_name: str, labels: dict):
+        self._check_open()
+        s = self.registry.sub(sub_name)
+        if not name:
+            project = names.split(sub_name, "subscriptions")[0]
+            name = names.join(project, "snapshots", f"snap-{uuid.uuid4().hex}")
+        names.split(name, "snapshots")
+        if name in self.registry.snapshots:
+            raise AlreadyExists("Resource already exists in the project (resource=%s)." % name.split("/")[-1])
+        if s.topic is None or s.topic.deleted:
+            raise FailedPrecondition("Cannot create a snapshot of a subscription whose topic was deleted.")
+        now = self.clock.now()
+        oldest_ms = None
+        for ss, ix in zip(s.shards, s.topic.shards):
+            if ss.floor < ix.durable:
+                ms = ix.publish_ms(ss.floor)
+                oldest_ms = ms if oldest_ms is None else min(oldest_ms, ms)
+        base = now if oldest_ms is None else oldest_ms / 1000
+        expire = base + limits.snapshot_lifetime_s_max
+        if expire - now < limits.snapshot_lifetime_s_min:
+            raise FailedPrecondition(
+                "The snapshot would expire in less than 1 hour: the subscription's oldest unacked message is too old."
+            )
+        snap = resources.Snapshot(name=name, topic=s.topic.name)
+        snap.labels.update(labels)
+        resources.check_labels(snap.labels)
+        snap.expire_time.FromMilliseconds(int(expire * 1000))
+        floors, acked = s.export_state()
+        await self._log_change(
+            {"op": "snap.put", "pb": pb64(snap), "topic": s.topic.uid, "floors": floors, "acked": acked}
+        )
+        return self.registry.snapshots[name].config
+
+    def get_snapshot(self, name: str):
+        return self.registry.snapshot(name).config
+
+    def list_snapshots(self, project: str, page_size: int, token: str):
+        prefix = f"projects/{project}/snapshots/"
+        return _page(sorted(n for n in self.registry.snapshots if n.startswith(prefix)), page_size, token)
+
+    async def update_snapshot(self, snap, mask):
+        self._check_open()
+        cur = self.registry.snapshot(snap.name)
+        merged = resources.apply_mask(cur.config, snap, mask, resources.SNAPSHOT_MUTABLE, "snapshot")
+        resources.check_labels(merged.labels)
+        now = self.clock.now()
+        exp = merged.expire_time.ToMilliseconds() / 1000
+        if exp <= now or exp > now + limits.snapshot_lifetime_s_max:
+            raise InvalidArgument("Invalid expire_time: it must lie in the future and at most 7 days ahead.")
+        await self._log_change({"op": "snap.put", "pb": pb64(merged), "topic": cur.topic_uid})
+        return self.registry.snapshots[snap.name].config
+
+    async def delete_snapshot(self, name: str) -> None:
+        self._check_open()
+        self.registry.snapshot(name)
+        await self._log_change({"op": "snap.del", "name": name})
+
+    async def seek(self, sub_name: str, time_ms: int | None, snapshot: str | None) -> None:
+        s = self._live_sub(sub_name)
+        if snapshot is not None:
+            snap: SnapshotState = self.registry.snapshot(snapshot)
+            if s.topic is None or snap.topic_uid != s.topic.uid:
+                raise FailedPrecondition(
+                    f"The subscription's topic and the snapshot's topic must be the same (snapshot={snapshot})."
+                )
+            floors, acked = list(snap.floors), [list(a) for a in snap.acked]
+            # messages the snapshot still counts as unacked must still be retained
+            floors = [max(f, ix.first()) for f, ix in zip(floors, s.topic.shards)]
+            acked = [[o for o in a if o >= f] for a, f in zip(acked, floors)]
+        else:
+            if s.topic is None:
+                raise FailedPrecondition("The subscription's topic was deleted.")
+            retained = s.config.retain_acked_messages or s.topic.config.HasField("message_retention_duration")
+            floors, acked = [], []
+            for ss, ix in zip(s.shards, s.topic.shards):
+                target = ix.offset_at_ms(time_ms)
+                if retained:
+                    f = max(target, ix.first())
+                    floors.append(f)
+                    acked.append([])
+                else:  # acked messages are gone for this subscription: they stay acked
+                    f = max(target, ss.floor)
+                    floors.append(f)
+                    acked.append(sorted(o for o in ss.acked if o >= f))
+        await self._log_change({"op": "sub.reset", "uid": s.uid, "floors": floors, "acked": acked})
+        self.signal(s.uid).notify()
+
+    # --- maintenance -----------------------------------------------------------------------------
+    async def _maintain(self) -> None:
+        while True:
+            await asyncio.sleep(limits.retention_tick_s)
+            try:
+                await self.maintain_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("maintenance failed")
+
+    async def maintain_once(self) -> None:
+        now = self.clock.now()
+        reg = self.registry
+        for name in [n for n, sn in reg.snapshots.items() if sn.config.expire_time.ToMilliseconds() <= now * 1000]:
+            await self._log_change({"op": "snap.del", "name": name})
+        # unacked messages older than a subscription's retention are dropped for it
+        for s in reg.subs_by_uid.values():
+            if s.topic is None:
+                continue
+            cutoff_ms = int((now - resources.duration_s(s.config.message_retention_duration)) * 1000)
+            for shard, ix in enumerate(s.topic.shards):
+                if s.shards[shard].floor < ix.durable:
+                    s.drop_before(shard, min(ix.offset_at_ms(cutoff_ms), ix.durable))
+        # what each topic shard must keep
+        need_pos = self.wal.tail
+        for t in reg.topics_by_uid.values():
+            for shard, ix in enumerate(t.shards):
+                keep = ix.next
+                if t.config.HasField("message_retention_duration"):
+                    ms = int((now - resources.duration_s(t.config.message_retention_duration)) * 1000)
+                    keep = min(keep, ix.offset_at_ms(ms))
+                for uid in t.subscriptions:
+                    s = reg.subs_by_uid[uid]
+                    keep = min(keep, s.shards[shard].floor)
+                    if s.config.retain_acked_messages:
+                        ms = int((now - resources.duration_s(s.config.message_retention_duration)) * 1000)
+                        keep = min(keep, ix.offset_at_ms(ms))
+                for sn in reg.snapshots.values():
+                    if sn.topic_uid == t.uid and shard < len(sn.floors):
+                        keep = min(keep, sn.floors[shard])
+                ix.trim_before(keep)
+                if ix.base:
+                    need_pos = min(need_pos, ix.pos[0])
+        grown = self.wal.tail - (self._checkpoints[-1] if self._checkpoints else 0)
+        if grown >= self.config.checkpoint_wal_bytes or (
+            grown > 0 and now - self._last_ck_time >= self.config.checkpoint_interval_s
+        ):
+            await self.checkpoint()
+        # recovery needs the WAL from the older of the two newest checkpoints
+        if len(self._checkpoints) >= 2:
+            removed = self.wal.delete_before(min(need_pos, self._checkpoints[-2]))
+            if removed:
+                log.info("deleted %d WAL segments no longer needed", len(removed))
+
+    async def checkpoint(self) -> None:
+        async with self._ck_lock:
+            pos = self.wal.tail
+            if self._checkpoints and self._checkpoints[-1] == pos:
+                return
+            reg = self.registry
+            recs = [payloads.checkpoint_header(pos, reg.export_meta())]
+            for t in reg.topics_by_uid.values():
+                for shard, ix in enumerate(t.shards):
+                    recs.append(payloads.checkpoint_shard(t.uid, shard, *ix.export()))
+            for s in reg.subs_by_uid.values():
+                recs.append(payloads.checkpoint_sub(s.uid, *s.export_state()))
+            recs.append(payloads.checkpoint_end(len(recs)))
+            await self.wal.wait_durable(pos)
+            keep = self._checkpoints[-1:]
+            await asyncio.get_running_loop().run_in_executor(None, self._write_checkpoint, pos, recs, keep)
+            self._checkpoints = keep + [pos]
+            self._last_ck_time = self.clock.now()
+
+    def _write_checkpoint(self, pos: int, recs: list[bytes], keep: list[int]) -> None:
+        final = os.path.join(self._ck_dir, recovery.checkpoint_name(pos))
+        tmp = final + ".tmp"
+        with open(tmp, "wb") as f:
+            f.write(b"".join(recs))
+            f.flush()
+            os.fsync(f.fileno())
+        os.rename(tmp, final)
+        fsync_dir(self._ck_dir)
+        for old in recovery.list_checkpoints(self._ck_dir):
+            if old != pos and old not in keep:
+                os.unlink(os.path.join(self._ck_dir, recovery.checkpoint_name(old)))
+
+
+def _page(items: list[str], page_size: int, token: str) -> tuple[list[str], str]:
+    """Keyset paging over sorted names: the token is the last name returned."""
+    if page_size < 0:
+        raise InvalidArgument("page_size must not be negative.")
+    size = min(page_size or limits.list_page_size_default, limits.list_page_size_max)
+    start = 0
+    if token:
+        start = bisect.bisect_right(items, token)
+    page = items[start : start + size]
+    nxt = page[-1] if start + size < len(items) and page else ""
+    return page, nxt

@@ -1,0 +1,233 @@
+"""The write-ahead log on disk and its group commit. Owns the rule: acknowledged ⇒ covered by
+fdatasync (under the default policy). Records get their global position when appended (on the event
+loop thread); one writer thread writes everything pending with one write and one fdatasync, then wakes
+every waiter whose record is covered.
+
+Segments are files named by the global position of their first byte, so a position maps to a file by
+bisection and a segment's end is the next one's start."""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import enum
+import logging
+import os
+import threading
+
+from pigeon.core.errors import ResourceExhausted, Unavailable
+
+log = logging.getLogger("pigeon.wal")
+
+SUFFIX = ".wal"
+
+
+class FsyncPolicy(str, enum.Enum):
+    always = "always"  # fdatasync before any reply: nothing acknowledged is lost on power failure
+    batch = "batch"  # reply after write(); fdatasync every few ms: a power failure may lose the last ms
+    never = "never"  # leave it to the OS: a crash of the machine may lose recent acknowledged data
+
+
+def segment_name(start: int) -> str:
+    return f"{start:020d}{SUFFIX}"
+
+
+def list_segments(wal_dir: str) -> list[int]:
+    out = []
+    for f in os.listdir(wal_dir):
+        if f.endswith(SUFFIX) and f[: -len(SUFFIX)].isdigit():
+            out.append(int(f[: -len(SUFFIX)]))
+    return sorted(out)
+
+
+def fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class Wal:
+    """Append-only log over segment files. Not thread-safe: call append/wait_durable on the loop thread."""
+
+    def __init__(self, wal_dir: str, policy: FsyncPolicy, segment_bytes: int, batch_bytes_max: int):
+        self.dir = wal_dir
+        self.policy = FsyncPolicy(policy)
+        self.segment_bytes = segment_bytes
+        self.batch_bytes_max = batch_bytes_max
+        self.starts: list[int] = []  # segment start positions, ascending
+        self.tail = 0  # position after the last appended record
+        self.durable = 0  # position up to which data is durable (per policy)
+        self._pending: list[tuple[int, bytes]] = []  # (segment start, data)
+        self._pending_bytes = 0
+        self._waiters: list[tuple[int, asyncio.Future]] = []
+        self._cv = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._closing = False
+        self._failed: BaseException | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._read_fds: dict[int, int] = {}
+        self.flushes = 0  # statistics: group commits done
+        self.synced_bytes = 0
+
+    # --- lifecycle -------------------------------------------------------------------------------
+    def open(self, tail: int) -> None:
+        """Start appending at `tail` (recovery has truncated the log there)."""
+        os.makedirs(self.dir, exist_ok=True)
+        self.starts = list_segments(self.dir)
+        assert not self.starts or self.starts[-1] <= tail, "recovery must remove segments past the tail"
+        last_end = self.starts[-1] + os.path.getsize(os.path.join(self.dir, segment_name(self.starts[-1]))) if self.starts else None
+        if last_end != tail:  # empty log, or the checkpoint lies past the log's end: start a fresh segment there
+            self._create_segment(tail)
+            self.starts.append(tail)
+        self.tail = self.durable = tail
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.Thread(target=self._writer, name="pigeon-wal-writer", daemon=True)
+        self._thread.start()
+
+    def _create_segment(self, start: int) -> None:
+        path = os.path.join(self.dir, segment_name(start))
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+        os.close(fd)
+        fsync_dir(self.dir)
+
+    async def close(self) -> None:
+        with self._cv:
+            self._closing = True
+            self._cv.notify()
+        if self._thread is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self._thread.join)
+        for fd in self._read_fds.values():
+            os.close(fd)
+        self._read_fds.clear()
+
+    # --- appending (loop thread) -----------------------------------------------------------------
+    def append(self, data: bytes) -> int:
+        """Queue one encoded record; returns its position. Durable once `durable` passes pos+len."""
+        if self._failed is not None:
+            raise Unavailable(f"The log is not writable: {self._failed}")
+        pos = self.tail
+        seg = self.starts[-1]
+        if pos - seg + len(data) > self.segment_bytes and pos > seg:
+            self.starts.append(pos)  # rotate: the writer opens a new file at this position
+            seg = pos
+        self.tail = pos + len(data)
+        with self._cv:
+            self._pending.append((seg, data))
+            self._pending_bytes += len(data)
+            self._cv.notify()
+        return pos
+
+    def wait_durable(self, end: int) -> asyncio.Future:
+        fut = self._loop.create_future()
+        if self.durable >= end:
+            fut.set_result(None)
+        elif self._failed is not None:
+            fut.set_exception(Unavailable(f"The log is not writable: {self._failed}"))
+        else:
+            self._waiters.append((end, fut))
+        return fut
+
+    def _on_durable(self, end: int) -> None:
+        self.durable = end
+        keep = []
+        for w in self._waiters:
+            if w[0] <= end:
+                if not w[1].done():
+                    w[1].set_result(None)
+            else:
+                keep.append(w)
+        self._waiters = keep
+
+    def _on_failed(self, exc: BaseException) -> None:
+        self._failed = exc
+        for _, fut in self._waiters:
+            if not fut.done():
+                if isinstance(exc, OSError) and exc.errno == 28:
+                    fut.set_exception(ResourceExhausted("The server's disk is full."))
+                else:
+                    fut.set_exception(Unavailable(f"The log is not writable: {exc}"))
+        self._waiters = []
+
+    # --- the writer thread -----------------------------------------------------------------------
+    def _writer(self) -> None:
+        cur_start = self.starts[-1] if self.starts else 0
+        fd = os.open(os.path.join(self.dir, segment_name(cur_start)), os.O_WRONLY | os.O_APPEND)
+        written = self.tail
+        try:
+            while True:
+                with self._cv:
+                    while not self._pending and not self._closing:
+                        self._cv.wait()
+                    if not self._pending and self._closing:
+                        break
+                    batch, self._pending = self._pending, []
+                    nbytes, self._pending_bytes = self._pending_bytes, 0
+                chunks: list[bytes] = []
+                for seg, data in batch:
+                    if seg != cur_start:
+                        if chunks:
+                            os.write(fd, b"".join(chunks))
+                            chunks = []
+                        self._sync(fd)
+                        os.close(fd)
+                        cur_start = seg
+                        path = os.path.join(self.dir, segment_name(seg))
+                        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+                        fsync_dir(self.dir)
+                    chunks.append(data)
+                if chunks:
+                    buf = b"".join(chunks) if len(chunks) > 1 else chunks[0]
+                    view = memoryview(buf)
+                    while view:
+                        n = os.write(fd, view)
+                        view = view[n:]
+                if self.policy is FsyncPolicy.always:
+                    self._sync(fd)
+                written += nbytes
+                self.flushes += 1
+                self.synced_bytes += nbytes
+                self._loop.call_soon_threadsafe(self._on_durable, written)
+            self._sync(fd)
+        except BaseException as exc:  # disk full, I/O error: fail every waiter, refuse new appends
+            log.error("WAL writer failed: %s", exc)
+            try:
+                self._loop.call_soon_threadsafe(self._on_failed, exc)
+            except RuntimeError:
+                pass
+        finally:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    def _sync(self, fd: int) -> None:
+        if self.policy is not FsyncPolicy.never:
+            os.fdatasync(fd)
+
+    # --- reading ---------------------------------------------------------------------------------
+    def read(self, pos: int, n: int) -> bytes:
+        """Bytes at global position `pos` (must be written already)."""
+        i = bisect.bisect_right(self.starts, pos) - 1
+        assert i >= 0, pos
+        start = self.starts[i]
+        fd = self._read_fds.get(start)
+        if fd is None:
+            fd = os.open(os.path.join(self.dir, segment_name(start)), os.O_RDONLY)
+            self._read_fds[start] = fd
+        return os.pread(fd, n, pos - start)
+
+    def delete_before(self, pos: int) -> list[int]:
+        """Remove whole segments that end at or before `pos` (never the active one)."""
+        removed = []
+        while len(self.starts) > 1 and self.starts[1] <= pos:
+            start = self.starts.pop(0)
+            fd = self._read_fds.pop(start, None)
+            if fd is not None:
+                os.close(fd)
+            os.unlink(os.path.join(self.dir, segment_name(start)))
+            removed.append(start)
+        if removed:
+            fsync_dir(self.dir)
+        return removed

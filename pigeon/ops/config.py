@@ -1,0 +1,52 @@
+"""Configuration. Owns the rule: settings come from (in rising priority) an optional TOML file, PIGEON_*
+environment variables and command-line flags, parsed once into a frozen Config; no other module reads
+the environment."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from dataclasses import dataclass
+
+from pigeon.core import limits
+
+
+@dataclass(frozen=True)
+class Config:
+    host: str = "127.0.0.1"
+    port: int = 8085
+    data_dir: str = "./data"
+    fsync: str = "always"  # always | batch | never (see README, "Durability")
+    shards_per_topic: int = limits.shards_per_topic_default
+    segment_bytes: int = limits.segment_bytes_max
+    checkpoint_interval_s: float = limits.checkpoint_interval_s_max
+    checkpoint_wal_bytes: int = limits.checkpoint_wal_bytes_max
+    log_level: str = "INFO"
+
+    def __post_init__(self):
+        if self.fsync not in ("always", "batch", "never"):
+            raise ValueError(f"fsync must be always, batch or never (got {self.fsync!r})")
+        if not 1 <= self.shards_per_topic <= limits.shards_per_topic_max:
+            raise ValueError(f"shards_per_topic must be in 1..{limits.shards_per_topic_max}")
+        if not limits.record_bytes_max <= self.segment_bytes:
+            raise ValueError(f"segment_bytes must be at least {limits.record_bytes_max}")
+
+
+def load(file: str | None = None, env: dict[str, str] | None = None, **flags) -> Config:
+    """Merge file, environment (PIGEON_<FIELD>) and flags (None means unset)."""
+    values: dict = {}
+    if file:
+        with open(file, "rb") as f:
+            values.update(tomllib.load(f))
+    env = os.environ if env is None else env
+    fields = {f.name: f for f in dataclasses.fields(Config)}
+    for name, f in fields.items():
+        raw = env.get(f"PIGEON_{name.upper()}")
+        if raw is not None:
+            values[name] = type(f.default)(raw)
+    values.update({k: v for k, v in flags.items() if v is not None})
+    unknown = set(values) - set(fields)
+    if unknown:
+        raise ValueError(f"unknown settings: {sorted(unknown)}")
+    return Config(**values)

@@ -1,0 +1,105 @@
+"""Payload layouts of WAL and checkpoint records (the framing itself is storage.record's).
+
+PUBLISH   topic uid u32 · shard u16 · base offset u64 · publish ms i64 · count u32 · count × (len u32 · bytes)
+ACK       subscription uid u32 · n × message number u64
+META      UTF-8 JSON of one registry change
+CK_HEADER UTF-8 JSON {version, pos, meta}
+CK_SHARD  topic uid u32 · shard u16 · next offset u64 · batches u64 · base[] · pos[] · ms[] (i64 arrays)
+CK_SUB    UTF-8 JSON {uid, floors, acked}
+CK_END    records u64 (the number of records before it)
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from array import array
+
+from pigeon.storage import record
+from pigeon.storage.record import RecordType
+
+PUBLISH_HEAD = struct.Struct("<IHQqI")
+_LEN = struct.Struct("<I")
+_ACK_HEAD = struct.Struct("<I")
+_SHARD_HEAD = struct.Struct("<IHQQ")
+_END = struct.Struct("<Q")
+
+
+def publish_record(topic_uid: int, shard: int, base: int, publish_ms: int, messages: list[bytes]) -> bytes:
+    parts = [PUBLISH_HEAD.pack(topic_uid, shard, base, publish_ms, len(messages))]
+    pack = _LEN.pack
+    for m in messages:
+        parts.append(pack(len(m)))
+        parts.append(m)
+    return record.encode_parts(RecordType.PUBLISH, parts)
+
+
+def publish_head(payload) -> tuple[int, int, int, int, int]:
+    """(topic uid, shard, base offset, publish ms, count)"""
+    return PUBLISH_HEAD.unpack_from(payload, 0)
+
+
+def publish_messages(payload) -> list[bytes]:
+    count = PUBLISH_HEAD.unpack_from(payload, 0)[4]
+    pos = PUBLISH_HEAD.size
+    out = []
+    unpack = _LEN.unpack_from
+    data = bytes(payload)
+    for _ in range(count):
+        (n,) = unpack(data, pos)
+        pos += 4
+        out.append(data[pos : pos + n])
+        pos += n
+    if pos != len(data):
+        raise ValueError("publish payload length mismatch")
+    return out
+
+
+def ack_record(sub_uid: int, nums: list[int]) -> bytes:
+    return record.encode_parts(RecordType.ACK, [_ACK_HEAD.pack(sub_uid), array("Q", nums).tobytes()])
+
+
+def ack_decode(payload) -> tuple[int, array]:
+    (uid,) = _ACK_HEAD.unpack_from(payload, 0)
+    nums = array("Q")
+    nums.frombytes(bytes(payload[4:]))
+    return uid, nums
+
+
+def meta_record(change: dict) -> bytes:
+    return record.encode(RecordType.META, json.dumps(change, separators=(",", ":")).encode())
+
+
+def json_decode(payload) -> dict:
+    return json.loads(bytes(payload))
+
+
+def checkpoint_header(pos: int, meta: dict) -> bytes:
+    return record.encode(RecordType.CK_HEADER, json.dumps({"version": 1, "pos": pos, "meta": meta}).encode())
+
+
+def checkpoint_shard(topic_uid: int, shard: int, next_offset: int, base: bytes, pos: bytes, ms: bytes) -> bytes:
+    n = len(base) // 8
+    assert len(pos) == len(ms) == len(base)
+    return record.encode_parts(RecordType.CK_SHARD, [_SHARD_HEAD.pack(topic_uid, shard, next_offset, n), base, pos, ms])
+
+
+def checkpoint_shard_decode(payload) -> tuple[int, int, int, bytes, bytes, bytes]:
+    uid, shard, nxt, n = _SHARD_HEAD.unpack_from(payload, 0)
+    o = _SHARD_HEAD.size
+    b = bytes(payload[o:])
+    if len(b) != 24 * n:
+        raise ValueError("checkpoint shard length mismatch")
+    return uid, shard, nxt, b[: 8 * n], b[8 * n : 16 * n], b[16 * n :]
+
+
+def checkpoint_sub(uid: int, floors: list[int], acked: list[list[int]]) -> bytes:
+    return record.encode(RecordType.CK_SUB, json.dumps({"uid": uid, "floors": floors, "acked": acked}).encode())
+
+
+def checkpoint_end(count: int) -> bytes:
+    return record.encode(RecordType.CK_END, _END.pack(count))
+
+
+def checkpoint_end_decode(payload) -> int:
+    return _END.unpack_from(payload, 0)[0]

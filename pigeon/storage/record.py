@@ -1,0 +1,77 @@
+"""Record framing. Owns the rule: a record is `length:u32 · crc32c:u32 · type:u8 · payload`, little
+endian, where length counts type + payload and the CRC covers type + payload. Nothing else knows
+byte offsets inside a record."""
+
+from __future__ import annotations
+
+import enum
+import struct
+
+import crc32c
+
+HEADER = struct.Struct("<IIB")
+HEADER_BYTES = HEADER.size  # 9
+_LEN_CRC = struct.Struct("<II")
+
+
+class RecordType(enum.IntEnum):
+    PUBLISH = 1  # messages appended to one topic shard
+    ACK = 2  # message numbers acknowledged on one subscription
+    META = 3  # a metadata change (JSON)
+    # checkpoint files reuse the framing with their own types
+    CK_HEADER = 16
+    CK_SHARD = 17
+    CK_SUB = 18
+    CK_END = 19
+
+
+def encode(rtype: int, payload: bytes) -> bytes:
+    body = bytes((rtype,)) + payload
+    return _LEN_CRC.pack(len(body), crc32c.crc32c(body)) + body
+
+
+def encode_parts(rtype: int, parts: list[bytes]) -> bytes:
+    """Like encode, for a payload given in pieces (avoids one copy of large payloads)."""
+    body = b"".join([bytes((rtype,)), *parts])
+    return _LEN_CRC.pack(len(body), crc32c.crc32c(body)) + body
+
+
+class Broken(Exception):
+    """A record that does not pass its checks; `reason` says which."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+def decode_at(buf: bytes | memoryview, pos: int, record_bytes_max: int) -> tuple[int, memoryview, int]:
+    """Decode the record at `pos`; return (type, payload view, next pos). Raises Broken."""
+    end = len(buf)
+    if end - pos < HEADER_BYTES:
+        raise Broken("short header")
+    length, crc = _LEN_CRC.unpack_from(buf, pos)
+    if length < 1 or length > record_bytes_max:
+        raise Broken(f"bad length {length}")
+    start = pos + 8
+    stop = start + length
+    if stop > end:
+        raise Broken("short record")
+    body = memoryview(buf)[start:stop]
+    if crc32c.crc32c(body) != crc:
+        raise Broken("crc mismatch")
+    return body[0], body[1:], stop
+
+
+def scan(buf: bytes | memoryview, record_bytes_max: int):
+    """Yield (pos, type, payload) for every valid record; stops at the first broken one.
+    After iteration, the generator's return value (StopIteration.value) is (valid_end, reason|None)."""
+    pos = 0
+    end = len(buf)
+    while pos < end:
+        try:
+            rtype, payload, nxt = decode_at(buf, pos, record_bytes_max)
+        except Broken as e:
+            return pos, e.reason
+        yield pos, rtype, payload
+        pos = nxt
+    return pos, None
