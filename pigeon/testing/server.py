@@ -1,0 +1,75 @@
+"""Start the real `pigeon serve` process on a free loopback port (tests and benchmarks only)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    """A `pigeon serve` child process. `start()` waits until the port accepts connections."""
+
+    def __init__(self, data_dir: str, port: int | None = None, fsync: str = "always", extra: list[str] | None = None,
+                 log_path: str | None = None):
+        self.data_dir = data_dir
+        self.port = port or free_port()
+        self.fsync = fsync
+        self.extra = extra or []
+        self.log_path = log_path or os.path.join(os.path.dirname(os.path.abspath(data_dir)), f"pigeon-{self.port}.log")
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 30.0) -> "ServerProcess":
+        cmd = [sys.executable, "-m", "pigeon", "serve", "--host", "127.0.0.1", "--port", str(self.port),
+               "--data-dir", self.data_dir, "--fsync", self.fsync, *self.extra]
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"pigeon exited with {self.proc.returncode}; see {self.log_path}:\n{self.log()}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                    return self
+            except OSError:
+                time.sleep(0.05)
+        self.kill()
+        raise RuntimeError(f"pigeon did not start within {timeout}s; see {self.log_path}")
+
+    def log(self) -> str:
+        try:
+            with open(self.log_path, errors="replace") as f:
+                return f.read()[-5000:]
+        except OSError:
+            return ""
+
+    def stop(self, timeout: float = 20.0) -> int:
+        """SIGTERM and wait: the graceful path (checkpoint, close)."""
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else 0
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise
+
+    def kill(self) -> None:
+        """SIGKILL: the crash path."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()

@@ -1,0 +1,39 @@
+import os
+
+import pytest
+
+from pigeon.testing.server import ServerProcess
+
+
+@pytest.fixture
+def server_factory(tmp_path):
+    """Start real `pigeon serve` processes; all are killed at the end of the test."""
+    started: list[ServerProcess] = []
+
+    def make(data_dir=None, **kw) -> ServerProcess:
+        d = data_dir or str(tmp_path / f"data{len(started)}")
+        srv = ServerProcess(d, **kw)
+        started.append(srv)
+        return srv.start()
+
+    yield make
+    for s in started:
+        s.kill()
+
+
+@pytest.fixture
+def server(server_factory):
+    return server_factory()
+
+
+@pytest.fixture
+def clients(server, monkeypatch):
+    """(publisher, subscriber) official clients pointed at `server` through PUBSUB_EMULATOR_HOST."""
+    monkeypatch.setenv("PUBSUB_EMULATOR_HOST", server.address)
+    from google.cloud import pubsub_v1
+
+    pub = pubsub_v1.PublisherClient()
+    sub = pubsub_v1.SubscriberClient()
+    yield pub, sub
+    sub.close()
+    pub.stop()
