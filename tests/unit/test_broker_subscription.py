@@ -1,0 +1,480 @@
+"""broker.subscription: SubscriptionState against a simple per-message model.
+
+The model keeps, per message (shard, offset): acked, leased (deadline, version, owner), waiting for
+redelivery, or never delivered since the last reset. Time is explicit (SimClock). Where the
+implementation is free to choose an order (messages whose leases ran out in the same `expire`), the
+model accepts any order and follows the implementation's choice."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from google.pubsub_v1 import types
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from pigeon.core import limits
+from pigeon.broker.subscription import SubscriptionState, SubShard
+from pigeon.broker.topic import TopicState
+from pigeon.testing.clock import SimClock
+
+BITS = limits.shard_bits
+Subscription = types.Subscription.pb()
+
+
+def num(offset: int, shard: int) -> int:
+    return (offset << BITS) | shard
+
+
+def split(n: int) -> tuple[int, int]:
+    return n >> BITS, n & ((1 << BITS) - 1)
+
+
+class Owner:
+    def __init__(self, name: str):
+        self.name = name
+        self.released: list[int] = []
+
+    def release(self, n: int) -> None:
+        self.released.append(n)
+
+    def __repr__(self):
+        return f"Owner({self.name})"
+
+
+class SubscriptionMachine(RuleBasedStateMachine):
+    # --- setup ---------------------------------------------------------------------------------
+    @initialize(shards=st.integers(1, 3), pre=st.lists(st.integers(0, 3), min_size=3, max_size=3))
+    def init(self, shards, pre):
+        self.clock = SimClock()
+        self.topic = TopicState(1, "projects/p/topics/t", None, shards)
+        for sh in range(shards):
+            if pre[sh]:
+                self.topic.shards[sh].append(pre[sh], 0, 0)
+                self.topic.shards[sh].durable = self.topic.shards[sh].next
+        self.sub = SubscriptionState(2, "projects/p/subscriptions/s", self.topic, Subscription(ack_deadline_seconds=10))
+        self.n = shards
+        self.owners = [None, Owner("a"), Owner("b")]
+        # model
+        self.acked = [set(range(pre[sh])) for sh in range(shards)]  # existing messages are not for this sub
+        self.cursor = [pre[sh] for sh in range(shards)]
+        self.leases: dict[int, tuple[float, int, Owner | None]] = {}
+        self.groups: list[set[int]] = []  # redelivery queue; order inside a group is the implementation's
+        self.versions: dict[int, int] = {}  # deliveries so far of messages waiting for redelivery
+        self.expected_releases: Counter = Counter()
+        self.last_take = None
+
+    # --- model helpers -------------------------------------------------------------------------
+    @property
+    def now(self) -> float:
+        return self.clock.now()
+
+    def durable(self, sh: int) -> int:
+        return self.topic.shards[sh].durable
+
+    def is_acked(self, n: int) -> bool:
+        o, sh = split(n)
+        return o in self.acked[sh]
+
+    def waiting(self) -> set[int]:
+        return set().union(*self.groups) if self.groups else set()
+
+    def end_lease(self, n: int) -> tuple[float, int, Owner | None]:
+        lease = self.leases.pop(n)
+        if lease[2] is not None:
+            self.expected_releases[(lease[2].name, n)] += 1
+        return lease
+
+    def forget_waiting(self, pred) -> None:
+        self.groups = [g for g in ({n for n in g if not pred(n)} for g in self.groups) if g]
+        for n in [n for n in self.versions if pred(n)]:
+            del self.versions[n]
+
+    def model_expire(self) -> None:
+        group = set()
+        for n in [n for n, (d, _, _) in self.leases.items() if d <= self.now]:
+            _, version, _ = self.end_lease(n)
+            self.versions[n] = version
+            group.add(n)
+        if group:
+            self.groups.append(group)
+
+    def check_releases(self) -> None:
+        got = Counter()
+        for o in self.owners[1:]:
+            for n in o.released:
+                got[(o.name, n)] += 1
+            o.released.clear()
+        assert got == self.expected_releases, (got, self.expected_releases)
+        self.expected_releases = Counter()
+
+    def durable_messages(self):
+        for sh in range(self.n):
+            for o in range(self.durable(sh)):
+                yield num(o, sh)
+
+    def deliverable(self) -> set[int]:
+        """What the model says a take right now could hand out (before it expires anything)."""
+        out = self.waiting()
+        out |= {n for n, (d, _, _) in self.leases.items() if d <= self.now}
+        for sh in range(self.n):
+            for o in range(self.cursor[sh], self.durable(sh)):
+                if o not in self.acked[sh]:
+                    out.add(num(o, sh))
+        return out
+
+    def do_take(self, max_messages: int, deadline_s: float, owner) -> list[tuple[int, int]]:
+        before_leased = {n for n, (d, _, _) in self.leases.items() if d > self.now}
+        out = self.sub.take(max_messages, self.now, deadline_s, owner)
+        assert len(out) <= max_messages
+        nums = [n for n, _ in out]
+        assert len(set(nums)) == len(nums), "a message handed out twice in one take"
+        for n in nums:
+            assert not self.is_acked(n), f"acked message {split(n)} handed out again"
+            assert n not in before_leased, f"message {split(n)} handed out while its lease is valid"
+        self.model_expire()
+        deadline = self.now + deadline_s
+        i = 0
+        # redeliveries first, in queue order (any order inside one group)
+        while self.groups and i < len(out):
+            g = self.groups[0]
+            k = min(len(g), max_messages - i)
+            chunk = out[i : i + k]
+            assert {n for n, _ in chunk} <= g and len(chunk) == k, (chunk, g)
+            for n, version in chunk:
+                assert version == self.versions.pop(n, 0) + 1
+                self.leases[n] = (deadline, version, owner)
+                g.discard(n)
+            i += k
+            if not g:
+                self.groups.pop(0)
+            if i >= max_messages:
+                break
+        if i == len(out) and i < max_messages:
+            assert not self.groups, "redeliveries were waiting but not handed out"
+        # then new messages, shard by shard
+        expected_new = []
+        for sh in range(self.n):
+            c = self.cursor[sh]
+            while c < self.durable(sh) and i + len(expected_new) < max_messages:
+                if c not in self.acked[sh]:
+                    expected_new.append((num(c, sh), 1))
+                c += 1
+            self.cursor[sh] = c
+        assert out[i:] == expected_new, (out[i:], expected_new)
+        for n, version in expected_new:
+            self.leases[n] = (deadline, version, owner)
+        return out
+
+    # --- operations ----------------------------------------------------------------------------
+    @rule(shard=st.integers(0, 2), count=st.integers(1, 4), durable=st.booleans())
+    def publish(self, shard, count, durable):
+        shard %= self.n
+        ix = self.topic.shards[shard]
+        ix.append(count, 0, int(self.now * 1000))
+        if durable:
+            ix.durable = ix.next
+        self.last_take = None
+
+    @rule(shard=st.integers(0, 2))
+    def make_durable(self, shard):
+        ix = self.topic.shards[shard % self.n]
+        ix.durable = ix.next
+        self.last_take = None
+
+    @rule(max_messages=st.integers(1, 6), deadline_s=st.sampled_from([1.0, 10.0, 60.0]), owner=st.integers(0, 2))
+    def take(self, max_messages, deadline_s, owner):
+        out = self.do_take(max_messages, deadline_s, self.owners[owner])
+        self.last_take = out
+
+    @precondition(lambda self: self.last_take)
+    @rule()
+    def untake_last(self):
+        deliveries = self.last_take
+        self.sub.untake(deliveries)
+        for n, version in reversed(deliveries):
+            if n not in self.leases:
+                continue
+            self.end_lease(n)
+            if version > 1:
+                self.versions[n] = version - 1
+            self.groups.insert(0, {n})
+        self.last_take = None
+
+    @rule(data=st.data())
+    def ack(self, data):
+        pool = sorted(self.leases) + list(self.durable_messages())
+        nums = data.draw(st.lists(st.sampled_from(pool), max_size=5), label="nums") if pool else []
+        if data.draw(st.booleans(), label="foreign shard") and self.n < 1 << BITS:
+            nums.append(num(0, self.n))  # a shard this subscription does not have: ignored
+        changed = self.sub.ack(nums)
+        expected = []
+        for n in nums:
+            o, sh = split(n)
+            if sh >= self.n or o in self.acked[sh]:
+                continue
+            self.acked[sh].add(o)
+            expected.append(n)
+            if n in self.leases:
+                self.end_lease(n)
+        self.forget_waiting(self.is_acked)
+        assert changed == expected
+        self.last_take = None
+
+    @rule(data=st.data(), seconds=st.sampled_from([0, 0, 1, 5, 10, 600]), which=st.sampled_from(
+        ["current", "any", "stale", "unleased"]))
+    def modify_deadline(self, data, seconds, which):
+        if which == "unleased" or not self.leases:
+            pool = [n for n in self.durable_messages() if n not in self.leases]
+            if not pool:
+                return
+            n = data.draw(st.sampled_from(pool), label="num")
+            version = data.draw(st.integers(0, 3), label="version")
+        else:
+            n = data.draw(st.sampled_from(sorted(self.leases)), label="num")
+            current = self.leases[n][1]
+            version = {"current": current, "any": 0, "stale": current + data.draw(st.sampled_from([-1, 1]))}[which]
+            if version == 0 and which == "stale":
+                version = current + 1
+        applied = self.sub.modify_deadline(n, version, seconds, self.now)
+        lease = self.leases.get(n)
+        expect = lease is not None and (version == 0 or version == lease[1])
+        assert applied == expect
+        if expect:
+            if seconds <= 0:
+                _, v, _ = self.end_lease(n)
+                self.versions[n] = v
+                self.groups.append({n})
+            else:
+                self.leases[n] = (self.now + seconds, lease[1], lease[2])
+        self.last_take = None
+
+    @rule(dt=st.sampled_from([0.0, 0.5, 1.0, 5.0, 9.99, 10.0, 30.0, 61.0, 700.0]), expire=st.booleans())
+    def advance(self, dt, expire):
+        self.clock.advance(dt)
+        if expire:
+            got = self.sub.expire(self.now)
+            before = sum(len(g) for g in self.groups)
+            self.model_expire()
+            assert got == sum(len(g) for g in self.groups) - before
+        self.last_take = None
+
+    @rule(data=st.data())
+    def reset(self, data):
+        floors, above = [], []
+        for sh in range(self.n):
+            d = self.durable(sh)
+            f = data.draw(st.integers(0, d + 2), label=f"floor{sh}")
+            a = data.draw(st.lists(st.integers(f, d - 1), max_size=4, unique=True), label=f"acked{sh}") if f < d else []
+            floors.append(f)
+            above.append(a)
+        self._reset(floors, above)
+
+    @rule()
+    def export_then_reset(self):
+        floors, above = self.sub.export_state()
+        fresh = SubscriptionState(3, "projects/p/subscriptions/copy", self.topic, self.sub.config)
+        fresh.reset(floors, above)
+        assert fresh.export_state() == (floors, above)
+        for n in self.durable_messages():
+            o, sh = split(n)
+            assert fresh.shards[sh].is_acked(o) == self.sub.shards[sh].is_acked(o)
+        self._reset(floors, above)
+        assert self.sub.export_state() == (floors, above)
+
+    def _reset(self, floors, above):
+        self.sub.reset(floors, above)
+        for n in list(self.leases):
+            self.end_lease(n)
+        self.groups.clear()
+        self.versions.clear()
+        self.acked = [set(range(f)) | set(a) for f, a in zip(floors, above)]
+        self.cursor = list(floors)
+        self.last_take = None
+
+    @rule(data=st.data())
+    def drop_before(self, data):
+        sh = data.draw(st.integers(0, self.n - 1), label="shard")
+        offset = data.draw(st.integers(0, self.durable(sh) + 2), label="offset")
+        self.sub.drop_before(sh, offset)
+        self.acked[sh] |= set(range(offset))
+        gone = lambda n: split(n)[1] == sh and split(n)[0] < offset  # noqa: E731
+        for n in [n for n in self.leases if gone(n)]:
+            self.end_lease(n)
+        self.forget_waiting(gone)
+        self.last_take = None
+
+    @rule(owner=st.integers(0, 2))
+    def drain(self, owner):
+        """After every lease ran out, every durable unacked message can be taken (each once)."""
+        self.clock.advance(limits.modify_deadline_s_max + 1)
+        out = self.do_take(10**6, 10.0, self.owners[owner])
+        unacked = {n for n in self.durable_messages() if not self.is_acked(n)}
+        assert {n for n, _ in out} == unacked
+        assert not self.sub.has_ready(self.now) or self.sub.redeliver  # only stale entries may remain
+        self.last_take = out
+
+    # --- invariants ----------------------------------------------------------------------------
+    @invariant()
+    def releases_match(self):
+        self.check_releases()
+
+    @invariant()
+    def every_message_in_exactly_one_state(self):
+        s = self.sub
+        assert len(s.shards) == self.n
+        in_redeliver = set(s.redeliver)
+        for sh in range(self.n):
+            ss = s.shards[sh]
+            assert all(o > ss.floor for o in ss.acked), "acked set holds offsets at or below the floor"
+            assert ss.cursor >= ss.floor
+            for o in range(self.topic.shards[sh].next):
+                n = num(o, sh)
+                acked = ss.is_acked(o)
+                leased = n in s.leases
+                waiting = n in in_redeliver and not acked
+                new = o >= ss.cursor and not acked
+                if o >= self.durable(sh):
+                    assert not leased and not waiting, f"non-durable message {o}/{sh} handed out"
+                    continue
+                states = [acked, leased, waiting, new]
+                assert sum(states) == 1, (f"message offset {o} shard {sh}", dict(zip(
+                    ["acked", "leased", "waiting", "new"], states)))
+                # and it is the model's state
+                assert acked == (o in self.acked[sh])
+                assert leased == (n in self.leases)
+                assert waiting == (n in self.waiting())
+                if leased:
+                    assert s.leases[n] == self.leases[n]
+                if waiting:
+                    assert s.versions.get(n, 0) == self.versions.get(n, 0)
+
+    @invariant()
+    def export_matches_model(self):
+        floors, above = self.sub.export_state()
+        for sh in range(self.n):
+            assert set(range(floors[sh])) | set(above[sh]) == self.acked[sh]
+
+    @invariant()
+    def backlog_counts_durable_unacked(self):
+        want = sum(1 for n in self.durable_messages() if not self.is_acked(n))
+        assert self.sub.backlog() == want
+
+    @invariant()
+    def has_ready_when_something_is_deliverable(self):
+        if self.deliverable():
+            assert self.sub.has_ready(self.now)
+
+    @invariant()
+    def next_deadline_bounds_leases(self):
+        if self.leases:
+            nd = self.sub.next_deadline()
+            assert nd is not None and nd <= min(d for d, _, _ in self.leases.values())
+
+
+SubscriptionMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+TestSubscriptionState = SubscriptionMachine.TestCase
+
+
+# --- direct examples ---------------------------------------------------------------------------
+def _sub(shards=1, published=(0,), deadline=10):
+    t = TopicState(1, "projects/p/topics/t", None, shards)
+    s = SubscriptionState(2, "projects/p/subscriptions/s", t, Subscription(ack_deadline_seconds=deadline))
+    for sh, count in enumerate(published):
+        if count:
+            t.shards[sh].append(count, 0, 0)
+            t.shards[sh].durable = t.shards[sh].next
+    return t, s
+
+
+def test_message_is_not_visible_until_durable():
+    t, s = _sub()
+    t.shards[0].append(3, 0, 0)
+    assert s.take(10, 0.0, 10) == []
+    assert not s.has_ready(0.0)
+    t.shards[0].durable = 2
+    assert s.take(10, 0.0, 10) == [(num(0, 0), 1), (num(1, 0), 1)]
+    t.shards[0].durable = 3
+    assert s.take(10, 0.0, 10) == [(num(2, 0), 1)]
+
+
+def test_lease_expiry_redelivers_with_next_version():
+    _, s = _sub(published=(1,))
+    owner = Owner("x")
+    assert s.take(1, 100.0, 10, owner) == [(0, 1)]
+    assert s.take(1, 109.9, 10) == []
+    assert owner.released == []
+    assert s.take(1, 110.0, 10) == [(0, 2)]
+    assert owner.released == [0]
+    assert s.ack([0]) == [0]
+    assert s.ack([0]) == []
+    assert s.take(1, 1000.0, 10) == []
+
+
+def test_nack_with_stale_version_is_ignored():
+    _, s = _sub(published=(1,))
+    s.take(1, 0.0, 10)
+    s.modify_deadline(0, 1, 0, 1.0)  # nack
+    assert s.take(1, 1.0, 10) == [(0, 2)]
+    assert s.modify_deadline(0, 1, 0, 2.0) is False  # version 1 is gone
+    assert s.modify_deadline(0, 2, 30, 2.0) is True
+    assert s.take(1, 20.0, 10) == []  # extended to 32
+    assert s.take(1, 32.0, 10) == [(0, 3)]
+
+
+def test_untake_keeps_the_delivery_version():
+    _, s = _sub(published=(2,))
+    first = s.take(2, 0.0, 10)
+    s.modify_deadline(first[0][0], 0, 0, 0.0)
+    again = s.take(2, 0.0, 10)
+    assert again == [(0, 2)]
+    s.untake(again)
+    assert s.take(2, 0.0, 10) == [(0, 2)]
+
+
+def test_ack_deadline_default():
+    _, s = _sub(deadline=0)
+    assert s.ack_deadline_s == limits.ack_deadline_s_default
+    _, s = _sub(deadline=42)
+    assert s.ack_deadline_s == 42
+
+
+def test_subshard_floor_absorbs_contiguous_acks():
+    ss = SubShard(5)
+    assert ss.mark(7) and ss.mark(6)
+    assert (ss.floor, ss.acked) == (5, {6, 7})
+    assert ss.mark(5)
+    assert (ss.floor, ss.acked, ss.cursor) == (8, set(), 8)
+    assert not ss.mark(4) and not ss.mark(7)
+    ss.mark(10)
+    ss.drop_before(9)
+    assert (ss.floor, ss.acked) == (9, {10})
+    ss.drop_before(3)
+    assert ss.floor == 9
+
+
+def test_rewind_unacked_redelivers_everything_not_acked():
+    _, s = _sub(published=(4,))
+    s.take(4, 0.0, 10)
+    s.ack([num(1, 0)])
+    s.reset(*s.export_state())  # restart: leases are gone
+    s.rewind_unacked()
+    assert sorted(n for n, _ in s.take(10, 0.0, 10)) == [num(0, 0), num(2, 0), num(3, 0)]
+
+
+@pytest.mark.parametrize("shards", [1, 2, 3])
+def test_take_goes_shard_by_shard(shards):
+    _, s = _sub(shards=shards, published=[2] * shards)
+    out = s.take(100, 0.0, 10)
+    assert out == [(num(o, sh), 1) for sh in range(shards) for o in range(2)]
+
+
+def test_subscription_without_topic_delivers_nothing():
+    s = SubscriptionState(2, "projects/p/subscriptions/s", None, Subscription())
+    assert s.shards == [] and s.backlog() == 0
+    assert not s.has_ready(0.0)
+    assert s.take(10, 0.0, 10) == []
+    assert s.ack([0, 64]) == []
+    assert s.export_state() == ([], [])

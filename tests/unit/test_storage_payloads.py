@@ -1,0 +1,146 @@
+"""storage.payloads: every WAL and checkpoint payload decodes to what was encoded."""
+
+from __future__ import annotations
+
+import struct
+from array import array
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pigeon.broker.topic import ShardIndex
+from pigeon.storage import payloads, record
+from pigeon.storage.record import RecordType
+
+SETTINGS = settings(max_examples=120, deadline=None)
+MAX = 1 << 22
+
+u16 = st.integers(0, 2**16 - 1)
+u32 = st.integers(0, 2**32 - 1)
+u64 = st.integers(0, 2**64 - 1)
+i64 = st.integers(-(2**63), 2**63 - 1)
+json_scalars = st.none() | st.booleans() | st.integers(-(2**53), 2**53) | st.text(max_size=20)
+json_values = st.recursive(
+    json_scalars,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
+)
+
+
+def _one(buf: bytes):
+    """Decode a buffer holding exactly one record; return (type, payload bytes)."""
+    t, p, nxt = record.decode_at(buf, 0, MAX)
+    assert nxt == len(buf)
+    return t, bytes(p)
+
+
+@SETTINGS
+@given(u32, u16, u64, i64, st.lists(st.binary(max_size=200), max_size=20))
+def test_publish_round_trip(uid, shard, base, ms, msgs):
+    t, p = _one(payloads.publish_record(uid, shard, base, ms, msgs))
+    assert t == RecordType.PUBLISH
+    assert payloads.publish_head(p) == (uid, shard, base, ms, len(msgs))
+    assert payloads.publish_messages(p) == msgs
+    # works on a memoryview too (the WAL reader hands out views)
+    assert payloads.publish_messages(memoryview(p)) == msgs
+
+
+@SETTINGS
+@given(st.lists(st.binary(min_size=1, max_size=50), min_size=1, max_size=5), st.data())
+def test_publish_payload_with_wrong_length_is_rejected(msgs, data):
+    _, p = _one(payloads.publish_record(1, 0, 0, 0, msgs))
+    if data.draw(st.booleans(), label="extend"):
+        bad = p + data.draw(st.binary(min_size=1, max_size=10), label="extra")
+    else:
+        cut = data.draw(st.integers(payloads.PUBLISH_HEAD.size + 1, len(p) - 1), label="cut")
+        bad = p[:cut]
+    with pytest.raises((ValueError, struct.error)):
+        payloads.publish_messages(bad)
+
+
+@SETTINGS
+@given(u32, st.lists(u64, max_size=100))
+def test_ack_round_trip(uid, nums):
+    t, p = _one(payloads.ack_record(uid, nums))
+    assert t == RecordType.ACK
+    got_uid, got = payloads.ack_decode(p)
+    assert got_uid == uid
+    assert list(got) == nums
+    assert isinstance(got, array)
+
+
+@SETTINGS
+@given(st.dictionaries(st.text(max_size=10), json_values, max_size=6))
+def test_meta_round_trip(change):
+    t, p = _one(payloads.meta_record(change))
+    assert t == RecordType.META
+    assert payloads.json_decode(p) == change
+
+
+@SETTINGS
+@given(st.integers(0, 2**62), st.dictionaries(st.text(max_size=10), json_values, max_size=6))
+def test_checkpoint_header_round_trip(pos, meta):
+    t, p = _one(payloads.checkpoint_header(pos, meta))
+    assert t == RecordType.CK_HEADER
+    assert payloads.json_decode(p) == {"version": 1, "pos": pos, "meta": meta}
+
+
+@SETTINGS
+@given(u32, u16, u64, st.lists(st.tuples(i64, i64, i64), max_size=30))
+def test_checkpoint_shard_round_trip(uid, shard, nxt, rows):
+    base = array("q", [r[0] for r in rows]).tobytes()
+    pos = array("q", [r[1] for r in rows]).tobytes()
+    ms = array("q", [r[2] for r in rows]).tobytes()
+    t, p = _one(payloads.checkpoint_shard(uid, shard, nxt, base, pos, ms))
+    assert t == RecordType.CK_SHARD
+    assert payloads.checkpoint_shard_decode(p) == (uid, shard, nxt, base, pos, ms)
+    with pytest.raises(ValueError):
+        payloads.checkpoint_shard_decode(p + b"\0" * 8)
+
+
+@SETTINGS
+@given(st.lists(st.tuples(st.integers(1, 50), st.integers(0, 10**9), st.integers(0, 10**12)), max_size=20),
+       st.integers(0, 10**6))
+def test_shard_index_survives_a_checkpoint_record(batches, start):
+    ix = ShardIndex(start)
+    for count, pos, ms in batches:
+        ix.append(count, pos, ms)
+    t, p = _one(payloads.checkpoint_shard(7, 3, *ix.export()))
+    uid, shard, nxt, base, pos, ms = payloads.checkpoint_shard_decode(p)
+    assert (uid, shard) == (7, 3)
+    back = ShardIndex.restore(nxt, base, pos, ms)
+    assert (back.next, list(back.base), list(back.pos), list(back.ms)) == (
+        ix.next, list(ix.base), list(ix.pos), list(ix.ms))
+    assert back.durable == back.next
+
+
+@SETTINGS
+@given(u32, st.lists(st.tuples(st.integers(0, 2**40), st.lists(st.integers(0, 2**40), max_size=5)), max_size=5))
+def test_checkpoint_sub_round_trip(uid, shards):
+    floors = [f for f, _ in shards]
+    acked = [a for _, a in shards]
+    t, p = _one(payloads.checkpoint_sub(uid, floors, acked))
+    assert t == RecordType.CK_SUB
+    assert payloads.json_decode(p) == {"uid": uid, "floors": floors, "acked": acked}
+
+
+@SETTINGS
+@given(u64)
+def test_checkpoint_end_round_trip(n):
+    t, p = _one(payloads.checkpoint_end(n))
+    assert t == RecordType.CK_END
+    assert payloads.checkpoint_end_decode(p) == n
+
+
+def test_payloads_chain_in_one_scanned_log():
+    log = b"".join([
+        payloads.meta_record({"op": "topic.put", "uid": 1}),
+        payloads.publish_record(1, 0, 0, 1000, [b"a", b"bb"]),
+        payloads.ack_record(2, [64, 128]),
+    ])
+    got = [(t, bytes(p)) for _, t, p in record.scan(log, MAX)]
+    assert [t for t, _ in got] == [RecordType.META, RecordType.PUBLISH, RecordType.ACK]
+    assert payloads.json_decode(got[0][1])["op"] == "topic.put"
+    assert payloads.publish_messages(got[1][1]) == [b"a", b"bb"]
+    assert list(payloads.ack_decode(got[2][1])[1]) == [64, 128]
