@@ -75,13 +75,15 @@ class Registry:
             if t is None:
                 t = TopicState(c["uid"], cfg.name, cfg, c["shards"])
                 self.topics_by_uid[t.uid] = t
-                self.topics[t.name] = t
+                if not c.get("deleted"):
+                    self.topics[t.name] = t
             t.config = cfg
             self.next_uid = max(self.next_uid, c["uid"] + 1)
         elif op == "topic.del":
             t = self.topics_by_uid[c["uid"]]
             t.deleted = True
-            self.topics.pop(t.name, None)
+            if self.topics.get(t.name) is t:  # the name may already belong to a newer topic
+                del self.topics[t.name]
             for uid in t.subscriptions:
                 s = self.subs_by_uid[uid]
                 s.config.topic = names.DELETED_TOPIC
@@ -144,7 +146,7 @@ class Registry:
 
     def restore_meta(self, meta: dict) -> None:
         for t in meta["topics"]:
-            self.apply({"op": "topic.put", "uid": t["uid"], "pb": t["pb"], "shards": t["shards"]})
+            self.apply({"op": "topic.put", "uid": t["uid"], "pb": t["pb"], "shards": t["shards"], "deleted": t["deleted"]})
         for s in meta["subs"]:
             self.apply({"op": "sub.put", "uid": s["uid"], "topic": s["topic"], "pb": s["pb"]})
         for t in meta["topics"]:

@@ -154,7 +154,10 @@ def apply_mask(current, update, mask, mutable: frozenset[str], kind: str):
             merged.labels.update(update.labels)
             continue
         field = current.DESCRIPTOR.fields_by_name[top]
-        if field.message_type is not None:
+        if field.is_repeated:
+            merged.ClearField(top)
+            getattr(merged, top).extend(getattr(update, top))
+        elif field.message_type is not None:
             merged.ClearField(top)
             if update.HasField(top):
                 getattr(merged, top).CopyFrom(getattr(update, top))

@@ -14,12 +14,14 @@ import enum
 import logging
 import os
 import threading
+import time
 
 from pigeon.core.errors import ResourceExhausted, Unavailable
 
 log = logging.getLogger("pigeon.wal")
 
 SUFFIX = ".wal"
+BATCH_SYNC_S = 0.005  # fsync=batch: the longest a written record waits for its fdatasync
 
 
 class FsyncPolicy(str, enum.Enum):
@@ -155,11 +157,18 @@ class Wal:
         cur_start = self.starts[-1] if self.starts else 0
         fd = os.open(os.path.join(self.dir, segment_name(cur_start)), os.O_WRONLY | os.O_APPEND)
         written = self.tail
+        dirty, last_sync = False, time.monotonic()
         try:
             while True:
                 with self._cv:
                     while not self._pending and not self._closing:
-                        self._cv.wait()
+                        if dirty:  # batch policy: sync soon after the last write, even when idle
+                            self._cv.wait(BATCH_SYNC_S)
+                            if not self._pending:
+                                os.fdatasync(fd)
+                                dirty, last_sync = False, time.monotonic()
+                        else:
+                            self._cv.wait()
                     if not self._pending and self._closing:
                         break
                     batch, self._pending = self._pending, []
@@ -185,6 +194,11 @@ class Wal:
                         view = view[n:]
                 if self.policy is FsyncPolicy.always:
                     self._sync(fd)
+                elif self.policy is FsyncPolicy.batch:
+                    dirty = True
+                    if time.monotonic() - last_sync >= BATCH_SYNC_S:
+                        os.fdatasync(fd)
+                        dirty, last_sync = False, time.monotonic()
                 written += nbytes
                 self.flushes += 1
                 self.synced_bytes += nbytes
