@@ -35,7 +35,8 @@ def read_varint(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
 
 def length_delimited(field: int, payload: bytes) -> bytes:
     n = len(payload)
-    return bytes(((field << 3) | 2,)) + (_VARINT_1[n] if n < 128 else varint(n)) + payload
+    key = (field << 3) | 2
+    return (_VARINT_1[key] if key < 128 else varint(key)) + (_VARINT_1[n] if n < 128 else varint(n)) + payload
 
 
 def split_repeated(buf: bytes, wanted_field: int) -> list[bytes]:
