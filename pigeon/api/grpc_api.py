@@ -14,7 +14,7 @@ import logging
 import grpc
 from google.pubsub_v1 import types
 
-from pigeon.core import limits, names, wire
+from pigeon.core import limits, names, rawproto, wire
 from pigeon.core.errors import InvalidArgument, PigeonError
 from pigeon.node.engine import Engine
 
@@ -60,11 +60,25 @@ def _check_message(m) -> None:
                 raise InvalidArgument(f'Attribute key ({k}) must not start with "goog": that prefix is reserved.')
 
 
-def _strip_server_fields(raw: bytes) -> bytes:
-    m = pb["PubsubMessage"].FromString(raw)
-    m.ClearField("message_id")
-    m.ClearField("publish_time")
-    return m.SerializeToString()
+def _check_publish(raw: bytes) -> tuple[bytes, str]:
+    """Validate every message of a PublishRequest; return the request to store and its ordering key."""
+    req = pb["PublishRequest"].FromString(raw)
+    key = req.messages[0].ordering_key
+    server_fields = False
+    for m in req.messages:
+        _check_message(m)
+        if m.ordering_key != key:
+            raise InvalidArgument("All messages in one publish request must have the same ordering key.")
+        if m.message_id or m.HasField("publish_time"):
+            server_fields = True
+    if len(key.encode()) > limits.ordering_key_bytes_max:
+        raise InvalidArgument(f"The ordering key exceeds the limit of {limits.ordering_key_bytes_max} bytes.")
+    if server_fields:  # the server owns these: drop what the client sent
+        for m in req.messages:
+            m.ClearField("message_id")
+            m.ClearField("publish_time")
+        raw = req.SerializeToString()
+    return raw, key
 
 
 class PubSubApi:
@@ -87,29 +101,18 @@ class PubSubApi:
         if len(raw) > limits.publish_request_bytes_max + 64 * 1024:
             raise InvalidArgument(
                 f"The publish request is too large: the limit is {limits.publish_request_bytes_max} bytes.")
-        req = pb["PublishRequest"].FromString(raw)
-        n = len(req.messages)
+        topic, msgs = rawproto.split_publish(raw)
+        n = len(msgs)
         if n == 0:
             raise InvalidArgument("The publish request must contain at least one message.")
         if n > limits.publish_messages_max:
             raise InvalidArgument(
                 f"The publish request has {n} messages: the limit is {limits.publish_messages_max} per request.")
-        key = req.messages[0].ordering_key
-        server_fields = False
-        for m in req.messages:
-            if m.attributes or not m.data or len(m.data) > limits.message_data_bytes_max:
-                _check_message(m)
-            if m.ordering_key != key:
-                raise InvalidArgument("All messages in one publish request must have the same ordering key.")
-            if m.message_id or m.HasField("publish_time"):
-                server_fields = True
-        if len(key.encode()) > limits.ordering_key_bytes_max:
-            raise InvalidArgument(f"The ordering key exceeds the limit of {limits.ordering_key_bytes_max} bytes.")
-        raws = wire.split_repeated(raw, 2)
-        if server_fields:  # a client set server-owned fields: drop them (slow path)
-            raws = [_strip_server_fields(r) for r in raws]
-        ids = await self.engine.publish(req.topic, raws, key)
-        return b"".join([wire.length_delimited(1, i.encode()) for i in ids])
+        key = ""
+        if min(map(len, msgs)) < 3 or not rawproto.only_data(raw, n):
+            raw, key = _check_publish(raw)  # attributes, ordering keys or odd encodings: check message by message
+        ids = await self.engine.publish(topic, raw, n, key)
+        return pb["PublishResponse"](message_ids=ids).SerializeToString()
 
     @_translate
     async def get_topic(self, req, context):
@@ -180,7 +183,7 @@ class PubSubApi:
     @_translate
     async def pull(self, req, context):
         rms = await self.engine.pull(req.subscription, req.max_messages, req.return_immediately)
-        return b"".join([wire.length_delimited(1, rm) for rm in rms])
+        return b"".join(rms)  # each is already an encoded received_messages entry
 
     async def streaming_pull(self, request_iterator, context):
         engine = self.engine
@@ -338,8 +341,7 @@ def _responses(rms: list[bytes], props: bytes):
     """StreamingPullResponse bytes, each under the client's 4 MiB receive limit."""
     parts: list[bytes] = [props]
     size = len(props)
-    for rm in rms:
-        item = wire.length_delimited(1, rm)
+    for item in rms:
         if size + len(item) > limits.response_bytes_max and len(parts) > 1:
             yield b"".join(parts)
             parts, size = [props], len(props)

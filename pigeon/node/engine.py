@@ -263,28 +263,20 @@ class Engine:
         return s
 
     # --- publish ---------------------------------------------------------------------------------
-    async def publish(self, topic_name: str, raw_messages: list[bytes], ordering_key: str) -> list[str]:
-        """Store one batch; returns the message ids once the batch is durable."""
+    async def publish(self, topic_name: str, request: bytes, count: int, ordering_key: str) -> list[str]:
+        """Store one PublishRequest (validated by the caller) whole; return the message ids once durable."""
         self._check_open()
         t = self.registry.topic(topic_name)
         shard = t.shard_for(ordering_key)
         ix = t.shards[shard]
-        now = self.clock.now()
-        ms = int(now * 1000)
+        ms = int(self.clock.now() * 1000)
         if ix.ms and ms < ix.ms[-1]:
             ms = ix.ms[-1]
-        ts = wire.timestamp(ms // 1000, (ms % 1000) * 1_000_000)
         base = ix.next
-        prefix = ((t.uid << limits.topic_offset_bits) | base) << limits.shard_bits | shard
-        step = 1 << limits.shard_bits
-        ids = [str(prefix + i * step) for i in range(len(raw_messages))]
-        stamp = wire.stamp_message
-        stored = [stamp(raw, mid, ts) for raw, mid in zip(raw_messages, ids)]
-        rec = payloads.publish_record(t.uid, shard, base, ms, stored)
+        rec = payloads.publish_record(t.uid, shard, base, ms, count, request)
         pos = self.wal.append(rec)
-        ix.append(len(stored), pos, ms)
-        self.reader.remember(pos, stored, len(rec))
-        end = base + len(stored)
+        ix.append(count, pos, ms)
+        end = base + count
         await self.wal.wait_durable(pos + len(rec))
         if ix.durable < end:
             ix.durable = end
@@ -292,11 +284,14 @@ class Engine:
                 sig = self.signals.get(uid)
                 if sig is not None:
                     sig.notify()
-        return ids
+        step = 1 << limits.shard_bits
+        first = (((t.uid << limits.topic_offset_bits) | base) << limits.shard_bits) | shard
+        return [str(n) for n in range(first, first + count * step, step)]
 
     # --- delivery --------------------------------------------------------------------------------
     def deliver(self, s: SubscriptionState, max_messages: int, max_bytes: int, owner, deadline_s: float) -> list[bytes]:
-        """Lock up to `max_messages` messages and return their ReceivedMessage bytes."""
+        """Lock up to `max_messages` messages; return each as an encoded `received_messages` entry (field 1 of
+        PullResponse and StreamingPullResponse alike)."""
         now = self.clock.now()
         taken = s.take(max_messages, now, deadline_s, owner)
         if not taken:
@@ -304,18 +299,25 @@ class Engine:
         msgs = self.reader.messages(s.topic, [num for num, _ in taken])
         show_attempt = bool(s.config.dead_letter_policy.dead_letter_topic)
         prefix = f"{s.uid}."
+        varint = wire.varint
         out = []
         total = 0
         held = owner.held if owner is not None else None
-        for i, ((num, version), m) in enumerate(zip(taken, msgs)):
-            total += len(m) + 64
+        for i, ((num, version), (body, tail)) in enumerate(zip(taken, msgs)):
+            size = len(body) + len(tail)
+            total += size + 64
             if total > max_bytes and out:
                 s.untake(taken[i:])
                 break
-            out.append(wire.received_message(f"{prefix}{num}.{version}".encode(), m, version if show_attempt else 0))
+            ack = f"{prefix}{num}.{version}".encode()
+            head = b"\x0a" + bytes((len(ack),)) + ack + b"\x12" + varint(size)
+            if show_attempt:
+                tail = tail + b"\x18" + varint(version)
+                size += 1 + len(varint(version))
+            out.append(b"".join((b"\x0a", varint(len(head) + size), head, body, tail)))
             if held is not None:
-                held[num] = len(m)
-                owner.held_bytes += len(m)
+                held[num] = size
+                owner.held_bytes += size
         return out
 
     async def pull(self, name: str, max_messages: int, return_immediately: bool) -> list[bytes]:

@@ -1,5 +1,6 @@
-"""Reading stored messages back. Owns the rule: message bytes are read from the record that stored
-them (or the cache of recent records) and never re-encoded."""
+"""Reading stored messages back. Owns the rule: message bytes are read from the record that stored them
+(or the cache of recent records) and never re-encoded; the server-set fields (message id, publish time)
+are appended as protobuf fields when a message is handed out."""
 
 from __future__ import annotations
 
@@ -7,53 +8,70 @@ import struct
 from collections import OrderedDict
 
 from pigeon.broker.topic import TopicState, split_msgnum
+from pigeon.core import limits, wire
 from pigeon.node.wal import Wal
 from pigeon.storage import payloads, record
 
 _LEN = struct.Struct("<I")
 
 
+class Batch:
+    """One stored publish batch, split: the messages and the encoded publish_time field they share."""
+
+    __slots__ = ("messages", "time_field", "nbytes")
+
+    def __init__(self, messages: list[bytes], publish_ms: int, nbytes: int):
+        self.messages = messages
+        self.time_field = wire.length_delimited(4, wire.timestamp(publish_ms // 1000, (publish_ms % 1000) * 1_000_000))
+        self.nbytes = nbytes
+
+
 class MessageReader:
     def __init__(self, wal: Wal, cache_bytes_max: int):
         self.wal = wal
         self.cache_bytes_max = cache_bytes_max
-        self._cache: OrderedDict[int, list[bytes]] = OrderedDict()  # record pos → stored messages
+        self._cache: OrderedDict[int, Batch] = OrderedDict()  # record position → batch
         self._cache_bytes = 0
         self.disk_reads = 0
 
-    def remember(self, pos: int, messages: list[bytes], nbytes: int) -> None:
-        self._cache[pos] = messages
-        self._cache_bytes += nbytes
+    def remember(self, pos: int, batch: Batch) -> None:
+        self._cache[pos] = batch
+        self._cache_bytes += batch.nbytes
         while self._cache_bytes > self.cache_bytes_max and len(self._cache) > 1:
             _, old = self._cache.popitem(last=False)
-            self._cache_bytes -= sum(map(len, old))
+            self._cache_bytes -= old.nbytes
 
-    def batch(self, pos: int) -> list[bytes]:
-        msgs = self._cache.get(pos)
-        if msgs is not None:
-            return msgs
+    def batch(self, pos: int) -> Batch:
+        b = self._cache.get(pos)
+        if b is not None:
+            return b
         self.disk_reads += 1
         head = self.wal.read(pos, 8)
         (length,) = _LEN.unpack_from(head, 0)
         buf = self.wal.read(pos, 8 + length)
         rtype, payload, _ = record.decode_at(buf, 0, len(buf))
         assert rtype == record.RecordType.PUBLISH
-        msgs = payloads.publish_messages(payload)
-        self.remember(pos, msgs, length)
-        return msgs
+        ms = payloads.publish_head(payload)[3]
+        b = Batch(payloads.publish_messages(payload), ms, length)
+        self.remember(pos, b)
+        return b
 
-    def messages(self, topic: TopicState, nums: list[int]) -> list[bytes]:
-        """Stored PubsubMessage bytes for message numbers (offset << shard_bits | shard)."""
+    def messages(self, topic: TopicState, nums: list[int]) -> list[tuple[bytes, bytes]]:
+        """(stored message bytes, server-field tail) for message numbers (offset << shard_bits | shard).
+        The PubsubMessage handed out is the concatenation of the two."""
         out = []
         memo_shard = memo_lo = memo_hi = -1
-        memo_msgs: list[bytes] = []
+        batch: Batch | None = None
         shards = topic.shards
+        id_base = topic.uid << limits.topic_offset_bits
+        bits = limits.shard_bits
         for num in nums:
             offset, shard = split_msgnum(num)
             if shard != memo_shard or not memo_lo <= offset < memo_hi:
                 ix = shards[shard]
                 i = ix.batch_of(offset)
                 memo_shard, memo_lo, memo_hi = shard, ix.base[i], ix.batch_end(i)
-                memo_msgs = self.batch(ix.pos[i])
-            out.append(memo_msgs[offset - memo_lo])
+                batch = self.batch(ix.pos[i])
+            mid = str(((id_base | offset) << bits) | shard).encode()
+            out.append((batch.messages[offset - memo_lo], b"\x1a" + bytes((len(mid),)) + mid + batch.time_field))
         return out

@@ -1,6 +1,7 @@
 """Payload layouts of WAL and checkpoint records (the framing itself is storage.record's).
 
-PUBLISH   topic uid u32 · shard u16 · base offset u64 · publish ms i64 · count u32 · count × (len u32 · bytes)
+PUBLISH   topic uid u32 · shard u16 · base offset u64 · publish ms i64 · count u32 · the PublishRequest bytes
+          (stored whole as received: message ids and publish time are derived, not written per message)
 ACK       subscription uid u32 · n × message number u64
 META      UTF-8 JSON of one registry change
 CK_HEADER UTF-8 JSON {version, pos, meta}
@@ -15,23 +16,18 @@ import json
 import struct
 from array import array
 
+from pigeon.core import rawproto
 from pigeon.storage import record
 from pigeon.storage.record import RecordType
 
 PUBLISH_HEAD = struct.Struct("<IHQqI")
-_LEN = struct.Struct("<I")
 _ACK_HEAD = struct.Struct("<I")
 _SHARD_HEAD = struct.Struct("<IHQQ")
 _END = struct.Struct("<Q")
 
 
-def publish_record(topic_uid: int, shard: int, base: int, publish_ms: int, messages: list[bytes]) -> bytes:
-    parts = [PUBLISH_HEAD.pack(topic_uid, shard, base, publish_ms, len(messages))]
-    pack = _LEN.pack
-    for m in messages:
-        parts.append(pack(len(m)))
-        parts.append(m)
-    return record.encode_parts(RecordType.PUBLISH, parts)
+def publish_record(topic_uid: int, shard: int, base: int, publish_ms: int, count: int, request: bytes) -> bytes:
+    return record.encode_parts(RecordType.PUBLISH, [PUBLISH_HEAD.pack(topic_uid, shard, base, publish_ms, count), request])
 
 
 def publish_head(payload) -> tuple[int, int, int, int, int]:
@@ -40,19 +36,12 @@ def publish_head(payload) -> tuple[int, int, int, int, int]:
 
 
 def publish_messages(payload) -> list[bytes]:
+    """The serialized PubsubMessages of a PUBLISH payload (without message id / publish time)."""
     count = PUBLISH_HEAD.unpack_from(payload, 0)[4]
-    pos = PUBLISH_HEAD.size
-    out = []
-    unpack = _LEN.unpack_from
-    data = bytes(payload)
-    for _ in range(count):
-        (n,) = unpack(data, pos)
-        pos += 4
-        out.append(data[pos : pos + n])
-        pos += n
-    if pos != len(data):
-        raise ValueError("publish payload length mismatch")
-    return out
+    _, msgs = rawproto.split_publish(bytes(payload[PUBLISH_HEAD.size :]))
+    if len(msgs) != count:
+        raise ValueError("publish payload count mismatch")
+    return msgs
 
 
 def ack_record(sub_uid: int, nums: list[int]) -> bytes:
