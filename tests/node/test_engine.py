@@ -1,0 +1,306 @@
+"""The engine in-process on a simulated clock: retention, leases, seek, snapshots, segment deletion and
+restart equivalence. Real files (fsync=never: durability itself is the e2e suites' business)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+from google.protobuf import field_mask_pb2
+from google.pubsub_v1 import types
+
+from pigeon.core.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
+from pigeon.node.engine import Engine
+from pigeon.ops.config import Config
+from pigeon.testing.clock import SimClock
+
+PB = {n: getattr(types, n).pb() for n in ("Topic", "Subscription", "PublishRequest", "PubsubMessage", "ReceivedMessage",
+                                         "PullResponse")}
+PB["FieldMask"] = field_mask_pb2.FieldMask
+T = "projects/p/topics/topic-a"
+S = "projects/p/subscriptions/sub-a"
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def config(tmp_path, **kw) -> Config:
+    base = dict(data_dir=str(tmp_path / "data"), fsync="never", shards_per_topic=2)
+    base.update(kw)
+    return Config(**base)
+
+
+async def started(cfg, clock) -> Engine:
+    e = Engine(cfg, clock)
+    await e.start()
+    e._maintenance.cancel()  # the tests drive maintenance themselves
+    return e
+
+
+def request(topic: str, datas: list[bytes], **attrs) -> tuple[bytes, int]:
+    msgs = [PB["PubsubMessage"](data=d, attributes=attrs) for d in datas]
+    return PB["PublishRequest"](topic=topic, messages=msgs).SerializeToString(), len(msgs)
+
+
+async def publish(e: Engine, datas: list[bytes], topic: str = T) -> list[str]:
+    raw, n = request(topic, datas)
+    return await e.publish(topic, raw, n, "")
+
+
+def received(entries: list[bytes]):
+    return list(PB["PullResponse"].FromString(b"".join(entries)).received_messages)
+
+
+async def pull_all(e: Engine, sub: str = S, n: int = 1000):
+    return received(await e.pull(sub, n, True))
+
+
+async def setup(e: Engine, **sub_fields):
+    await e.create_topic(PB["Topic"](name=T))
+    await e.create_subscription(PB["Subscription"](name=S, topic=T, **sub_fields))
+
+
+def test_messages_round_trip_with_ids_and_publish_time(tmp_path):
+    async def go():
+        clock = SimClock(1_700_000_000.0)
+        e = await started(config(tmp_path), clock)
+        await setup(e)
+        ids = await publish(e, [b"a", b"b", b"c"])
+        got = await pull_all(e)
+        assert sorted(m.message.data for m in got) == [b"a", b"b", b"c"]
+        assert {m.message.message_id for m in got} == set(ids)
+        assert all(m.message.publish_time.seconds == 1_700_000_000 for m in got)
+        assert all(m.delivery_attempt == 0 for m in got)  # no dead-letter policy
+        await e.stop()
+
+    run(go())
+
+
+def test_lease_expiry_redelivers_and_ack_is_final(tmp_path):
+    async def go():
+        clock = SimClock()
+        e = await started(config(tmp_path), clock)
+        await setup(e, ack_deadline_seconds=10)
+        await publish(e, [b"x", b"y"])
+        first = await pull_all(e)
+        assert len(first) == 2
+        assert await pull_all(e) == []  # locked
+        await e.acknowledge(S, [first[0].ack_id])
+        clock.advance(9.9)
+        assert await pull_all(e) == []
+        clock.advance(0.2)
+        again = await pull_all(e)
+        assert [m.message.data for m in again] == [first[1].message.data]
+        assert again[0].ack_id != first[1].ack_id  # a new delivery version
+        await e.acknowledge(S, [again[0].ack_id])
+        clock.advance(3600)
+        assert await pull_all(e) == []
+        await e.stop()
+
+    run(go())
+
+
+def test_nack_and_modack(tmp_path):
+    async def go():
+        clock = SimClock()
+        e = await started(config(tmp_path), clock)
+        await setup(e)
+        await publish(e, [b"m"])
+        (m,) = await pull_all(e)
+        await e.modify_ack_deadline(S, [m.ack_id], 60)
+        clock.advance(30)
+        assert await pull_all(e) == []  # extended past the 10 s default
+        await e.modify_ack_deadline(S, [m.ack_id], 0)  # nack
+        (again,) = await pull_all(e)
+        assert again.message.data == b"m"
+        with pytest.raises(InvalidArgument):
+            await e.modify_ack_deadline(S, [again.ack_id], 601)
+        with pytest.raises(InvalidArgument):
+            await e.acknowledge(S, ["not-an-ack-id"])
+        await e.stop()
+
+    run(go())
+
+
+def test_restart_keeps_acks_and_redelivers_unacked(tmp_path):
+    async def go():
+        clock = SimClock()
+        cfg = config(tmp_path)
+        e = await started(cfg, clock)
+        await setup(e)
+        await publish(e, [b"%d" % i for i in range(10)])
+        got = await pull_all(e)
+        acked = {m.message.data for m in got[:4]}
+        await e.acknowledge(S, [m.ack_id for m in got[:4]])
+        await e.stop()
+        e2 = await started(cfg, clock)
+        again = await pull_all(e2)
+        assert {m.message.data for m in again} == {b"%d" % i for i in range(10)} - acked
+        assert e2.get_subscription(S).topic == T
+        await e2.stop()
+
+    run(go())
+
+
+def test_restart_from_checkpoint_equals_restart_from_wal(tmp_path):
+    async def go():
+        clock = SimClock()
+        cfg = config(tmp_path)
+        e = await started(cfg, clock)
+        await setup(e)
+        await publish(e, [b"a%d" % i for i in range(20)])
+        got = await pull_all(e, n=7)
+        await e.acknowledge(S, [m.ack_id for m in got])
+        await e.checkpoint()
+        await publish(e, [b"b%d" % i for i in range(5)])
+        more = await pull_all(e, n=1000)
+        await e.acknowledge(S, [m.ack_id for m in more if m.message.data.startswith(b"b")])
+        expect = sorted(m.message.data for m in more if m.message.data.startswith(b"a"))
+        await e.wal.close()  # a crash after the checkpoint: no final checkpoint
+        e2 = await started(cfg, clock)
+        assert e2.report.checkpoint is not None and e2.report.replayed_records > 0
+        assert sorted(m.message.data for m in await pull_all(e2)) == expect
+        await e2.stop()
+
+    run(go())
+
+
+def test_retention_drops_old_unacked_messages(tmp_path):
+    async def go():
+        clock = SimClock()
+        e = await started(config(tmp_path), clock)
+        await setup(e, message_retention_duration={"seconds": 600})
+        await publish(e, [b"old"])
+        clock.advance(601)
+        await publish(e, [b"new"])
+        await e.maintain_once()
+        assert [m.message.data for m in await pull_all(e)] == [b"new"]
+        await e.stop()
+
+    run(go())
+
+
+def test_seek_to_time_and_snapshot(tmp_path):
+    async def go():
+        clock = SimClock(1_700_000_000.0)
+        e = await started(config(tmp_path), clock)
+        await setup(e, retain_acked_messages=True)
+        await publish(e, [b"one"])
+        clock.advance(10)
+        middle = clock.now()
+        await publish(e, [b"two"])
+        got = await pull_all(e)
+        await e.acknowledge(S, [m.ack_id for m in got])
+        assert await pull_all(e) == []
+        await e.seek(S, int(middle * 1000), None)  # "two" becomes unacked again, "one" stays acked
+        assert [m.message.data for m in await pull_all(e)] == [b"two"]
+        await e.seek(S, 0, None)
+        back = await pull_all(e)
+        assert sorted(m.message.data for m in back) == [b"one", b"two"]
+        snap = await e.create_snapshot("projects/p/snapshots/snap-a", S, {})
+        assert snap.topic == T
+        await e.acknowledge(S, [m.ack_id for m in back])
+        await e.seek(S, None, "projects/p/snapshots/snap-a")
+        assert sorted(m.message.data for m in await pull_all(e)) == [b"one", b"two"]
+        with pytest.raises(AlreadyExists):
+            await e.create_snapshot("projects/p/snapshots/snap-a", S, {})
+        with pytest.raises(NotFound):
+            await e.seek(S, None, "projects/p/snapshots/missing")
+        await e.stop()
+
+    run(go())
+
+
+def test_seek_to_snapshot_of_another_topic_fails(tmp_path):
+    async def go():
+        clock = SimClock()
+        e = await started(config(tmp_path), clock)
+        await setup(e)
+        await e.create_topic(PB["Topic"](name=T + "-2"))
+        await e.create_subscription(PB["Subscription"](name=S + "-2", topic=T + "-2"))
+        await e.create_snapshot("projects/p/snapshots/other", S + "-2", {})
+        with pytest.raises(FailedPrecondition):
+            await e.seek(S, None, "projects/p/snapshots/other")
+        await e.stop()
+
+    run(go())
+
+
+def test_snapshot_expires(tmp_path):
+    async def go():
+        clock = SimClock()
+        e = await started(config(tmp_path), clock)
+        await setup(e)
+        await e.create_snapshot("projects/p/snapshots/snap-b", S, {})
+        clock.advance(7 * 86400 + 1)
+        await e.maintain_once()
+        with pytest.raises(NotFound):
+            e.get_snapshot("projects/p/snapshots/snap-b")
+        await e.stop()
+
+    run(go())
+
+
+def test_acked_segments_are_deleted(tmp_path):
+    async def go():
+        clock = SimClock()
+        cfg = config(tmp_path, segment_bytes=16 * 1024 * 1024 + 1, checkpoint_wal_bytes=1)
+        e = await started(cfg, clock)
+        await setup(e)
+        payload = b"x" * 1_000_000
+        for _ in range(40):  # ~40 MB: at least two segments
+            await publish(e, [payload])
+        wal_dir = os.path.join(cfg.data_dir, "wal")
+        assert len(os.listdir(wal_dir)) >= 3
+        while got := await pull_all(e, n=100):
+            await e.acknowledge(S, [m.ack_id for m in got])
+        for _ in range(3):  # two checkpoints must lie past the acked data before segments go
+            await e.maintain_once()
+            await publish(e, [b"tick"])
+        assert len(os.listdir(wal_dir)) == 1
+        await e.stop()
+        e2 = await started(cfg, clock)  # and the state still recovers
+        assert [m.message.data for m in await pull_all(e2)] == [b"tick"] * 3
+        await e2.stop()
+
+    run(go())
+
+
+def test_deleted_topic_leaves_subscription_with_backlog(tmp_path):
+    async def go():
+        clock = SimClock()
+        cfg = config(tmp_path)
+        e = await started(cfg, clock)
+        await setup(e)
+        await publish(e, [b"keep"])
+        await e.delete_topic(T)
+        assert e.get_subscription(S).topic == "_deleted-topic_"
+        with pytest.raises(NotFound):
+            await publish(e, [b"nope"])
+        await e.create_topic(PB["Topic"](name=T))  # the name can be reused
+        await e.stop()
+        e2 = await started(cfg, clock)
+        assert e2.get_subscription(S).topic == "_deleted-topic_"
+        assert [m.message.data for m in await pull_all(e2)] == [b"keep"]
+        assert e2.get_topic(T).name == T
+        await e2.stop()
+
+    run(go())
+
+
+def test_update_subscription_mask_rules(tmp_path):
+    async def go():
+        e = await started(config(tmp_path), SimClock())
+        await setup(e)
+        upd = PB["Subscription"](name=S, ack_deadline_seconds=30)
+        mask = PB["FieldMask"](paths=["ack_deadline_seconds"])
+        assert (await e.update_subscription(upd, mask)).ack_deadline_seconds == 30
+        with pytest.raises(InvalidArgument):
+            await e.update_subscription(PB["Subscription"](name=S, filter="x"), PB["FieldMask"](paths=["filter"]))
+        with pytest.raises(InvalidArgument):
+            await e.update_subscription(upd, PB["FieldMask"]())
+        await e.stop()
+
+    run(go())
