@@ -47,15 +47,24 @@ class Signal:
                 f.set_result(None)
 
     async def wait(self, timeout: float) -> None:
-        fut = asyncio.get_running_loop().create_future()
+        """Until notified or `timeout` seconds pass, whichever comes first."""
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
         self._futs.append(fut)
+        timer = loop.call_later(timeout, _resolve, fut)
         try:
-            await asyncio.wait_for(fut, timeout)
-        except asyncio.TimeoutError:
-            pass
+            await fut
         finally:
-            if fut in self._futs:
-                self._futs.remove(fut)
+            timer.cancel()
+            try:
+                self._futs.remove(fut)  # still listed after a timeout or a cancellation
+            except ValueError:
+                pass
+
+
+def _resolve(fut: asyncio.Future) -> None:
+    if not fut.done():
+        fut.set_result(None)
 
 
 class Stream:
