@@ -70,7 +70,10 @@ class SubscriptionState:
         start = topic.backlog_end() if topic else []
         self.shards = [SubShard(o) for o in start]
         self.leases: dict[int, tuple[float, int, object]] = {}  # num → (deadline, version, owner)
-        self._heap: list[tuple[float, int, int]] = []  # (deadline, num, version), lazily invalidated
+        # lease deadlines, one entry per batch handed out or extended: (deadline, seq, message numbers);
+        # an entry only prompts a look at its messages' leases, which hold the authoritative deadline
+        self._heap: list[tuple[float, int, list[int]]] = []
+        self._seq = 0
         self.redeliver: deque[int] = deque()
         self.versions: dict[int, int] = {}  # num → deliveries so far, for messages waiting in `redeliver`
         self.detached = False
@@ -101,23 +104,27 @@ class SubscriptionState:
         heap, leases = self._heap, self.leases
         n = 0
         while heap and heap[0][0] <= now:
-            deadline, num, version = heapq.heappop(heap)
-            lease = leases.get(num)
-            if lease is not None and lease[1] == version and lease[0] <= now:
-                del leases[num]
-                if lease[2] is not None:
-                    lease[2].release(num)
-                self.versions[num] = version
-                self.redeliver.append(num)
-                n += 1
+            for num in heapq.heappop(heap)[2]:
+                lease = leases.get(num)
+                if lease is not None and lease[0] <= now:
+                    del leases[num]
+                    if lease[2] is not None:
+                        lease[2].release(num)
+                    self.versions[num] = lease[1]
+                    self.redeliver.append(num)
+                    n += 1
         return n
+
+    def _schedule(self, deadline: float, nums: list[int]) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (deadline, self._seq, nums))
 
     def take(self, max_messages: int, now: float, deadline_s: float, owner=None) -> list[Delivery]:
         """Lock up to `max_messages` messages: redeliveries first, then new ones in shard order.
         `owner` (a stream, or None) is told `release(num)` when a lease ends for any reason."""
         self.expire(now)
         out: list[Delivery] = []
-        leases, versions, heap = self.leases, self.versions, self._heap
+        leases, versions = self.leases, self.versions
         deadline = now + deadline_s
         shards = self.shards
         redeliver = self.redeliver
@@ -127,7 +134,6 @@ class SubscriptionState:
                 continue
             version = versions.pop(num, 0) + 1
             leases[num] = (deadline, version, owner)
-            heapq.heappush(heap, (deadline, num, version))
             out.append((num, version))
         if self.topic is not None and len(out) < max_messages:
             for shard_no, (s, ix) in enumerate(zip(shards, self.topic.shards)):
@@ -140,13 +146,13 @@ class SubscriptionState:
                     if cursor not in acked:
                         num = (cursor << _BITS) | shard_no
                         leases[num] = (deadline, 1, owner)
-                        heapq.heappush(heap, (deadline, num, 1))
                         out.append((num, 1))
                     cursor += 1
                 s.cursor = cursor
                 if len(out) >= max_messages:
                     break
         if out:
+            self._schedule(deadline, [num for num, _ in out])
             self.last_activity = now
         return out
 
@@ -167,22 +173,30 @@ class SubscriptionState:
                 versions.pop(num, None)
         return changed
 
+    def modify_deadlines(self, items: list[Delivery], seconds: float, now: float) -> int:
+        """Extend (or, with 0, release: a nack) the leases of (num, version) pairs. A version of 0 matches
+        any delivery; a stale version or an unknown message is ignored. Returns how many applied."""
+        leases = self.leases
+        applied = []
+        for num, version in items:
+            lease = leases.get(num)
+            if lease is None or (version and lease[1] != version):
+                continue
+            if seconds <= 0:
+                del leases[num]
+                if lease[2] is not None:
+                    lease[2].release(num)
+                self.versions[num] = lease[1]
+                self.redeliver.append(num)
+            else:
+                leases[num] = (now + seconds, lease[1], lease[2])
+            applied.append(num)
+        if seconds > 0 and applied:
+            self._schedule(now + seconds, applied)
+        return len(applied)
+
     def modify_deadline(self, num: int, version: int, seconds: float, now: float) -> bool:
-        """Extend (or, with 0, release) a lease. Stale versions are ignored; True when applied."""
-        lease = self.leases.get(num)
-        if lease is None or (version and lease[1] != version):
-            return False
-        if seconds <= 0:
-            del self.leases[num]
-            if lease[2] is not None:
-                lease[2].release(num)
-            self.versions[num] = lease[1]
-            self.redeliver.append(num)
-        else:
-            deadline = now + seconds
-            self.leases[num] = (deadline, lease[1], lease[2])
-            heapq.heappush(self._heap, (deadline, num, lease[1]))
-        return True
+        return self.modify_deadlines([(num, version)], seconds, now) == 1
 
     # --- resets ------------------------------------------------------------------------------
     def reset(self, floors: list[int], acked: list[list[int]]) -> None:

@@ -426,12 +426,14 @@ class Engine:
                     f"Invalid ack deadline ({sec}s): it must be between 0 and {limits.modify_deadline_s_max} seconds."
                 )
         now = self.clock.now()
-        released = False
-        for (num, version), sec in zip(self._parse_ack_ids(s, ack_ids), seconds):
-            if s.modify_deadline(num, version, sec, now) and sec == 0:
-                released = True
-        if released:
-            self.signal(s.uid).notify()
+        groups: dict[int, list[tuple[int, int]]] = {}
+        for a, sec in zip(ack_ids, seconds):
+            p = _parse_ack_id(s.uid, a)
+            if p is not None:
+                groups.setdefault(sec, []).append(p)
+        for sec, items in groups.items():
+            if s.modify_deadlines(items, sec, now) and sec == 0:
+                self.signal(s.uid).notify()
 
     def stream_acks(self, stream: Stream, ack_ids) -> asyncio.Future:
         s = stream.sub
