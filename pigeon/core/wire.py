@@ -17,6 +17,11 @@ def varint(n: int) -> bytes:
 
 
 _VARINT_1 = [bytes((i,)) for i in range(128)]
+VARINT_TABLE = [varint(i) for i in range(1 << 14)]  # one- and two-byte varints, looked up on the hot path
+
+
+def varint_fast(n: int) -> bytes:
+    return VARINT_TABLE[n] if n < 16384 else varint(n)
 
 
 def read_varint(buf: bytes | memoryview, pos: int) -> tuple[int, int]:

@@ -307,26 +307,31 @@ class Engine:
             return []
         msgs = self.reader.messages(s.topic, [num for num, _ in taken])
         show_attempt = bool(s.config.dead_letter_policy.dead_letter_topic)
-        prefix = f"{s.uid}."
-        varint = wire.varint
+        uid = s.uid
+        table = wire.VARINT_TABLE
+        varint = wire.varint_fast
         out = []
         total = 0
         held = owner.held if owner is not None else None
+        held_bytes = 0
         for i, ((num, version), (body, tail)) in enumerate(zip(taken, msgs)):
             size = len(body) + len(tail)
-            total += size + 64
+            total += size
             if total > max_bytes and out:
                 s.untake(taken[i:])
                 break
-            ack = f"{prefix}{num}.{version}".encode()
-            head = b"\x0a" + bytes((len(ack),)) + ack + b"\x12" + varint(size)
+            # ReceivedMessage: ack_id (1) · message (2) [· delivery_attempt (3)]
+            ack = b"%d.%d.%d" % (uid, num, version)
+            head = b"\x0a%c%b\x12%b" % (len(ack), ack, table[size] if size < 16384 else varint(size))
             if show_attempt:
                 tail = tail + b"\x18" + varint(version)
-                size += 1 + len(varint(version))
-            out.append(b"".join((b"\x0a", varint(len(head) + size), head, body, tail)))
+            n = len(head) + len(body) + len(tail)
+            out.append(b"\x0a%b%b%b%b" % (table[n] if n < 16384 else varint(n), head, body, tail))
             if held is not None:
                 held[num] = size
-                owner.held_bytes += size
+                held_bytes += size
+        if held is not None:
+            owner.held_bytes += held_bytes
         return out
 
     async def pull(self, name: str, max_messages: int, return_immediately: bool) -> list[bytes]:

@@ -72,6 +72,6 @@ class MessageReader:
                 i = ix.batch_of(offset)
                 memo_shard, memo_lo, memo_hi = shard, ix.base[i], ix.batch_end(i)
                 batch = self.batch(ix.pos[i])
-            mid = str(((id_base | offset) << bits) | shard).encode()
-            out.append((batch.messages[offset - memo_lo], b"\x1a" + bytes((len(mid),)) + mid + batch.time_field))
+            mid = b"%d" % (((id_base | offset) << bits) | shard)
+            out.append((batch.messages[offset - memo_lo], b"\x1a%c%b%b" % (len(mid), mid, batch.time_field)))
         return out
