@@ -101,7 +101,7 @@ class Registry:
                     topic.subscriptions.add(s.uid)
                 self.subs_by_uid[s.uid] = s
                 self.subs[s.name] = s
-            s.config = cfg
+            s.configure(cfg)
             s.detached = cfg.detached
             self.next_uid = max(self.next_uid, c["uid"] + 1)
         elif op == "sub.del":

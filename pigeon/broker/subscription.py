@@ -1,13 +1,21 @@
-"""Subscription delivery state. Owns the rule: each message of a subscription is in exactly one state —
-not yet delivered (offset >= cursor), locked (in `leases`), waiting for redelivery (in `redeliver`),
-or acked (offset < floor, or in `acked`).
+"""Subscription delivery state. Owns the rules:
+- each message of a subscription is in exactly one state — not yet delivered (offset >= cursor), locked
+  (in `leases`), waiting for redelivery (in `redeliver`, `_delayed` or a key's `redo`), waiting behind
+  its ordering key (in a key's `pending`), or acked (offset < floor, or in `acked`);
+- retry backoff: a nacked or expired message waits min(maximum, minimum · 2^(attempts-1)) before it is
+  handed out again;
+- dead-lettering: a message already delivered max_delivery_attempts times is not handed out again but
+  listed in `dead_letters` for the engine to forward;
+- ordering (broker.ordering): per key, publish order and at most one outstanding batch; a failed message
+  sends every later message of its batch back with it, acked or not; keys are independent.
 
-Compact by construction: per shard an ack floor, a cursor and a set of acks above the floor;
-per-message entries exist only for messages that were handed out and are not acked yet.
-Pure: every method takes `now` (seconds) and does no I/O."""
+Compact by construction: per shard an ack floor, a cursor and a set of acks above the floor; per-message
+entries exist only for messages that were handed out and are not acked yet, and per-key entries only
+for keys with work in flight. Pure: every method takes `now` (seconds) and does no I/O."""
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from collections import deque
 
@@ -15,6 +23,9 @@ from pigeon.core import limits
 from pigeon.broker.topic import SHARD_MASK, TopicState
 
 _BITS = limits.shard_bits
+
+Delivery = tuple[int, int]  # (message number = offset << shard_bits | shard, delivery version)
+Lease = tuple[float, int, object, int]  # (deadline, version, owner, ordering-key hash or 0)
 
 
 class SubShard:
@@ -58,7 +69,20 @@ class SubShard:
             self.cursor = self.floor
 
 
-Delivery = tuple[int, int]  # (message number = offset << shard_bits | shard, delivery version)
+class KeyState:
+    """One ordering key with work in flight."""
+
+    __slots__ = ("batch", "live", "redo", "pending", "delayed")
+
+    def __init__(self):
+        self.batch: list[int] = []  # the outstanding batch, in order
+        self.live: set[int] = set()  # members of `batch` still leased
+        self.redo: list[int] = []  # to hand out again first, in order (acked members included)
+        self.pending: deque[list[int]] = deque()  # [shard, lo, hi): not yet handed out, in order
+        self.delayed = False  # waiting out a retry backoff
+
+    def idle(self) -> bool:
+        return not (self.live or self.redo or self.pending or self.delayed)
 
 
 class SubscriptionState:
@@ -66,29 +90,54 @@ class SubscriptionState:
         self.uid = uid
         self.name = name
         self.topic = topic
-        self.config = config
         start = topic.backlog_end() if topic else []
         self.shards = [SubShard(o) for o in start]
-        self.leases: dict[int, tuple[float, int, object]] = {}  # num → (deadline, version, owner)
+        self.leases: dict[int, Lease] = {}
         # lease deadlines, one entry per batch handed out or extended: (deadline, seq, message numbers);
         # an entry only prompts a look at its messages' leases, which hold the authoritative deadline
         self._heap: list[tuple[float, int, list[int]]] = []
         self._seq = 0
-        self.redeliver: deque[int] = deque()
-        self.versions: dict[int, int] = {}  # num → deliveries so far, for messages waiting in `redeliver`
+        self.redeliver: deque[int] = deque()  # ready to hand out again now
+        self._delayed: list[tuple[float, int, list[int], int]] = []  # (ready at, seq, nums, key) in backoff
+        self.versions: dict[int, int] = {}  # num → deliveries so far, for unacked messages not leased now
+        self.keys: dict[int, KeyState] = {}
+        self.ready_keys: deque[int] = deque()  # keys whose next batch may go out
+        self.dead_letters: list[int] = []  # to forward to the dead-letter topic (drained by the engine)
         self.detached = False
         self.last_activity = 0.0
+        self.configure(config)
 
     # --- configuration -----------------------------------------------------------------------
+    def configure(self, config) -> None:
+        self.config = config
+        self.ordered = bool(config.enable_message_ordering)
+        dlp = config.dead_letter_policy
+        self.max_attempts = (dlp.max_delivery_attempts or 5) if dlp.dead_letter_topic else 0
+        if config.HasField("retry_policy"):
+            rp = config.retry_policy
+            lo = rp.minimum_backoff.seconds + rp.minimum_backoff.nanos / 1e9 if rp.HasField("minimum_backoff") else 10.0
+            hi = rp.maximum_backoff.seconds + rp.maximum_backoff.nanos / 1e9 if rp.HasField("maximum_backoff") else 600.0
+            self.backoff: tuple[float, float] | None = (lo, max(lo, hi))
+        else:
+            self.backoff = None  # redeliver as soon as possible
+
     @property
     def ack_deadline_s(self) -> int:
         return self.config.ack_deadline_seconds or limits.ack_deadline_s_default
 
-    # --- delivery ----------------------------------------------------------------------------
+    def backoff_s(self, attempts: int) -> float:
+        if self.backoff is None:
+            return 0.0
+        lo, hi = self.backoff
+        return min(hi, lo * (2 ** max(0, min(attempts - 1, 30))))
+
+    # --- what is ready -----------------------------------------------------------------------
     def has_ready(self, now: float) -> bool:
-        if self.redeliver:
+        if self.redeliver or self.ready_keys:
             return True
         if self._heap and self._heap[0][0] <= now:
+            return True
+        if self._delayed and self._delayed[0][0] <= now:
             return True
         if self.topic is not None:
             for s, ix in zip(self.shards, self.topic.shards):
@@ -97,58 +146,118 @@ class SubscriptionState:
         return False
 
     def next_deadline(self) -> float | None:
-        return self._heap[0][0] if self._heap else None
+        """The earliest time something may change by itself (a lease running out, a backoff ending)."""
+        times = []
+        if self._heap:
+            times.append(self._heap[0][0])
+        if self._delayed:
+            times.append(self._delayed[0][0])
+        return min(times) if times else None
 
+    # --- leases ending -----------------------------------------------------------------------
     def expire(self, now: float) -> int:
-        """Move locked messages whose lease ran out to the redelivery queue."""
+        """Leases that ran out end as failures (redelivery after backoff)."""
         heap, leases = self._heap, self.leases
         n = 0
         while heap and heap[0][0] <= now:
             for num in heapq.heappop(heap)[2]:
                 lease = leases.get(num)
                 if lease is not None and lease[0] <= now:
-                    del leases[num]
-                    if lease[2] is not None:
-                        lease[2].release(num)
-                    self.versions[num] = lease[1]
-                    self.redeliver.append(num)
+                    self._fail(num, lease, now)
                     n += 1
+        delayed = self._delayed
+        while delayed and delayed[0][0] <= now:
+            _, _, nums, key = heapq.heappop(delayed)
+            if key:
+                ks = self.keys.get(key)
+                if ks is not None:
+                    ks.delayed = False
+                    self._key_settled(key, ks)
+            else:
+                self.redeliver.extend(nums)
         return n
 
-    def _schedule(self, deadline: float, nums: list[int]) -> None:
-        self._seq += 1
-        heapq.heappush(self._heap, (deadline, self._seq, nums))
+    def _end_lease(self, num: int, lease: Lease) -> None:
+        del self.leases[num]
+        if lease[2] is not None:
+            lease[2].release(num)
 
-    def take(self, max_messages: int, now: float, deadline_s: float, owner=None) -> list[Delivery]:
-        """Lock up to `max_messages` messages: redeliveries first, then new ones in shard order.
-        `owner` (a stream, or None) is told `release(num)` when a lease ends for any reason."""
+    def _fail(self, num: int, lease: Lease, now: float) -> None:
+        """A nack or an expired lease: the message goes back, after the retry backoff."""
+        self._end_lease(num, lease)
+        self.versions[num] = lease[1]
+        key = lease[3]
+        if not key:
+            wait = self.backoff_s(lease[1])
+            if wait <= 0:
+                self.redeliver.append(num)
+            else:
+                self._seq += 1
+                heapq.heappush(self._delayed, (now + wait, self._seq, [num], 0))
+            return
+        ks = self.keys[key]
+        # this message and every later one of its batch go back, acked or not
+        i = ks.batch.index(num)
+        back = ks.batch[i:]
+        del ks.batch[i:]
+        ks.live.discard(num)
+        for m in back[1:]:
+            other = self.leases.get(m)
+            if other is not None:
+                self._end_lease(m, other)
+                self.versions[m] = other[1]
+                ks.live.discard(m)
+        ks.redo = sorted(set(ks.redo).union(back))
+        wait = self.backoff_s(lease[1])
+        if wait > 0 and not ks.delayed:
+            ks.delayed = True
+            self._seq += 1
+            heapq.heappush(self._delayed, (now + wait, self._seq, [], key))
+        self._key_settled(key, ks)
+
+    def _key_settled(self, key: int, ks: KeyState) -> None:
+        """Called when a key's outstanding batch may have ended: queue its next batch, or forget it."""
+        if ks.live or ks.delayed:
+            return
+        ks.batch = []
+        if ks.redo or ks.pending:
+            if key not in self.ready_keys:
+                self.ready_keys.append(key)
+        else:
+            del self.keys[key]
+
+    # --- handing out -------------------------------------------------------------------------
+    def take(self, max_messages: int, now: float, deadline_s: float, owner=None, per_key_max: int = 0) -> list[Delivery]:
+        """Lock up to `max_messages` messages: redeliveries first, then ready keys, then new messages in
+        shard order. `owner` (a stream, or None) is told `release(num)` when a lease ends for any reason.
+        `per_key_max` caps an ordered key's batch (push: 1)."""
         self.expire(now)
         out: list[Delivery] = []
         leases, versions = self.leases, self.versions
         deadline = now + deadline_s
         shards = self.shards
+        max_attempts = self.max_attempts
         redeliver = self.redeliver
         while redeliver and len(out) < max_messages:
             num = redeliver.popleft()
             if num in leases or shards[num & SHARD_MASK].is_acked(num >> _BITS):
                 continue
             version = versions.pop(num, 0) + 1
-            leases[num] = (deadline, version, owner)
+            if max_attempts and version > max_attempts:
+                self._to_dead_letter(num, version - 1, deadline)
+                continue
+            leases[num] = (deadline, version, owner, 0)
             out.append((num, version))
+        if self.ordered:
+            self._take_ready_keys(out, max_messages, deadline, owner, per_key_max)
         if self.topic is not None and len(out) < max_messages:
             for shard_no, (s, ix) in enumerate(zip(shards, self.topic.shards)):
-                end = ix.durable
-                cursor = s.cursor
-                if cursor >= end:
+                if s.cursor >= ix.durable:
                     continue
-                acked = s.acked
-                while cursor < end and len(out) < max_messages:
-                    if cursor not in acked:
-                        num = (cursor << _BITS) | shard_no
-                        leases[num] = (deadline, 1, owner)
-                        out.append((num, 1))
-                    cursor += 1
-                s.cursor = cursor
+                if self.ordered:
+                    self._take_ordered_shard(shard_no, s, ix, out, max_messages, deadline, owner, per_key_max)
+                else:
+                    self._take_shard(shard_no, s, ix.durable, out, max_messages, deadline, owner)
                 if len(out) >= max_messages:
                     break
         if out:
@@ -156,6 +265,112 @@ class SubscriptionState:
             self.last_activity = now
         return out
 
+    def _take_shard(self, shard_no, s: SubShard, end, out, max_messages, deadline, owner) -> None:
+        leases, versions, acked = self.leases, self.versions, s.acked
+        max_attempts = self.max_attempts
+        cursor = s.cursor
+        while cursor < end and len(out) < max_messages:
+            if cursor not in acked:
+                num = (cursor << _BITS) | shard_no
+                version = versions.pop(num, 0) + 1 if versions else 1
+                if max_attempts and version > max_attempts:
+                    self._to_dead_letter(num, version - 1, deadline)
+                else:
+                    leases[num] = (deadline, version, owner, 0)
+                    out.append((num, version))
+            cursor += 1
+        s.cursor = cursor
+
+    def _take_ordered_shard(self, shard_no, s: SubShard, ix, out, max_messages, deadline, owner, per_key_max) -> None:
+        """Walk new messages batch by batch: keyless ones go out freely; a key that is idle starts a
+        batch; a busy key parks the range in its `pending` queue (no scanning later: ready keys are
+        queued when their batch ends)."""
+        end = ix.durable
+        cursor = s.cursor
+        i = bisect.bisect_right(ix.base, cursor) - 1
+        while cursor < end and len(out) < max_messages:
+            hi = min(ix.batch_end(i), end)
+            key = ix.keys[i]
+            if not key:
+                self._take_shard(shard_no, s, hi, out, max_messages, deadline, owner)
+                cursor = s.cursor
+            else:
+                ks = self.keys.get(key)
+                if ks is None:
+                    ks = self.keys[key] = KeyState()
+                if ks.idle():
+                    ks.pending.append([shard_no, cursor, hi])
+                    self._take_key(key, ks, out, max_messages, deadline, owner, per_key_max)
+                elif ks.pending and ks.pending[-1][0] == shard_no and ks.pending[-1][2] == cursor:
+                    ks.pending[-1][2] = hi  # extend the parked range
+                else:
+                    ks.pending.append([shard_no, cursor, hi])
+                cursor = hi
+                s.cursor = cursor
+            if cursor >= ix.batch_end(i):
+                i += 1
+
+    def _take_ready_keys(self, out, max_messages, deadline, owner, per_key_max) -> None:
+        ready = self.ready_keys
+        while ready and len(out) < max_messages:  # every _take_key consumes work, so this ends
+            key = ready.popleft()
+            ks = self.keys.get(key)
+            if ks is None or ks.live or ks.delayed:
+                continue
+            self._take_key(key, ks, out, max_messages, deadline, owner, per_key_max)
+
+    def _take_key(self, key, ks: KeyState, out, max_messages, deadline, owner, per_key_max) -> None:
+        """Hand out the key's next batch: its redo list, else the head of its pending ranges."""
+        room = max_messages - len(out)
+        if per_key_max:
+            room = min(room, per_key_max)
+        batch: list[int] = []
+        leases, versions = self.leases, self.versions
+        max_attempts = self.max_attempts
+        if ks.redo:
+            todo, ks.redo = ks.redo[:room], ks.redo[room:]
+        else:
+            todo = []
+            while ks.pending and len(todo) < room:
+                rng = ks.pending[0]
+                shard_no, lo, hi = rng
+                acked = self.shards[shard_no]
+                while lo < hi and len(todo) < room:
+                    if not acked.is_acked(lo):
+                        todo.append((lo << _BITS) | shard_no)
+                    lo += 1
+                rng[1] = lo
+                if lo >= hi:
+                    ks.pending.popleft()
+        for num in todo:
+            ss = self.shards[num & SHARD_MASK]
+            if ss.is_acked(num >> _BITS):
+                if num >> _BITS in ss.acked:  # redelivered with its batch though acked (still retained): no lease
+                    out.append((num, versions.get(num, 1)))
+                    batch.append(num)
+                continue
+            version = versions.pop(num, 0) + 1
+            if max_attempts and version > max_attempts:
+                self._to_dead_letter(num, version - 1, deadline)  # and the key moves on
+                continue
+            leases[num] = (deadline, version, owner, key)
+            ks.live.add(num)
+            batch.append(num)
+            out.append((num, version))
+        ks.batch = batch
+        self._key_settled(key, ks)
+
+    def _to_dead_letter(self, num: int, attempts: int, deadline: float) -> None:
+        """Hold the message (keyless lease, no owner) while the engine forwards it; if forwarding fails the
+        lease runs out and it comes back here."""
+        self.leases[num] = (deadline, attempts, None, 0)
+        self.dead_letters.append(num)
+
+    def _schedule(self, deadline: float, nums: list[int]) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (deadline, self._seq, nums))
+
+    # --- answers from clients ----------------------------------------------------------------
     def ack(self, nums: list[int]) -> list[int]:
         """Acknowledge message numbers; return those that changed state (to be logged)."""
         changed = []
@@ -168,8 +383,14 @@ class SubscriptionState:
             if shards[shard].mark(num >> _BITS):
                 changed.append(num)
                 lease = leases.pop(num, None)
-                if lease is not None and lease[2] is not None:
-                    lease[2].release(num)
+                if lease is not None:
+                    if lease[2] is not None:
+                        lease[2].release(num)
+                    if lease[3]:
+                        ks = self.keys.get(lease[3])
+                        if ks is not None:
+                            ks.live.discard(num)
+                            self._key_settled(lease[3], ks)
                 versions.pop(num, None)
         return changed
 
@@ -183,13 +404,9 @@ class SubscriptionState:
             if lease is None or (version and lease[1] != version):
                 continue
             if seconds <= 0:
-                del leases[num]
-                if lease[2] is not None:
-                    lease[2].release(num)
-                self.versions[num] = lease[1]
-                self.redeliver.append(num)
+                self._fail(num, lease, now)
             else:
-                leases[num] = (now + seconds, lease[1], lease[2])
+                leases[num] = (now + seconds, lease[1], lease[2], lease[3])
             applied.append(num)
         if seconds > 0 and applied:
             self._schedule(now + seconds, applied)
@@ -197,6 +414,27 @@ class SubscriptionState:
 
     def modify_deadline(self, num: int, version: int, seconds: float, now: float) -> bool:
         return self.modify_deadlines([(num, version)], seconds, now) == 1
+
+    def untake(self, deliveries: list[Delivery]) -> None:
+        """Undo the most recent take of these (they did not fit in a response): they go back to the front
+        of the queue with their delivery version unchanged."""
+        for num, version in reversed(deliveries):
+            lease = self.leases.get(num)
+            if lease is None:
+                continue
+            self._end_lease(num, lease)
+            if version > 1:
+                self.versions[num] = version - 1
+            key = lease[3]
+            if key:
+                ks = self.keys[key]
+                ks.live.discard(num)
+                if num in ks.batch:
+                    ks.batch.remove(num)
+                ks.redo.insert(0, num)
+                self._key_settled(key, ks)
+            else:
+                self.redeliver.appendleft(num)
 
     # --- resets ------------------------------------------------------------------------------
     def reset(self, floors: list[int], acked: list[list[int]]) -> None:
@@ -207,29 +445,17 @@ class SubscriptionState:
             for o in above:
                 s.mark(o)
             self.shards.append(s)
-        self._release_all()
-        self.leases.clear()
-        self._heap.clear()
-        self.redeliver.clear()
-        self.versions.clear()
-
-    def untake(self, deliveries: list[Delivery]) -> None:
-        """Undo the most recent take of these (e.g. they did not fit in a response): they go back to the
-        front of the queue with their delivery version unchanged."""
-        for num, version in reversed(deliveries):
-            lease = self.leases.pop(num, None)
-            if lease is None:
-                continue
-            if lease[2] is not None:
-                lease[2].release(num)
-            if version > 1:
-                self.versions[num] = version - 1
-            self.redeliver.appendleft(num)
-
-    def _release_all(self) -> None:
         for num, lease in self.leases.items():
             if lease[2] is not None:
                 lease[2].release(num)
+        self.leases.clear()
+        self._heap.clear()
+        self._delayed.clear()
+        self.redeliver.clear()
+        self.versions.clear()
+        self.keys.clear()
+        self.ready_keys.clear()
+        self.dead_letters.clear()
 
     def rewind_unacked(self) -> None:
         """After a restart nothing is locked: every unacked message is delivered again."""
@@ -239,14 +465,32 @@ class SubscriptionState:
     def export_state(self) -> tuple[list[int], list[list[int]]]:
         return [s.floor for s in self.shards], [sorted(s.acked) for s in self.shards]
 
+    def export_attempts(self) -> list[list[int]]:
+        """[num, deliveries] of unacked messages, when deliveries are counted (dead-letter policy)."""
+        if not self.max_attempts:
+            return []
+        out = dict(self.versions)
+        for num, lease in self.leases.items():
+            out[num] = lease[1]
+        return [[n, c] for n, c in out.items()]
+
+    def count_deliveries(self, nums) -> None:
+        """Replay of a DELIVER record: these were handed out once more."""
+        for num in nums:
+            shard = num & SHARD_MASK
+            if shard < len(self.shards) and not self.shards[shard].is_acked(num >> _BITS):
+                self.versions[num] = self.versions.get(num, 0) + 1
+
     def drop_before(self, shard: int, offset: int) -> None:
         self.shards[shard].drop_before(offset)
         # leases and redeliveries below the floor are now acked; ack() of them is a no-op
-        stale = [n for n in self.leases if n & SHARD_MASK == shard and n >> _BITS < offset]
-        for n in stale:
-            lease = self.leases.pop(n)
-            if lease[2] is not None:
-                lease[2].release(n)
+        for n in [n for n in self.leases if n & SHARD_MASK == shard and n >> _BITS < offset]:
+            lease = self.leases[n]
+            self._end_lease(n, lease)
+            if lease[3] and lease[3] in self.keys:
+                ks = self.keys[lease[3]]
+                ks.live.discard(n)
+                self._key_settled(lease[3], ks)
         for n in [n for n in self.versions if n & SHARD_MASK == shard and n >> _BITS < offset]:
             del self.versions[n]
 

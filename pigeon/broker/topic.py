@@ -1,12 +1,14 @@
 """Topic shards as compact indexes. Owns the rule: offsets are dense and monotonic per shard, and a
 message is visible to subscribers only once it is durable (offset < shard.durable).
 
-No per-message Python object: a shard keeps three arrays with one entry per published *batch*
-(base offset, WAL position of the batch's record, publish time in ms)."""
+No per-message Python object: a shard keeps four arrays with one entry per published *batch*
+(base offset, WAL position of the batch's record, publish time in ms, ordering-key hash). A batch is
+one Publish request, and one request carries one ordering key, so the key is a property of the batch."""
 
 from __future__ import annotations
 
 import bisect
+import hashlib
 import itertools
 from array import array
 
@@ -21,13 +23,22 @@ def msgnum(offset: int, shard: int) -> int:
     return (offset << limits.shard_bits) | shard
 
 
+def key_hash(ordering_key: str) -> int:
+    """A stable, non-zero 63-bit hash of an ordering key (0 means "no key"). Two keys sharing a hash
+    would only be serialized together: stricter, never looser, ordering."""
+    if not ordering_key:
+        return 0
+    h = int.from_bytes(hashlib.blake2b(ordering_key.encode(), digest_size=8).digest(), "little")
+    return (h >> 1) or 1
+
+
 def split_msgnum(num: int) -> tuple[int, int]:
     """message number → (offset, shard)"""
     return num >> limits.shard_bits, num & SHARD_MASK
 
 
 class ShardIndex:
-    __slots__ = ("next", "durable", "base", "pos", "ms", "bytes")
+    __slots__ = ("next", "durable", "base", "pos", "ms", "keys", "bytes")
 
     def __init__(self, start: int = 0):
         self.next = start  # next offset to assign
@@ -35,9 +46,10 @@ class ShardIndex:
         self.base = array("q")  # first offset of each batch
         self.pos = array("q")  # WAL position of each batch's record
         self.ms = array("q")  # publish time of each batch (ms, non-decreasing)
+        self.keys = array("q")  # ordering-key hash of each batch (0: none)
         self.bytes = 0  # payload bytes retained (approximate, for metrics)
 
-    def append(self, count: int, pos: int, publish_ms: int) -> int:
+    def append(self, count: int, pos: int, publish_ms: int, key: int = 0) -> int:
         assert count > 0
         if self.ms and publish_ms < self.ms[-1]:
             publish_ms = self.ms[-1]  # keep time monotonic per shard for seek-by-time bisection
@@ -45,6 +57,7 @@ class ShardIndex:
         self.base.append(base)
         self.pos.append(pos)
         self.ms.append(publish_ms)
+        self.keys.append(key)
         self.next = base + count
         return base
 
@@ -76,17 +89,21 @@ class ShardIndex:
         else:
             i = bisect.bisect_right(self.base, offset) - 1  # the batch holding `offset` stays
         if i > 0:
-            del self.base[:i], self.pos[:i], self.ms[:i]
+            del self.base[:i], self.pos[:i], self.ms[:i], self.keys[:i]
 
-    def export(self) -> tuple[int, bytes, bytes, bytes]:
-        return self.next, self.base.tobytes(), self.pos.tobytes(), self.ms.tobytes()
+    def key_of(self, offset: int) -> int:
+        return self.keys[self.batch_of(offset)]
+
+    def export(self) -> tuple[int, bytes, bytes, bytes, bytes]:
+        return self.next, self.base.tobytes(), self.pos.tobytes(), self.ms.tobytes(), self.keys.tobytes()
 
     @classmethod
-    def restore(cls, next_offset: int, base: bytes, pos: bytes, ms: bytes) -> "ShardIndex":
+    def restore(cls, next_offset: int, base: bytes, pos: bytes, ms: bytes, keys: bytes) -> "ShardIndex":
         s = cls(next_offset)
         s.base.frombytes(base)
         s.pos.frombytes(pos)
         s.ms.frombytes(ms)
+        s.keys.frombytes(keys)
         return s
 
 

@@ -13,11 +13,21 @@ import os
 import time
 import uuid
 
+from google.pubsub_v1 import types
+
 from pigeon.broker import resources
 from pigeon.broker.registry import Registry, SnapshotState, pb64
 from pigeon.broker.subscription import SubscriptionState
+from pigeon.broker.topic import key_hash
 from pigeon.core import limits, names, wire
-from pigeon.core.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, Unavailable
+from pigeon.core.errors import (
+    AlreadyExists,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    PigeonError,
+    Unavailable,
+)
 from pigeon.node import recovery
 from pigeon.node.reader import MessageReader
 from pigeon.node.wal import Wal, fsync_dir
@@ -25,6 +35,8 @@ from pigeon.ops.config import Config
 from pigeon.storage import payloads
 
 log = logging.getLogger("pigeon.engine")
+_PubsubMessage = types.PubsubMessage.pb()
+_PublishRequest = types.PublishRequest.pb()
 
 
 class WallClock:
@@ -117,6 +129,7 @@ class Engine:
         self._last_ck_time = 0.0
         self._maintenance: asyncio.Task | None = None
         self._ck_lock = asyncio.Lock()
+        self._tasks: set[asyncio.Task] = set()
 
     # --- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -282,9 +295,10 @@ class Engine:
         if ix.ms and ms < ix.ms[-1]:
             ms = ix.ms[-1]
         base = ix.next
-        rec = payloads.publish_record(t.uid, shard, base, ms, count, request)
+        key = key_hash(ordering_key)
+        rec = payloads.publish_record(t.uid, shard, base, ms, count, request, key)
         pos = self.wal.append(rec)
-        ix.append(count, pos, ms)
+        ix.append(count, pos, ms, key)
         end = base + count
         await self.wal.wait_durable(pos + len(rec))
         if ix.durable < end:
@@ -303,6 +317,8 @@ class Engine:
         PullResponse and StreamingPullResponse alike)."""
         now = self.clock.now()
         taken = s.take(max_messages, now, deadline_s, owner)
+        if s.dead_letters:
+            self._forward_dead_letters(s)
         if not taken:
             return []
         msgs = self.reader.messages(s.topic, [num for num, _ in taken])
@@ -327,12 +343,51 @@ class Engine:
                 tail = tail + b"\x18" + varint(version)
             n = len(head) + len(body) + len(tail)
             out.append(b"\x0a%b%b%b%b" % (table[n] if n < 16384 else varint(n), head, body, tail))
-            if held is not None:
+            if held is not None and num in s.leases:
                 held[num] = size
                 held_bytes += size
         if held is not None:
             owner.held_bytes += held_bytes
+        if s.max_attempts:  # deliveries are counted durably for dead-lettering (not waited for)
+            self.wal.append(payloads.deliver_record(s.uid, [num for num, _ in taken[: len(out)]]))
         return out
+
+    def _forward_dead_letters(self, s: SubscriptionState) -> None:
+        nums, s.dead_letters = s.dead_letters, []
+        task = asyncio.get_running_loop().create_task(self._dead_letter(s, nums))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _dead_letter(self, s: SubscriptionState, nums: list[int]) -> None:
+        """Publish to the dead-letter topic with the source attributes, then ack on the source. If the
+        topic is missing or the publish fails, the held leases run out and the messages come back."""
+        dlt = s.config.dead_letter_policy.dead_letter_topic
+        try:
+            self.registry.topic(dlt)
+            project, sub_id = names.split(s.name, "subscriptions")
+            groups: dict[str, list] = {}
+            for num, (body, tail) in zip(nums, self.reader.messages(s.topic, nums)):
+                lease = s.leases.get(num)
+                m = _PubsubMessage.FromString(body + tail)
+                a = m.attributes
+                a["CloudPubSubDeadLetterSourceSubscription"] = sub_id
+                a["CloudPubSubDeadLetterSourceSubscriptionProject"] = project
+                a["CloudPubSubDeadLetterSourceTopicPublishTime"] = m.publish_time.ToJsonString()
+                a["CloudPubSubDeadLetterSourceDeliveryCount"] = str(lease[1] if lease else s.max_attempts)
+                m.ClearField("message_id")
+                m.ClearField("publish_time")
+                groups.setdefault(m.ordering_key, []).append(m)
+            for key, msgs in groups.items():
+                request = _PublishRequest(topic=dlt, messages=msgs).SerializeToString()
+                await self.publish(dlt, request, len(msgs), key)
+        except PigeonError as e:
+            log.warning("dead-lettering %d messages of %s to %s failed: %s", len(nums), s.name, dlt, e.message)
+            return
+        changed = s.ack(nums)
+        if changed:
+            self.wal.append(payloads.ack_record(s.uid, changed))
+            self.signal(s.uid).notify()
+        await self.wal.wait_durable(self.wal.tail)
 
     async def pull(self, name: str, max_messages: int, return_immediately: bool) -> list[bytes]:
         if max_messages <= 0:
@@ -602,7 +657,7 @@ class Engine:
                 for shard, ix in enumerate(t.shards):
                     recs.append(payloads.checkpoint_shard(t.uid, shard, *ix.export()))
             for s in reg.subs_by_uid.values():
-                recs.append(payloads.checkpoint_sub(s.uid, *s.export_state()))
+                recs.append(payloads.checkpoint_sub(s.uid, *s.export_state(), s.export_attempts()))
             recs.append(payloads.checkpoint_end(len(recs)))
             await self.wal.wait_durable(pos)
             keep = self._checkpoints[-1:]

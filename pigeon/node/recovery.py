@@ -96,12 +96,14 @@ def load_checkpoint(path: str, registry: Registry) -> int:
     registry.restore_meta(head["meta"])
     for _, rtype, payload in items[1:-1]:
         if rtype == RecordType.CK_SHARD:
-            uid, shard, nxt, base, pos, ms = payloads.checkpoint_shard_decode(payload)
+            uid, shard, nxt, base, pos, ms, keys = payloads.checkpoint_shard_decode(payload)
             t = registry.topics_by_uid[uid]
-            t.shards[shard] = ShardIndex.restore(nxt, base, pos, ms)
+            t.shards[shard] = ShardIndex.restore(nxt, base, pos, ms, keys)
         elif rtype == RecordType.CK_SUB:
             d = payloads.json_decode(payload)
-            registry.subs_by_uid[d["uid"]].reset(d["floors"], d["acked"])
+            s = registry.subs_by_uid[d["uid"]]
+            s.reset(d["floors"], d["acked"])
+            s.versions.update((n, c) for n, c in d.get("attempts", []))
     return head["pos"]
 
 
@@ -112,19 +114,24 @@ class _Contradiction(Exception):
 def apply_record(registry: Registry, pos: int, rtype: int, payload) -> None:
     """Replay one WAL record into the registry."""
     if rtype == RecordType.PUBLISH:
-        uid, shard, base, ms, count = payloads.publish_head(payload)
+        uid, shard, base, ms, count, key = payloads.publish_head(payload)
         t = registry.topics_by_uid.get(uid)
         if t is None:
             return  # topic deleted later; the record is dead
         ix = t.shards[shard]
         if base != ix.next:
             raise _Contradiction(f"publish at offset {base} but shard {shard} of topic {uid} is at {ix.next}")
-        ix.append(count, pos, ms)
+        ix.append(count, pos, ms, key)
     elif rtype == RecordType.ACK:
         uid, nums = payloads.ack_decode(payload)
         s = registry.subs_by_uid.get(uid)
         if s is not None:
             s.ack(list(nums))
+    elif rtype == RecordType.DELIVER:
+        uid, nums = payloads.ack_decode(payload)
+        s = registry.subs_by_uid.get(uid)
+        if s is not None:
+            s.count_deliveries(nums)
     elif rtype == RecordType.META:
         registry.apply(payloads.json_decode(payload))
     else:

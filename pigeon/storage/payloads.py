@@ -1,12 +1,13 @@
 """Payload layouts of WAL and checkpoint records (the framing itself is storage.record's).
 
-PUBLISH   topic uid u32 · shard u16 · base offset u64 · publish ms i64 · count u32 · the PublishRequest bytes
+PUBLISH   topic uid u32 · shard u16 · base offset u64 · publish ms i64 · count u32 · key hash i64 · the PublishRequest bytes
           (stored whole as received: message ids and publish time are derived, not written per message)
 ACK       subscription uid u32 · n × message number u64
 META      UTF-8 JSON of one registry change
 CK_HEADER UTF-8 JSON {version, pos, meta}
-CK_SHARD  topic uid u32 · shard u16 · next offset u64 · batches u64 · base[] · pos[] · ms[] (i64 arrays)
-CK_SUB    UTF-8 JSON {uid, floors, acked}
+CK_SHARD  topic uid u32 · shard u16 · next offset u64 · batches u64 · base[] · pos[] · ms[] · keys[] (i64 arrays)
+DELIVER   subscription uid u32 · n × message number u64 (deliveries counted for dead-lettering)
+CK_SUB    UTF-8 JSON {uid, floors, acked, attempts}
 CK_END    records u64 (the number of records before it)
 """
 
@@ -20,18 +21,21 @@ from pigeon.core import rawproto
 from pigeon.storage import record
 from pigeon.storage.record import RecordType
 
-PUBLISH_HEAD = struct.Struct("<IHQqI")
+PUBLISH_HEAD = struct.Struct("<IHQqIq")
 _ACK_HEAD = struct.Struct("<I")
 _SHARD_HEAD = struct.Struct("<IHQQ")
 _END = struct.Struct("<Q")
 
 
-def publish_record(topic_uid: int, shard: int, base: int, publish_ms: int, count: int, request: bytes) -> bytes:
-    return record.encode_parts(RecordType.PUBLISH, [PUBLISH_HEAD.pack(topic_uid, shard, base, publish_ms, count), request])
+def publish_record(
+    topic_uid: int, shard: int, base: int, publish_ms: int, count: int, request: bytes, key: int = 0
+) -> bytes:
+    head = PUBLISH_HEAD.pack(topic_uid, shard, base, publish_ms, count, key)
+    return record.encode_parts(RecordType.PUBLISH, [head, request])
 
 
-def publish_head(payload) -> tuple[int, int, int, int, int]:
-    """(topic uid, shard, base offset, publish ms, count)"""
+def publish_head(payload) -> tuple[int, int, int, int, int, int]:
+    """(topic uid, shard, base offset, publish ms, count, ordering-key hash)"""
     return PUBLISH_HEAD.unpack_from(payload, 0)
 
 
@@ -44,8 +48,12 @@ def publish_messages(payload) -> list[bytes]:
     return msgs
 
 
-def ack_record(sub_uid: int, nums: list[int]) -> bytes:
-    return record.encode_parts(RecordType.ACK, [_ACK_HEAD.pack(sub_uid), array("Q", nums).tobytes()])
+def ack_record(sub_uid: int, nums: list[int], rtype: int = RecordType.ACK) -> bytes:
+    return record.encode_parts(rtype, [_ACK_HEAD.pack(sub_uid), array("Q", nums).tobytes()])
+
+
+def deliver_record(sub_uid: int, nums: list[int]) -> bytes:
+    return ack_record(sub_uid, nums, RecordType.DELIVER)
 
 
 def ack_decode(payload) -> tuple[int, array]:
@@ -67,23 +75,28 @@ def checkpoint_header(pos: int, meta: dict) -> bytes:
     return record.encode(RecordType.CK_HEADER, json.dumps({"version": 1, "pos": pos, "meta": meta}).encode())
 
 
-def checkpoint_shard(topic_uid: int, shard: int, next_offset: int, base: bytes, pos: bytes, ms: bytes) -> bytes:
+def checkpoint_shard(
+    topic_uid: int, shard: int, next_offset: int, base: bytes, pos: bytes, ms: bytes, keys: bytes
+) -> bytes:
     n = len(base) // 8
-    assert len(pos) == len(ms) == len(base)
-    return record.encode_parts(RecordType.CK_SHARD, [_SHARD_HEAD.pack(topic_uid, shard, next_offset, n), base, pos, ms])
+    assert len(pos) == len(ms) == len(keys) == len(base)
+    head = _SHARD_HEAD.pack(topic_uid, shard, next_offset, n)
+    return record.encode_parts(RecordType.CK_SHARD, [head, base, pos, ms, keys])
 
 
-def checkpoint_shard_decode(payload) -> tuple[int, int, int, bytes, bytes, bytes]:
+def checkpoint_shard_decode(payload) -> tuple[int, int, int, bytes, bytes, bytes, bytes]:
     uid, shard, nxt, n = _SHARD_HEAD.unpack_from(payload, 0)
     o = _SHARD_HEAD.size
     b = bytes(payload[o:])
-    if len(b) != 24 * n:
+    if len(b) != 32 * n:
         raise ValueError("checkpoint shard length mismatch")
-    return uid, shard, nxt, b[: 8 * n], b[8 * n : 16 * n], b[16 * n :]
+    return uid, shard, nxt, b[: 8 * n], b[8 * n : 16 * n], b[16 * n : 24 * n], b[24 * n :]
 
 
-def checkpoint_sub(uid: int, floors: list[int], acked: list[list[int]]) -> bytes:
-    return record.encode(RecordType.CK_SUB, json.dumps({"uid": uid, "floors": floors, "acked": acked}).encode())
+def checkpoint_sub(uid: int, floors: list[int], acked: list[list[int]], attempts: list[list[int]] = ()) -> bytes:
+    """`attempts`: [message number, deliveries so far] of unacked messages (dead-letter counting)."""
+    body = {"uid": uid, "floors": floors, "acked": acked, "attempts": list(attempts)}
+    return record.encode(RecordType.CK_SUB, json.dumps(body).encode())
 
 
 def checkpoint_end(count: int) -> bytes:

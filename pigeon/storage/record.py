@@ -18,6 +18,7 @@ class RecordType(enum.IntEnum):
     PUBLISH = 1  # messages appended to one topic shard
     ACK = 2  # message numbers acknowledged on one subscription
     META = 3  # a metadata change (JSON)
+    DELIVER = 4  # message numbers handed out on one subscription (counted for dead-lettering)
     # checkpoint files reuse the framing with their own types
     CK_HEADER = 16
     CK_SHARD = 17

@@ -51,11 +51,11 @@ class ShardIndexMachine(RuleBasedStateMachine):
 
     @rule()
     def export_restore(self):
-        nxt, base, pos, ms = self.ix.export()
-        back = ShardIndex.restore(nxt, base, pos, ms)
+        nxt, base, pos, ms, keys = self.ix.export()
+        back = ShardIndex.restore(nxt, base, pos, ms, keys)
         assert back.next == back.durable == self.next
-        assert (list(back.base), list(back.pos), list(back.ms)) == (
-            list(self.ix.base), list(self.ix.pos), list(self.ix.ms))
+        assert (list(back.base), list(back.pos), list(back.ms), list(back.keys)) == (
+            list(self.ix.base), list(self.ix.pos), list(self.ix.ms), list(self.ix.keys))
         back.durable = self.ix.durable
         self.ix = back
 

@@ -55,7 +55,7 @@ _message = st.builds(
 def test_publish_round_trip(uid, shard, base, ms, msgs):
     t, p = _one(payloads.publish_record(uid, shard, base, ms, len(msgs), _request(msgs)))
     assert t == RecordType.PUBLISH
-    assert payloads.publish_head(p) == (uid, shard, base, ms, len(msgs))
+    assert payloads.publish_head(p) == (uid, shard, base, ms, len(msgs), 0)
     assert payloads.publish_messages(p) == msgs
     # works on a memoryview too (the WAL reader hands out views)
     assert payloads.publish_messages(memoryview(p)) == msgs
@@ -99,31 +99,33 @@ def test_checkpoint_header_round_trip(pos, meta):
 
 
 @SETTINGS
-@given(u32, u16, u64, st.lists(st.tuples(i64, i64, i64), max_size=30))
+@given(u32, u16, u64, st.lists(st.tuples(i64, i64, i64, i64), max_size=30))
 def test_checkpoint_shard_round_trip(uid, shard, nxt, rows):
     base = array("q", [r[0] for r in rows]).tobytes()
     pos = array("q", [r[1] for r in rows]).tobytes()
     ms = array("q", [r[2] for r in rows]).tobytes()
-    t, p = _one(payloads.checkpoint_shard(uid, shard, nxt, base, pos, ms))
+    keys = array("q", [r[3] for r in rows]).tobytes()
+    t, p = _one(payloads.checkpoint_shard(uid, shard, nxt, base, pos, ms, keys))
     assert t == RecordType.CK_SHARD
-    assert payloads.checkpoint_shard_decode(p) == (uid, shard, nxt, base, pos, ms)
+    assert payloads.checkpoint_shard_decode(p) == (uid, shard, nxt, base, pos, ms, keys)
     with pytest.raises(ValueError):
         payloads.checkpoint_shard_decode(p + b"\0" * 8)
 
 
 @SETTINGS
-@given(st.lists(st.tuples(st.integers(1, 50), st.integers(0, 10**9), st.integers(0, 10**12)), max_size=20),
+@given(st.lists(st.tuples(st.integers(1, 50), st.integers(0, 10**9), st.integers(0, 10**12),
+                          st.integers(0, 2**62)), max_size=20),
        st.integers(0, 10**6))
 def test_shard_index_survives_a_checkpoint_record(batches, start):
     ix = ShardIndex(start)
-    for count, pos, ms in batches:
-        ix.append(count, pos, ms)
+    for count, pos, ms, key in batches:
+        ix.append(count, pos, ms, key)
     t, p = _one(payloads.checkpoint_shard(7, 3, *ix.export()))
-    uid, shard, nxt, base, pos, ms = payloads.checkpoint_shard_decode(p)
+    uid, shard, nxt, base, pos, ms, keys = payloads.checkpoint_shard_decode(p)
     assert (uid, shard) == (7, 3)
-    back = ShardIndex.restore(nxt, base, pos, ms)
-    assert (back.next, list(back.base), list(back.pos), list(back.ms)) == (
-        ix.next, list(ix.base), list(ix.pos), list(ix.ms))
+    back = ShardIndex.restore(nxt, base, pos, ms, keys)
+    assert (back.next, list(back.base), list(back.pos), list(back.ms), list(back.keys)) == (
+        ix.next, list(ix.base), list(ix.pos), list(ix.ms), list(ix.keys))
     assert back.durable == back.next
 
 
@@ -132,9 +134,10 @@ def test_shard_index_survives_a_checkpoint_record(batches, start):
 def test_checkpoint_sub_round_trip(uid, shards):
     floors = [f for f, _ in shards]
     acked = [a for _, a in shards]
-    t, p = _one(payloads.checkpoint_sub(uid, floors, acked))
+    attempts = [[f, len(a)] for f, a in shards]
+    t, p = _one(payloads.checkpoint_sub(uid, floors, acked, attempts))
     assert t == RecordType.CK_SUB
-    assert payloads.json_decode(p) == {"uid": uid, "floors": floors, "acked": acked}
+    assert payloads.json_decode(p) == {"uid": uid, "floors": floors, "acked": acked, "attempts": attempts}
 
 
 @SETTINGS
