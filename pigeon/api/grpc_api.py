@@ -15,7 +15,10 @@ import grpc
 from google.pubsub_v1 import types
 
 from pigeon.core import limits, names, rawproto, wire
-from pigeon.core.errors import InvalidArgument, PigeonError
+from google.protobuf import any_pb2
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+
+from pigeon.core.errors import AckIdFailure, InvalidArgument, PigeonError
 from pigeon.node.engine import Engine
 
 log = logging.getLogger("pigeon.api")
@@ -27,13 +30,25 @@ def _status(code_name: str) -> grpc.StatusCode:
     return grpc.StatusCode[code_name]
 
 
+async def abort(context, e: PigeonError):
+    """The one place a PigeonError becomes a gRPC status (with google.rpc details where it has them)."""
+    trailers = ()
+    if isinstance(e, AckIdFailure):
+        info = error_details_pb2.ErrorInfo(reason=e.reason, domain=e.domain, metadata=e.failures)
+        detail = any_pb2.Any()
+        detail.Pack(info)
+        st = status_pb2.Status(code=code_pb2.Code.Value(e.code), message=e.message, details=[detail])
+        trailers = (("grpc-status-details-bin", st.SerializeToString()),)
+    await context.abort(_status(e.code), e.message, trailing_metadata=trailers)
+
+
 def _translate(fn):
     @functools.wraps(fn)
     async def handler(self, request, context):
         try:
             return await fn(self, request, context)
         except PigeonError as e:
-            await context.abort(_status(e.code), e.message)
+            await abort(context, e)
 
     return handler
 
@@ -217,12 +232,15 @@ class PubSubApi:
             )
             while True:
                 rms = await engine.stream_next(stream)
-                if not rms:
+                if rms is None:
                     return
-                for resp in _responses(rms, props):
-                    yield resp
+                while stream.outbox:
+                    yield stream.outbox.pop(0)
+                if rms:
+                    for resp in _responses(rms, props):
+                        yield resp
         except PigeonError as e:
-            await context.abort(_status(e.code), e.message)
+            await abort(context, e)
         finally:
             if reader is not None:
                 reader.cancel()
@@ -230,10 +248,25 @@ class PubSubApi:
                 engine.close_stream(stream)
 
     def _stream_requests(self, stream, req) -> None:
+        eod = stream.sub.config.enable_exactly_once_delivery
         if req.ack_ids:
-            self.engine.stream_acks(stream, list(req.ack_ids))
+            ack_ids = list(req.ack_ids)
+            durable, failures = self.engine.stream_acks(stream, ack_ids)
+            if eod:  # confirm once the acks are durable
+                ok = [a for a in ack_ids if a not in failures]
+                confirmation = pb["StreamingPullResponse"](
+                    acknowledge_confirmation={"ack_ids": ok, "invalid_ack_ids": list(failures)})
+                durable.add_done_callback(lambda _f: self._post(stream, confirmation))
         if req.modify_deadline_ack_ids or req.modify_deadline_seconds:
-            self.engine.modify_deadlines(stream.sub, list(req.modify_deadline_ack_ids), list(req.modify_deadline_seconds))
+            ids = list(req.modify_deadline_ack_ids)
+            failures = self.engine.modify_deadlines(stream.sub, ids, list(req.modify_deadline_seconds))
+            if eod:
+                self._post(stream, pb["StreamingPullResponse"](modify_ack_deadline_confirmation={
+                    "ack_ids": [a for a in ids if a not in failures], "invalid_ack_ids": list(failures)}))
+
+    def _post(self, stream, response) -> None:
+        stream.outbox.append(response.SerializeToString())
+        self.engine.signal(stream.sub.uid).notify()
 
     async def _read_requests(self, stream, request_iterator) -> None:
         try:

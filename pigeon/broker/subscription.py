@@ -494,6 +494,10 @@ class SubscriptionState:
         for n in [n for n in self.versions if n & SHARD_MASK == shard and n >> _BITS < offset]:
             del self.versions[n]
 
+    def is_acked(self, num: int) -> bool:
+        shard = num & SHARD_MASK
+        return shard < len(self.shards) and self.shards[shard].is_acked(num >> _BITS)
+
     def backlog(self) -> int:
         """Unacked messages (approximate: counts acks above the floor exactly)."""
         if self.topic is None:

@@ -45,3 +45,15 @@ class Aborted(PigeonError):
 
 class Unimplemented(PigeonError):
     code, http = "UNIMPLEMENTED", 501
+
+
+class AckIdFailure(InvalidArgument):
+    """Exactly-once delivery: some ack ids could not be acknowledged or modified. Carried to clients as a
+    google.rpc.ErrorInfo detail {reason, domain, metadata: {ack_id: failure code}}."""
+
+    reason = "EXACTLY_ONCE_ACKID_FAILURE"
+    domain = "pubsub.googleapis.com"
+
+    def __init__(self, failures: dict[str, str]):
+        super().__init__(f"Some acknowledgement ids in the request were invalid ({len(failures)} of them).")
+        self.failures = failures

@@ -26,6 +26,7 @@ from pigeon.core.errors import (
     InvalidArgument,
     NotFound,
     PigeonError,
+    AckIdFailure,
     Unavailable,
 )
 from pigeon.node import recovery
@@ -92,6 +93,7 @@ class Stream:
         self.held_bytes = 0
         self.error: Exception | None = None  # set by the request reader: ends the stream with it
         self.ended = False  # the client half-closed
+        self.outbox: list[bytes] = []  # encoded responses to send before more messages (confirmations)
 
     def release(self, num: int) -> None:
         self.held_bytes -= self.held.pop(num, 0)
@@ -420,14 +422,17 @@ class Engine:
             )
         return Stream(s, client_id, deadline_s, max_messages, max_bytes)
 
-    async def stream_next(self, stream: Stream) -> list[bytes]:
-        """Wait until the stream may take messages and some are ready; return them."""
+    async def stream_next(self, stream: Stream) -> list[bytes] | None:
+        """Wait until the stream may take messages and some are ready, or it has something in its outbox;
+        return the messages (possibly none), or None once the client has half-closed."""
         s = stream.sub
         while True:
             self._check_open()
             if stream.error is not None:
                 raise stream.error
             if stream.ended:
+                return None
+            if stream.outbox:
                 return []
             if self.registry.subs_by_uid.get(s.uid) is not s:
                 raise NotFound(f"Resource not found (resource={s.name.split('/')[-1]}).")
@@ -454,30 +459,58 @@ class Engine:
                 stream.sub.leases[num] = (lease[0], lease[1], None)
         stream.held.clear()
 
-    def _parse_ack_ids(self, s: SubscriptionState, ack_ids) -> list[tuple[int, int]]:
-        out = []
+    def _ack_nowait(self, s: SubscriptionState, ack_ids) -> dict[str, str]:
+        """Apply acks (logged, not yet durable). Returns exactly-once failures {ack_id: code}: with
+        exactly-once delivery an ack id is valid only for the current, unexpired delivery."""
+        s.last_activity = self.clock.now()
+        eod = s.config.enable_exactly_once_delivery
+        failures: dict[str, str] = {}
+        nums = []
+        if eod:
+            s.expire(self.clock.now())
+        leases, uid = s.leases, s.uid
         for a in ack_ids:
-            p = _parse_ack_id(s.uid, a)
-            if p is not None:
-                out.append(p)
-        return out
+            try:
+                p = _parse_ack_id(uid, a)
+            except InvalidArgument:
+                if not eod:
+                    raise
+                p = None
+            if p is None:
+                if eod:
+                    failures[a] = "PERMANENT_FAILURE_INVALID_ACK_ID"
+                continue
+            num, version = p
+            if eod:
+                lease = leases.get(num)
+                if lease is None or lease[1] != version:
+                    if not s.is_acked(num):
+                        failures[a] = "PERMANENT_FAILURE_INVALID_ACK_ID"
+                    continue
+            nums.append(num)
+        changed = s.ack(nums)
+        if changed:
+            self.wal.append(payloads.ack_record(s.uid, changed))
+            self.signal(s.uid).notify()
+        return failures
 
     async def acknowledge(self, name: str, ack_ids) -> None:
         s = self._live_sub(name)
         if not ack_ids:
             raise InvalidArgument("ack_ids must not be empty.")
-        parsed = self._parse_ack_ids(s, ack_ids)
-        changed = s.ack([num for num, _ in parsed])
-        if changed:
-            self.wal.append(payloads.ack_record(s.uid, changed))
-            self.signal(s.uid).notify()
+        failures = self._ack_nowait(s, ack_ids)
         await self.wal.wait_durable(self.wal.tail)  # also covers an equal ack still in flight
+        if failures:
+            raise AckIdFailure(failures)
 
     async def modify_ack_deadline(self, name: str, ack_ids, seconds: int) -> None:
         s = self._live_sub(name)
-        self.modify_deadlines(s, ack_ids, [seconds] * len(ack_ids))
+        failures = self.modify_deadlines(s, ack_ids, [seconds] * len(ack_ids))
+        if failures:
+            raise AckIdFailure(failures)
 
-    def modify_deadlines(self, s: SubscriptionState, ack_ids, seconds) -> None:
+    def modify_deadlines(self, s: SubscriptionState, ack_ids, seconds) -> dict[str, str]:
+        """Extend or release (0) leases. Returns exactly-once failures {ack_id: code}."""
         if len(ack_ids) != len(seconds):
             raise InvalidArgument("modify_deadline_seconds and modify_deadline_ack_ids must have the same length.")
         for sec in seconds:
@@ -486,22 +519,37 @@ class Engine:
                     f"Invalid ack deadline ({sec}s): it must be between 0 and {limits.modify_deadline_s_max} seconds."
                 )
         now = self.clock.now()
+        s.last_activity = now
+        eod = s.config.enable_exactly_once_delivery
+        if eod:
+            s.expire(now)
+        failures: dict[str, str] = {}
         groups: dict[int, list[tuple[int, int]]] = {}
         for a, sec in zip(ack_ids, seconds):
-            p = _parse_ack_id(s.uid, a)
-            if p is not None:
-                groups.setdefault(sec, []).append(p)
+            try:
+                p = _parse_ack_id(s.uid, a)
+            except InvalidArgument:
+                if not eod:
+                    raise
+                p = None
+            if p is not None and eod:
+                lease = s.leases.get(p[0])
+                if lease is None or lease[1] != p[1]:
+                    p = None
+            if p is None:
+                if eod:
+                    failures[a] = "PERMANENT_FAILURE_INVALID_ACK_ID"
+                continue
+            groups.setdefault(sec, []).append(p)
         for sec, items in groups.items():
             if s.modify_deadlines(items, sec, now) and sec == 0:
                 self.signal(s.uid).notify()
+        return failures
 
-    def stream_acks(self, stream: Stream, ack_ids) -> asyncio.Future:
-        s = stream.sub
-        changed = s.ack([num for num, _ in self._parse_ack_ids(s, ack_ids)])
-        if changed:
-            self.wal.append(payloads.ack_record(s.uid, changed))
-            self.signal(s.uid).notify()
-        return self.wal.wait_durable(self.wal.tail)
+    def stream_acks(self, stream: Stream, ack_ids) -> tuple[asyncio.Future, dict[str, str]]:
+        """Acks sent on a stream: (durability future, exactly-once failures)."""
+        failures = self._ack_nowait(stream.sub, ack_ids)
+        return self.wal.wait_durable(self.wal.tail), failures
 
     # --- snapshots and seek ----------------------------------------------------------------------
     async def create_snapshot(self, name: str, sub_name: str, labels: dict):
