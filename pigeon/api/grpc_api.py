@@ -156,6 +156,11 @@ class PubSubApi:
         await self.engine.delete_topic(req.topic)
         return b""
 
+    @_translate
+    async def detach_subscription(self, req, context):
+        await self.engine.detach_subscription(req.subscription)
+        return b""
+
     # ---------------------------------------------------------------- Subscriber
     @_translate
     async def create_subscription(self, req, context):
@@ -341,6 +346,7 @@ class PubSubApi:
             "ListTopicSubscriptions": unary(self.list_topic_subscriptions, "ListTopicSubscriptionsRequest"),
             "ListTopicSnapshots": unary(self.list_topic_snapshots, "ListTopicSnapshotsRequest"),
             "DeleteTopic": unary(self.delete_topic, "DeleteTopicRequest"),
+            "DetachSubscription": unary(self.detach_subscription, "DetachSubscriptionRequest"),
         }
         subscriber = {
             "CreateSubscription": unary(self.create_subscription, "Subscription"),

@@ -146,6 +146,8 @@ class Engine:
         self.wal.open(self.report.tail)
         self._checkpoints = recovery.list_checkpoints(self._ck_dir)
         self._last_ck_time = self.clock.now()
+        for s in self.registry.subs_by_uid.values():  # inactivity is counted from the restart
+            s.last_activity = self._last_ck_time
         log.info(
             "recovered %d topics, %d subscriptions, %d records replayed in %.3fs",
             len(self.registry.topics),
@@ -245,7 +247,9 @@ class Engine:
         await self._log_change(
             {"op": "sub.put", "uid": uid, "topic": topic.uid, "pb": pb64(sub), "start": topic.backlog_end()}
         )
-        return self.subscription_view(self.registry.subs_by_uid[uid])
+        created = self.registry.subs_by_uid[uid]
+        created.last_activity = self.clock.now()
+        return self.subscription_view(created)
 
     def subscription_view(self, s: SubscriptionState):
         """The Subscription proto as Get returns it (with output-only fields filled in)."""
@@ -274,6 +278,18 @@ class Engine:
         sig = self.signals.pop(s.uid, None)
         if sig:
             sig.notify()
+
+    async def detach_subscription(self, name: str) -> None:
+        """Stop delivery for good: the backlog is dropped, later pulls fail with FAILED_PRECONDITION."""
+        self._check_open()
+        s = self.registry.sub(name)
+        cfg = resources.Subscription()
+        cfg.CopyFrom(s.config)
+        cfg.detached = True
+        await self._log_change({"op": "sub.put", "uid": s.uid, "topic": None, "pb": pb64(cfg)})
+        ends = s.topic.backlog_end() if s.topic is not None else [sh.floor for sh in s.shards]
+        await self._log_change({"op": "sub.reset", "uid": s.uid, "floors": ends, "acked": [[] for _ in ends]})
+        self.signal(s.uid).notify()
 
     def list_subscriptions(self, project: str, page_size: int, token: str):
         prefix = f"projects/{project}/subscriptions/"
@@ -395,6 +411,7 @@ class Engine:
         if max_messages <= 0:
             raise InvalidArgument("max_messages must be greater than 0.")
         s = self._live_sub(name)
+        s.last_activity = self.clock.now()
         max_messages = min(max_messages, limits.pull_messages_max)
         give_up = time.monotonic() + limits.pull_wait_s_max
         while True:
@@ -438,6 +455,7 @@ class Engine:
                 raise NotFound(f"Resource not found (resource={s.name.split('/')[-1]}).")
             if s.detached:
                 raise FailedPrecondition(f"The subscription {s.name} is detached.")
+            s.last_activity = self.clock.now()  # an open stream keeps the subscription alive
             room = stream.room()
             if room > 0:
                 out = self.deliver(
@@ -655,6 +673,13 @@ class Engine:
         reg = self.registry
         for name in [n for n, sn in reg.snapshots.items() if sn.config.expire_time.ToMilliseconds() <= now * 1000]:
             await self._log_change({"op": "snap.del", "name": name})
+        # expiration policy: subscriptions inactive for their ttl are deleted
+        for s in list(reg.subs_by_uid.values()):
+            ep = s.config.expiration_policy
+            if s.config.HasField("expiration_policy") and ep.HasField("ttl"):
+                if now - s.last_activity > resources.duration_s(ep.ttl):
+                    log.info("deleting %s: inactive for longer than its expiration ttl", s.name)
+                    await self.delete_subscription(s.name)
         # unacked messages older than a subscription's retention are dropped for it
         for s in reg.subs_by_uid.values():
             if s.topic is None:

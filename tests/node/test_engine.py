@@ -304,3 +304,40 @@ def test_update_subscription_mask_rules(tmp_path):
         await e.stop()
 
     run(go())
+
+
+def test_detach_drops_backlog_and_refuses_pulls(tmp_path):
+    async def go():
+        e = await started(config(tmp_path), SimClock())
+        await setup(e)
+        await publish(e, [b"gone"])
+        await e.detach_subscription(S)
+        assert e.get_subscription(S).detached
+        with pytest.raises(FailedPrecondition):
+            await e.pull(S, 10, True)
+        assert e.registry.sub(S).backlog() == 0
+        await e.stop()
+
+    run(go())
+
+
+def test_inactive_subscription_expires(tmp_path):
+    async def go():
+        clock = SimClock()
+        e = await started(config(tmp_path), clock)
+        day = 86400  # the ttl must be at least the retention (1 day here)
+        short = dict(expiration_policy={"ttl": {"seconds": day}}, message_retention_duration={"seconds": day})
+        await setup(e, **short)
+        await e.create_subscription(PB["Subscription"](name=S + "-busy", topic=T, **short))
+        await e.create_subscription(PB["Subscription"](name=S + "-forever", topic=T, expiration_policy={}))
+        clock.advance(day - 400)
+        await e.pull(S + "-busy", 1, True)  # activity resets the clock
+        clock.advance(1000)
+        await e.maintain_once()
+        with pytest.raises(NotFound):
+            e.get_subscription(S)
+        assert e.get_subscription(S + "-busy").name == S + "-busy"
+        assert e.get_subscription(S + "-forever").name == S + "-forever"
+        await e.stop()
+
+    run(go())
