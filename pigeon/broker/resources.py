@@ -9,6 +9,7 @@ from google.pubsub_v1 import types
 
 from pigeon.core import limits, names
 from pigeon.core.errors import InvalidArgument
+from pigeon.broker.filter import compile_filter
 
 Topic = types.Topic.pb()
 Subscription = types.Subscription.pb()
@@ -132,8 +133,7 @@ def check_subscription(s, *, creating: bool) -> None:
                 "Invalid retry_policy: minimum_backoff and maximum_backoff must be between 0 and 600 seconds "
                 "and minimum_backoff must not exceed maximum_backoff."
             )
-    if len(s.filter.encode()) > 256:
-        raise InvalidArgument("Invalid filter: it must be at most 256 bytes.")
+    compile_filter(s.filter)  # raises InvalidArgument naming the position or the limit
     if s.push_config.push_endpoint and not re.match(r"https?://", s.push_config.push_endpoint):
         raise InvalidArgument(f"Invalid push_endpoint ({s.push_config.push_endpoint}): it must be an http(s) URL.")
     s.state = types.Subscription.State.ACTIVE

@@ -20,6 +20,7 @@ import heapq
 from collections import deque
 
 from pigeon.core import limits
+from pigeon.broker.filter import compile_filter
 from pigeon.broker.topic import SHARD_MASK, TopicState
 
 _BITS = limits.shard_bits
@@ -111,6 +112,9 @@ class SubscriptionState:
     def configure(self, config) -> None:
         self.config = config
         self.ordered = bool(config.enable_message_ordering)
+        if getattr(self, "filter_text", None) != config.filter:
+            self.filter_text = config.filter
+            self.filter = compile_filter(config.filter)  # None: every message matches
         dlp = config.dead_letter_policy
         self.max_attempts = (dlp.max_delivery_attempts or 5) if dlp.dead_letter_topic else 0
         if config.HasField("retry_policy"):

@@ -19,7 +19,7 @@ from pigeon.broker import resources
 from pigeon.broker.registry import Registry, SnapshotState, pb64
 from pigeon.broker.subscription import SubscriptionState
 from pigeon.broker.topic import key_hash
-from pigeon.core import limits, names, wire
+from pigeon.core import limits, names, rawproto, wire
 from pigeon.core.errors import (
     AlreadyExists,
     FailedPrecondition,
@@ -318,6 +318,7 @@ class Engine:
         pos = self.wal.append(rec)
         ix.append(count, pos, ms, key)
         end = base + count
+        self._apply_filters(t, shard, base, request, count)
         await self.wal.wait_durable(pos + len(rec))
         if ix.durable < end:
             ix.durable = end
@@ -328,6 +329,29 @@ class Engine:
         step = 1 << limits.shard_bits
         first = (((t.uid << limits.topic_offset_bits) | base) << limits.shard_bits) | shard
         return [str(n) for n in range(first, first + count * step, step)]
+
+    def _apply_filters(self, t, shard: int, base: int, request: bytes, count: int) -> None:
+        """Messages a subscription's filter rejects are acked for it at once (logged right after the
+        publish record, so a restart agrees) and never delivered."""
+        filtered = [s for s in (self.registry.subs_by_uid[u] for u in t.subscriptions) if s.filter is not None]
+        if not filtered:
+            return
+        if rawproto.only_data(request, count):
+            for s in filtered:  # no message has attributes: one evaluation decides for all
+                if not s.filter.matches({}):
+                    self._ack_logged(s, [((base + i) << limits.shard_bits) | shard for i in range(count)])
+            return
+        attrs = [m.attributes for m in _PublishRequest.FromString(request).messages]
+        for s in filtered:
+            match = s.filter.matches
+            drop = [((base + i) << limits.shard_bits) | shard for i, a in enumerate(attrs) if not match(a)]
+            if drop:
+                self._ack_logged(s, drop)
+
+    def _ack_logged(self, s: SubscriptionState, nums: list[int]) -> None:
+        changed = s.ack(nums)
+        if changed:
+            self.wal.append(payloads.ack_record(s.uid, changed))
 
     # --- delivery --------------------------------------------------------------------------------
     def deliver(self, s: SubscriptionState, max_messages: int, max_bytes: int, owner, deadline_s: float) -> list[bytes]:

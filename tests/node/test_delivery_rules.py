@@ -209,3 +209,39 @@ def test_dead_lettering_unblocks_an_ordering_key(tmp_path):
         await e.stop()
 
     run(go())
+
+
+def test_filter_delivers_only_matches_and_acks_the_rest(tmp_path):
+    async def go():
+        clock = SimClock()
+        cfg = config(tmp_path)
+        e = await started(cfg, clock)
+        await setup(e, filter='attributes.kind = "red" OR hasPrefix(attributes.kind, "dark")')
+        for kind in ["red", "blue", "darkred", ""]:
+            attrs = {"kind": kind} if kind else {}
+            msgs = [PB["PubsubMessage"](data=b"m-" + kind.encode(), attributes=attrs)]
+            raw = PB["PublishRequest"](topic=T, messages=msgs).SerializeToString()
+            await e.publish(T, raw, 1, "")
+        await e.publish(T, *_plain(b"no-attributes"), "")
+        assert sorted(data(await pull_all(e))) == [b"m-darkred", b"m-red"]
+        assert e.registry.sub(S).backlog() == 2  # the others are acked, not merely skipped
+        await e.stop()
+        e2 = await started(cfg, clock)  # and a restart agrees
+        assert sorted(data(await pull_all(e2))) == [b"m-darkred", b"m-red"]
+        await e2.stop()
+
+    run(go())
+
+
+def test_bad_filter_is_rejected_with_its_position(tmp_path):
+    async def go():
+        import pytest
+        from pigeon.core.errors import InvalidArgument
+
+        e = await started(config(tmp_path), SimClock())
+        await e.create_topic(PB["Topic"](name=T))
+        with pytest.raises(InvalidArgument, match="position"):
+            await e.create_subscription(PB["Subscription"](name=S, topic=T, filter='attributes:a AND attributes:b OR attributes:c'))
+        await e.stop()
+
+    run(go())

@@ -125,9 +125,12 @@ def test_retry_policy_bounds(lo, hi, ok):
 
 
 def test_filter_and_push_endpoint():
-    checked(filter="a" * 256)
-    rejected(filter="a" * 257)
-    rejected(filter="é" * 129)  # 258 bytes
+    padded = 'attributes:"' + "a" * 243 + '"'  # 256 bytes, a valid filter
+    assert len(padded.encode()) == 256
+    checked(filter=padded)
+    rejected(filter=padded[:-1] + 'a"')  # 257 bytes
+    rejected(filter='attributes:"' + "é" * 122 + "a" + '"')  # 257 bytes of multibyte characters
+    rejected(filter="a" * 10)  # not the filter language
     checked(push_config={"push_endpoint": "https://example.com/push"})
     rejected(push_config={"push_endpoint": "ftp://example.com"})
 
