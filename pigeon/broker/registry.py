@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from pigeon.core import names
 from pigeon.core.errors import NotFound
-from pigeon.broker.resources import Snapshot, Subscription, Topic
+from pigeon.broker.resources import Policy, Schema, Snapshot, Subscription, Topic
 from pigeon.broker.subscription import SubscriptionState
 from pigeon.broker.topic import TopicState
 
@@ -42,6 +42,8 @@ class Registry:
         self.subs: dict[str, SubscriptionState] = {}
         self.subs_by_uid: dict[int, SubscriptionState] = {}
         self.snapshots: dict[str, SnapshotState] = {}
+        self.schemas: dict[str, list] = {}  # name → revisions (Schema protos), oldest first
+        self.policies: dict[str, object] = {}  # resource name → google.iam.v1.Policy
         self.next_uid = 1
 
     # --- look-ups ------------------------------------------------------------------------------
@@ -58,6 +60,14 @@ class Registry:
             names.split(name, "subscriptions")
             raise NotFound(f"Resource not found (resource={name.split('/')[-1]}).")
         return s
+
+    def schema(self, name: str) -> list:
+        """The revisions of a schema, oldest first."""
+        revs = self.schemas.get(name)
+        if revs is None:
+            names.split(name, "schemas")
+            raise NotFound(f"Resource not found (resource={name.split('/')[-1]}).")
+        return revs
 
     def snapshot(self, name: str) -> SnapshotState:
         s = self.snapshots.get(name)
@@ -84,6 +94,7 @@ class Registry:
             t.deleted = True
             if self.topics.get(t.name) is t:  # the name may already belong to a newer topic
                 del self.topics[t.name]
+                self.policies.pop(t.name, None)
             for uid in t.subscriptions:
                 s = self.subs_by_uid[uid]
                 s.config.topic = names.DELETED_TOPIC
@@ -107,6 +118,7 @@ class Registry:
         elif op == "sub.del":
             s = self.subs_by_uid.pop(c["uid"])
             self.subs.pop(s.name, None)
+            self.policies.pop(s.name, None)
             t = s.topic
             if t is not None:
                 t.subscriptions.discard(s.uid)
@@ -122,6 +134,21 @@ class Registry:
             self.snapshots[cfg.name] = SnapshotState(cfg.name, c["topic"], cfg, floors, acked)
         elif op == "snap.del":
             self.snapshots.pop(c["name"], None)
+            self.policies.pop(c["name"], None)
+        elif op == "schema.put":  # a new revision (the first one creates the schema)
+            cfg = _pb(Schema, c["pb"])
+            self.schemas.setdefault(cfg.name, []).append(cfg)
+        elif op == "schema.del":
+            self.schemas.pop(c["name"], None)
+            self.policies.pop(c["name"], None)
+            for t in self.topics.values():
+                if t.config.schema_settings.schema == c["name"]:
+                    t.config.schema_settings.schema = names.DELETED_SCHEMA
+        elif op == "schema.delrev":
+            revs = self.schemas[c["name"]]
+            revs[:] = [r for r in revs if r.revision_id != c["revision_id"]]
+        elif op == "iam.put":
+            self.policies[c["resource"]] = _pb(Policy, c["pb"])
         else:
             raise AssertionError(f"unknown change {op}")
 
@@ -142,6 +169,8 @@ class Registry:
                 {"pb": pb64(s.config), "topic": s.topic_uid, "floors": s.floors, "acked": s.acked}
                 for s in self.snapshots.values()
             ],
+            "schemas": [[pb64(r) for r in revs] for revs in self.schemas.values()],
+            "policies": {name: pb64(p) for name, p in self.policies.items()},
         }
 
     def restore_meta(self, meta: dict) -> None:
@@ -154,4 +183,9 @@ class Registry:
                 self.apply({"op": "topic.del", "uid": t["uid"]})
         for sn in meta["snaps"]:
             self.apply({"op": "snap.put", **sn})
+        for revs in meta.get("schemas", []):
+            for r in revs:
+                self.apply({"op": "schema.put", "pb": r})
+        for name, p in meta.get("policies", {}).items():
+            self.apply({"op": "iam.put", "resource": name, "pb": p})
         self.next_uid = meta["next_uid"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 
+from google.iam.v1 import policy_pb2
 from google.pubsub_v1 import types
 
 from pigeon.core import limits, names
@@ -14,6 +15,8 @@ from pigeon.broker.filter import compile_filter
 Topic = types.Topic.pb()
 Subscription = types.Subscription.pb()
 Snapshot = types.Snapshot.pb()
+Schema = types.Schema.pb()
+Policy = policy_pb2.Policy
 
 _LABEL_KEY = re.compile(r"[a-z][a-z0-9_\-]{0,62}\Z")
 _LABEL_VALUE = re.compile(r"[a-z0-9_\-]{0,63}\Z")

@@ -9,6 +9,7 @@ from pigeon.core import limits
 from pigeon.core.errors import InvalidArgument
 
 DELETED_TOPIC = "_deleted-topic_"
+DELETED_SCHEMA = "_deleted-schema_"
 _ID = re.compile(r"[A-Za-z][A-Za-z0-9\-_.~+%]*\Z")
 _PROJECT = re.compile(r"[A-Za-z0-9][A-Za-z0-9\-_.:~+%]*\Z")
 KINDS = ("topics", "subscriptions", "snapshots", "schemas")

@@ -15,12 +15,13 @@ import uuid
 
 from google.pubsub_v1 import types
 
-from pigeon.broker import resources
+from pigeon.broker import iam, resources
 from pigeon.broker.registry import Registry, SnapshotState, pb64
 from pigeon.broker.subscription import SubscriptionState
 from pigeon.broker.topic import key_hash
 from pigeon.core import limits, names, rawproto, wire
 from pigeon.core.errors import (
+    Aborted,
     AlreadyExists,
     FailedPrecondition,
     InvalidArgument,
@@ -31,6 +32,7 @@ from pigeon.core.errors import (
 )
 from pigeon.node import recovery
 from pigeon.node.reader import MessageReader
+from pigeon.node.schema_service import SchemaService
 from pigeon.node.wal import Wal, fsync_dir
 from pigeon.ops.config import Config
 from pigeon.storage import payloads
@@ -132,6 +134,7 @@ class Engine:
         self._maintenance: asyncio.Task | None = None
         self._ck_lock = asyncio.Lock()
         self._tasks: set[asyncio.Task] = set()
+        self.schemas = SchemaService(self)
 
     # --- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -194,6 +197,7 @@ class Engine:
         resources.check_topic(topic)
         if topic.name in self.registry.topics:
             raise AlreadyExists("Resource already exists in the project (resource=%s)." % topic.name.split("/")[-1])
+        await self.schemas.check_topic_settings(topic)
         uid = self.registry.next_uid
         await self._log_change(
             {"op": "topic.put", "uid": uid, "pb": pb64(topic), "shards": self.config.shards_per_topic}
@@ -208,6 +212,7 @@ class Engine:
         t = self.registry.topic(topic.name)
         merged = resources.apply_mask(t.config, topic, mask, resources.TOPIC_MUTABLE, "topic")
         resources.check_topic(merged)
+        await self.schemas.check_topic_settings(merged)
         await self._log_change({"op": "topic.put", "uid": t.uid, "pb": pb64(merged), "shards": len(t.shards)})
         return t.config
 
@@ -307,6 +312,8 @@ class Engine:
         """Store one PublishRequest (validated by the caller) whole; return the message ids once durable."""
         self._check_open()
         t = self.registry.topic(topic_name)
+        if t.config.schema_settings.schema:
+            request = self.schemas.check_publish(t.config, request)
         shard = t.shard_for(ordering_key)
         ix = t.shards[shard]
         ms = int(self.clock.now() * 1000)
@@ -592,6 +599,50 @@ class Engine:
         """Acks sent on a stream: (durability future, exactly-once failures)."""
         failures = self._ack_nowait(stream.sub, ack_ids)
         return self.wal.wait_durable(self.wal.tail), failures
+
+    # --- IAM ------------------------------------------------------------------------------------
+    def _iam_resource(self, resource: str) -> None:
+        parts = resource.split("/")
+        kind = parts[2] if len(parts) == 4 else ""
+        lookup = {"topics": self.registry.topic, "subscriptions": self.registry.sub,
+                  "snapshots": self.registry.snapshot, "schemas": self.registry.schema}.get(kind)
+        if lookup is None:
+            raise InvalidArgument(f"Invalid resource name ({resource}): expected a topic, subscription, snapshot "
+                                  "or schema.")
+        lookup(resource)
+
+    def get_iam_policy(self, resource: str):
+        self._iam_resource(resource)
+        policy = self.registry.policies.get(resource)
+        out = resources.Policy()
+        if policy is not None:
+            out.CopyFrom(policy)
+        else:
+            out.etag = iam.etag(b"")
+        return out
+
+    async def set_iam_policy(self, resource: str, policy):
+        self._check_open()
+        self._iam_resource(resource)
+        current = self.get_iam_policy(resource)
+        if policy.etag and policy.etag != current.etag:
+            raise Aborted("The policy was changed since it was read (etag mismatch); read it again.")
+        unknown = iam.check_roles(policy)
+        if unknown:
+            raise InvalidArgument(f"Unknown role(s) for Pub/Sub resources: {', '.join(unknown)}.")
+        stored = resources.Policy()
+        stored.CopyFrom(policy)
+        stored.ClearField("etag")
+        stored.etag = iam.etag(stored.SerializeToString(deterministic=True))
+        await self._log_change({"op": "iam.put", "resource": resource, "pb": pb64(stored)})
+        return stored
+
+    def test_iam_permissions(self, resource: str, permissions: list[str], principal: str) -> list[str]:
+        self._iam_resource(resource)
+        for p in permissions:
+            if "*" in p:
+                raise InvalidArgument(f"Permissions with wildcards ({p}) are not allowed.")
+        return iam.test_permissions(self.registry.policies.get(resource), principal, resource, permissions)
 
     # --- snapshots and seek ----------------------------------------------------------------------
     async def create_snapshot(self, name: str, sub_name: str, labels: dict):

@@ -1,0 +1,115 @@
+"""gRPC surfaces beside Publisher/Subscriber: google.pubsub.v1.SchemaService and google.iam.v1.IAMPolicy.
+Translation only, like grpc_api."""
+
+from __future__ import annotations
+
+import grpc
+from google.iam.v1 import iam_policy_pb2
+
+from pigeon.api.grpc_api import _translate, pb
+from pigeon.core import names
+from pigeon.node.engine import Engine
+
+PRINCIPAL_HEADER = "x-pigeon-principal"
+
+
+class SchemaApi:
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self.svc = engine.schemas
+
+    @_translate
+    async def create_schema(self, req, context):
+        return (await self.svc.create(req.parent, req.schema, req.schema_id)).SerializeToString()
+
+    @_translate
+    async def get_schema(self, req, context):
+        return self.svc.get(req.name, req.view).SerializeToString()
+
+    @_translate
+    async def list_schemas(self, req, context):
+        schemas, token = self.svc.list(names.project_of(req.parent), req.view, req.page_size, req.page_token)
+        return pb["ListSchemasResponse"](schemas=schemas, next_page_token=token).SerializeToString()
+
+    @_translate
+    async def list_schema_revisions(self, req, context):
+        schemas, token = self.svc.list_revisions(req.name, req.view, req.page_size, req.page_token)
+        return pb["ListSchemaRevisionsResponse"](schemas=schemas, next_page_token=token).SerializeToString()
+
+    @_translate
+    async def commit_schema(self, req, context):
+        return (await self.svc.commit(req.name, req.schema)).SerializeToString()
+
+    @_translate
+    async def rollback_schema(self, req, context):
+        return (await self.svc.rollback(req.name, req.revision_id)).SerializeToString()
+
+    @_translate
+    async def delete_schema_revision(self, req, context):
+        return (await self.svc.delete_revision(req.name, req.revision_id)).SerializeToString()
+
+    @_translate
+    async def delete_schema(self, req, context):
+        await self.svc.delete(req.name)
+        return b""
+
+    @_translate
+    async def validate_schema(self, req, context):
+        await self.svc.validate_schema(req.parent, req.schema)
+        return b""
+
+    @_translate
+    async def validate_message(self, req, context):
+        which = req.WhichOneof("schema_spec")
+        await self.svc.validate_message(req.parent, req.name if which == "name" else "",
+                                        req.schema if which == "schema" else None, req.message, req.encoding)
+        return b""
+
+
+class IamApi:
+    def __init__(self, engine: Engine):
+        self.engine = engine
+
+    @_translate
+    async def set_iam_policy(self, req, context):
+        return (await self.engine.set_iam_policy(req.resource, req.policy)).SerializeToString()
+
+    @_translate
+    async def get_iam_policy(self, req, context):
+        return self.engine.get_iam_policy(req.resource).SerializeToString()
+
+    @_translate
+    async def test_iam_permissions(self, req, context):
+        principal = dict(context.invocation_metadata() or ()).get(PRINCIPAL_HEADER, "allUsers")
+        granted = self.engine.test_iam_permissions(req.resource, list(req.permissions), principal)
+        return iam_policy_pb2.TestIamPermissionsResponse(permissions=granted).SerializeToString()
+
+
+def handlers(engine: Engine) -> list[grpc.GenericRpcHandler]:
+    def unary(fn, request_cls):
+        return grpc.unary_unary_rpc_method_handler(fn, request_deserializer=request_cls.FromString,
+                                                   response_serializer=None)
+
+    s = SchemaApi(engine)
+    schema = {
+        "CreateSchema": unary(s.create_schema, pb["CreateSchemaRequest"]),
+        "GetSchema": unary(s.get_schema, pb["GetSchemaRequest"]),
+        "ListSchemas": unary(s.list_schemas, pb["ListSchemasRequest"]),
+        "ListSchemaRevisions": unary(s.list_schema_revisions, pb["ListSchemaRevisionsRequest"]),
+        "CommitSchema": unary(s.commit_schema, pb["CommitSchemaRequest"]),
+        "RollbackSchema": unary(s.rollback_schema, pb["RollbackSchemaRequest"]),
+        "DeleteSchemaRevision": unary(s.delete_schema_revision, pb["DeleteSchemaRevisionRequest"]),
+        "DeleteSchema": unary(s.delete_schema, pb["DeleteSchemaRequest"]),
+        "ValidateSchema": unary(s.validate_schema, pb["ValidateSchemaRequest"]),
+        "ValidateMessage": unary(s.validate_message, pb["ValidateMessageRequest"]),
+    }
+    i = IamApi(engine)
+    policy = {
+        "SetIamPolicy": unary(i.set_iam_policy, iam_policy_pb2.SetIamPolicyRequest),
+        "GetIamPolicy": unary(i.get_iam_policy, iam_policy_pb2.GetIamPolicyRequest),
+        "TestIamPermissions": unary(i.test_iam_permissions, iam_policy_pb2.TestIamPermissionsRequest),
+    }
+    return [
+        grpc.method_handlers_generic_handler("google.pubsub.v1.SchemaService", schema),
+        grpc.method_handlers_generic_handler("google.iam.v1.IAMPolicy", policy),
+    ]
