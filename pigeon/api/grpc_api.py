@@ -124,7 +124,8 @@ class PubSubApi:
             raise InvalidArgument(
                 f"The publish request has {n} messages: the limit is {limits.publish_messages_max} per request.")
         key = ""
-        if min(map(len, msgs)) < 3 or not rawproto.only_data(raw, n):
+        sizes = list(map(len, msgs))
+        if min(sizes) < 3 or max(sizes) > limits.message_data_bytes_max or not rawproto.only_data(raw, n):
             raw, key = _check_publish(raw)  # attributes, ordering keys or odd encodings: check message by message
         ids = await self.engine.publish(topic, raw, n, key)
         return pb["PublishResponse"](message_ids=ids).SerializeToString()

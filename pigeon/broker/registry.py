@@ -108,6 +108,7 @@ class Registry:
                 s = SubscriptionState(c["uid"], cfg.name, topic, cfg)
                 if "start" in c:
                     s.reset(c["start"], [[] for _ in c["start"]])
+                    s.start = list(c["start"])
                 if topic is not None:
                     topic.subscriptions.add(s.uid)
                 self.subs_by_uid[s.uid] = s
@@ -162,7 +163,7 @@ class Registry:
                 for t in self.topics_by_uid.values()
             ],
             "subs": [
-                {"uid": s.uid, "topic": s.topic.uid if s.topic else None, "pb": pb64(s.config)}
+                {"uid": s.uid, "topic": s.topic.uid if s.topic else None, "pb": pb64(s.config), "start": s.start}
                 for s in self.subs_by_uid.values()
             ],
             "snaps": [
@@ -177,7 +178,7 @@ class Registry:
         for t in meta["topics"]:
             self.apply({"op": "topic.put", "uid": t["uid"], "pb": t["pb"], "shards": t["shards"], "deleted": t["deleted"]})
         for s in meta["subs"]:
-            self.apply({"op": "sub.put", "uid": s["uid"], "topic": s["topic"], "pb": s["pb"]})
+            self.apply({"op": "sub.put", "uid": s["uid"], "topic": s["topic"], "pb": s["pb"], "start": s["start"]})
         for t in meta["topics"]:
             if t["deleted"]:
                 self.apply({"op": "topic.del", "uid": t["uid"]})

@@ -93,6 +93,7 @@ class SubscriptionState:
         self.topic = topic
         start = topic.backlog_end() if topic else []
         self.shards = [SubShard(o) for o in start]
+        self.start = list(start)  # where the subscription began: seeks without topic retention stop here
         self.leases: dict[int, Lease] = {}
         # lease deadlines, one entry per batch handed out or extended: (deadline, seq, message numbers);
         # an entry only prompts a look at its messages' leases, which hold the authoritative deadline

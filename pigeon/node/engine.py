@@ -717,12 +717,14 @@ class Engine:
         else:
             if s.topic is None:
                 raise FailedPrecondition("The subscription's topic was deleted.")
-            retained = s.config.retain_acked_messages or s.topic.config.HasField("message_retention_duration")
+            topic_retains = s.topic.config.HasField("message_retention_duration")
+            retained = s.config.retain_acked_messages or topic_retains
             floors, acked = [], []
-            for ss, ix in zip(s.shards, s.topic.shards):
+            for shard, (ss, ix) in enumerate(zip(s.shards, s.topic.shards)):
                 target = ix.offset_at_ms(time_ms)
                 if retained:
-                    f = max(target, ix.first())
+                    # topic retention reaches back before the subscription existed; its own retention does not
+                    f = max(target, ix.first() if topic_retains else max(ix.first(), s.start[shard]))
                     floors.append(f)
                     acked.append([])
                 else:  # acked messages are gone for this subscription: they stay acked

@@ -34,6 +34,7 @@ DROPPED_BYTES = Counter("pigeon_recovery_dropped_bytes", "WAL bytes dropped at s
 DROPPED_CHECKPOINTS = Counter("pigeon_recovery_broken_checkpoints", "Checkpoints found broken at startup")
 
 CK_SUFFIX = ".ckpt"
+BROKEN_SUFFIX = ".broken"
 
 
 @dataclass
@@ -153,6 +154,9 @@ def recover(data_dir: str, registry: Registry, *, repair: bool) -> Report:
             rep.broken_checkpoints.append((path, str(e)))
             DROPPED_CHECKPOINTS.inc()
             log.error("checkpoint %s is broken (%s); trying an older one", path, e)
+            if repair:  # set it aside: it must never count as one of the two checkpoints kept
+                os.replace(path, path + BROKEN_SUFFIX)
+                fsync_dir(ck_dir)
             continue
         registry.__dict__.update(fresh.__dict__)
         rep.checkpoint = path

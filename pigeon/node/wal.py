@@ -85,7 +85,10 @@ class Wal:
             self.starts.append(tail)
         self.tail = self.durable = tail
         self._loop = asyncio.get_running_loop()
-        self._thread = threading.Thread(target=self._writer, name="pigeon-wal-writer", daemon=True)
+        # the writer's starting point is fixed here: appends may run before the thread gets going
+        self._thread = threading.Thread(
+            target=self._writer, args=(self.starts[-1], tail), name="pigeon-wal-writer", daemon=True
+        )
         self._thread.start()
 
     def _create_segment(self, start: int) -> None:
@@ -153,10 +156,8 @@ class Wal:
         self._waiters = []
 
     # --- the writer thread -----------------------------------------------------------------------
-    def _writer(self) -> None:
-        cur_start = self.starts[-1] if self.starts else 0
+    def _writer(self, cur_start: int, written: int) -> None:
         fd = os.open(os.path.join(self.dir, segment_name(cur_start)), os.O_WRONLY | os.O_APPEND)
-        written = self.tail
         dirty, last_sync = False, time.monotonic()
         try:
             while True:
