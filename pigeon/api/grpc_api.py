@@ -75,11 +75,17 @@ def _check_message(m) -> None:
                 raise InvalidArgument(f'Attribute key ({k}) must not start with "goog": that prefix is reserved.')
 
 
-def _check_publish(raw: bytes) -> tuple[bytes, str]:
-    """Validate every message of a PublishRequest; return the request to store and its ordering key."""
+def _check_publish(raw: bytes) -> tuple[bytes, str, list[str] | None]:
+    """Validate every message of a PublishRequest; return the request to store, its ordering key and
+    the messages' idempotency keys (None when no message has one)."""
     req = pb["PublishRequest"].FromString(raw)
     key = req.messages[0].ordering_key
     server_fields = False
+    idem = [m.attributes.get(names.ATTR_IDEMPOTENCY_KEY, "") for m in req.messages]
+    for k in idem:
+        if len(k.encode()) > limits.idempotency_key_bytes_max:
+            raise InvalidArgument(f"The {names.ATTR_IDEMPOTENCY_KEY} attribute exceeds the limit of "
+                                  f"{limits.idempotency_key_bytes_max} bytes.")
     for m in req.messages:
         _check_message(m)
         if m.ordering_key != key:
@@ -93,7 +99,7 @@ def _check_publish(raw: bytes) -> tuple[bytes, str]:
             m.ClearField("message_id")
             m.ClearField("publish_time")
         raw = req.SerializeToString()
-    return raw, key
+    return raw, key, (idem if any(idem) else None)
 
 
 class PubSubApi:
@@ -124,10 +130,11 @@ class PubSubApi:
             raise InvalidArgument(
                 f"The publish request has {n} messages: the limit is {limits.publish_messages_max} per request.")
         key = ""
+        idem = None
         sizes = list(map(len, msgs))
         if min(sizes) < 3 or max(sizes) > limits.message_data_bytes_max or not rawproto.only_data(raw, n):
-            raw, key = _check_publish(raw)  # attributes, ordering keys or odd encodings: check message by message
-        ids = await self.engine.publish(topic, raw, n, key)
+            raw, key, idem = _check_publish(raw)  # attributes, ordering keys, odd encodings: message by message
+        ids = await self.engine.publish(topic, raw, n, key, idem)
         return pb["PublishResponse"](message_ids=ids).SerializeToString()
 
     @_translate

@@ -148,6 +148,11 @@ class Registry:
         elif op == "schema.delrev":
             revs = self.schemas[c["name"]]
             revs[:] = [r for r in revs if r.revision_id != c["revision_id"]]
+        elif op == "idem.put":  # idempotency keys of one publish (logged beside its record)
+            t = self.topics_by_uid.get(c["topic"])
+            if t is not None:
+                for key, mid, ms in c["keys"]:
+                    t.idempotency.add(key, mid, ms)
         elif op == "iam.put":
             self.policies[c["resource"]] = _pb(Policy, c["pb"])
         else:
@@ -159,7 +164,8 @@ class Registry:
         return {
             "next_uid": self.next_uid,
             "topics": [
-                {"uid": t.uid, "pb": pb64(t.config), "shards": len(t.shards), "deleted": t.deleted}
+                {"uid": t.uid, "pb": pb64(t.config), "shards": len(t.shards), "deleted": t.deleted,
+                 "idem": t.idempotency.export()}
                 for t in self.topics_by_uid.values()
             ],
             "subs": [
@@ -180,6 +186,8 @@ class Registry:
         for s in meta["subs"]:
             self.apply({"op": "sub.put", "uid": s["uid"], "topic": s["topic"], "pb": s["pb"], "start": s["start"]})
         for t in meta["topics"]:
+            if t.get("idem"):
+                self.apply({"op": "idem.put", "topic": t["uid"], "keys": t["idem"]})
             if t["deleted"]:
                 self.apply({"op": "topic.del", "uid": t["uid"]})
         for sn in meta["snaps"]:

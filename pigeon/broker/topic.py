@@ -10,6 +10,7 @@ from __future__ import annotations
 import bisect
 import hashlib
 import itertools
+from collections import deque
 from array import array
 
 import crc32c
@@ -107,6 +108,36 @@ class ShardIndex:
         return s
 
 
+class IdempotencyWindow:
+    """broker.dedup: a (topic, idempotency key) is accepted once inside the window; a repeat gets the
+    original message id. Keys are the client's, never derived from its address."""
+
+    __slots__ = ("ids", "order")
+
+    def __init__(self):
+        self.ids: dict[str, tuple[str, int]] = {}  # key → (message id, publish ms)
+        self.order: deque[tuple[int, str]] = deque()  # (publish ms, key), oldest first
+
+    def get(self, key: str) -> str | None:
+        hit = self.ids.get(key)
+        return hit[0] if hit else None
+
+    def add(self, key: str, message_id: str, publish_ms: int) -> None:
+        self.ids[key] = (message_id, publish_ms)
+        self.order.append((publish_ms, key))
+
+    def expire(self, before_ms: int) -> None:
+        order, ids = self.order, self.ids
+        while order and order[0][0] < before_ms:
+            ms, key = order.popleft()
+            hit = ids.get(key)
+            if hit is not None and hit[1] == ms:
+                del ids[key]
+
+    def export(self) -> list[list]:
+        return [[k, mid, ms] for k, (mid, ms) in self.ids.items()]
+
+
 class TopicState:
     """A topic: its configuration (the Topic proto), shard indexes, and attached subscriptions."""
 
@@ -118,6 +149,7 @@ class TopicState:
         self.shards = [ShardIndex() for _ in range(shard_count)]
         self.subscriptions: set[int] = set()
         self.deleted = False
+        self.idempotency = IdempotencyWindow()
         self._rr = itertools.cycle(range(shard_count))
 
     def shard_for(self, ordering_key: str) -> int:

@@ -48,6 +48,8 @@ pull_wait_s_max = 10.0
 stream_outstanding_messages_default = 1_000
 stream_response_messages_max = 1_000
 lease_tick_s = 0.05
+idempotency_window_s_default = 15 * 60.0
+idempotency_key_bytes_max = 1_024
 retention_tick_s = 5.0
 
 assert 1 << shard_bits >= shards_per_topic_max

@@ -59,3 +59,8 @@ def project_of(name: str) -> str:
 
 def join(project: str, kind: str, resource_id: str) -> str:
     return f"projects/{project}/{kind}/{resource_id}"
+
+# Reserved message attributes of Pigeon's queue extensions (settable by every stock client)
+ATTR_IDEMPOTENCY_KEY = "pigeon-idempotency-key"  # publish once per key within the topic's window
+ATTR_ACTIVATE_AT = "pigeon-activate-at"  # RFC 3339 time or epoch milliseconds: not delivered before
+ATTR_DELAY = "pigeon-delay"  # relative form: "90", "90s", "15m", "2h", "1d"

@@ -308,10 +308,19 @@ class Engine:
         return s
 
     # --- publish ---------------------------------------------------------------------------------
-    async def publish(self, topic_name: str, request: bytes, count: int, ordering_key: str) -> list[str]:
-        """Store one PublishRequest (validated by the caller) whole; return the message ids once durable."""
+    async def publish(
+        self, topic_name: str, request: bytes, count: int, ordering_key: str, idem_keys: list[str] | None = None
+    ) -> list[str]:
+        """Store one PublishRequest (validated by the caller) whole; return the message ids once durable.
+        `idem_keys`: the messages' idempotency keys ("" for none); repeats inside the window are not stored
+        again and get the original message id."""
         self._check_open()
         t = self.registry.topic(topic_name)
+        if idem_keys:
+            return await self._publish_idempotent(t, request, ordering_key, idem_keys)
+        return await self._publish_stored(t, request, count, ordering_key, None)
+
+    async def _publish_stored(self, t, request: bytes, count: int, ordering_key: str, keys) -> list[str]:
         if t.config.schema_settings.schema:
             request = self.schemas.check_publish(t.config, request)
         shard = t.shard_for(ordering_key)
@@ -326,6 +335,13 @@ class Engine:
         ix.append(count, pos, ms, key)
         end = base + count
         self._apply_filters(t, shard, base, request, count)
+        step = 1 << limits.shard_bits
+        first = (((t.uid << limits.topic_offset_bits) | base) << limits.shard_bits) | shard
+        if keys:  # remember the keys with the same group commit as the messages
+            entries = [[k, str(first + i * step), ms] for i, k in enumerate(keys) if k]
+            change = {"op": "idem.put", "topic": t.uid, "keys": entries}
+            self.registry.apply(change)
+            self.wal.append(payloads.meta_record(change))
         await self.wal.wait_durable(pos + len(rec))
         if ix.durable < end:
             ix.durable = end
@@ -333,9 +349,33 @@ class Engine:
                 sig = self.signals.get(uid)
                 if sig is not None:
                     sig.notify()
-        step = 1 << limits.shard_bits
-        first = (((t.uid << limits.topic_offset_bits) | base) << limits.shard_bits) | shard
         return [str(n) for n in range(first, first + count * step, step)]
+
+    async def _publish_idempotent(self, t, request: bytes, ordering_key: str, keys: list[str]) -> list[str]:
+        window = t.idempotency
+        window.expire(int((self.clock.now() - self.config.idempotency_window_s) * 1000))
+        seen: dict[str, int] = {}
+        fresh = []  # indexes of messages to store
+        for i, k in enumerate(keys):
+            if k and (window.get(k) is not None or k in seen):
+                continue
+            if k:
+                seen[k] = i
+            fresh.append(i)
+        ids: list[str | None] = [None] * len(keys)
+        if fresh:
+            if len(fresh) < len(keys):
+                req = _PublishRequest.FromString(request)
+                keep = [req.messages[i] for i in fresh]
+                del req.messages[:]
+                req.messages.extend(keep)
+                request = req.SerializeToString()
+            stored = await self._publish_stored(t, request, len(fresh), ordering_key, [keys[i] for i in fresh])
+            for i, mid in zip(fresh, stored):
+                ids[i] = mid
+        else:
+            await self.wal.wait_durable(self.wal.tail)  # the originals may still be on their way to disk
+        return [mid if mid is not None else window.get(k) for mid, k in zip(ids, keys)]
 
     def _apply_filters(self, t, shard: int, base: int, request: bytes, count: int) -> None:
         """Messages a subscription's filter rejects are acked for it at once (logged right after the
@@ -765,6 +805,9 @@ class Engine:
             for shard, ix in enumerate(s.topic.shards):
                 if s.shards[shard].floor < ix.durable:
                     s.drop_before(shard, min(ix.offset_at_ms(cutoff_ms), ix.durable))
+        cutoff = int((now - self.config.idempotency_window_s) * 1000)
+        for t in reg.topics_by_uid.values():
+            t.idempotency.expire(cutoff)
         # what each topic shard must keep
         need_pos = self.wal.tail
         for t in reg.topics_by_uid.values():

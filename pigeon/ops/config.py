@@ -23,6 +23,7 @@ class Config:
     checkpoint_interval_s: float = limits.checkpoint_interval_s_max
     checkpoint_wal_bytes: int = limits.checkpoint_wal_bytes_max
     log_level: str = "INFO"
+    idempotency_window_s: float = limits.idempotency_window_s_default
 
     def __post_init__(self):
         if self.fsync not in ("always", "batch", "never"):
