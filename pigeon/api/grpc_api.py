@@ -14,6 +14,7 @@ import logging
 import grpc
 from google.pubsub_v1 import types
 
+from pigeon.broker.schedule import parse_activation
 from pigeon.core import limits, names, rawproto, wire
 from google.protobuf import any_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
@@ -82,6 +83,14 @@ def _check_publish(raw: bytes) -> tuple[bytes, str, list[str] | None]:
     key = req.messages[0].ordering_key
     server_fields = False
     idem = [m.attributes.get(names.ATTR_IDEMPOTENCY_KEY, "") for m in req.messages]
+    sched = [(m.attributes.get(names.ATTR_ACTIVATE_AT, ""), m.attributes.get(names.ATTR_DELAY, ""))
+             for m in req.messages]
+    for at, delay in sched:
+        if at or delay:
+            try:
+                parse_activation(at, delay, 0)
+            except ValueError as e:
+                raise InvalidArgument(f"Invalid {names.ATTR_ACTIVATE_AT if at else names.ATTR_DELAY}: {e}.")
     for k in idem:
         if len(k.encode()) > limits.idempotency_key_bytes_max:
             raise InvalidArgument(f"The {names.ATTR_IDEMPOTENCY_KEY} attribute exceeds the limit of "
@@ -99,7 +108,7 @@ def _check_publish(raw: bytes) -> tuple[bytes, str, list[str] | None]:
             m.ClearField("message_id")
             m.ClearField("publish_time")
         raw = req.SerializeToString()
-    return raw, key, (idem if any(idem) else None)
+    return raw, key, (idem if any(idem) else None), (sched if any(a or d for a, d in sched) else None)
 
 
 class PubSubApi:
@@ -130,11 +139,11 @@ class PubSubApi:
             raise InvalidArgument(
                 f"The publish request has {n} messages: the limit is {limits.publish_messages_max} per request.")
         key = ""
-        idem = None
+        idem = sched = None
         sizes = list(map(len, msgs))
         if min(sizes) < 3 or max(sizes) > limits.message_data_bytes_max or not rawproto.only_data(raw, n):
-            raw, key, idem = _check_publish(raw)  # attributes, ordering keys, odd encodings: message by message
-        ids = await self.engine.publish(topic, raw, n, key, idem)
+            raw, key, idem, sched = _check_publish(raw)  # attributes, keys, odd encodings: message by message
+        ids = await self.engine.publish(topic, raw, n, key, idem, sched)
         return pb["PublishResponse"](message_ids=ids).SerializeToString()
 
     @_translate

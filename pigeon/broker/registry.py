@@ -153,6 +153,11 @@ class Registry:
             if t is not None:
                 for key, mid, ms in c["keys"]:
                     t.idempotency.add(key, mid, ms)
+        elif op == "sched.put":  # activation times of one scheduled publish
+            t = self.topics_by_uid.get(c["topic"])
+            if t is not None:
+                for at, num in c["entries"]:
+                    t.schedule.add(at, num)
         elif op == "iam.put":
             self.policies[c["resource"]] = _pb(Policy, c["pb"])
         else:

@@ -21,11 +21,12 @@ from collections import deque
 
 from pigeon.core import limits
 from pigeon.broker.filter import compile_filter
-from pigeon.broker.topic import SHARD_MASK, TopicState
+from pigeon.broker.topic import SCHEDULED, SHARD_MASK, TopicState
 
 _BITS = limits.shard_bits
 
 Delivery = tuple[int, int]  # (message number = offset << shard_bits | shard, delivery version)
+_SCHED_START = (-(1 << 62), 0)
 Lease = tuple[float, int, object, int]  # (deadline, version, owner, ordering-key hash or 0)
 
 
@@ -105,6 +106,8 @@ class SubscriptionState:
         self.keys: dict[int, KeyState] = {}
         self.ready_keys: deque[int] = deque()  # keys whose next batch may go out
         self.dead_letters: list[int] = []  # to forward to the dead-letter topic (drained by the engine)
+        self.sched_mark: tuple[int, int] = _SCHED_START  # how far the topic's activation index was walked
+        self.late: list[tuple[int, int]] = []  # (activate ms, num) added behind the mark: a heap
         self.detached = False
         self.last_activity = 0.0
         self.configure(config)
@@ -157,6 +160,12 @@ class SubscriptionState:
             times.append(self._heap[0][0])
         if self._delayed:
             times.append(self._delayed[0][0])
+        if self.late:
+            times.append(self.late[0][0] / 1000)
+        if self.topic is not None and self.topic.schedule.count:
+            due = self.topic.schedule.next_due_ms(self.sched_mark)
+            if due is not None:
+                times.append(due / 1000)
         return min(times) if times else None
 
     # --- leases ending -----------------------------------------------------------------------
@@ -253,13 +262,16 @@ class SubscriptionState:
                 continue
             leases[num] = (deadline, version, owner, 0)
             out.append((num, version))
+        if self.topic is not None and self.topic.schedule.count and len(out) < max_messages:
+            self._take_scheduled(out, max_messages, now, deadline, owner)
         if self.ordered:
             self._take_ready_keys(out, max_messages, deadline, owner, per_key_max)
         if self.topic is not None and len(out) < max_messages:
+            by_batch = self.ordered or self.topic.schedule.count
             for shard_no, (s, ix) in enumerate(zip(shards, self.topic.shards)):
                 if s.cursor >= ix.durable:
                     continue
-                if self.ordered:
+                if by_batch:
                     self._take_ordered_shard(shard_no, s, ix, out, max_messages, deadline, owner, per_key_max)
                 else:
                     self._take_shard(shard_no, s, ix.durable, out, max_messages, deadline, owner)
@@ -286,17 +298,57 @@ class SubscriptionState:
             cursor += 1
         s.cursor = cursor
 
+    def _take_scheduled(self, out, max_messages, now, deadline, owner) -> None:
+        """Messages whose activation time has come, in activation order: first those added behind this
+        subscription's mark, then the topic's index from the mark on."""
+        now_ms = int(now * 1000)
+        late = self.late
+        shards = self.topic.shards
+        while late and late[0][0] <= now_ms and len(out) < max_messages:
+            num = late[0][1]
+            if num >> _BITS >= shards[num & SHARD_MASK].durable:
+                break  # not on disk yet
+            heapq.heappop(late)
+            self._take_one(num, out, deadline, owner)
+        if len(out) >= max_messages:
+            return
+        for _, num, mark in self.topic.schedule.walk(self.sched_mark, now_ms):
+            if num >> _BITS >= shards[num & SHARD_MASK].durable:
+                return  # not on disk yet: the walk resumes here
+            self.sched_mark = mark
+            self._take_one(num, out, deadline, owner)
+            if len(out) >= max_messages:
+                return
+
+    def _take_one(self, num: int, out, deadline, owner) -> None:
+        if num in self.leases or self.is_acked(num):
+            return
+        version = self.versions.pop(num, 0) + 1
+        if self.max_attempts and version > self.max_attempts:
+            self._to_dead_letter(num, version - 1, deadline)
+            return
+        self.leases[num] = (deadline, version, owner, 0)
+        out.append((num, version))
+
+    def scheduled(self, activate_ms: int, num: int, sec: int) -> None:
+        """The topic indexed a message at a second this subscription's walk has passed."""
+        if sec < self.sched_mark[0]:
+            heapq.heappush(self.late, (activate_ms, num))
+
     def _take_ordered_shard(self, shard_no, s: SubShard, ix, out, max_messages, deadline, owner, per_key_max) -> None:
-        """Walk new messages batch by batch: keyless ones go out freely; a key that is idle starts a
-        batch; a busy key parks the range in its `pending` queue (no scanning later: ready keys are
-        queued when their batch ends)."""
+        """Walk new messages batch by batch: scheduled batches are skipped (the activation index hands
+        them out); keyless ones go out freely; with ordering, a key that is idle starts a batch and a busy
+        key parks the range in its `pending` queue (no scanning later: ready keys are queued when their
+        batch ends)."""
         end = ix.durable
         cursor = s.cursor
         i = bisect.bisect_right(ix.base, cursor) - 1
         while cursor < end and len(out) < max_messages:
             hi = min(ix.batch_end(i), end)
             key = ix.keys[i]
-            if not key:
+            if key == SCHEDULED:
+                cursor = s.cursor = hi
+            elif not key or not self.ordered:
                 self._take_shard(shard_no, s, hi, out, max_messages, deadline, owner)
                 cursor = s.cursor
             else:
@@ -461,11 +513,14 @@ class SubscriptionState:
         self.keys.clear()
         self.ready_keys.clear()
         self.dead_letters.clear()
+        self.sched_mark = _SCHED_START
+        self.late.clear()
 
     def rewind_unacked(self) -> None:
         """After a restart nothing is locked: every unacked message is delivered again."""
         for s in self.shards:
             s.cursor = s.floor
+        self.sched_mark = _SCHED_START
 
     def export_state(self) -> tuple[list[int], list[list[int]]]:
         return [s.floor for s in self.shards], [sorted(s.acked) for s in self.shards]

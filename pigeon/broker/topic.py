@@ -15,7 +15,10 @@ from array import array
 
 import crc32c
 
+from pigeon.broker.schedule import Schedule
 from pigeon.core import limits
+
+SCHEDULED = -1  # key-array marker of a batch whose messages wait for their activation times
 
 SHARD_MASK = (1 << limits.shard_bits) - 1
 
@@ -150,6 +153,7 @@ class TopicState:
         self.subscriptions: set[int] = set()
         self.deleted = False
         self.idempotency = IdempotencyWindow()
+        self.schedule = Schedule()
         self._rr = itertools.cycle(range(shard_count))
 
     def shard_for(self, ordering_key: str) -> int:

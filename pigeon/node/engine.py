@@ -18,7 +18,8 @@ from google.pubsub_v1 import types
 from pigeon.broker import iam, resources
 from pigeon.broker.registry import Registry, SnapshotState, pb64
 from pigeon.broker.subscription import SubscriptionState
-from pigeon.broker.topic import key_hash
+from pigeon.broker.schedule import parse_activation
+from pigeon.broker.topic import SCHEDULED, key_hash
 from pigeon.core import limits, names, rawproto, wire
 from pigeon.core.errors import (
     Aborted,
@@ -309,18 +310,25 @@ class Engine:
 
     # --- publish ---------------------------------------------------------------------------------
     async def publish(
-        self, topic_name: str, request: bytes, count: int, ordering_key: str, idem_keys: list[str] | None = None
+        self,
+        topic_name: str,
+        request: bytes,
+        count: int,
+        ordering_key: str,
+        idem_keys: list[str] | None = None,
+        sched: list[tuple[str, str]] | None = None,
     ) -> list[str]:
         """Store one PublishRequest (validated by the caller) whole; return the message ids once durable.
         `idem_keys`: the messages' idempotency keys ("" for none); repeats inside the window are not stored
-        again and get the original message id."""
+        again and get the original message id. `sched`: the messages' (activate-at, delay) attributes, when
+        some message carries one: the batch then waits in the topic's activation index."""
         self._check_open()
         t = self.registry.topic(topic_name)
         if idem_keys:
-            return await self._publish_idempotent(t, request, ordering_key, idem_keys)
-        return await self._publish_stored(t, request, count, ordering_key, None)
+            return await self._publish_idempotent(t, request, ordering_key, idem_keys, sched)
+        return await self._publish_stored(t, request, count, ordering_key, None, sched)
 
-    async def _publish_stored(self, t, request: bytes, count: int, ordering_key: str, keys) -> list[str]:
+    async def _publish_stored(self, t, request: bytes, count: int, ordering_key: str, keys, sched) -> list[str]:
         if t.config.schema_settings.schema:
             request = self.schemas.check_publish(t.config, request)
         shard = t.shard_for(ordering_key)
@@ -329,7 +337,7 @@ class Engine:
         if ix.ms and ms < ix.ms[-1]:
             ms = ix.ms[-1]
         base = ix.next
-        key = key_hash(ordering_key)
+        key = SCHEDULED if sched else key_hash(ordering_key)
         rec = payloads.publish_record(t.uid, shard, base, ms, count, request, key)
         pos = self.wal.append(rec)
         ix.append(count, pos, ms, key)
@@ -337,6 +345,18 @@ class Engine:
         self._apply_filters(t, shard, base, request, count)
         step = 1 << limits.shard_bits
         first = (((t.uid << limits.topic_offset_bits) | base) << limits.shard_bits) | shard
+        if sched:  # index the activation times with the same group commit as the messages
+            entries = [
+                [parse_activation(at, delay, ms) or ms, ((base + i) << limits.shard_bits) | shard]
+                for i, (at, delay) in enumerate(sched)
+            ]
+            change = {"op": "sched.put", "topic": t.uid, "entries": entries}
+            self.registry.apply(change)
+            self.wal.append(payloads.meta_record(change))
+            for uid in t.subscriptions:
+                s = self.registry.subs_by_uid[uid]
+                for a, num in entries:
+                    s.scheduled(a, num, a // 1000)
         if keys:  # remember the keys with the same group commit as the messages
             entries = [[k, str(first + i * step), ms] for i, k in enumerate(keys) if k]
             change = {"op": "idem.put", "topic": t.uid, "keys": entries}
@@ -351,7 +371,7 @@ class Engine:
                     sig.notify()
         return [str(n) for n in range(first, first + count * step, step)]
 
-    async def _publish_idempotent(self, t, request: bytes, ordering_key: str, keys: list[str]) -> list[str]:
+    async def _publish_idempotent(self, t, request: bytes, ordering_key: str, keys: list[str], sched) -> list[str]:
         window = t.idempotency
         window.expire(int((self.clock.now() - self.config.idempotency_window_s) * 1000))
         seen: dict[str, int] = {}
@@ -370,7 +390,9 @@ class Engine:
                 del req.messages[:]
                 req.messages.extend(keep)
                 request = req.SerializeToString()
-            stored = await self._publish_stored(t, request, len(fresh), ordering_key, [keys[i] for i in fresh])
+            stored = await self._publish_stored(
+                t, request, len(fresh), ordering_key, [keys[i] for i in fresh], [sched[i] for i in fresh] if sched else None
+            )
             for i, mid in zip(fresh, stored):
                 ids[i] = mid
         else:
@@ -808,6 +830,10 @@ class Engine:
         cutoff = int((now - self.config.idempotency_window_s) * 1000)
         for t in reg.topics_by_uid.values():
             t.idempotency.expire(cutoff)
+            if t.schedule.count:  # forget activation seconds every subscription has walked and acked
+                subs = [reg.subs_by_uid[u] for u in t.subscriptions]
+                low = min((s.sched_mark[0] for s in subs), default=int(now) + 1)
+                t.schedule.drop_seconds_before(low, lambda n, subs=subs: any(not s.is_acked(n) for s in subs))
         # what each topic shard must keep
         need_pos = self.wal.tail
         for t in reg.topics_by_uid.values():
@@ -849,6 +875,8 @@ class Engine:
             for t in reg.topics_by_uid.values():
                 for shard, ix in enumerate(t.shards):
                     recs.append(payloads.checkpoint_shard(t.uid, shard, *ix.export()))
+                if t.schedule.count:
+                    recs.append(payloads.checkpoint_schedule(t.uid, t.schedule.export()))
             for s in reg.subs_by_uid.values():
                 recs.append(payloads.checkpoint_sub(s.uid, *s.export_state(), s.export_attempts()))
             recs.append(payloads.checkpoint_end(len(recs)))

@@ -100,6 +100,9 @@ def load_checkpoint(path: str, registry: Registry) -> int:
             uid, shard, nxt, base, pos, ms, keys = payloads.checkpoint_shard_decode(payload)
             t = registry.topics_by_uid[uid]
             t.shards[shard] = ShardIndex.restore(nxt, base, pos, ms, keys)
+        elif rtype == RecordType.CK_SCHED:
+            uid, seconds = payloads.checkpoint_schedule_decode(payload)
+            registry.topics_by_uid[uid].schedule.restore(seconds)
         elif rtype == RecordType.CK_SUB:
             d = payloads.json_decode(payload)
             s = registry.subs_by_uid[d["uid"]]

@@ -8,6 +8,7 @@ CK_HEADER UTF-8 JSON {version, pos, meta}
 CK_SHARD  topic uid u32 · shard u16 · next offset u64 · batches u64 · base[] · pos[] · ms[] · keys[] (i64 arrays)
 DELIVER   subscription uid u32 · n × message number u64 (deliveries counted for dead-lettering)
 CK_SUB    UTF-8 JSON {uid, floors, acked, attempts}
+CK_SCHED  topic uid u32 · seconds u32 · per second: second i64 · entries u32 · entries (u64 each)
 CK_END    records u64 (the number of records before it)
 """
 
@@ -97,6 +98,33 @@ def checkpoint_sub(uid: int, floors: list[int], acked: list[list[int]], attempts
     """`attempts`: [message number, deliveries so far] of unacked messages (dead-letter counting)."""
     body = {"uid": uid, "floors": floors, "acked": acked, "attempts": list(attempts)}
     return record.encode(RecordType.CK_SUB, json.dumps(body).encode())
+
+
+_SCHED_HEAD = struct.Struct("<II")
+_SCHED_SEC = struct.Struct("<qI")
+
+
+def checkpoint_schedule(topic_uid: int, seconds: list[tuple[int, bytes]]) -> bytes:
+    parts = [_SCHED_HEAD.pack(topic_uid, len(seconds))]
+    for sec, raw in seconds:
+        parts.append(_SCHED_SEC.pack(sec, len(raw) // 8))
+        parts.append(raw)
+    return record.encode_parts(RecordType.CK_SCHED, parts)
+
+
+def checkpoint_schedule_decode(payload) -> tuple[int, list[tuple[int, bytes]]]:
+    b = bytes(payload)
+    uid, n = _SCHED_HEAD.unpack_from(b, 0)
+    pos = _SCHED_HEAD.size
+    out = []
+    for _ in range(n):
+        sec, count = _SCHED_SEC.unpack_from(b, pos)
+        pos += _SCHED_SEC.size
+        out.append((sec, b[pos : pos + 8 * count]))
+        pos += 8 * count
+    if pos != len(b):
+        raise ValueError("checkpoint schedule length mismatch")
+    return uid, out
 
 
 def checkpoint_end(count: int) -> bytes:

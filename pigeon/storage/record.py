@@ -24,6 +24,7 @@ class RecordType(enum.IntEnum):
     CK_SHARD = 17
     CK_SUB = 18
     CK_END = 19
+    CK_SCHED = 20
 
 
 def encode(rtype: int, payload: bytes) -> bytes:
