@@ -158,6 +158,14 @@ class Registry:
             if t is not None:
                 for at, num in c["entries"]:
                     t.schedule.add(at, num)
+        elif op == "q.park":  # reschedule (at >= 0) or bury (at == -1)
+            self.subs_by_uid[c["uid"]].park(c["nums"], c["at"])
+        elif op == "q.kick":
+            self.subs_by_uid[c["uid"]].kick(c["nums"])
+        elif op == "q.update":
+            s = self.subs_by_uid[c["uid"]]
+            if not s.is_acked(c["num"]):
+                s.overrides[c["num"]] = base64.b64decode(c["pb"])
         elif op == "iam.put":
             self.policies[c["resource"]] = _pb(Policy, c["pb"])
         else:

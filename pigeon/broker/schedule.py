@@ -1,10 +1,11 @@
 """broker.delay: the activation index of a topic. Owns the rule: nothing is delivered before its activation
-time, and scheduled messages are handed out in activation order (to the second; publish order within a
-second), also when that time lies in the past.
+time, and scheduled messages are handed out in activation order (then publish order), also when that time
+lies in the past.
 
-Compact: one array of 8-byte entries per activation second (entry = ms-within-second << 54 | message
-number), no object per message. A subscription walks the index with a mark (second, index); an entry
-added behind some subscription's mark is handed to that subscription directly (`late`)."""
+Compact: one sorted array of 8-byte entries per activation second (entry = ms-within-second << 54 |
+message number), no object per message. A subscription walks the index with a mark, the last (second,
+entry) it passed; an entry added behind some subscription's mark is handed to that subscription directly
+(`late`)."""
 
 from __future__ import annotations
 
@@ -31,13 +32,23 @@ class Schedule:
         if b is None:
             b = self.buckets[sec] = array("Q")
             bisect.insort(self.secs, sec)
-        b.append((ms << _NUM_BITS) | num)
+        e = (ms << _NUM_BITS) | num
+        if not b or b[-1] < e:
+            b.append(e)
+        else:
+            bisect.insort(b, e)
         self.count += 1
         return sec
 
+    @staticmethod
+    def position(activate_ms: int, num: int) -> tuple[int, int]:
+        """The mark an entry would have: compare with a subscription's mark to tell whether it is behind."""
+        sec, ms = divmod(activate_ms, 1000)
+        return sec, (ms << _NUM_BITS) | num
+
     def walk(self, mark: tuple[int, int], now_ms: int):
         """Yield (activate_ms, num, new mark) for the due entries after `mark`, in order."""
-        sec, idx = mark
+        sec, last = mark
         now_sec = now_ms // 1000
         i = bisect.bisect_left(self.secs, sec)
         while i < len(self.secs):
@@ -45,25 +56,25 @@ class Schedule:
             if s > now_sec:
                 return
             b = self.buckets[s]
-            j = idx if s == sec else 0
+            j = bisect.bisect_right(b, last) if s == sec else 0
             while j < len(b):
                 e = b[j]
                 at = s * 1000 + (e >> _NUM_BITS)
                 if at > now_ms:  # same second, later millisecond: wait
                     return
                 j += 1
-                yield at, e & _NUM_MASK, (s, j)
+                yield at, e & _NUM_MASK, (s, e)
             i += 1
 
     def next_due_ms(self, mark: tuple[int, int]) -> int | None:
-        sec, idx = mark
+        sec, last = mark
         i = bisect.bisect_left(self.secs, sec)
         while i < len(self.secs):
             s = self.secs[i]
             b = self.buckets[s]
-            j = idx if s == sec else 0
+            j = bisect.bisect_right(b, last) if s == sec else 0
             if j < len(b):
-                return s * 1000 + min((e >> _NUM_BITS) for e in b[j:])
+                return s * 1000 + (b[j] >> _NUM_BITS)
             i += 1
         return None
 

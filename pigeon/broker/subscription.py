@@ -21,12 +21,13 @@ from collections import deque
 
 from pigeon.core import limits
 from pigeon.broker.filter import compile_filter
+from pigeon.broker.schedule import Schedule
 from pigeon.broker.topic import SCHEDULED, SHARD_MASK, TopicState
 
 _BITS = limits.shard_bits
 
 Delivery = tuple[int, int]  # (message number = offset << shard_bits | shard, delivery version)
-_SCHED_START = (-(1 << 62), 0)
+_SCHED_START = (-(1 << 62), -1)
 Lease = tuple[float, int, object, int]  # (deadline, version, owner, ordering-key hash or 0)
 
 
@@ -107,6 +108,10 @@ class SubscriptionState:
         self.ready_keys: deque[int] = deque()  # keys whose next batch may go out
         self.dead_letters: list[int] = []  # to forward to the dead-letter topic (drained by the engine)
         self.sched_mark: tuple[int, int] = _SCHED_START  # how far the topic's activation index was walked
+        # queue extensions: parked messages (rescheduled to an activation ms, or buried: -1) are skipped by
+        # every path until due or kicked; overrides replace a message's stored bytes for this subscription
+        self.parked: dict[int, int] = {}
+        self.overrides: dict[int, bytes] = {}
         self.late: list[tuple[int, int]] = []  # (activate ms, num) added behind the mark: a heap
         self.detached = False
         self.last_activity = 0.0
@@ -188,6 +193,10 @@ class SubscriptionState:
                     ks.delayed = False
                     self._key_settled(key, ks)
             else:
+                parked = self.parked
+                for num in nums:
+                    if parked.get(num, -1) >= 0:  # a rescheduled message whose time has come
+                        del parked[num]
                 self.redeliver.extend(nums)
         return n
 
@@ -254,7 +263,7 @@ class SubscriptionState:
         redeliver = self.redeliver
         while redeliver and len(out) < max_messages:
             num = redeliver.popleft()
-            if num in leases or shards[num & SHARD_MASK].is_acked(num >> _BITS):
+            if num in leases or shards[num & SHARD_MASK].is_acked(num >> _BITS) or num in self.parked:
                 continue
             version = versions.pop(num, 0) + 1
             if max_attempts and version > max_attempts:
@@ -286,9 +295,13 @@ class SubscriptionState:
         leases, versions, acked = self.leases, self.versions, s.acked
         max_attempts = self.max_attempts
         cursor = s.cursor
+        parked = self.parked
         while cursor < end and len(out) < max_messages:
             if cursor not in acked:
                 num = (cursor << _BITS) | shard_no
+                if parked and num in parked:
+                    cursor += 1
+                    continue
                 version = versions.pop(num, 0) + 1 if versions else 1
                 if max_attempts and version > max_attempts:
                     self._to_dead_letter(num, version - 1, deadline)
@@ -321,7 +334,7 @@ class SubscriptionState:
                 return
 
     def _take_one(self, num: int, out, deadline, owner) -> None:
-        if num in self.leases or self.is_acked(num):
+        if num in self.leases or self.is_acked(num) or num in self.parked:
             return
         version = self.versions.pop(num, 0) + 1
         if self.max_attempts and version > self.max_attempts:
@@ -330,9 +343,9 @@ class SubscriptionState:
         self.leases[num] = (deadline, version, owner, 0)
         out.append((num, version))
 
-    def scheduled(self, activate_ms: int, num: int, sec: int) -> None:
-        """The topic indexed a message at a second this subscription's walk has passed."""
-        if sec < self.sched_mark[0]:
+    def scheduled(self, activate_ms: int, num: int) -> None:
+        """The topic indexed a message: if this subscription's walk has passed its place, take it directly."""
+        if Schedule.position(activate_ms, num) <= self.sched_mark:
             heapq.heappush(self.late, (activate_ms, num))
 
     def _take_ordered_shard(self, shard_no, s: SubShard, ix, out, max_messages, deadline, owner, per_key_max) -> None:
@@ -401,6 +414,8 @@ class SubscriptionState:
                     ks.pending.popleft()
         for num in todo:
             ss = self.shards[num & SHARD_MASK]
+            if num in self.parked:
+                continue
             if ss.is_acked(num >> _BITS):
                 if num >> _BITS in ss.acked:  # redelivered with its batch though acked (still retained): no lease
                     out.append((num, versions.get(num, 1)))
@@ -449,7 +464,43 @@ class SubscriptionState:
                             ks.live.discard(num)
                             self._key_settled(lease[3], ks)
                 versions.pop(num, None)
+                if self.parked:
+                    self.parked.pop(num, None)
+                if self.overrides:
+                    self.overrides.pop(num, None)
         return changed
+
+    # --- queue extensions ----------------------------------------------------------------------
+    def park(self, nums: list[int], activate_ms: int) -> None:
+        """End these messages' locks without acking them: they wait until `activate_ms` (reschedule), or
+        until kicked when it is -1 (bury). The delivery counter is kept."""
+        for num in nums:
+            if self.is_acked(num):
+                continue
+            lease = self.leases.get(num)
+            if lease is not None:
+                self._end_lease(num, lease)
+                self.versions[num] = lease[1]
+                if lease[3] and lease[3] in self.keys:
+                    ks = self.keys[lease[3]]
+                    ks.live.discard(num)
+                    if num in ks.batch:
+                        ks.batch.remove(num)
+                    self._key_settled(lease[3], ks)
+            self.parked[num] = activate_ms
+        if activate_ms >= 0 and nums:
+            self._seq += 1
+            heapq.heappush(self._delayed, (activate_ms / 1000, self._seq, list(nums), 0))
+
+    def kick(self, nums: list[int]) -> None:
+        """Buried messages go back to the queue."""
+        for num in nums:
+            if self.parked.get(num) == -1:
+                del self.parked[num]
+                self.redeliver.append(num)
+
+    def buried(self) -> list[int]:
+        return [n for n, at in self.parked.items() if at == -1]
 
     def modify_deadlines(self, items: list[Delivery], seconds: float, now: float) -> int:
         """Extend (or, with 0, release: a nack) the leases of (num, version) pairs. A version of 0 matches
@@ -515,12 +566,17 @@ class SubscriptionState:
         self.dead_letters.clear()
         self.sched_mark = _SCHED_START
         self.late.clear()
+        self.parked.clear()
 
     def rewind_unacked(self) -> None:
         """After a restart nothing is locked: every unacked message is delivered again."""
         for s in self.shards:
             s.cursor = s.floor
         self.sched_mark = _SCHED_START
+        for num, at in self.parked.items():
+            if at >= 0:
+                self._seq += 1
+                heapq.heappush(self._delayed, (at / 1000, self._seq, [num], 0))
 
     def export_state(self) -> tuple[list[int], list[list[int]]]:
         return [s.floor for s in self.shards], [sorted(s.acked) for s in self.shards]

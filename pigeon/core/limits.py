@@ -50,6 +50,7 @@ stream_response_messages_max = 1_000
 lease_tick_s = 0.05
 idempotency_window_s_default = 15 * 60.0
 idempotency_key_bytes_max = 1_024
+lock_s_max = 31 * 86_400.0  # queue extension: Take may lock for this long
 retention_tick_s = 5.0
 
 assert 1 << shard_bits >= shards_per_topic_max

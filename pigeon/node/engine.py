@@ -7,6 +7,7 @@ only after the WAL covers their position. Every public coroutine here is one API
 from __future__ import annotations
 
 import asyncio
+import base64
 import bisect
 import logging
 import os
@@ -33,6 +34,7 @@ from pigeon.core.errors import (
 )
 from pigeon.node import recovery
 from pigeon.node.reader import MessageReader
+from pigeon.node.queue_ops import QueueOps
 from pigeon.node.schema_service import SchemaService
 from pigeon.node.wal import Wal, fsync_dir
 from pigeon.ops.config import Config
@@ -136,6 +138,7 @@ class Engine:
         self._ck_lock = asyncio.Lock()
         self._tasks: set[asyncio.Task] = set()
         self.schemas = SchemaService(self)
+        self.queue = QueueOps(self)
 
     # --- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -356,7 +359,7 @@ class Engine:
             for uid in t.subscriptions:
                 s = self.registry.subs_by_uid[uid]
                 for a, num in entries:
-                    s.scheduled(a, num, a // 1000)
+                    s.scheduled(a, num)
         if keys:  # remember the keys with the same group commit as the messages
             entries = [[k, str(first + i * step), ms] for i, k in enumerate(keys) if k]
             change = {"op": "idem.put", "topic": t.uid, "keys": entries}
@@ -433,6 +436,8 @@ class Engine:
         if not taken:
             return []
         msgs = self.reader.messages(s.topic, [num for num, _ in taken])
+        if s.overrides:  # updated in place through the queue extensions
+            msgs = [(s.overrides.get(num, body), tail) for (num, _), (body, tail) in zip(taken, msgs)]
         show_attempt = bool(s.config.dead_letter_policy.dead_letter_topic)
         uid = s.uid
         table = wire.VARINT_TABLE
@@ -592,6 +597,8 @@ class Engine:
                     failures[a] = "PERMANENT_FAILURE_INVALID_ACK_ID"
                 continue
             num, version = p
+            if s.parked and num in s.parked and num not in leases:
+                continue  # rescheduled or buried with this ack id first: that call won
             if eod:
                 lease = leases.get(num)
                 if lease is None or lease[1] != version:
@@ -878,7 +885,12 @@ class Engine:
                 if t.schedule.count:
                     recs.append(payloads.checkpoint_schedule(t.uid, t.schedule.export()))
             for s in reg.subs_by_uid.values():
-                recs.append(payloads.checkpoint_sub(s.uid, *s.export_state(), s.export_attempts()))
+                extra = {}
+                if s.parked:
+                    extra["parked"] = [[n, at] for n, at in s.parked.items()]
+                if s.overrides:
+                    extra["overrides"] = [[n, base64.b64encode(b).decode()] for n, b in s.overrides.items()]
+                recs.append(payloads.checkpoint_sub(s.uid, *s.export_state(), s.export_attempts(), extra))
             recs.append(payloads.checkpoint_end(len(recs)))
             await self.wal.wait_durable(pos)
             keep = self._checkpoints[-1:]

@@ -15,6 +15,7 @@ Decision table, per step:
 
 from __future__ import annotations
 
+import base64
 import logging
 import os
 from dataclasses import dataclass, field
@@ -108,6 +109,8 @@ def load_checkpoint(path: str, registry: Registry) -> int:
             s = registry.subs_by_uid[d["uid"]]
             s.reset(d["floors"], d["acked"])
             s.versions.update((n, c) for n, c in d.get("attempts", []))
+            s.parked.update((n, at) for n, at in d.get("parked", []))
+            s.overrides.update((n, base64.b64decode(b)) for n, b in d.get("overrides", []))
     return head["pos"]
 
 

@@ -94,9 +94,12 @@ def checkpoint_shard_decode(payload) -> tuple[int, int, int, bytes, bytes, bytes
     return uid, shard, nxt, b[: 8 * n], b[8 * n : 16 * n], b[16 * n : 24 * n], b[24 * n :]
 
 
-def checkpoint_sub(uid: int, floors: list[int], acked: list[list[int]], attempts: list[list[int]] = ()) -> bytes:
-    """`attempts`: [message number, deliveries so far] of unacked messages (dead-letter counting)."""
-    body = {"uid": uid, "floors": floors, "acked": acked, "attempts": list(attempts)}
+def checkpoint_sub(
+    uid: int, floors: list[int], acked: list[list[int]], attempts: list[list[int]] = (), extra: dict | None = None
+) -> bytes:
+    """`attempts`: [message number, deliveries so far] of unacked messages (dead-letter counting); `extra`:
+    queue-extension state ({"parked": [[num, at]], "overrides": [[num, base64]]})."""
+    body = {"uid": uid, "floors": floors, "acked": acked, "attempts": list(attempts), **(extra or {})}
     return record.encode(RecordType.CK_SUB, json.dumps(body).encode())
 
 
