@@ -33,6 +33,8 @@ from pigeon.core.errors import (
     Unavailable,
 )
 from pigeon.node import recovery
+from pigeon.node import push
+from pigeon.node.push import PushManager
 from pigeon.node.reader import MessageReader
 from pigeon.node.queue_ops import QueueOps
 from pigeon.node.schema_service import SchemaService
@@ -137,6 +139,7 @@ class Engine:
         self._maintenance: asyncio.Task | None = None
         self._ck_lock = asyncio.Lock()
         self._tasks: set[asyncio.Task] = set()
+        self.push = PushManager(self)
         self.schemas = SchemaService(self)
         self.queue = QueueOps(self)
 
@@ -163,11 +166,15 @@ class Engine:
             time.monotonic() - t0,
         )
         self._maintenance = asyncio.create_task(self._maintain())
+        allowed = [p.strip() for p in self.config.push_allowed_endpoints.split(",") if p.strip()]
+        push.set_allowed_endpoints(allowed)
+        self.push.start()
 
     async def stop(self) -> None:
         self.closing = True
         for sig in self.signals.values():
             sig.notify()
+        await self.push.stop()
         if self._maintenance:
             self._maintenance.cancel()
         try:
@@ -194,6 +201,8 @@ class Engine:
         self.registry.apply(change)
         self.wal.append(payloads.meta_record(change))
         await self.wal.wait_durable(self.wal.tail)
+        if change["op"].startswith("sub."):
+            self.push.subscription_changed(change["uid"])
 
     # --- topics ----------------------------------------------------------------------------------
     async def create_topic(self, topic):

@@ -24,6 +24,7 @@ class Config:
     checkpoint_wal_bytes: int = limits.checkpoint_wal_bytes_max
     log_level: str = "INFO"
     idempotency_window_s: float = limits.idempotency_window_s_default
+    push_allowed_endpoints: str = ""  # comma-separated URL prefixes push may reach; empty: any http(s) URL
 
     def __post_init__(self):
         if self.fsync not in ("always", "batch", "never"):
