@@ -11,7 +11,7 @@ import signal
 
 import grpc
 
-from pigeon.api import admin_api, queue_api
+from pigeon.api import admin_api, pigeon_api, queue_api
 from pigeon.api.grpc_api import PubSubApi
 from pigeon.core import limits
 from pigeon.node.engine import Engine
@@ -32,6 +32,7 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
     )
     api = PubSubApi(engine)
     server.add_generic_rpc_handlers(api.handlers() + admin_api.handlers(engine) + queue_api.handlers(engine))
+    server.add_generic_rpc_handlers(pigeon_api.handlers(engine))  # pigeon.v1.Ranges (data pipelines)
     address = f"{config.host}:{config.port}"
     port = server.add_insecure_port(address)
     if port == 0:

@@ -1,0 +1,77 @@
+"""The pigeon.v1.Ranges gRPC surface (offset-range reads and cursors for data pipelines). Translation only,
+like grpc_api: the rules live in node.ranges; a PigeonError becomes its status through grpc_api's
+boundary. Responses are serialized here; ReadRange's message bytes are spliced, never re-encoded."""
+
+from __future__ import annotations
+
+import grpc
+
+from pigeon.api.grpc_api import _translate
+from pigeon.api.proto import pigeon_ranges_pb2 as pb
+from pigeon.core import limits, wire
+from pigeon.node import ranges
+from pigeon.node.engine import Engine
+
+SERVICE = "pigeon.v1.Ranges"
+
+
+def _cursor(c: ranges.CursorView) -> bytes:
+    return pb.Cursor(name=c.name, topic=c.topic, offsets=c.offsets, latest=c.latest, backlog=c.backlog,
+                     created=c.created, topic_uid=c.topic_uid).SerializeToString()
+
+
+class RangesApi:
+    def __init__(self, engine: Engine):
+        self.engine = engine
+
+    @_translate
+    async def latest_offsets(self, req, context):
+        at = req.at_time_ms if req.HasField("at_time_ms") else None
+        t, shards = ranges.latest_offsets(self.engine, req.topic, at)
+        out = pb.LatestOffsetsResponse(shard_count=len(shards), topic_uid=t.uid, offset_bits=limits.topic_offset_bits,
+                                       shard_bits=limits.shard_bits)
+        for i, s in enumerate(shards):
+            out.shards.add(shard=i, earliest=s.earliest, latest=s.latest, at_time=s.at_time)
+        return out.SerializeToString()
+
+    @_translate
+    async def read_range(self, req, context):
+        t, r = ranges.read_range(self.engine, req.topic, req.shard, req.start_offset, req.end_offset,
+                                 req.max_messages, req.max_bytes, req.allow_data_loss, req.topic_uid)
+        head = pb.ReadRangeResponse(start_offset=r.start, next_offset=r.next, data_lost=r.lost,
+                                    batch_starts=r.batch_starts, batch_publish_ms=r.batch_ms, topic_uid=t.uid,
+                                    offset_bits=limits.topic_offset_bits, shard_bits=limits.shard_bits)
+        # the two big fields are appended as raw bytes: one copy, no protobuf object around them
+        out = head.SerializeToString()
+        if r.lengths:
+            out += wire.length_delimited(4, r.lengths) + wire.length_delimited(5, r.messages)
+        return out
+
+    @_translate
+    async def create_cursor(self, req, context):
+        return _cursor(await ranges.create_cursor(self.engine, req.name, req.topic, list(req.offsets)))
+
+    @_translate
+    async def get_cursor(self, req, context):
+        return _cursor(ranges.get_cursor(self.engine, req.name))
+
+    @_translate
+    async def commit_cursor(self, req, context):
+        return _cursor(await ranges.commit_cursor(self.engine, req.name, list(req.offsets)))
+
+
+def handlers(engine: Engine) -> list[grpc.GenericRpcHandler]:
+    api = RangesApi(engine)
+
+    def unary(fn, request_cls):
+        return grpc.unary_unary_rpc_method_handler(fn, request_deserializer=request_cls.FromString,
+                                                   response_serializer=None)
+
+    methods = {
+        "LatestOffsets": unary(api.latest_offsets, pb.LatestOffsetsRequest),
+        "ReadRange": unary(api.read_range, pb.ReadRangeRequest),
+        "CreateCursor": unary(api.create_cursor, pb.CreateCursorRequest),
+        "GetCursor": unary(api.get_cursor, pb.GetCursorRequest),
+        "CommitCursor": unary(api.commit_cursor, pb.CommitCursorRequest),
+    }
+    return [grpc.method_handlers_generic_handler(SERVICE, methods)]
