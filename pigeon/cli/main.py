@@ -7,6 +7,8 @@ from typing import Optional
 
 import typer
 
+from pigeon.cli import verbs
+
 app = typer.Typer(add_completion=False, help="Pigeon: a durable Pub/Sub-compatible message server.")
 
 
@@ -40,6 +42,9 @@ def fsck(data_dir: str = typer.Argument(..., help="data directory to check")):
 
     ok = check(data_dir, sys.stdout)
     raise typer.Exit(0 if ok else 1)
+
+
+verbs.register(app)
 
 
 def main() -> None:

@@ -1,0 +1,37 @@
+"""The command-line verbs against the real server."""
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+
+def pigeon(server, *args) -> str:
+    out = subprocess.run([sys.executable, "-m", "pigeon", *args, "--address", server.address, "--project", "cli"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def test_topics_subscriptions_publish_pull_and_queue_verbs(server):
+    pigeon(server, "topics", "create", "cli-topic")
+    pigeon(server, "subscriptions", "create", "cli-sub", "--topic", "cli-topic")
+    assert "projects/cli/topics/cli-topic" in pigeon(server, "topics", "list")
+    assert "cli-sub" in pigeon(server, "subscriptions", "list")
+    mid = pigeon(server, "publish", "cli-topic", "hello", "-A", "k=v").strip()
+    later = pigeon(server, "publish", "cli-topic", "later", "--delay", "1s").strip()
+    (line,) = pigeon(server, "pull", "cli-sub", "--ack").splitlines()
+    got = json.loads(line)
+    assert (got["message_id"], got["data"], got["attributes"]) == (mid, "hello", {"k": "v"})
+    assert json.loads(pigeon(server, "queue", "peek", "cli-sub", later))["state"] == "scheduled"
+    time.sleep(1.1)
+    (taken,) = [json.loads(x) for x in pigeon(server, "queue", "take", "cli-sub", "--lock", "60").splitlines()]
+    assert taken["data"] == "later"
+    pigeon(server, "queue", "reschedule", "cli-sub", taken["ack_id"], "--delay", "3600")
+    assert json.loads(pigeon(server, "queue", "peek", "cli-sub", later))["state"] == "scheduled"
+    assert pigeon(server, "queue", "delete", "cli-sub", later).strip() == "1"
+    assert json.loads(pigeon(server, "queue", "peek", "cli-sub", later))["state"] == "acked"
