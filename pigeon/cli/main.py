@@ -44,7 +44,47 @@ def fsck(data_dir: str = typer.Argument(..., help="data directory to check")):
     raise typer.Exit(0 if ok else 1)
 
 
+@app.command()
+def bench(
+    plan: str = typer.Option("quick", help="smoke | quick | full"),
+    peers: str = typer.Option("none", help="none | all | comma-separated peers (rabbitmq-classic, rabbitmq-quorum, "
+                                            "nats-js, nats-js-sync-always, redis-streams, pubsub-emulator)"),
+    address: Optional[str] = typer.Option(None, help="benchmark a Pigeon already serving here (default: start one "
+                                                     "with fsync=always on a fresh temporary data directory)"),
+    no_pigeon: bool = typer.Option(False, "--no-pigeon", help="run the peers only"),
+    out: Optional[str] = typer.Option(None, help="directory for <date>-<machine>.json/.md/.png"),
+    json_path: Optional[str] = typer.Option(None, "--json", help="write the JSON results here"),
+    quiet_wait: float = typer.Option(0.0, help="before each target, wait up to this many seconds for other "
+                                               "programs on the machine to go quiet"),
+):
+    """Measure Pigeon (and peers) with durable publish, consume, latency, backlog, restart, ordering and
+    many-client workloads; print a table, optionally write JSON, Markdown and a PNG chart."""
+    from pigeon.bench.cli import bench_command
+
+    raise typer.Exit(bench_command(plan, peers, address, no_pigeon, out, json_path, quiet_wait))
+
+
 verbs.register(app)
+
+
+@app.command()
+def export(
+    project: list[str] = typer.Option(..., "--project", help="a project whose export subscriptions to run (repeatable)"),
+    endpoint: str = typer.Option("localhost:8085", help="the Pigeon node (host:port)"),
+    root: str = typer.Option("./export", help="export root: a bucket is a directory under it, a BigQuery table a "
+                                              "Delta table under _bigquery/"),
+    once: bool = typer.Option(False, "--once", help="export what is there now, then exit"),
+    master: Optional[str] = typer.Option(None, help="Spark master (default local[*]; SPARK_REMOTE for Spark Connect)"),
+):
+    """Run a Spark structured-streaming job per subscription with cloud_storage_config (Parquet files) or
+    bigquery_config (a Delta table). Needs pyspark, pyarrow and deltalake (the spark extra)."""
+    try:
+        from pigeon.spark import export as exporter
+    except ImportError as e:
+        typer.echo(f"pigeon export needs the spark extra (pip install 'pigeon[spark]'): {e}", err=True)
+        raise typer.Exit(2)
+    n = exporter.run(endpoint, project, root, once=once, master=master)
+    typer.echo(f"pigeon export: {n} subscription(s) exported")
 
 
 def main() -> None:

@@ -1,0 +1,14 @@
+"""`pigeon bench`: Pigeon's load generator and its side-by-side comparison with peers (RabbitMQ, NATS
+JetStream, Redis Streams, Google's Pub/Sub emulator) on this machine, in one run.
+
+    plan      sizes, durations and time bounds of every workload (smoke / quick / full)
+    procs     bounded server processes, forked load workers that start together
+    peers     how each server is started on loopback with durable settings
+    workloads publish, consume, latency, ordered, many clients, backlog memory, restart
+    *_client  one lean driver per protocol (gRPC Pub/Sub, AMQP, NATS, Redis)
+    run       the orchestration and its progress bars
+    report    table, Markdown, JSON and PNG
+
+This package is a client of the servers it measures: it imports nothing from pigeon.api, pigeon.node or
+pigeon.broker and starts Pigeon as a separate `pigeon serve` process.
+"""

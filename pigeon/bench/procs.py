@@ -1,0 +1,366 @@
+"""Processes of the benchmark. Owns two rules:
+
+* a server under test (Pigeon or a peer) runs under `timeout -s KILL <wall>` in its own process group, so it dies
+  at the wall-clock bound even if the benchmark itself is killed, and `stop()`/`kill()` reach every process it forked;
+* load is generated in forked worker processes that start together at one instant (`Gate`) and stop at a
+  deadline or a count; the orchestrating process never opens a network connection itself, so forking is safe
+  with gRPC.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import multiprocessing as mp
+import os
+import queue
+import signal
+import socket
+import subprocess
+import time
+import traceback
+from typing import Callable
+
+_live: set["Daemon"] = set()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def port_open(port: int, host: str = "127.0.0.1") -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=0.2):
+            return True
+    except OSError:
+        return False
+
+
+def _children() -> dict[int, list[int]]:
+    kids: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        ppid = int(stat[stat.rindex(")") + 2:].split()[1])
+        kids.setdefault(ppid, []).append(int(name))
+    return kids
+
+
+def rss_tree_bytes(pid: int) -> int:
+    """Resident memory of a process and all its descendants."""
+    kids = _children()
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        todo.extend(kids.get(p, ()))
+        try:
+            with open(f"/proc/{p}/status") as f:
+                for line in f:
+                    if line.startswith("VmRSS:"):
+                        total += int(line.split()[1]) * 1024
+                        break
+        except OSError:
+            pass
+    return total
+
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _machine_jiffies() -> tuple[int, int]:
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    idle = v[3] + v[4]  # idle + iowait
+    return sum(v[:8]) - idle, sum(v[:8])
+
+
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds used by a process tree, including its reaped children."""
+    kids = _children()
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        todo.extend(kids.get(p, ()))
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        v = stat[stat.rindex(")") + 2:].split()
+        total += sum(int(x) for x in v[11:15])  # utime stime cutime cstime
+    return total / _TICK
+
+
+class CpuWatch:
+    """How busy the machine was while something ran, and how much of that was not this benchmark (other
+    programs on a shared machine make every figure noisier: the report shows it)."""
+
+    def __init__(self):
+        self.pid = os.getpid()
+        self.busy0, self.total0 = _machine_jiffies()
+        self.ours0 = tree_cpu_s(self.pid)
+        self.t0 = time.monotonic()
+
+    def read(self) -> dict:
+        busy, total = _machine_jiffies()
+        wall = max(time.monotonic() - self.t0, 1e-9)
+        cores = os.cpu_count() or 1
+        busy_s = (busy - self.busy0) / _TICK
+        ours_s = tree_cpu_s(self.pid) - self.ours0
+        return {"busy_pct": round(100 * busy_s / wall / cores, 1), "bench_pct": round(100 * ours_s / wall / cores, 1),
+                "other_pct": round(max(0.0, 100 * (busy_s - ours_s) / wall / cores), 1)}
+
+
+def wait_quiet(max_wait_s: float, other_pct_max: float = 10.0, window_s: float = 2.0) -> dict:
+    """Wait (at most `max_wait_s`) until programs other than this benchmark use under `other_pct_max` % of the
+    machine over a `window_s` window; returns the last reading and how long it waited."""
+    t0 = time.monotonic()
+    while True:
+        w = CpuWatch()
+        time.sleep(window_s)
+        r = w.read()
+        if r["other_pct"] < other_pct_max or time.monotonic() - t0 >= max_wait_s:
+            return dict(r, waited_s=round(time.monotonic() - t0, 1))
+
+
+class Daemon:
+    """One server process (and whatever it forks), bounded by `timeout -s KILL`."""
+
+    def __init__(self, name: str, cmd: list[str], port: int, log_path: str, wall_s: float,
+                 env: dict[str, str] | None = None, cwd: str | None = None):
+        self.name, self.cmd, self.port, self.log_path = name, cmd, port, log_path
+        self.wall_s, self.env, self.cwd = wall_s, env, cwd
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout_s: float, ready: Callable[[], bool] | None = None) -> "Daemon":
+        """Start and wait until `ready()` (default: the port accepts connections)."""
+        env = dict(os.environ, **(self.env or {}))
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(["timeout", "-s", "KILL", str(int(self.wall_s)), *self.cmd], stdout=log,
+                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=self.cwd,
+                                         start_new_session=True)
+        _live.add(self)
+        ready = ready or (lambda: port_open(self.port))
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                self.kill()
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n{self.log_tail()}")
+            if ready():
+                return self
+            time.sleep(0.02)
+        self.kill()
+        raise RuntimeError(f"{self.name} was not ready within {timeout_s:.0f} s:\n{self.log_tail()}")
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def rss(self) -> int:
+        return rss_tree_bytes(self.pid) if self.running() else 0
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def log_tail(self, chars: int = 3000) -> str:
+        try:
+            with open(self.log_path, errors="replace") as f:
+                return f.read()[-chars:]
+        except OSError:
+            return ""
+
+    def _signal_group(self, sig: int) -> None:
+        try:
+            os.killpg(self.proc.pid, sig)  # timeout made itself the group leader (start_new_session)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def stop(self, timeout_s: float = 20.0) -> None:
+        """SIGTERM to the whole group, then SIGKILL what is left."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            # timeout forwards TERM to its child; the group signal reaches grandchildren too
+            self._signal_group(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                pass
+        self.kill()
+
+    def kill(self) -> None:
+        """SIGKILL to the whole group: the crash path, and the last word of every stop."""
+        if self.proc is None:
+            return
+        self._signal_group(signal.SIGKILL)
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            pass
+        _live.discard(self)
+
+
+@atexit.register
+def _kill_leftovers() -> None:
+    for d in list(_live):
+        d.kill()
+
+
+# ---------------------------------------------------------------- load workers
+
+
+class Gate:
+    """Shared by the workers of one run: they report ready, start together, stop at `until` or `limit` messages.
+
+    `claim(n)` reserves n messages of the limit before a worker sends them, so a count-bounded run sends
+    exactly `limit`; `add(n)` counts what was done (acknowledged or received) for progress and stop checks."""
+
+    def __init__(self, ctx, duration_s: float, limit: int = 0):
+        self.duration_s = duration_s
+        self.limit = limit
+        self._start_at = ctx.Value("d", 0.0)
+        self._ready = ctx.Value("i", 0)
+        self._claimed = ctx.Value("q", 0)
+        self._done = ctx.Value("q", 0)
+
+    async def wait_start(self) -> None:
+        with self._ready.get_lock():
+            self._ready.value += 1
+        while self._start_at.value == 0.0:
+            await asyncio.sleep(0.002)
+        await asyncio.sleep(max(0.0, self._start_at.value - time.monotonic()))
+
+    def open(self, lead_s: float = 0.05) -> float:
+        self._start_at.value = time.monotonic() + lead_s
+        return self._start_at.value
+
+    @property
+    def ready(self) -> int:
+        return self._ready.value
+
+    @property
+    def start_at(self) -> float:
+        return self._start_at.value
+
+    @property
+    def until(self) -> float:
+        return self._start_at.value + self.duration_s
+
+    def claim(self, n: int) -> bool:
+        if time.monotonic() >= self.until:
+            return False
+        if not self.limit:
+            return True
+        with self._claimed.get_lock():
+            if self._claimed.value + n > self.limit:
+                return False
+            self._claimed.value += n
+            return True
+
+    def add(self, n: int) -> None:
+        with self._done.get_lock():
+            self._done.value += n
+
+    @property
+    def done(self) -> int:
+        return self._done.value
+
+    def finished(self) -> bool:
+        return time.monotonic() >= self.until or (self.limit > 0 and self._done.value >= self.limit)
+
+
+def _run_loop(coro) -> object:
+    try:
+        import uvloop
+
+        return uvloop.run(coro)
+    except ImportError:  # pragma: no cover
+        return asyncio.run(coro)
+
+
+def _worker_main(i, fn, args, out) -> None:
+    try:
+        out.put((i, "ok", _run_loop(fn(*args))))
+    except BaseException as e:  # report, never hang the parent
+        out.put((i, "error", f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=6)}"))
+
+
+def run_workers(jobs: list[tuple[Callable, tuple]], gate: Gate | None, wall_s: float,
+                tick: Callable[[], None] = lambda: None) -> list:
+    """Fork one process per job (an async function and its args), open the gate once all are ready (every job
+    of a gated run calls `gate.wait_start()` once), and
+    return their results in order. Any worker error or the wall bound raises, after every worker is ended."""
+    ctx = mp.get_context("fork")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_worker_main, args=(i, fn, args, out), daemon=True)
+             for i, (fn, args) in enumerate(jobs)]
+    for p in procs:
+        p.start()
+    results: dict[int, object] = {}
+    deadline = time.monotonic() + wall_s
+    try:
+        while len(results) < len(procs):
+            if gate is not None and gate.start_at == 0.0 and gate.ready >= len(procs):
+                gate.open()
+            try:
+                i, status, value = out.get(timeout=0.1)
+            except queue.Empty:
+                tick()
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"workers still running after {wall_s:.0f} s")
+                dead = [p for j, p in enumerate(procs) if j not in results and p.exitcode not in (None, 0)]
+                if dead:
+                    raise RuntimeError(f"a worker died with exit code {dead[0].exitcode}")
+                continue
+            if status == "error":
+                raise RuntimeError(f"worker {i} failed: {value}")
+            results[i] = value
+        tick()
+        return [results[i] for i in range(len(procs))]
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+            p.join(5)
+
+
+def run_one(fn: Callable, *args, wall_s: float = 120.0):
+    """Run one async job in a forked process (setup, probes): the parent never opens a connection."""
+    return run_workers([(fn, args)], None, wall_s)[0]
+
+
+async def open_loop(send, rate: int, gate) -> dict:
+    """Call `send(due)` at `rate` per second from the gate's start to its end without waiting for answers;
+    returns how many were sent, how late the sender was and the acknowledgement times."""
+    tasks: set = set()
+    acks: list[float] = []
+    lag: list[float] = []
+    await gate.wait_start()
+    t0, i = gate.start_at, 0
+    while True:
+        due = t0 + i / rate
+        if due >= gate.until:
+            break
+        now = time.monotonic()
+        if due > now:
+            await asyncio.sleep(due - now)
+        lag.append(time.monotonic() - due)
+        t = asyncio.ensure_future(send(due))
+        tasks.add(t)
+        t.add_done_callback(lambda f: (tasks.discard(f), acks.append(f.result())))
+        i += 1
+    await asyncio.gather(*tasks)
+    lag.sort()
+    acks.sort()
+    return {"sent": i, "send_lag_p50_ms": round(lag[len(lag) // 2] * 1e3, 3) if lag else None,
+            "send_lag_p99_ms": round(lag[int(len(lag) * 0.99)] * 1e3, 3) if lag else None,
+            "ack_p50_ms": round(acks[len(acks) // 2] * 1e3, 3) if acks else None,
+            "ack_p99_ms": round(acks[int(len(acks) * 0.99)] * 1e3, 3) if acks else None}

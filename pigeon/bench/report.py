@@ -1,0 +1,227 @@
+"""Results as a table (terminal and Markdown), a JSON document and a PNG chart. Owns the rule: a ratio is
+Pigeon's figure divided by the peer's, from the same run; each row says whether higher or lower is better."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+from rich.console import Console
+from rich.table import Table
+
+# (row label, results key, field, unit, better)
+FIGURES = [
+    ("durable publish, 1 KiB × 1,000/request", "publish_b1000", "msgs_per_s", "msg/s", "higher"),
+    ("durable publish, 1 KiB × 100/request", "publish_b100", "msgs_per_s", "msg/s", "higher"),
+    ("consume with acks (drain the publish backlog)", "consume", "msgs_per_s", "msg/s", "higher"),
+    ("latency p50 at 1,000 msg/s", "latency", "p50_ms", "ms", "lower"),
+    ("latency p99 at 1,000 msg/s", "latency", "p99_ms", "ms", "lower"),
+    ("latency p999 at 1,000 msg/s", "latency", "p999_ms", "ms", "lower"),
+    ("RAM per backlogged 100 B message", "backlog", "bytes_per_msg", "B", "lower"),
+    ("restart (kill -9) to serving the backlog", "restart", "seconds", "s", "lower"),
+    ("ordered publish, many keys", "ordered", "publish_msgs_per_s", "msg/s", "higher"),
+    ("ordered consume with acks, order checked", "ordered", "consume_msgs_per_s", "msg/s", "higher"),
+    ("many clients: publish", "connections", "publish_msgs_per_s", "msg/s", "higher"),
+    ("many clients: receive", "connections", "receive_msgs_per_s", "msg/s", "higher"),
+    ("RAM per backlogged message, big backlog", "backlog_big", "bytes_per_msg", "B", "lower"),
+    ("restart with the big backlog", "restart_big", "seconds", "s", "lower"),
+]
+
+
+def value(doc: dict, target: str, key: str, field: str):
+    t = doc["targets"].get(target) or {}
+    v = ((t.get("results") or {}).get(key) or {}).get(field)
+    return v if isinstance(v, (int, float)) and not (isinstance(v, float) and math.isnan(v)) else None
+
+
+def fmt(v, unit: str) -> str:
+    if v is None:
+        return "–"
+    if unit == "msg/s":
+        return f"{v:,.0f}"
+    if unit == "B":
+        return f"{v:,.1f}"
+    return f"{v:,.3g}" if v < 10 else f"{v:,.1f}"
+
+
+def ratio(doc: dict, target: str, key: str, field: str) -> float | None:
+    p, q = value(doc, "pigeon", key, field), value(doc, target, key, field)
+    if p is None or q is None or q == 0:
+        return None
+    return p / q
+
+
+def _peers(doc: dict) -> list[str]:
+    return [t for t in doc["targets"] if t != "pigeon" and "missing" not in doc["targets"][t]]
+
+
+def _rows(doc: dict) -> list[tuple[str, list[str]]]:
+    peers = _peers(doc)
+    rows = []
+    for label, key, field, unit, better in FIGURES:
+        vals = [value(doc, t, key, field) for t in ["pigeon", *peers]]
+        if all(v is None for v in vals):
+            continue
+        cells = [fmt(vals[0], unit)]
+        for t, v in zip(peers, vals[1:]):
+            r = ratio(doc, t, key, field)
+            cells.append(fmt(v, unit) + (f" ({r:.2f}×)" if r is not None else ""))
+        rows.append((f"{label} [{unit}, {better} is better]", cells))
+    return rows
+
+
+def other_load(entry: dict) -> str:
+    """The most CPU that programs other than the benchmark used during one of this target's workloads."""
+    seen = [r["cpu"]["other_pct"] for r in (entry.get("results") or {}).values()
+            if isinstance(r, dict) and "cpu" in r]
+    return f"{max(seen):.0f} %" if seen else ""
+
+
+def _descriptions(doc: dict) -> list[tuple[str, str, str, str, str]]:
+    out = []
+    for t, e in doc["targets"].items():
+        if "missing" in e:
+            out.append((t, "not run: " + e["missing"], "", "", ""))
+        else:
+            out.append((t, e.get("server", ""), e.get("durable", ""), e.get("client", ""), other_load(e)))
+    return out
+
+
+def markdown(doc: dict) -> str:
+    peers = _peers(doc)
+    m = doc["machine"]
+    s = doc["settings"]
+    lines = [f"# Pigeon benchmark — {doc['when']} ({doc['plan']} run)", "",
+             f"Machine: {m['cores']} cores ({m['cpu']}), {m['memory_bytes'] / 2**30:.0f} GiB, Linux {m['kernel']}, "
+             f"Python {m['python']}. Everything on loopback, one server at a time, each on a fresh data directory. "
+             f"Run took {doc.get('seconds', 0):.0f} s.", "",
+             "Each peer's cell shows its figure and, in brackets, **Pigeon's figure ÷ the peer's** from this run "
+             "(for msg/s above 1 means Pigeon is faster; for ms, bytes and seconds below 1 means Pigeon is "
+             "better).", "",
+             "| figure | pigeon | " + " | ".join(peers) + " |",
+             "|---|---:|" + "---:|" * len(peers)]
+    for label, cells in _rows(doc):
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    lines += ["", "## Servers and the clients that drove them", "",
+              "*Other load*: the most CPU (share of all cores) that programs outside the benchmark used during one "
+              "of that target's workloads; the machine may be shared, and such load makes figures lower.", "",
+              "| target | server and settings | durable | driven by | other load |", "|---|---|---|---|---:|"]
+    for t, server, durable, client, load in _descriptions(doc):
+        lines.append(f"| {t} | {server} | {durable} | {client} | {load} |")
+    lines += ["", "## How each figure was measured", "",
+              f"* **Durable publish**: {s['publish_procs']} publisher processes × {s['publish_inflight']} requests "
+              f"in flight each, for {s['publish_s']:.0f} s per batch size; 1 KiB random payloads; a message counts "
+              "once the server acknowledged it (Pigeon: Publish response after fdatasync; RabbitMQ: publisher "
+              "confirm; NATS: PubAck; Redis: XADD reply with appendfsync always). For peers a 'request' is a "
+              "pipelined window of that many messages whose acknowledgements are awaited together.",
+              f"* **Consume with acks**: {s['consume_procs']} consumer processes drain the publish backlog (or stop "
+              f"after {s['consume_s_max']:.0f} s), acknowledging everything they receive (StreamingPull acks on the "
+              "stream; RabbitMQ manual acks, multiple; NATS pull consumer, ack_policy all; Redis XREADGROUP + XACK).",
+              f"* **Latency**: one publisher at {s['latency_rate']:,} msg/s for {s['latency_s']:.0f} s, open loop "
+              "(each message stamped with the time it was due), one message per durable publish; a separate "
+              "consumer process records receive − due time and acks.",
+              f"* **Backlog memory**: the server's resident memory (its whole process tree) before and after "
+              f"{s['backlog_messages']:,} messages of {s['backlog_bytes']} B are published to a subscription "
+              "(queue, stream) that nobody reads, divided by the message count."
+              + (f" The big backlog repeats this with {s['backlog_big_messages']:,} messages on a fresh Pigeon."
+                 if s.get("backlog_big_messages") else ""),
+              "* **Restart**: kill -9 of the server with that backlog, start on the same data, time until the "
+              "backlog is served (Pigeon/emulator: a Pull returns a message; RabbitMQ/NATS/Redis: the queue or "
+              "stream reports every message).",
+              f"* **Ordered**: {s['ordered_keys']:,} ordering keys, requests of {s['ordered_batch']} messages of "
+              "100 B (one key per request, each key's next request sent after the previous one's answer), up to "
+              f"{s['ordered_messages']:,} messages or {s['ordered_s_max']:.0f} s; then one StreamingPull stream "
+              "drains them and checks every key's sequence (violations and redeliveries are in the JSON).",
+              f"* **Many clients**: {s['conn_publishers']:,} publisher tasks (requests of {s['conn_batch']} × 1 KiB) "
+              f"and {s['conn_subscribers']:,} subscriber tasks (each its own StreamingPull stream on one "
+              "subscription), asyncio tasks in one process per side, spread over "
+              f"{s['conn_channels']} TCP connections per side, for {s['conn_s']:.0f} s. gRPC targets only.", ""]
+    problems = [(t, k, v) for t, e in doc["targets"].items() for k, v in (e.get("errors") or {}).items()]
+    skipped = [(t, k, v) for t, e in doc["targets"].items() for k, v in (e.get("skipped") or {}).items()]
+    if problems or skipped:
+        lines += ["## Not measured", ""]
+        lines += [f"* {t} / {k}: error — {v.splitlines()[0][:300]}" for t, k, v in problems]
+        lines += [f"* {t} / {k}: {v}" for t, k, v in skipped]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def print_table(doc: dict, console: Console) -> None:
+    peers = _peers(doc)
+    table = Table(title=f"Pigeon vs peers ({doc['plan']} run) — peer cells: value (Pigeon ÷ peer)")
+    table.add_column("figure")
+    table.add_column("pigeon", justify="right")
+    for t in peers:
+        table.add_column(t, justify="right")
+    for label, cells in _rows(doc):
+        table.add_row(label, *cells)
+    console.print(table)
+    t2 = Table(title="servers and clients")
+    for c in ("target", "server", "durable", "driven by", "other load"):
+        t2.add_column(c)
+    for row in _descriptions(doc):
+        t2.add_row(*row)
+    console.print(t2)
+    for t, e in doc["targets"].items():
+        for k, v in (e.get("errors") or {}).items():
+            console.print(f"[red]{t} / {k}: {v.splitlines()[0][:300]}")
+
+
+def chart(doc: dict, path: str) -> bool:
+    """One bar chart per figure, Pigeon highlighted; returns False when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    figures = [f for f in FIGURES if f[1] not in ("backlog_big", "restart_big")
+               and any(value(doc, t, f[1], f[2]) is not None for t in doc["targets"])]
+    if not figures:
+        return False
+    cols = 3
+    rows = math.ceil(len(figures) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 3.6 * rows), squeeze=False)
+    for ax in axes.flat[len(figures):]:
+        ax.axis("off")
+    for ax, (label, key, field, unit, better) in zip(axes.flat, figures):
+        names = [t for t in doc["targets"] if value(doc, t, key, field) is not None]
+        vals = [value(doc, t, key, field) for t in names]
+        colors = ["#d9480f" if t == "pigeon" else "#868e96" for t in names]
+        bars = ax.barh(range(len(names)), vals, color=colors)
+        ax.set_yticks(range(len(names)), names, fontsize=8)
+        ax.invert_yaxis()
+        ax.set_title(f"{label}\n{unit}, {better} is better", fontsize=9)
+        ax.tick_params(axis="x", labelsize=7)
+        positive = [v for v in vals if v > 0]
+        if positive and max(positive) >= 100 * min(positive):
+            ax.set_xscale("log")
+            ax.set_title(f"{label}\n{unit}, {better} is better (log scale)", fontsize=9)
+        for b, v in zip(bars, vals):
+            ax.text(b.get_width(), b.get_y() + b.get_height() / 2, " " + fmt(v, unit), va="center", fontsize=7)
+        ax.margins(x=0.25)
+        for side in ("top", "right"):
+            ax.spines[side].set_visible(False)
+    m = doc["machine"]
+    fig.suptitle(f"Pigeon vs peers — {doc['when'][:10]}, {m['cores']} cores, {doc['plan']} run (Pigeon in orange)",
+                 fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def write(doc: dict, stem: str) -> list[str]:
+    """Write <stem>.json, <stem>.md and <stem>.png; returns the paths written."""
+    os.makedirs(os.path.dirname(os.path.abspath(stem)), exist_ok=True)
+    paths = [stem + ".json", stem + ".md"]
+    with open(paths[0], "w") as f:
+        json.dump(doc, f, indent=1)
+        f.write("\n")
+    with open(paths[1], "w") as f:
+        f.write(markdown(doc))
+    if chart(doc, stem + ".png"):
+        paths.append(stem + ".png")
+    return paths

@@ -1,0 +1,194 @@
+"""The benchmark run: start each target in turn, run the plan's workloads against it with progress bars, stop
+it, and collect one results document. Owns the rule: one target runs at a time on a fresh data directory, and is
+stopped before the next starts, whatever its workloads did (an error is recorded, not raised)."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import shutil
+import socket
+import tempfile
+import time
+import traceback
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
+
+from pigeon.bench import workloads as w
+from pigeon.bench.peers import PEERS, ExternalPigeon, PigeonServer
+from pigeon.bench.plan import QUICK_PEER_WORKLOADS, Plan
+from pigeon.bench.procs import CpuWatch, wait_quiet
+
+TARGETS = ("pigeon", *PEERS)
+
+
+def machine() -> dict:
+    cpu = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+    except OSError:
+        pass
+    mem = 0
+    try:
+        with open("/proc/meminfo") as f:
+            mem = int(f.readline().split()[1]) * 1024
+    except OSError:
+        pass
+    return {"host": socket.gethostname(), "cpu": cpu, "cores": os.cpu_count(), "memory_bytes": mem,
+            "kernel": platform.release(), "python": platform.python_version()}
+
+
+def machine_tag(m: dict) -> str:
+    gib = round(m["memory_bytes"] / 2**30)
+    return f"{m['cores']}core-{gib}gib"
+
+
+class Bars:
+    """Rich progress: one bar per workload step."""
+
+    def __init__(self, console: Console):
+        self.progress = Progress(TextColumn("{task.description:<40}"), BarColumn(), TaskProgressColumn(),
+                                 TextColumn("{task.fields[note]:>16}"), TimeElapsedColumn(), console=console,
+                                 transient=False)
+
+    def step(self, description: str):
+        task = self.progress.add_task(description, total=1.0, note="")
+
+        def tick(fraction: float, done: int) -> None:
+            self.progress.update(task, completed=fraction, note=f"{done:,} msgs" if done else "")
+
+        def finish(note: str) -> None:
+            self.progress.update(task, completed=1.0, note=note)
+
+        return tick, finish
+
+
+def _note(r: dict) -> str:
+    for k in ("msgs_per_s", "consume_msgs_per_s", "receive_msgs_per_s"):
+        if k in r:
+            return f"{r[k]:,} msg/s"
+    if "p99_ms" in r:
+        return f"p99 {r['p99_ms']} ms"
+    if "bytes_per_msg" in r:
+        return f"{r['bytes_per_msg']} B/msg"
+    if "seconds" in r:
+        return f"{r['seconds']} s"
+    return r.get("error", "")[:16]
+
+
+def run_target(server, plan: Plan, bars: Bars, workloads: tuple[str, ...]) -> dict:
+    """Run `workloads` against a started server; errors are recorded per workload."""
+    d = server.driver
+    res: dict = {}
+    errors: dict = {}
+    skipped = {k: "not supported by this target's driver" for k in workloads if k not in d.supports}
+    todo = [k for k in workloads if k in d.supports]
+    if not server.restartable and "restart" in todo:
+        todo.remove("restart")
+        skipped["restart"] = "state is not kept across a restart" if server.durable.startswith("no") \
+            else "server started elsewhere"
+    name = server.name
+
+    def attempt(key: str, description: str, fn, *args):
+        tick, finish = bars.step(f"{name}: {description}")
+        cpu = CpuWatch()
+        try:
+            r = fn(*args, tick) if fn is not w.ordered else fn(*args, tick, tick)
+        except Exception as e:  # noqa: BLE001 — record and go on with the next workload
+            errors[key] = f"{type(e).__name__}: {e}"[:2000]
+            finish("error")
+            return None
+        r["cpu"] = cpu.read()
+        res[key] = r
+        finish(_note(r))
+        return r
+
+    published = 0
+    if "publish" in todo:
+        w.setup(d, "publish")
+        for batch in plan.publish_batches:
+            r = attempt(f"publish_b{batch}", f"publish 1 KiB, {batch}/request", w.publish_best, d, plan, "publish",
+                        batch)
+            published += r["published_total"] if r else 0
+    if "consume" in todo and published:
+        attempt("consume", f"consume+ack {published:,} backlog", w.consume, d, plan, "publish", published)
+    if "latency" in todo:
+        attempt("latency", f"latency at {plan.latency_rate:,} msg/s", w.latency, d, plan, "latency")
+    if "ordered" in todo:
+        attempt("ordered", f"ordered, {plan.ordered_keys:,} keys", w.ordered, d, plan, "ordered")
+    if "connections" in todo:
+        attempt("connections", f"{plan.conn_publishers:,} pubs + {plan.conn_subscribers:,} subs",
+                w.connections, d, plan, "conns")
+    if "backlog" in todo:
+        r = attempt("backlog", f"backlog {plan.backlog_messages:,} × {plan.backlog_bytes} B", w.backlog, server,
+                    plan, "backlog", plan.backlog_messages)
+        if r and "restart" in todo:
+            attempt("restart", f"kill -9, restart with {r['messages']:,} backlog", w.restart, server, plan,
+                    "backlog", r["messages"])
+    return {"results": res, "errors": errors, "skipped": skipped}
+
+
+def big_backlog(root: str, plan: Plan, bars: Bars) -> dict:
+    """Pigeon alone: the larger backlog reading and restart with it, on a fresh server."""
+    server = PigeonServer(os.path.join(root, "big"), plan)
+    out: dict = {}
+    try:
+        server.start()
+        r = run_target(server, plan.scaled(backlog_messages=plan.backlog_big_messages), bars, ("backlog", "restart"))
+        out = {"backlog_big": r["results"].get("backlog"), "restart_big": r["results"].get("restart"),
+               "errors": r["errors"]}
+    finally:
+        server.stop()
+    return out
+
+
+def run(plan: Plan, targets: list[str], address: str | None = None, console: Console | None = None,
+        keep_dir: str | None = None, quiet_wait_s: float = 0.0) -> dict:
+    """Run `targets` one after another; before each, wait up to `quiet_wait_s` for other programs to go quiet."""
+    console = console or Console()
+    root = keep_dir or tempfile.mkdtemp(prefix="pigeon-bench-")
+    doc: dict = {"plan": plan.name, "settings": {k: v for k, v in plan.__dict__.items()},
+                 "when": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                 "machine": machine(), "targets": {}}
+    bars = Bars(console)
+    t0 = time.monotonic()
+    try:
+        with bars.progress:
+            for name in targets:
+                cls = PigeonServer if name == "pigeon" else PEERS[name]
+                why = None if (name == "pigeon") else cls.missing()
+                if why:
+                    doc["targets"][name] = {"missing": why}
+                    console.print(f"[yellow]{name}: not run — {why}")
+                    continue
+                server = ExternalPigeon(root, plan, address) if (name == "pigeon" and address) else cls(root, plan)
+                loads = plan.workloads
+                if name != "pigeon" and plan.name == "quick":
+                    loads = tuple(k for k in loads if k in QUICK_PEER_WORKLOADS)
+                entry: dict = {}
+                quiet = wait_quiet(quiet_wait_s) if quiet_wait_s else None
+                try:
+                    tick, finish = bars.step(f"{name}: start")
+                    started = time.monotonic()
+                    server.start()
+                    finish(f"{time.monotonic() - started:.1f} s")
+                    entry = run_target(server, plan, bars, loads)
+                except Exception as e:  # noqa: BLE001
+                    entry = {"results": {}, "errors": {"start": f"{type(e).__name__}: {e}"[:2000]},
+                             "trace": traceback.format_exc(limit=5)}
+                finally:
+                    server.stop()
+                entry.update(server=server.server, durable=server.durable,
+                             client=getattr(server.driver, "client", ""), quiet_before=quiet)
+                doc["targets"][name] = entry
+                if name == "pigeon" and plan.backlog_big_messages and not address and "backlog" in loads:
+                    entry["results"].update({k: v for k, v in big_backlog(root, plan, bars).items()
+                                             if k != "errors" and v})
+    finally:
+        if not keep_dir:
+            shutil.rmtree(root, ignore_errors=True)
+    doc["seconds"] = round(time.monotonic() - t0, 1)
+    return doc

@@ -1,0 +1,183 @@
+"""The workloads, each run against one started server through its driver. Owns the rule: a figure is computed
+from what the server acknowledged (publish) or what the client received and acked (consume), over the time from
+the common start instant to the last acknowledgement; every run is bounded in count and time.
+
+A driver is any object with the async methods used here (`setup`, `serving`, `publish`, `consume`,
+`latency_publish`, `latency_consume`; gRPC targets also `ordered_*` and `many_*`) and a `supports` set."""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing as mp
+import time
+from typing import Callable
+
+from pigeon.bench.procs import Gate, run_one, run_workers
+
+Tick = Callable[[float, int], None]  # (fraction done, messages so far)
+
+_CTX = mp.get_context("fork")
+
+
+def _ticker(gate: Gate, tick: Tick) -> Callable[[], None]:
+    def t():
+        if gate.start_at:
+            by_time = (time.monotonic() - gate.start_at) / gate.duration_s
+            by_count = gate.done / gate.limit if gate.limit else 0.0
+            tick(min(1.0, max(by_time, by_count)), gate.done)
+    return t
+
+
+def _wall(plan, seconds: float) -> float:
+    return seconds + plan.peer_start_s_max + 60  # setup, connection and drain slack on top of the run
+
+
+def setup(driver, key: str, ordered: bool = False) -> None:
+    run_one(driver.setup, key, ordered, wall_s=60)
+
+
+def publish(driver, plan, key: str, batch: int, tick: Tick, *, size: int | None = None, limit: int = 0,
+            duration_s: float | None = None, inflight: int | None = None) -> dict:
+    """Durable publish throughput: `publish_procs` processes × `inflight` requests in flight, each request (or
+    pipelined window) `batch` messages of `size` bytes, for `duration_s` or until `limit`."""
+    size = size or plan.message_bytes
+    inflight = inflight or plan.publish_inflight[0]
+    gate = Gate(_CTX, duration_s or plan.publish_s, limit)
+    jobs = [(driver.publish, (key, size, batch, inflight, gate))] * plan.publish_procs
+    outs = run_workers(jobs, gate, _wall(plan, gate.duration_s), _ticker(gate, tick))
+    count = sum(o["count"] for o in outs)
+    seconds = max(o["t_end"] for o in outs) - gate.start_at
+    return {"msgs_per_s": round(count / seconds), "count": count, "seconds": round(seconds, 3), "batch": batch,
+            "message_bytes": size, "procs": plan.publish_procs, "inflight_per_proc": inflight}
+
+
+def publish_best(driver, plan, key: str, batch: int, tick: Tick) -> dict:
+    """`publish` once per in-flight setting of the plan; the best run is the figure, all are kept."""
+    runs = []
+    for i, inflight in enumerate(plan.publish_inflight):
+        share = len(plan.publish_inflight)
+        runs.append(publish(driver, plan, key, batch, lambda f, n: tick((i + f) / share, n), inflight=inflight))
+    best = max(runs, key=lambda r: r["msgs_per_s"])
+    return dict(best, published_total=sum(r["count"] for r in runs),
+                sweep=[{"inflight_per_proc": r["inflight_per_proc"], "msgs_per_s": r["msgs_per_s"]} for r in runs])
+
+
+def consume(driver, plan, key: str, expect: int, tick: Tick) -> dict:
+    """Consume with acks: drain `expect` backlogged messages (or stop at `consume_s_max`)."""
+    gate = Gate(_CTX, plan.consume_s_max, expect)
+    jobs = [(driver.consume, (key, plan.consume_outstanding_max, gate))] * plan.consume_procs
+    outs = run_workers(jobs, gate, _wall(plan, gate.duration_s), _ticker(gate, tick))
+    count = sum(o["count"] for o in outs)
+    last = max((o["t_last"] for o in outs if o["count"]), default=gate.start_at)
+    seconds = max(last - gate.start_at, 1e-9)
+    return {"msgs_per_s": round(count / seconds) if count else 0, "count": count, "backlog": expect,
+            "seconds": round(seconds, 3), "procs": plan.consume_procs, "drained": count >= expect}
+
+
+def _percentile(sorted_values: list[float], q: float) -> float:
+    if not sorted_values:
+        return float("nan")
+    i = min(len(sorted_values) - 1, max(0, round(q * len(sorted_values)) - 1))
+    return sorted_values[i]
+
+
+def latency(driver, plan, key: str, tick: Tick) -> dict:
+    """Publish→receive latency at a fixed rate (open loop, one message per durable publish); the consumer acks
+    what it receives. The publisher's clock starts when each message was due, so a stalled send counts."""
+    setup(driver, key)
+    gate = Gate(_CTX, plan.latency_s)
+    grace_s = 2.0
+    jobs = [(driver.latency_consume, (key, 1000, gate, grace_s)),
+            (driver.latency_publish, (key, plan.message_bytes, plan.latency_rate, gate))]
+    sub, pub = run_workers(jobs, gate, _wall(plan, gate.duration_s + grace_s), _ticker(gate, tick))
+    lat = sorted(sub["lat_us"])
+    ms = lambda q: round(_percentile(lat, q) / 1000, 3)  # noqa: E731
+    return {"rate": plan.latency_rate, "seconds": plan.latency_s, "sent": pub["sent"], "received": len(lat),
+            "p50_ms": ms(0.50), "p99_ms": ms(0.99), "p999_ms": ms(0.999), "max_ms": round(lat[-1] / 1000, 3)
+            if lat else None, "message_bytes": plan.message_bytes,
+            **{k: v for k, v in pub.items() if k != "sent"}}
+
+
+def backlog(server, plan, key: str, messages: int, tick: Tick) -> dict:
+    """Server RSS per backlogged message: fill `messages` × `backlog_bytes` into a subscription nobody reads."""
+    driver = server.driver
+    setup(driver, key)
+    time.sleep(plan.settle_s)
+    before = server.rss()
+    r = publish(driver, plan, key, 1000, tick, size=plan.backlog_bytes, limit=messages,
+                duration_s=plan.backlog_s_max)
+    time.sleep(plan.settle_s)
+    after = server.rss()
+    out = {"messages": r["count"], "message_bytes": plan.backlog_bytes, "fill_msgs_per_s": r["msgs_per_s"],
+           "rss_before_bytes": before, "rss_after_bytes": after}
+    if before and r["count"]:
+        out["bytes_per_msg"] = round((after - before) / r["count"], 1)
+    return out
+
+
+async def _wait_serving(driver, key: str, expect: int, until: float) -> float | None:
+    while time.monotonic() < until:
+        if await driver.serving(key, expect):
+            return time.monotonic()
+        await asyncio.sleep(0.01)
+    return None
+
+
+def restart(server, plan, key: str, expect: int, tick: Tick) -> dict:
+    """kill -9 with the backlog in place, start again on the same data, and time until the backlog is served
+    (Pigeon and the emulator: a Pull returns a message; RabbitMQ, NATS, Redis: the queue/stream reports all
+    `expect` messages)."""
+    tick(0.0, 0)
+    t_kill = server.kill_and_restart()
+    t_port = time.monotonic()
+    t_ok = run_one(_wait_serving, server.driver, key, expect, time.monotonic() + plan.restart_s_max,
+                   wall_s=plan.restart_s_max + 30)
+    tick(1.0, expect)
+    out = {"backlog": expect, "port_open_s": round(t_port - t_kill, 3)}
+    if t_ok is None:
+        out["error"] = f"not serving the backlog within {plan.restart_s_max:.0f} s"
+    else:
+        out["seconds"] = round(t_ok - t_kill, 3)
+    out["rss_after_bytes"] = server.rss()
+    return out
+
+
+def ordered(driver, plan, key: str, tick_pub: Tick, tick_sub: Tick) -> dict:
+    """Ordering keys: `ordered_keys` keys, each published request after request (one key per request of
+    `ordered_batch` messages, as Pub/Sub requires); then one StreamingPull drains them while checking each key's
+    order."""
+    setup(driver, key, ordered=True)
+    size = 100
+    per_key = plan.ordered_messages // plan.ordered_keys // plan.ordered_batch * plan.ordered_batch
+    gate = Gate(_CTX, plan.ordered_s_max)
+    n = plan.ordered_keys
+    shares = [range(i * n // plan.publish_procs, (i + 1) * n // plan.publish_procs)
+              for i in range(plan.publish_procs)]
+    jobs = [(driver.ordered_publish, (key, s, per_key, plan.ordered_batch, size, gate)) for s in shares]
+    outs = run_workers(jobs, gate, _wall(plan, gate.duration_s), _ticker(gate, tick_pub))
+    published = sum(o["count"] for o in outs)
+    pub_s = max(o["t_end"] for o in outs) - gate.start_at
+    gate2 = Gate(_CTX, plan.ordered_s_max, published)
+    (sub,) = run_workers([(driver.ordered_consume, (key, plan.consume_outstanding_max, gate2))], gate2,
+                         _wall(plan, gate2.duration_s), _ticker(gate2, tick_sub))
+    sub_s = max((sub["t_last"] or gate2.start_at) - gate2.start_at, 1e-9)
+    return {"keys": n, "batch": plan.ordered_batch, "message_bytes": size, "published": published,
+            "publish_msgs_per_s": round(published / pub_s), "received": sub["count"],
+            "consume_msgs_per_s": round(sub["count"] / sub_s), "keys_seen": sub["keys_seen"],
+            "order_violations": sub["violations"], "redelivered": sub["redelivered"]}
+
+
+def connections(driver, plan, key: str, tick: Tick) -> dict:
+    """Many clients at once: `conn_publishers` publisher tasks and `conn_subscribers` StreamingPull streams (one
+    subscription), asyncio tasks in one process per side, spread over `conn_channels` TCP connections per side."""
+    setup(driver, key)
+    gate = Gate(_CTX, plan.conn_s)
+    jobs = [(driver.many_subscribers, (key, plan.conn_subscribers, plan.conn_channels, plan.conn_outstanding, gate)),
+            (driver.many_publishers, (key, plan.conn_publishers, plan.conn_channels, plan.conn_batch,
+                                      plan.message_bytes, gate))]
+    sub, pub = run_workers(jobs, gate, _wall(plan, gate.duration_s + 30), _ticker(gate, tick))
+    return {"publishers": plan.conn_publishers, "subscribers": plan.conn_subscribers,
+            "connections_per_side": plan.conn_channels, "batch": plan.conn_batch, "seconds": plan.conn_s,
+            "publish_msgs_per_s": round(pub["count"] / plan.conn_s), "receive_msgs_per_s":
+            round(sub["count"] / sub["seconds"]), "publishers_active": pub["active"],
+            "subscribers_active": sub["active"], "errors": pub["errors"] + sub["errors"]}
