@@ -23,13 +23,15 @@ def test_topics_subscriptions_publish_pull_and_queue_verbs(server):
     assert "projects/cli/topics/cli-topic" in pigeon(server, "topics", "list")
     assert "cli-sub" in pigeon(server, "subscriptions", "list")
     mid = pigeon(server, "publish", "cli-topic", "hello", "-A", "k=v").strip()
-    later = pigeon(server, "publish", "cli-topic", "later", "--delay", "1s").strip()
+    later = pigeon(server, "publish", "cli-topic", "later", "--delay", "5s").strip()
     (line,) = pigeon(server, "pull", "cli-sub", "--ack").splitlines()
     got = json.loads(line)
     assert (got["message_id"], got["data"], got["attributes"]) == (mid, "hello", {"k": "v"})
     assert json.loads(pigeon(server, "queue", "peek", "cli-sub", later))["state"] == "scheduled"
-    time.sleep(1.1)
-    (taken,) = [json.loads(x) for x in pigeon(server, "queue", "take", "cli-sub", "--lock", "60").splitlines()]
+    time.sleep(5)
+    lines = pigeon(server, "queue", "take", "cli-sub", "--lock", "60").splitlines()
+    assert len(lines) == 1, lines
+    taken = json.loads(lines[0])
     assert taken["data"] == "later"
     pigeon(server, "queue", "reschedule", "cli-sub", taken["ack_id"], "--delay", "3600")
     assert json.loads(pigeon(server, "queue", "peek", "cli-sub", later))["state"] == "scheduled"
