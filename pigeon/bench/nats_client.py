@@ -1,5 +1,5 @@
-"""NATS JetStream driver (nats-py's core connection, used leanly: JetStream is driven by its subjects, as
-`nats bench` does). Owns the rule: a publish counts once its PubAck arrived (stored; fsync'd before the ack only
+"""NATS JetStream driver (a lean protocol connection for throughput — JetStream is driven by its subjects, as
+`nats bench` does — and nats-py for setup and the latency run). Owns the rule: a publish counts once its PubAck arrived (stored; fsync'd before the ack only
 with `sync_interval: always`), a message counts as consumed once it was acked — a pull consumer with
 `ack_policy: all`, acking the last message of each pull batch."""
 
@@ -15,6 +15,7 @@ from importlib.metadata import version
 import nats
 from nats.js.api import AckPolicy, ConsumerConfig, StorageType
 
+from pigeon.bench.nats_wire import NatsWire, pub_frames
 from pigeon.bench.procs import open_loop
 
 CONSUMER = "c"
@@ -27,9 +28,11 @@ def _subject(key: str) -> str:
 class NatsDriver:
     supports = frozenset({"publish", "consume", "latency", "backlog", "restart"})
 
-    def __init__(self, url: str):
-        self.url = url
-        self.client = f"nats-py {version('nats-py')} core connection (Python asyncio), pipelined PubAcks, pull batches"
+    def __init__(self, host: str, port: int):
+        self.host, self.port = host, port
+        self.url = f"nats://{host}:{port}"
+        self.client = (f"lean NATS protocol over asyncio (pre-serialized PUB windows, pipelined PubAcks, pull "
+                       f"batches, ack_policy all); nats-py {version('nats-py')} for setup and latency")
 
     async def setup(self, key: str, ordered: bool = False) -> None:
         nc = await nats.connect(self.url)
@@ -53,32 +56,34 @@ class NatsDriver:
             await nc.close()
 
     async def publish(self, key: str, size: int, batch: int, inflight: int, gate) -> dict:
-        body, subject = os.urandom(size), _subject(key)
-        nc = await nats.connect(self.url, pending_size=64 << 20)
-        prefix = nc.new_inbox()
+        wire = await NatsWire().open(self.host, self.port)
+        prefix = f"_INBOX.bench{os.getpid()}"
+        frames = [pub_frames(_subject(key), f"{prefix}.{i}", os.urandom(size), batch) for i in range(inflight)]
         acks = [0] * inflight
         errors = [0]
         events = [asyncio.Event() for _ in range(inflight)]
 
-        async def on_ack(msg):
-            lane = int(msg.subject.rsplit(".", 1)[1])
-            if b'"error"' in msg.data or not msg.data:
+        def on_ack(sid, reply, payload, status):
+            lane = sid - 1
+            if status is not None or b'"error"' in payload:
                 errors[0] += 1
             acks[lane] += 1
             if acks[lane] == batch:
                 events[lane].set()
 
-        await nc.subscribe(f"{prefix}.*", cb=on_ack, pending_msgs_limit=-1, pending_bytes_limit=-1)
+        wire.on_msg = on_ack
+        for i in range(inflight):
+            wire.sub(f"{prefix}.{i}", i + 1)
+        await wire.flush()
         count = 0
 
         async def lane(i):
             nonlocal count
-            reply = f"{prefix}.{i}"
             while gate.claim(batch):
                 acks[i] = 0
                 events[i].clear()
-                for _ in range(batch):
-                    await nc.publish(subject, body, reply=reply)
+                wire.write(frames[i])
+                await wire.drain()
                 await asyncio.wait_for(events[i].wait(), 60)
                 count += batch
                 gate.add(batch)
@@ -86,51 +91,53 @@ class NatsDriver:
         await gate.wait_start()
         await asyncio.gather(*[lane(i) for i in range(inflight)])
         t_end = time.monotonic()
-        await nc.close()
+        await wire.close()
         assert errors[0] == 0, f"{errors[0]} publishes were refused"
         return {"count": count, "t_end": t_end}
 
-    async def _consumer(self, key: str, outstanding: int, on_data, gate, extra_s: float = 0.0) -> dict:
-        nc = await nats.connect(self.url, pending_size=64 << 20)
-        inbox = nc.new_inbox()
+    async def consume(self, key: str, outstanding: int, gate) -> dict:
+        wire = await NatsWire().open(self.host, self.port)
+        inbox = f"_INBOX.pull{os.getpid()}"
         pull_subject = f"$JS.API.CONSUMER.MSG.NEXT.{key}.{CONSUMER}"
         half = max(1, outstanding // 2)
         pull = json.dumps({"batch": half, "expires": 1_000_000_000}).encode()
-        state = {"count": 0, "since_pull": 0, "last_reply": None, "t_first": 0.0, "t_last": 0.0}
+        st = {"count": 0, "since_pull": 0, "unacked": 0, "reply": b"", "t_last": 0.0, "t_recv": 0.0}
 
-        async def on_msg(msg):
-            if not msg.data:  # a status message (408: the pull expired, 404/409): ask again
-                if msg.headers and msg.headers.get("Status"):
-                    await nc.publish(pull_subject, pull, reply=inbox)
+        def ack() -> None:
+            wire.pub(st["reply"].decode(), b"+ACK")  # ack_policy all: acks everything up to this one
+            gate.add(st["unacked"])
+            st["unacked"] = 0
+            st["t_last"] = time.monotonic()
+
+        def on_msg(sid, reply, payload, status):
+            if status is not None:  # 408 (the pull expired), 404, 409: ask again
+                wire.pub(pull_subject, pull, inbox)
                 return
-            on_data(msg.data)
-            state["count"] += 1
-            state["since_pull"] += 1
-            state["last_reply"] = msg.reply
-            state["t_last"] = time.monotonic()
-            state["t_first"] = state["t_first"] or state["t_last"]
-            if state["since_pull"] >= half:
-                state["since_pull"] = 0
-                await nc.publish(msg.reply, b"+ACK")  # ack_policy all: acks everything up to this one
-                await nc.publish(pull_subject, pull, reply=inbox)
-            gate.add(1)
+            st["count"] += 1
+            st["since_pull"] += 1
+            st["unacked"] += 1
+            st["reply"] = reply
+            st["t_recv"] = time.monotonic()
+            if st["since_pull"] >= half:  # a pull's worth arrived: ack it and ask for the next
+                st["since_pull"] = 0
+                ack()
+                wire.pub(pull_subject, pull, inbox)
 
-        await nc.subscribe(inbox, cb=on_msg, pending_msgs_limit=-1, pending_bytes_limit=-1)
+        wire.on_msg = on_msg
+        wire.sub(inbox, 1)
+        await wire.flush()
         await gate.wait_start()
         for _ in range(2):  # two pulls in flight
-            await nc.publish(pull_subject, pull, reply=inbox)
+            wire.pub(pull_subject, pull, inbox)
         while not gate.finished():
-            await asyncio.sleep(0.02)
-        await asyncio.sleep(extra_s)
-        if state["last_reply"]:
-            await nc.publish(state["last_reply"], b"+ACK")
-        await nc.flush()
-        await nc.close()
-        return state
-
-    async def consume(self, key: str, outstanding: int, gate) -> dict:
-        s = await self._consumer(key, outstanding, lambda d: None, gate)
-        return {"count": s["count"], "t_first": s["t_first"], "t_last": s["t_last"]}
+            await asyncio.sleep(0.01)
+            if st["unacked"] and time.monotonic() - st["t_last"] > 0.02:  # a tail smaller than a pull
+                ack()
+        if st["reply"]:
+            wire.pub(st["reply"].decode(), b"+ACK")
+        await wire.flush()
+        await wire.close()
+        return {"count": st["count"], "t_first": 0.0, "t_last": st["t_recv"]}
 
     async def latency_publish(self, key: str, size: int, rate: int, gate) -> dict:
         pad, subject = os.urandom(max(0, size - 8)), _subject(key)
@@ -146,11 +153,28 @@ class NatsDriver:
         return out
 
     async def latency_consume(self, key: str, outstanding: int, gate, grace_s: float) -> dict:
+        """Eight one-message pulls waiting at the server; each message is acked and replaced by a new pull."""
+        wire = await NatsWire().open(self.host, self.port)
+        inbox = f"_INBOX.lat{os.getpid()}"
+        pull_subject = f"$JS.API.CONSUMER.MSG.NEXT.{key}.{CONSUMER}"
+        pull = json.dumps({"batch": 1, "expires": 1_000_000_000}).encode()
         lat_us: list[float] = []
 
-        def on_data(data):
-            lat_us.append((time.monotonic_ns() - struct.unpack_from(">q", data)[0]) / 1e3)
+        def on_msg(sid, reply, payload, status):
+            if status is None:
+                lat_us.append((time.monotonic_ns() - struct.unpack_from(">q", payload)[0]) / 1e3)
+                wire.pub(reply.decode(), b"+ACK")
+            wire.pub(pull_subject, pull, inbox)
 
-        # small pulls: a message is acked (with those before it) at most every 2 messages
-        await self._consumer(key, 4, on_data, gate, grace_s)
+        wire.on_msg = on_msg
+        wire.sub(inbox, 1)
+        await wire.flush()
+        await gate.wait_start()
+        for _ in range(8):
+            wire.pub(pull_subject, pull, inbox)
+        while not gate.finished():
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(grace_s)
+        await wire.flush()
+        await wire.close()
         return {"lat_us": lat_us}

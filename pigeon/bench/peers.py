@@ -152,6 +152,7 @@ class EmulatorServer(Server):
         from pigeon.bench.grpc_client import GrpcDriver
 
         port = free_port()
+        os.makedirs(os.path.join(self.root, "data"), exist_ok=True)
         self.server = f"Google Pub/Sub emulator {_dpkg_version('google-cloud-cli-pubsub-emulator') or ''}, in memory"
         cmd = ["gcloud", "beta", "emulators", "pubsub", "start", f"--host-port=127.0.0.1:{port}",
                f"--data-dir={os.path.join(self.root, 'data')}", "--quiet"]
@@ -211,7 +212,7 @@ class NatsServer(Server):
         d = Daemon(self.name, [path, "-c", conf], port, os.path.join(self.root, "nats.log"),
                    self.plan.peer_wall_s_max)
         self.daemons.append(d.start(self.plan.peer_start_s_max))
-        self.driver = NatsDriver(f"nats://127.0.0.1:{port}")
+        self.driver = NatsDriver("127.0.0.1", port)
 
 
 class NatsSyncAlwaysServer(NatsServer):
@@ -253,7 +254,7 @@ class RabbitServer(Server):
         d = Daemon(self.name, [RABBIT], port, os.path.join(self.root, "rabbit.log"), self.plan.peer_wall_s_max,
                    env=env, cwd=self.root)
         self.daemons.append(d.start(self.plan.peer_start_s_max))
-        self.driver = AmqpDriver(f"amqp://guest:guest@127.0.0.1:{port}/", self.queue_type)
+        self.driver = AmqpDriver("127.0.0.1", port, self.queue_type)
 
 
 class RabbitQuorumServer(RabbitServer):
