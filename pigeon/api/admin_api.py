@@ -72,16 +72,16 @@ class IamApi:
 
     @_translate
     async def set_iam_policy(self, req, context):
-        return (await self.engine.set_iam_policy(req.resource, req.policy)).SerializeToString()
+        return (await self.engine.iam.set_policy(req.resource, req.policy)).SerializeToString()
 
     @_translate
     async def get_iam_policy(self, req, context):
-        return self.engine.get_iam_policy(req.resource).SerializeToString()
+        return self.engine.iam.get_policy(req.resource).SerializeToString()
 
     @_translate
     async def test_iam_permissions(self, req, context):
         principal = dict(context.invocation_metadata() or ()).get(PRINCIPAL_HEADER, "allUsers")
-        granted = self.engine.test_iam_permissions(req.resource, list(req.permissions), principal)
+        granted = self.engine.iam.test_permissions(req.resource, list(req.permissions), principal)
         return iam_policy_pb2.TestIamPermissionsResponse(permissions=granted).SerializeToString()
 
 

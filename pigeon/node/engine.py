@@ -7,7 +7,6 @@ only after the WAL covers their position. Every public coroutine here is one API
 from __future__ import annotations
 
 import asyncio
-import base64
 import bisect
 import logging
 import os
@@ -16,14 +15,13 @@ import uuid
 
 from google.pubsub_v1 import types
 
-from pigeon.broker import iam, resources
+from pigeon.broker import resources
 from pigeon.broker.registry import Registry, SnapshotState, pb64
 from pigeon.broker.subscription import SubscriptionState
 from pigeon.broker.schedule import parse_activation
 from pigeon.broker.topic import SCHEDULED, key_hash
 from pigeon.core import limits, names, rawproto, wire
 from pigeon.core.errors import (
-    Aborted,
     AlreadyExists,
     FailedPrecondition,
     InvalidArgument,
@@ -33,82 +31,20 @@ from pigeon.core.errors import (
     Unavailable,
 )
 from pigeon.node import recovery
-from pigeon.node import push
+from pigeon.node import maintenance, push
+from pigeon.node.iam_ops import IamOps
+from pigeon.node.streams import Signal, Stream, WallClock
 from pigeon.node.push import PushManager
 from pigeon.node.reader import MessageReader
 from pigeon.node.queue_ops import QueueOps
 from pigeon.node.schema_service import SchemaService
-from pigeon.node.wal import Wal, fsync_dir
+from pigeon.node.wal import Wal
 from pigeon.ops.config import Config
 from pigeon.storage import payloads
 
 log = logging.getLogger("pigeon.engine")
 _PubsubMessage = types.PubsubMessage.pb()
 _PublishRequest = types.PublishRequest.pb()
-
-
-class WallClock:
-    def now(self) -> float:
-        return time.time()
-
-
-class Signal:
-    """Wakes every coroutine waiting on it (new messages, released leases, resets)."""
-
-    __slots__ = ("_futs",)
-
-    def __init__(self):
-        self._futs: list[asyncio.Future] = []
-
-    def notify(self) -> None:
-        futs, self._futs = self._futs, []
-        for f in futs:
-            if not f.done():
-                f.set_result(None)
-
-    async def wait(self, timeout: float) -> None:
-        """Until notified or `timeout` seconds pass, whichever comes first."""
-        loop = asyncio.get_running_loop()
-        fut = loop.create_future()
-        self._futs.append(fut)
-        timer = loop.call_later(timeout, _resolve, fut)
-        try:
-            await fut
-        finally:
-            timer.cancel()
-            try:
-                self._futs.remove(fut)  # still listed after a timeout or a cancellation
-            except ValueError:
-                pass
-
-
-def _resolve(fut: asyncio.Future) -> None:
-    if not fut.done():
-        fut.set_result(None)
-
-
-class Stream:
-    """One StreamingPull stream's flow control: what it holds and how much more it may take."""
-
-    def __init__(self, sub: SubscriptionState, client_id: str, deadline_s: int, max_messages: int, max_bytes: int):
-        self.sub = sub
-        self.client_id = client_id
-        self.deadline_s = deadline_s
-        self.max_messages = max_messages if max_messages > 0 else 1 << 62
-        self.max_bytes = max_bytes if max_bytes > 0 else 1 << 62
-        self.held: dict[int, int] = {}  # message number → bytes
-        self.held_bytes = 0
-        self.error: Exception | None = None  # set by the request reader: ends the stream with it
-        self.ended = False  # the client half-closed
-        self.outbox: list[bytes] = []  # encoded responses to send before more messages (confirmations)
-
-    def release(self, num: int) -> None:
-        self.held_bytes -= self.held.pop(num, 0)
-
-    def room(self) -> int:
-        if self.held_bytes >= self.max_bytes:
-            return 0
-        return max(0, self.max_messages - len(self.held))
 
 
 def _parse_ack_id(sub_uid: int, ack_id: str) -> tuple[int, int] | None:
@@ -142,6 +78,7 @@ class Engine:
         self.push = PushManager(self)
         self.schemas = SchemaService(self)
         self.queue = QueueOps(self)
+        self.iam = IamOps(self)
 
     # --- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -678,50 +615,6 @@ class Engine:
         failures = self._ack_nowait(stream.sub, ack_ids)
         return self.wal.wait_durable(self.wal.tail), failures
 
-    # --- IAM ------------------------------------------------------------------------------------
-    def _iam_resource(self, resource: str) -> None:
-        parts = resource.split("/")
-        kind = parts[2] if len(parts) == 4 else ""
-        lookup = {"topics": self.registry.topic, "subscriptions": self.registry.sub,
-                  "snapshots": self.registry.snapshot, "schemas": self.registry.schema}.get(kind)
-        if lookup is None:
-            raise InvalidArgument(f"Invalid resource name ({resource}): expected a topic, subscription, snapshot "
-                                  "or schema.")
-        lookup(resource)
-
-    def get_iam_policy(self, resource: str):
-        self._iam_resource(resource)
-        policy = self.registry.policies.get(resource)
-        out = resources.Policy()
-        if policy is not None:
-            out.CopyFrom(policy)
-        else:
-            out.etag = iam.etag(b"")
-        return out
-
-    async def set_iam_policy(self, resource: str, policy):
-        self._check_open()
-        self._iam_resource(resource)
-        current = self.get_iam_policy(resource)
-        if policy.etag and policy.etag != current.etag:
-            raise Aborted("The policy was changed since it was read (etag mismatch); read it again.")
-        unknown = iam.check_roles(policy)
-        if unknown:
-            raise InvalidArgument(f"Unknown role(s) for Pub/Sub resources: {', '.join(unknown)}.")
-        stored = resources.Policy()
-        stored.CopyFrom(policy)
-        stored.ClearField("etag")
-        stored.etag = iam.etag(stored.SerializeToString(deterministic=True))
-        await self._log_change({"op": "iam.put", "resource": resource, "pb": pb64(stored)})
-        return stored
-
-    def test_iam_permissions(self, resource: str, permissions: list[str], principal: str) -> list[str]:
-        self._iam_resource(resource)
-        for p in permissions:
-            if "*" in p:
-                raise InvalidArgument(f"Permissions with wildcards ({p}) are not allowed.")
-        return iam.test_permissions(self.registry.policies.get(resource), principal, resource, permissions)
-
     # --- snapshots and seek ----------------------------------------------------------------------
     async def create_snapshot(self, name: str, sub_name: str, labels: dict):
         self._check_open()
@@ -824,101 +717,10 @@ class Engine:
                 log.exception("maintenance failed")
 
     async def maintain_once(self) -> None:
-        now = self.clock.now()
-        reg = self.registry
-        for name in [n for n, sn in reg.snapshots.items() if sn.config.expire_time.ToMilliseconds() <= now * 1000]:
-            await self._log_change({"op": "snap.del", "name": name})
-        # expiration policy: subscriptions inactive for their ttl are deleted
-        for s in list(reg.subs_by_uid.values()):
-            ep = s.config.expiration_policy
-            if s.config.HasField("expiration_policy") and ep.HasField("ttl"):
-                if now - s.last_activity > resources.duration_s(ep.ttl):
-                    log.info("deleting %s: inactive for longer than its expiration ttl", s.name)
-                    await self.delete_subscription(s.name)
-        # unacked messages older than a subscription's retention are dropped for it
-        for s in reg.subs_by_uid.values():
-            if s.topic is None:
-                continue
-            cutoff_ms = int((now - resources.duration_s(s.config.message_retention_duration)) * 1000)
-            for shard, ix in enumerate(s.topic.shards):
-                if s.shards[shard].floor < ix.durable:
-                    s.drop_before(shard, min(ix.offset_at_ms(cutoff_ms), ix.durable))
-        cutoff = int((now - self.config.idempotency_window_s) * 1000)
-        for t in reg.topics_by_uid.values():
-            t.idempotency.expire(cutoff)
-            if t.schedule.count:  # forget activation seconds every subscription has walked and acked
-                subs = [reg.subs_by_uid[u] for u in t.subscriptions]
-                low = min((s.sched_mark[0] for s in subs), default=int(now) + 1)
-                t.schedule.drop_seconds_before(low, lambda n, subs=subs: any(not s.is_acked(n) for s in subs))
-        # what each topic shard must keep
-        need_pos = self.wal.tail
-        for t in reg.topics_by_uid.values():
-            for shard, ix in enumerate(t.shards):
-                keep = ix.next
-                if t.config.HasField("message_retention_duration"):
-                    ms = int((now - resources.duration_s(t.config.message_retention_duration)) * 1000)
-                    keep = min(keep, ix.offset_at_ms(ms))
-                for uid in t.subscriptions:
-                    s = reg.subs_by_uid[uid]
-                    keep = min(keep, s.shards[shard].floor)
-                    if s.config.retain_acked_messages:
-                        ms = int((now - resources.duration_s(s.config.message_retention_duration)) * 1000)
-                        keep = min(keep, ix.offset_at_ms(ms))
-                for sn in reg.snapshots.values():
-                    if sn.topic_uid == t.uid and shard < len(sn.floors):
-                        keep = min(keep, sn.floors[shard])
-                ix.trim_before(keep)
-                if ix.base:
-                    need_pos = min(need_pos, ix.pos[0])
-        grown = self.wal.tail - (self._checkpoints[-1] if self._checkpoints else 0)
-        if grown >= self.config.checkpoint_wal_bytes or (
-            grown > 0 and now - self._last_ck_time >= self.config.checkpoint_interval_s
-        ):
-            await self.checkpoint()
-        # recovery needs the WAL from the older of the two newest checkpoints
-        if len(self._checkpoints) >= 2:
-            removed = self.wal.delete_before(min(need_pos, self._checkpoints[-2]))
-            if removed:
-                log.info("deleted %d WAL segments no longer needed", len(removed))
+        await maintenance.maintain_once(self)
 
     async def checkpoint(self) -> None:
-        async with self._ck_lock:
-            pos = self.wal.tail
-            if self._checkpoints and self._checkpoints[-1] == pos:
-                return
-            reg = self.registry
-            recs = [payloads.checkpoint_header(pos, reg.export_meta())]
-            for t in reg.topics_by_uid.values():
-                for shard, ix in enumerate(t.shards):
-                    recs.append(payloads.checkpoint_shard(t.uid, shard, *ix.export()))
-                if t.schedule.count:
-                    recs.append(payloads.checkpoint_schedule(t.uid, t.schedule.export()))
-            for s in reg.subs_by_uid.values():
-                extra = {}
-                if s.parked:
-                    extra["parked"] = [[n, at] for n, at in s.parked.items()]
-                if s.overrides:
-                    extra["overrides"] = [[n, base64.b64encode(b).decode()] for n, b in s.overrides.items()]
-                recs.append(payloads.checkpoint_sub(s.uid, *s.export_state(), s.export_attempts(), extra))
-            recs.append(payloads.checkpoint_end(len(recs)))
-            await self.wal.wait_durable(pos)
-            keep = self._checkpoints[-1:]
-            await asyncio.get_running_loop().run_in_executor(None, self._write_checkpoint, pos, recs, keep)
-            self._checkpoints = keep + [pos]
-            self._last_ck_time = self.clock.now()
-
-    def _write_checkpoint(self, pos: int, recs: list[bytes], keep: list[int]) -> None:
-        final = os.path.join(self._ck_dir, recovery.checkpoint_name(pos))
-        tmp = final + ".tmp"
-        with open(tmp, "wb") as f:
-            f.write(b"".join(recs))
-            f.flush()
-            os.fsync(f.fileno())
-        os.rename(tmp, final)
-        fsync_dir(self._ck_dir)
-        for old in recovery.list_checkpoints(self._ck_dir):
-            if old != pos and old not in keep:
-                os.unlink(os.path.join(self._ck_dir, recovery.checkpoint_name(old)))
+        await maintenance.checkpoint(self)
 
 
 def _page(items: list[str], page_size: int, token: str) -> tuple[list[str], str]:

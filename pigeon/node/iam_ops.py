@@ -1,0 +1,55 @@
+"""IAM policy operations of the engine (google.iam.v1.IAMPolicy): the rules themselves are broker.iam's."""
+
+from __future__ import annotations
+
+from pigeon.broker import iam, resources
+from pigeon.broker.registry import pb64
+from pigeon.core.errors import Aborted, InvalidArgument
+
+
+class IamOps:
+    def __init__(self, engine):
+        self.engine = engine
+
+    def _resource(self, resource: str) -> None:
+        parts = resource.split("/")
+        kind = parts[2] if len(parts) == 4 else ""
+        lookup = {"topics": self.engine.registry.topic, "subscriptions": self.engine.registry.sub,
+                  "snapshots": self.engine.registry.snapshot, "schemas": self.engine.registry.schema}.get(kind)
+        if lookup is None:
+            raise InvalidArgument(f"Invalid resource name ({resource}): expected a topic, subscription, snapshot "
+                                  "or schema.")
+        lookup(resource)
+
+    def get_policy(self, resource: str):
+        self._resource(resource)
+        policy = self.engine.registry.policies.get(resource)
+        out = resources.Policy()
+        if policy is not None:
+            out.CopyFrom(policy)
+        else:
+            out.etag = iam.etag(b"")
+        return out
+
+    async def set_policy(self, resource: str, policy):
+        self.engine._check_open()
+        self._resource(resource)
+        current = self.get_policy(resource)
+        if policy.etag and policy.etag != current.etag:
+            raise Aborted("The policy was changed since it was read (etag mismatch); read it again.")
+        unknown = iam.check_roles(policy)
+        if unknown:
+            raise InvalidArgument(f"Unknown role(s) for Pub/Sub resources: {', '.join(unknown)}.")
+        stored = resources.Policy()
+        stored.CopyFrom(policy)
+        stored.ClearField("etag")
+        stored.etag = iam.etag(stored.SerializeToString(deterministic=True))
+        await self.engine._log_change({"op": "iam.put", "resource": resource, "pb": pb64(stored)})
+        return stored
+
+    def test_permissions(self, resource: str, permissions: list[str], principal: str) -> list[str]:
+        self._resource(resource)
+        for p in permissions:
+            if "*" in p:
+                raise InvalidArgument(f"Permissions with wildcards ({p}) are not allowed.")
+        return iam.test_permissions(self.engine.registry.policies.get(resource), principal, resource, permissions)
