@@ -610,6 +610,23 @@ class SubscriptionState:
         for n in [n for n in self.versions if n & SHARD_MASK == shard and n >> _BITS < offset]:
             del self.versions[n]
 
+    def hot_keys(self, top: int = 10) -> list[tuple[int, int, int]]:
+        """The ordering keys with the most messages waiting: (key hash, waiting messages, publish ms of the
+        oldest waiting one), largest first — a hot key shows here before it shows as latency."""
+        rows = []
+        for key, ks in self.keys.items():
+            waiting = len(ks.live) + len(ks.redo) + sum(hi - lo for _, lo, hi in ks.pending)
+            firsts = [n for n in list(ks.live) + ks.redo] + [(lo << _BITS) | sh for sh, lo, _ in ks.pending]
+            oldest = min(firsts, key=lambda n: n >> _BITS, default=None)
+            ms = 0
+            if oldest is not None and self.topic is not None:
+                ix = self.topic.shards[oldest & SHARD_MASK]
+                if ix.first() <= oldest >> _BITS < ix.next:
+                    ms = ix.publish_ms(oldest >> _BITS)
+            rows.append((key, waiting, ms))
+        rows.sort(key=lambda r: -r[1])
+        return rows[:top]
+
     def is_acked(self, num: int) -> bool:
         shard = num & SHARD_MASK
         return shard < len(self.shards) and self.shards[shard].is_acked(num >> _BITS)

@@ -245,3 +245,23 @@ def test_bad_filter_is_rejected_with_its_position(tmp_path):
         await e.stop()
 
     run(go())
+
+
+def test_hot_key_is_visible(tmp_path):
+    async def go():
+        from pigeon.broker.topic import key_hash
+
+        clock = SimClock(1_700_000_000.0)
+        e = await started(config(tmp_path), clock)
+        await setup(e, enable_message_ordering=True)
+        for i in range(5):
+            await publish_keyed(e, [b"hot%d" % i], "HOT")
+            clock.advance(1)
+        await publish_keyed(e, [b"cold"], "COLD")
+        await pull_all(e)  # HOT's first batch is out; the rest of HOT waits behind it
+        rows = e.registry.sub(S).hot_keys()
+        assert rows[0][0] == key_hash("HOT") and rows[0][1] == 5
+        assert rows[0][2] == 1_700_000_000_000  # its oldest waiting message
+        await e.stop()
+
+    run(go())
