@@ -31,5 +31,9 @@ test: $(STAMP) $(SPARK_STAMP)
 bench: $(STAMP)
 	$(BIN)/python scripts/first_reading.py
 
+# Crash soak: kill -9 the server at random moments for many rounds (PIGEON_CRASH_SEED replays one run).
+soak: $(STAMP)
+	PIGEON_CRASH_ROUNDS=$${PIGEON_CRASH_ROUNDS:-100} $(BIN)/python -m pytest -q tests/e2e/test_crash.py
+
 clean:
 	rm -rf $(VENV) $(DATA) .pytest_cache
