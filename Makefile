@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 SPARK_STAMP := $(VENV)/.installed-spark
 DATA ?= ./data
 
-.PHONY: run test lint bench soak clean
+.PHONY: run test lint bench bench-quick soak clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -28,8 +28,20 @@ test: $(STAMP) $(SPARK_STAMP)
 	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q
 
-bench: $(STAMP)
-	$(BIN)/python scripts/first_reading.py
+BENCH_STAMP := $(VENV)/.bench-installed
+$(BENCH_STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e '.[test,bench]'
+	touch $(BENCH_STAMP)
+
+# Full comparison with RabbitMQ, NATS JetStream, Redis Streams and Google's emulator (installed from Debian when
+# missing); writes bench/results/<date>-<machine>.json/.md/.png. About half an hour.
+bench: $(BENCH_STAMP)
+	bash scripts/bench_peers.sh
+	$(BIN)/pigeon bench --plan full --peers all --quiet-wait 60 --out bench/results
+
+# Everyday reading (about two minutes): Pigeon and whichever peers are installed, short runs, nothing written.
+bench-quick: $(BENCH_STAMP)
+	$(BIN)/pigeon bench --plan quick --peers all
 
 # Crash soak: kill -9 the server at random moments for many rounds (PIGEON_CRASH_SEED replays one run).
 soak: $(STAMP)

@@ -297,16 +297,15 @@ class GrpcDriver:
         chans = [channel(self.address, own_connection=True) for _ in range(channels)]
         calls = [c.unary_unary(_PUBLISH, request_serializer=None, response_deserializer=None) for c in chans]
         per_task = [0] * tasks
-        errors = 0
+        errors: dict[str, int] = {}
 
         async def publisher(i):
-            nonlocal errors
             call = calls[i % channels]
             while gate.claim(batch):
                 try:
                     await call(req, timeout=60)
-                except grpc.aio.AioRpcError:
-                    errors += 1
+                except grpc.aio.AioRpcError as e:
+                    errors[e.code().name] = errors.get(e.code().name, 0) + 1
                     continue
                 per_task[i] += batch
                 gate.add(batch)
@@ -325,18 +324,17 @@ class GrpcDriver:
             await c.channel_ready()
         streams = [StreamingPull(chans[i % channels], self.subscription(key), outstanding) for i in range(tasks)]
         per_task = [0] * tasks
-        errors = 0
+        errors: dict[str, int] = {}
 
         async def subscriber(i):
-            nonlocal errors
             s = streams[i]
             try:
                 async for resp in s.responses():
                     ids = ack_ids(resp)
                     s.ack(ids)
                     per_task[i] += len(ids)
-            except grpc.aio.AioRpcError:
-                errors += 1
+            except grpc.aio.AioRpcError as e:
+                errors[e.code().name] = errors.get(e.code().name, 0) + 1
 
         runners = [asyncio.create_task(subscriber(i)) for i in range(tasks)]
         await gate.wait_start()

@@ -53,6 +53,21 @@ def _children() -> dict[int, list[int]]:
     return kids
 
 
+def _session_members(sid: int) -> list[int]:
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        if int(stat[stat.rindex(")") + 2:].split()[3]) == sid:  # field 6: session id
+            out.append(int(name))
+    return out
+
+
 def rss_tree_bytes(pid: int) -> int:
     """Resident memory of a process and all its descendants."""
     kids = _children()
@@ -182,6 +197,11 @@ class Daemon:
             os.killpg(self.proc.pid, sig)  # timeout made itself the group leader (start_new_session)
         except (ProcessLookupError, PermissionError):
             pass
+        for pid in _session_members(self.proc.pid):  # anything that moved to a group of its own
+            try:
+                os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
 
     def stop(self, timeout_s: float = 20.0) -> None:
         """SIGTERM to the whole group, then SIGKILL what is left."""

@@ -18,12 +18,14 @@ FIGURES = [
     ("latency p50 at 1,000 msg/s", "latency", "p50_ms", "ms", "lower"),
     ("latency p99 at 1,000 msg/s", "latency", "p99_ms", "ms", "lower"),
     ("latency p999 at 1,000 msg/s", "latency", "p999_ms", "ms", "lower"),
+    ("backlogged messages held for the two rows below", "backlog", "messages", "msgs", "higher"),
     ("RAM per backlogged 100 B message", "backlog", "bytes_per_msg", "B", "lower"),
     ("restart (kill -9) to serving the backlog", "restart", "seconds", "s", "lower"),
     ("ordered publish, many keys", "ordered", "publish_msgs_per_s", "msg/s", "higher"),
     ("ordered consume with acks, order checked", "ordered", "consume_msgs_per_s", "msg/s", "higher"),
     ("many clients: publish", "connections", "publish_msgs_per_s", "msg/s", "higher"),
     ("many clients: receive", "connections", "receive_msgs_per_s", "msg/s", "higher"),
+    ("big backlog (Pigeon only)", "backlog_big", "messages", "msgs", "higher"),
     ("RAM per backlogged message, big backlog", "backlog_big", "bytes_per_msg", "B", "lower"),
     ("restart with the big backlog", "restart_big", "seconds", "s", "lower"),
 ]
@@ -38,7 +40,7 @@ def value(doc: dict, target: str, key: str, field: str):
 def fmt(v, unit: str) -> str:
     if v is None:
         return "–"
-    if unit == "msg/s":
+    if unit in ("msg/s", "msgs"):
         return f"{v:,.0f}"
     if unit == "B":
         return f"{v:,.1f}"
@@ -65,7 +67,7 @@ def _rows(doc: dict) -> list[tuple[str, list[str]]]:
             continue
         cells = [fmt(vals[0], unit)]
         for t, v in zip(peers, vals[1:]):
-            r = ratio(doc, t, key, field)
+            r = ratio(doc, t, key, field) if unit != "msgs" else None
             cells.append(fmt(v, unit) + (f" ({r:.2f}×)" if r is not None else ""))
         rows.append((f"{label} [{unit}, {better} is better]", cells))
     return rows
@@ -168,8 +170,24 @@ def print_table(doc: dict, console: Console) -> None:
             console.print(f"[red]{t} / {k}: {v.splitlines()[0][:300]}")
 
 
+# chart panels: (title, unit, better, log scale, [(series label, results key, field)])
+PANELS = [
+    ("durable publish, 1 KiB messages", "msg/s", "higher", False,
+     [("1,000 per request", "publish_b1000", "msgs_per_s"), ("100 per request", "publish_b100", "msgs_per_s")]),
+    ("consume with acks", "msg/s", "higher", False, [("drain the backlog", "consume", "msgs_per_s")]),
+    ("publish→receive latency at 1,000 msg/s", "ms", "lower", True,
+     [("p50", "latency", "p50_ms"), ("p99", "latency", "p99_ms"), ("p999", "latency", "p999_ms")]),
+    ("RAM per backlogged 100 B message", "B", "lower", False, [("backlog", "backlog", "bytes_per_msg")]),
+    ("restart (kill -9) to serving the backlog", "s", "lower", False, [("restart", "restart", "seconds")]),
+    ("ordering keys (100 B messages)", "msg/s", "higher", False,
+     [("publish", "ordered", "publish_msgs_per_s"), ("consume", "ordered", "consume_msgs_per_s")]),
+    ("many clients at once", "msg/s", "higher", False,
+     [("publish", "connections", "publish_msgs_per_s"), ("receive", "connections", "receive_msgs_per_s")]),
+]
+
+
 def chart(doc: dict, path: str) -> bool:
-    """One bar chart per figure, Pigeon highlighted; returns False when matplotlib is missing."""
+    """One horizontal bar panel per figure (series side by side), Pigeon in orange; False without matplotlib."""
     try:
         import matplotlib
 
@@ -177,38 +195,45 @@ def chart(doc: dict, path: str) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    figures = [f for f in FIGURES if f[1] not in ("backlog_big", "restart_big")
-               and any(value(doc, t, f[1], f[2]) is not None for t in doc["targets"])]
-    if not figures:
+    panels = [p for p in PANELS if any(value(doc, t, k, f) is not None for t in doc["targets"] for _, k, f in p[4])]
+    if not panels:
         return False
-    cols = 3
-    rows = math.ceil(len(figures) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 3.6 * rows), squeeze=False)
-    for ax in axes.flat[len(figures):]:
+    cols = 2
+    rows = math.ceil(len(panels) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(7.5 * cols, 3.9 * rows), squeeze=False)
+    for ax in axes.flat[len(panels):]:
         ax.axis("off")
-    for ax, (label, key, field, unit, better) in zip(axes.flat, figures):
-        names = [t for t in doc["targets"] if value(doc, t, key, field) is not None]
-        vals = [value(doc, t, key, field) for t in names]
-        colors = ["#d9480f" if t == "pigeon" else "#868e96" for t in names]
-        bars = ax.barh(range(len(names)), vals, color=colors)
+    alphas = (1.0, 0.6, 0.35)
+    for ax, (title, unit, better, log, series) in zip(axes.flat, panels):
+        names = [t for t in doc["targets"] if any(value(doc, t, k, f) is not None for _, k, f in series)]
+        height = 0.8 / len(series)
+        for si, (label, key, field) in enumerate(series):
+            for ni, t in enumerate(names):
+                v = value(doc, t, key, field)
+                if v is None:
+                    continue
+                y = ni - 0.4 + height * (si + 0.5)
+                ax.barh(y, v, height=height * 0.92, color="#d9480f" if t == "pigeon" else "#5c6670",
+                        alpha=alphas[si], label=label if ni == 0 or (t == names[0]) else None)
+                ax.text(v, y, " " + fmt(v, unit) + (f" {label}" if len(series) > 1 else ""), va="center",
+                        fontsize=7)
         ax.set_yticks(range(len(names)), names, fontsize=8)
-        ax.invert_yaxis()
-        ax.set_title(f"{label}\n{unit}, {better} is better", fontsize=9)
-        ax.tick_params(axis="x", labelsize=7)
-        positive = [v for v in vals if v > 0]
-        if positive and max(positive) >= 100 * min(positive):
+        for tick in ax.get_yticklabels():
+            if tick.get_text() == "pigeon":
+                tick.set_fontweight("bold")
+        ax.set_ylim(max(len(names), 3) - 0.5, -0.5)
+        if log:
             ax.set_xscale("log")
-            ax.set_title(f"{label}\n{unit}, {better} is better (log scale)", fontsize=9)
-        for b, v in zip(bars, vals):
-            ax.text(b.get_width(), b.get_y() + b.get_height() / 2, " " + fmt(v, unit), va="center", fontsize=7)
-        ax.margins(x=0.25)
+        ax.set_title(f"{title} — {unit}, {better} is better" + (" (log scale)" if log else ""), fontsize=9)
+        ax.tick_params(axis="x", labelsize=7)
+        ax.margins(x=0.3)
         for side in ("top", "right"):
             ax.spines[side].set_visible(False)
     m = doc["machine"]
-    fig.suptitle(f"Pigeon vs peers — {doc['when'][:10]}, {m['cores']} cores, {doc['plan']} run (Pigeon in orange)",
+    fig.suptitle(f"Pigeon (orange) vs peers — {doc['when'][:10]}, {m['cores']} cores, {doc['plan']} run",
                  fontsize=11)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.tight_layout(rect=(0, 0, 1, 0.975))
+    fig.savefig(path, dpi=100)
     plt.close(fig)
     return True
 

@@ -137,7 +137,8 @@ def big_backlog(root: str, plan: Plan, bars: Bars) -> dict:
     out: dict = {}
     try:
         server.start()
-        r = run_target(server, plan.scaled(backlog_messages=plan.backlog_big_messages), bars, ("backlog", "restart"))
+        big = plan.scaled(backlog_messages=plan.backlog_big_messages, backlog_s_max=plan.backlog_big_s_max)
+        r = run_target(server, big, bars, ("backlog", "restart"))
         out = {"backlog_big": r["results"].get("backlog"), "restart_big": r["results"].get("restart"),
                "errors": r["errors"]}
     finally:

@@ -180,4 +180,4 @@ def connections(driver, plan, key: str, tick: Tick) -> dict:
             "connections_per_side": plan.conn_channels, "batch": plan.conn_batch, "seconds": plan.conn_s,
             "publish_msgs_per_s": round(pub["count"] / plan.conn_s), "receive_msgs_per_s":
             round(sub["count"] / sub["seconds"]), "publishers_active": pub["active"],
-            "subscribers_active": sub["active"], "errors": pub["errors"] + sub["errors"]}
+            "subscribers_active": sub["active"], "publish_errors": pub["errors"], "subscribe_errors": sub["errors"]}

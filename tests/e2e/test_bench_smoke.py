@@ -1,0 +1,29 @@
+"""`pigeon bench --plan smoke` against a real server: the benchmark runs end to end and its JSON has the expected
+shape. No figure is asserted beyond "something was measured": the benchmark reports, tests stay deterministic."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+
+def test_smoke_plan_publishes_and_consumes(tmp_path):
+    out = tmp_path / "bench.json"
+    run = subprocess.run([sys.executable, "-m", "pigeon", "bench", "--plan", "smoke", "--json", str(out)],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert doc["plan"] == "smoke"
+    assert set(doc["machine"]) >= {"cores", "memory_bytes", "cpu"}
+    pigeon = doc["targets"]["pigeon"]
+    assert pigeon["errors"] == {}
+    assert "fsync=always" in pigeon["server"]
+    published = pigeon["results"]["publish_b100"]
+    consumed = pigeon["results"]["consume"]
+    assert published["count"] > 0 and published["msgs_per_s"] > 0 and published["batch"] == 100
+    assert 0 < consumed["count"] <= consumed["backlog"] == published["published_total"]
+    assert consumed["msgs_per_s"] > 0
+    assert {"busy_pct", "bench_pct", "other_pct"} <= set(published["cpu"])
