@@ -70,18 +70,19 @@ class Node:
         return self._unary("/google.pubsub.v1.Subscriber/CreateSubscription", sub, Subscription)
 
     def publish(self, topic: str, messages: list) -> list[str]:
-        """messages: (data, attributes, ordering_key); one request per ordering key run, ≤ 1000 each."""
-        ids = []
-        i = 0
-        while i < len(messages):
-            key = messages[i][2]
-            j = i
-            while j < len(messages) and messages[j][2] == key and j - i < 1000:
-                j += 1
-            req = PublishRequest(topic=topic, messages=[PubsubMessage(data=d, attributes=a, ordering_key=k)
-                                                        for d, a, k in messages[i:j]])
-            ids += self.client.publish(req)
-            i = j
+        """messages: (data, attributes, ordering_key). One request per ordering key (≤ 1000 messages each),
+        each key's messages in order; returns the ids in the order of `messages`."""
+        by_key: dict[str, list[int]] = {}
+        for i, (_, _, k) in enumerate(messages):
+            by_key.setdefault(k, []).append(i)
+        ids: list[str] = [""] * len(messages)
+        for key, idx in by_key.items():
+            for j in range(0, len(idx), 1000):
+                part = idx[j : j + 1000]
+                req = PublishRequest(topic=topic, messages=[
+                    PubsubMessage(data=messages[i][0], attributes=messages[i][1], ordering_key=key) for i in part])
+                for i, mid in zip(part, self.client.publish(req)):
+                    ids[i] = mid
         return ids
 
     def close(self):
