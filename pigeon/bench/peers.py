@@ -63,11 +63,22 @@ class Server:
     restartable = True  # state survives a kill -9 (so restart-with-backlog means something)
 
     def __init__(self, root: str, plan):
+        self.base = root
+        self.generation = 0
         self.root = os.path.join(root, self.name)
         os.makedirs(self.root, exist_ok=True)
         self.plan = plan
         self.daemons: list[Daemon] = []
         self.driver = None
+
+    def fresh(self) -> None:
+        """Stop, then start again on a new, empty data directory (for readings that need an idle server)."""
+        self.stop()
+        self.daemons = []
+        self.generation += 1
+        self.root = os.path.join(self.base, f"{self.name}-{self.generation}")
+        os.makedirs(self.root, exist_ok=True)
+        self.start()
 
     @classmethod
     def missing(cls) -> str | None:
@@ -133,6 +144,9 @@ class ExternalPigeon(Server):
 
     def stop(self) -> None:
         pass
+
+    def fresh(self) -> None:
+        pass  # not ours to restart: the backlog reading then includes what earlier workloads left
 
 
 class EmulatorServer(Server):

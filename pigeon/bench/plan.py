@@ -22,7 +22,8 @@ class Plan:
     publish_procs: int = 2  # publisher processes
     publish_inflight: tuple[int, ...] = (4, 16)  # requests in flight per publisher process: each is run, best kept
     consume_procs: int = 2
-    consume_s_max: float = 30.0  # drain the publish backlog, or stop here
+    consume_messages: int = 1_000_000  # drained from the publish backlog (all of it when it is smaller)
+    consume_s_max: float = 30.0  # or stop here
     consume_outstanding_max: int = 5000  # StreamingPull flow control / prefetch / fetch size window
     latency_rate: int = 1000  # msg/s, open loop
     latency_s: float = 20.0
@@ -70,7 +71,8 @@ class Plan:
 
 FULL = Plan("full", backlog_big_messages=10_000_000, backlog_s_max=240.0, backlog_big_s_max=600.0)
 QUICK = Plan(
-    "quick", publish_batches=(1000,), publish_inflight=(4,), publish_s=2.0, consume_s_max=3.0, latency_s=3.0, ordered_keys=100,
+    "quick", publish_batches=(1000,), publish_inflight=(4,), publish_s=2.0, consume_messages=200_000,
+    consume_s_max=3.0, latency_s=3.0, ordered_keys=100,
     ordered_messages=50_000, ordered_s_max=4.0, conn_publishers=100, conn_subscribers=100, conn_channels=4,
     conn_s=2.0, backlog_messages=100_000, backlog_s_max=30.0, restart_s_max=30.0, peer_start_s_max=60.0,
     peer_wall_s_max=600.0, settle_s=0.5,

@@ -24,6 +24,6 @@ def test_smoke_plan_publishes_and_consumes(tmp_path):
     published = pigeon["results"]["publish_b100"]
     consumed = pigeon["results"]["consume"]
     assert published["count"] > 0 and published["msgs_per_s"] > 0 and published["batch"] == 100
-    assert 0 < consumed["count"] <= consumed["backlog"] == published["published_total"]
+    assert 0 < consumed["count"] <= consumed["backlog"] <= published["published_total"]
     assert consumed["msgs_per_s"] > 0
     assert {"busy_pct", "bench_pct", "other_pct"} <= set(published["cpu"])
