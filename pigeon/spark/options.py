@@ -12,7 +12,7 @@ from pigeon.core import names
 
 ENDPOINT_DEFAULT = "localhost:8085"
 max_rows_per_partition_default = 1_000_000
-read_messages_per_call_default = 10_000
+read_messages_per_call_default = 50_000  # fewer round trips; the byte cap bounds a call
 read_bytes_per_call_default = 8 * 1024 * 1024
 POSITIONS = ("earliest", "latest", "cursor", "time")
 
