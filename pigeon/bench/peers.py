@@ -111,11 +111,12 @@ class PigeonServer(Server):
     name = "pigeon"
 
     def start(self) -> None:
+        from importlib.metadata import version
+
         from pigeon.bench.grpc_client import GrpcDriver
-        import pigeon
 
         port = free_port()
-        self.server = f"Pigeon {getattr(pigeon, '__version__', '0.1.0')}, fsync=always"
+        self.server = f"Pigeon {version('pigeon')}, fsync=always"
         cmd = [sys.executable, "-m", "pigeon", "serve", "--host", "127.0.0.1", "--port", str(port),
                "--data-dir", os.path.join(self.root, "data"), "--fsync", "always"]
         d = Daemon("pigeon", cmd, port, os.path.join(self.root, "pigeon.log"), self.plan.peer_wall_s_max)

@@ -96,10 +96,11 @@ def _machine_jiffies() -> tuple[int, int]:
     return sum(v[:8]) - idle, sum(v[:8])
 
 
-def tree_cpu_s(pid: int) -> float:
-    """CPU seconds used by a process tree, including its reaped children."""
+def tree_cpu(pid: int) -> dict[int, float]:
+    """CPU seconds of each process of a tree (its own and its reaped children's)."""
     kids = _children()
-    total, todo = 0, [pid]
+    out: dict[int, float] = {}
+    todo = [pid]
     while todo:
         p = todo.pop()
         todo.extend(kids.get(p, ()))
@@ -109,28 +110,30 @@ def tree_cpu_s(pid: int) -> float:
         except OSError:
             continue
         v = stat[stat.rindex(")") + 2:].split()
-        total += sum(int(x) for x in v[11:15])  # utime stime cutime cstime
-    return total / _TICK
+        out[p] = sum(int(x) for x in v[11:15]) / _TICK  # utime stime cutime cstime
+    return out
 
 
 class CpuWatch:
     """How busy the machine was while something ran, and how much of that was not this benchmark (other
-    programs on a shared machine make every figure noisier: the report shows it)."""
+    programs on a shared machine make every figure noisier: the report shows it). Processes of the benchmark
+    that ended in between (a killed server) are not counted, so `other_pct` errs high, never wildly."""
 
     def __init__(self):
         self.pid = os.getpid()
         self.busy0, self.total0 = _machine_jiffies()
-        self.ours0 = tree_cpu_s(self.pid)
+        self.ours0 = tree_cpu(self.pid)
         self.t0 = time.monotonic()
 
     def read(self) -> dict:
         busy, total = _machine_jiffies()
+        ours1 = tree_cpu(self.pid)
         wall = max(time.monotonic() - self.t0, 1e-9)
         cores = os.cpu_count() or 1
         busy_s = (busy - self.busy0) / _TICK
-        ours_s = tree_cpu_s(self.pid) - self.ours0
-        return {"busy_pct": round(100 * busy_s / wall / cores, 1), "bench_pct": round(100 * ours_s / wall / cores, 1),
-                "other_pct": round(max(0.0, 100 * (busy_s - ours_s) / wall / cores), 1)}
+        ours_s = sum(max(0.0, t - self.ours0.get(p, 0.0)) for p, t in ours1.items())
+        pct = lambda x: round(min(100.0, max(0.0, 100 * x / wall / cores)), 1)  # noqa: E731
+        return {"busy_pct": pct(busy_s), "bench_pct": pct(ours_s), "other_pct": pct(busy_s - ours_s)}
 
 
 def wait_quiet(max_wait_s: float, other_pct_max: float = 10.0, window_s: float = 2.0) -> dict:

@@ -68,16 +68,16 @@ def _rows(doc: dict) -> list[tuple[str, list[str]]]:
         cells = [fmt(vals[0], unit)]
         for t, v in zip(peers, vals[1:]):
             r = ratio(doc, t, key, field) if unit != "msgs" else None
-            cells.append(fmt(v, unit) + (f" ({r:.2f}×)" if r is not None else ""))
+            cells.append(fmt(v, unit) + (f" ({r:.3g}×)" if r is not None else ""))
         rows.append((f"{label} [{unit}, {better} is better]", cells))
     return rows
 
 
 def other_load(entry: dict) -> str:
     """The most CPU that programs other than the benchmark used during one of this target's workloads."""
-    seen = [r["cpu"]["other_pct"] for r in (entry.get("results") or {}).values()
-            if isinstance(r, dict) and "cpu" in r]
-    return f"{max(seen):.0f} %" if seen else ""
+    seen = sorted(r["cpu"]["other_pct"] for k, r in (entry.get("results") or {}).items()
+                  if isinstance(r, dict) and "cpu" in r and k != "fresh_start")
+    return f"{seen[len(seen) // 2]:.0f} % / {seen[-1]:.0f} %" if seen else ""
 
 
 def _descriptions(doc: dict) -> list[tuple[str, str, str, str, str]]:
@@ -106,8 +106,9 @@ def markdown(doc: dict) -> str:
     for label, cells in _rows(doc):
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     lines += ["", "## Servers and the clients that drove them", "",
-              "*Other load*: the most CPU (share of all cores) that programs outside the benchmark used during one "
-              "of that target's workloads; the machine may be shared, and such load makes figures lower.", "",
+              "*Other load*: the CPU (share of all cores) that programs outside the benchmark used while that "
+              "target's workloads ran — median / most over its workloads (per workload: `cpu` in the JSON). The "
+              "machine may be shared; such load lowers figures, the latency tail most.", "",
               "| target | server and settings | durable | driven by | other load |", "|---|---|---|---|---:|"]
     for t, server, durable, client, load in _descriptions(doc):
         lines.append(f"| {t} | {server} | {durable} | {client} | {load} |")
