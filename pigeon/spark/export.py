@@ -4,18 +4,22 @@ Owns the rules:
 - the subscription itself is the job's cursor: the job reads its topic by offset ranges from the
   subscription's ack floor, and once a micro-batch is written the floor moves past it (so backlog and
   retention are the subscription's, as for any other subscriber);
-- a replayed micro-batch changes nothing: a file's name is a function of the batch's content (batch id,
-  the publish time of its first message), written to a temporary name and renamed; a Delta commit
-  carries the batch id as an application transaction and a batch already committed is skipped;
+- a replayed micro-batch changes nothing and reads nothing: a batch whose files were all written has a
+  manifest (under the job's checkpoint), a Delta commit carries the batch id as an application
+  transaction, and a batch found done is skipped before its rows are read — they may already be gone,
+  since the subscription's floor moves past a batch as soon as it is written;
+- a file's name is a function of its content (the publish time and the (shard, offset) of its first
+  row), written under a temporary name and renamed: writing the same rows again gives the same file;
 - within a file (and a Delta commit) rows are sorted by (shard, offset): one ordering key lives on one
   shard, so per-key order is the row order, and across files it is recoverable from shard and offset;
 - the subscription's filter is honoured (rows it rejects are not exported).
 
-Layout under the export root:  <bucket>/<prefix><datetime>_<batch>-<n><suffix>  (Cloud Storage analogue),
+Layout under the export root:  <bucket>/<prefix><datetime>_<shard>-<offset><suffix>  (Cloud Storage analogue),
 _bigquery/<project>/<dataset>/<table>  (Delta tables), _checkpoints/<project>/<subscription>  (Spark)."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -83,9 +87,11 @@ def strftime_pubsub(fmt: str, t: datetime) -> str:
                    for p in re.split(r"(YYYY|MM|DD|hh|mm|ss)", fmt or DATETIME_FORMAT_DEFAULT))
 
 
-def file_name(cfg, batch_id: int, n: int, first_publish: datetime) -> str:
-    stamp = strftime_pubsub(cfg.filename_datetime_format, first_publish)
-    return f"{cfg.filename_prefix}{stamp}_{batch_id:010d}-{n:04d}{cfg.filename_suffix}"
+def file_name(cfg, first_publish: datetime, shard: int, offset: int) -> str:
+    """<prefix><datetime>_<shard>-<offset><suffix>, of the file's first row (unique: each row is exported once)."""
+    # ':' (in Pub/Sub's default format) is not allowed in Hadoop file names, so Spark could not read them
+    stamp = strftime_pubsub(cfg.filename_datetime_format, first_publish).replace(":", "-")
+    return f"{cfg.filename_prefix}{stamp}_{shard}-{offset:012d}{cfg.filename_suffix}"
 
 
 def bigquery_path(root: str, table: str) -> str:
@@ -135,36 +141,66 @@ def _ends(table: pa.Table, shard_count: int) -> list[int]:
 
 
 # --- sinks ------------------------------------------------------------------------------------------
-def write_files(spec: ExportSpec, root: str, table: pa.Table, batch_id: int) -> list[str]:
-    """The batch's rows as Parquet files in the bucket directory; returns their paths."""
+def _atomic(path: str, write) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.tmp")
+    write(tmp)
+    with open(tmp, "rb+") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def manifest_path(root: str, spec: ExportSpec, batch_id: int) -> str:
+    return os.path.join(checkpoint_path(root, spec), "pigeon-files", f"{batch_id}.json")
+
+
+def write_files(spec: ExportSpec, root: str, table: pa.Table, batch_id: int, ends: list[int]) -> list[str]:
+    """The batch's rows as Parquet files in the bucket directory, then the batch's manifest; returns the
+    files' paths."""
     cfg = spec.config
     bucket = os.path.join(root, cfg.bucket)
     paths = []
-    for n, part in enumerate(split_rows(table, cfg.max_messages, cfg.max_bytes)):
+    for part in split_rows(table, cfg.max_messages, cfg.max_bytes):
         first = part["publish_time"][0].as_py().astimezone(timezone.utc)
-        path = os.path.join(bucket, file_name(cfg, batch_id, n, first))
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.tmp")
-        pq.write_table(part, tmp)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        name = file_name(cfg, first, part["shard"][0].as_py(), part["offset"][0].as_py())
+        path = os.path.join(bucket, name)
+        _atomic(path, lambda tmp, part=part: pq.write_table(part, tmp))
         paths.append(path)
+    body = json.dumps({"files": [os.path.relpath(p, root) for p in paths], "ends": ends}).encode()
+    _atomic(manifest_path(root, spec, batch_id), lambda tmp: open(tmp, "wb").write(body))
     return paths
+
+
+def files_done(spec: ExportSpec, root: str, batch_id: int) -> list[int] | None:
+    """The `ends` of a batch whose files are all written, or None."""
+    try:
+        with open(manifest_path(root, spec, batch_id), "rb") as f:
+            return json.loads(f.read())["ends"]
+    except FileNotFoundError:
+        return None
+
+
+def delta_done(spec: ExportSpec, root: str, batch_id: int) -> bool:
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    try:
+        done = DeltaTable(bigquery_path(root, spec.config.table)).transaction_version(_app_id(spec))
+    except TableNotFoundError:
+        return False
+    return done is not None and done >= batch_id
+
+
+def _app_id(spec: ExportSpec) -> str:
+    return f"pigeon-export:{spec.subscription}"
 
 
 def write_delta(spec: ExportSpec, root: str, table: pa.Table, batch_id: int) -> bool:
     """Append the batch to the Delta table unless a commit of this batch is already there."""
-    from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
-    from deltalake.exceptions import TableNotFoundError
+    from deltalake import CommitProperties, Transaction, write_deltalake
 
     path = bigquery_path(root, spec.config.table)
-    app_id = f"pigeon-export:{spec.subscription}"
-    try:
-        done = DeltaTable(path).transaction_version(app_id)
-    except TableNotFoundError:
-        done = None
-    if done is not None and done >= batch_id:
+    if delta_done(spec, root, batch_id):
         return False  # a replay of a committed batch
     if spec.config.write_metadata:
         sub = pa.array([spec.subscription] * table.num_rows, pa.string())
@@ -174,7 +210,7 @@ def write_delta(spec: ExportSpec, root: str, table: pa.Table, batch_id: int) -> 
         out = table.select(["data"])
     os.makedirs(path, exist_ok=True)
     write_deltalake(path, out, mode="append",
-                    commit_properties=CommitProperties(app_transactions=[Transaction(app_id, batch_id)]))
+                    commit_properties=CommitProperties(app_transactions=[Transaction(_app_id(spec), batch_id)]))
     return True
 
 
@@ -190,14 +226,20 @@ def start_export(spark, endpoint: str, spec: ExportSpec, root: str, *, once: boo
     shard_count = client.latest_offsets(spec.topic).shard_count
 
     def each_batch(df, batch_id: int) -> None:
+        if spec.kind == "storage":
+            ends = files_done(spec, root, batch_id)
+            if ends is not None:  # a replay of a written batch: its rows may be gone already, read nothing
+                client.commit_cursor(spec.subscription, ends)
+                return
+        elif delta_done(spec, root, batch_id):
+            return
         table = df.toArrow()
         ends = _ends(table, shard_count)
         table = _prepare(table, flt)
-        if table.num_rows:
-            if spec.kind == "storage":
-                write_files(spec, root, table, batch_id)
-            else:
-                write_delta(spec, root, table, batch_id)
+        if spec.kind == "storage":
+            write_files(spec, root, table, batch_id, ends)
+        elif table.num_rows:
+            write_delta(spec, root, table, batch_id)
         if any(ends):  # written: the subscription's floor moves now, not one trigger later
             client.commit_cursor(spec.subscription, ends)
 
