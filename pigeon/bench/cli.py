@@ -5,6 +5,8 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import signal
+import sys
 
 from rich.console import Console
 
@@ -16,6 +18,8 @@ from pigeon.bench.run import TARGETS, machine, machine_tag, run
 def bench_command(plan: str, peers: str, address: str | None, no_pigeon: bool, out: str | None,
                   json_path: str | None, quiet_wait_s: float = 0.0, report_from: str | None = None) -> int:
     console = Console()
+    # SIGTERM unwinds like Ctrl-C: every started server is stopped on the way out
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     if report_from:
         with open(report_from) as f:
             doc = json.load(f)

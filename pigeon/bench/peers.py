@@ -74,6 +74,7 @@ class Server:
     def fresh(self) -> None:
         """Stop, then start again on a new, empty data directory (for readings that need an idle server)."""
         self.stop()
+        self.discard()
         self.daemons = []
         self.generation += 1
         self.root = os.path.join(self.base, f"{self.name}-{self.generation}")
@@ -97,6 +98,12 @@ class Server:
     def stop(self) -> None:
         for d in reversed(self.daemons):
             d.stop()
+
+    def discard(self) -> None:
+        """Delete the stopped server's data and flush the page cache's dirty pages, so what runs next does not
+        share the disk with the write-back of what ran before."""
+        shutil.rmtree(self.root, ignore_errors=True)
+        os.sync()
 
     def kill_and_restart(self) -> float:
         """SIGKILL the server and start it again on the same data; returns the monotonic time of the kill."""
@@ -148,6 +155,9 @@ class ExternalPigeon(Server):
 
     def fresh(self) -> None:
         pass  # not ours to restart: the backlog reading then includes what earlier workloads left
+
+    def discard(self) -> None:
+        pass
 
 
 class EmulatorServer(Server):

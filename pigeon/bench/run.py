@@ -158,6 +158,7 @@ def big_backlog(root: str, plan: Plan, bars: Bars) -> dict:
                "errors": r["errors"]}
     finally:
         server.stop()
+        server.discard()
     return out
 
 
@@ -170,6 +171,7 @@ def run(plan: Plan, targets: list[str], address: str | None = None, console: Con
                  "when": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                  "machine": machine(), "targets": {}}
     bars = Bars(console)
+    os.sync()  # start on a quiet disk
     t0 = time.monotonic()
     try:
         with bars.progress:
@@ -197,6 +199,7 @@ def run(plan: Plan, targets: list[str], address: str | None = None, console: Con
                              "trace": traceback.format_exc(limit=5)}
                 finally:
                     server.stop()
+                    server.discard()
                 entry.update(server=server.server, durable=server.durable,
                              client=getattr(server.driver, "client", ""), quiet_before=quiet)
                 doc["targets"][name] = entry
