@@ -71,11 +71,10 @@ class Plan:
 
 FULL = Plan("full", backlog_big_messages=10_000_000, backlog_s_max=240.0, backlog_big_s_max=600.0)
 QUICK = Plan(
-    "quick", publish_batches=(1000,), publish_inflight=(4,), publish_s=2.0, consume_messages=200_000,
-    consume_s_max=3.0, latency_s=3.0, ordered_keys=100,
-    ordered_messages=50_000, ordered_s_max=4.0, conn_publishers=100, conn_subscribers=100, conn_channels=4,
-    conn_s=2.0, backlog_messages=100_000, backlog_s_max=30.0, restart_s_max=30.0, peer_start_s_max=60.0,
-    peer_wall_s_max=600.0, settle_s=0.5,
+    "quick", publish_batches=(1000,), publish_inflight=(4,), publish_s=1.5, consume_messages=200_000,
+    consume_s_max=2.0, latency_s=2.0, ordered_keys=100, ordered_messages=50_000, ordered_s_max=3.0,
+    conn_publishers=100, conn_subscribers=100, conn_channels=4, conn_s=1.5, backlog_messages=100_000,
+    backlog_s_max=30.0, restart_s_max=30.0, peer_start_s_max=60.0, peer_wall_s_max=600.0, settle_s=0.5,
 )
 SMOKE = Plan(
     "smoke", workloads=("publish", "consume"), publish_batches=(100,), publish_inflight=(4,), publish_s=1.0, publish_procs=1,

@@ -206,7 +206,7 @@ class Daemon:
             except (ProcessLookupError, PermissionError):
                 pass
 
-    def stop(self, timeout_s: float = 20.0) -> None:
+    def stop(self, timeout_s: float = 5.0) -> None:
         """SIGTERM to the whole group, then SIGKILL what is left."""
         if self.proc is None:
             return
