@@ -192,20 +192,29 @@ class GrpcDriver:
         return {"count": count, "t_end": time.monotonic()}
 
     async def consume(self, key: str, outstanding: int, gate) -> dict:
+        """Receive and ack until the gate closes; a stream the server ends with an error is opened again, as the
+        official clients do (the count of such errors is returned)."""
         count, t_first, t_last = 0, 0.0, 0.0
+        errors: dict[str, int] = {}
         async with channel(self.address) as ch:
-            stream = StreamingPull(ch, self.subscription(key), outstanding)
             await gate.wait_start()
-            stopper = asyncio.create_task(_stop_when(gate, stream))
-            async for resp in stream.responses():
-                ids = ack_ids(resp)
-                stream.ack(ids)
-                t_last = time.monotonic()
-                t_first = t_first or t_last
-                count += len(ids)
-                gate.add(len(ids))
-            await stopper
-        return {"count": count, "t_first": t_first, "t_last": t_last}
+            while not gate.finished():
+                stream = StreamingPull(ch, self.subscription(key), outstanding)
+                stopper = asyncio.create_task(_stop_when(gate, stream))
+                try:
+                    async for resp in stream.responses():
+                        ids = ack_ids(resp)
+                        stream.ack(ids)
+                        t_last = time.monotonic()
+                        t_first = t_first or t_last
+                        count += len(ids)
+                        gate.add(len(ids))
+                except grpc.aio.AioRpcError as e:
+                    errors[e.code().name] = errors.get(e.code().name, 0) + 1
+                    await asyncio.sleep(0.1)
+                stopper.cancel()
+                stream.call.cancel()
+        return {"count": count, "t_first": t_first, "t_last": t_last, "stream_errors": errors}
 
     async def latency_publish(self, key: str, size: int, rate: int, gate) -> dict:
         topic, pad = self.topic(key), os.urandom(max(0, size - 8))

@@ -89,6 +89,20 @@ def rss_tree_bytes(pid: int) -> int:
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
+def _disk_io_ms() -> int:
+    """Milliseconds the busiest whole disk spent doing I/O (its io_ticks), since boot."""
+    best = 0
+    try:
+        with open("/proc/diskstats") as f:
+            for line in f:
+                v = line.split()
+                if len(v) > 12 and not v[2].startswith(("loop", "ram")) and not v[2][-1].isdigit():
+                    best = max(best, int(v[12]))
+    except OSError:
+        pass
+    return best
+
+
 def _machine_jiffies() -> tuple[int, int]:
     with open("/proc/stat") as f:
         v = [int(x) for x in f.readline().split()[1:]]
@@ -123,6 +137,7 @@ class CpuWatch:
         self.pid = os.getpid()
         self.busy0, self.total0 = _machine_jiffies()
         self.ours0 = tree_cpu(self.pid)
+        self.disk0 = _disk_io_ms()
         self.t0 = time.monotonic()
 
     def read(self) -> dict:
@@ -133,7 +148,9 @@ class CpuWatch:
         busy_s = (busy - self.busy0) / _TICK
         ours_s = sum(max(0.0, t - self.ours0.get(p, 0.0)) for p, t in ours1.items())
         pct = lambda x: round(min(100.0, max(0.0, 100 * x / wall / cores)), 1)  # noqa: E731
-        return {"busy_pct": pct(busy_s), "bench_pct": pct(ours_s), "other_pct": pct(busy_s - ours_s)}
+        disk = round(min(100.0, (_disk_io_ms() - self.disk0) / 10 / wall), 1)
+        return {"busy_pct": pct(busy_s), "bench_pct": pct(ours_s), "other_pct": pct(busy_s - ours_s),
+                "disk_busy_pct": disk}
 
 
 def wait_quiet(max_wait_s: float, other_pct_max: float = 10.0, window_s: float = 2.0) -> dict:
@@ -220,7 +237,9 @@ class Daemon:
         self.kill()
 
     def kill(self) -> None:
-        """SIGKILL to the whole group: the crash path, and the last word of every stop."""
+        """SIGKILL to the whole group: the crash path, and the last word of every stop. Returns once every
+        process of the server is gone and its port is closed, so a restart cannot mistake the dying server's
+        socket for the new one's."""
         if self.proc is None:
             return
         self._signal_group(signal.SIGKILL)
@@ -228,6 +247,10 @@ class Daemon:
             self.proc.wait(10)
         except subprocess.TimeoutExpired:
             pass
+        deadline = time.monotonic() + 10
+        while (_session_members(self.proc.pid) or port_open(self.port)) and time.monotonic() < deadline:
+            self._signal_group(signal.SIGKILL)
+            time.sleep(0.01)
         _live.discard(self)
 
 

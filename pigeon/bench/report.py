@@ -73,20 +73,21 @@ def _rows(doc: dict) -> list[tuple[str, list[str]]]:
     return rows
 
 
-def other_load(entry: dict) -> str:
-    """The most CPU that programs other than the benchmark used during one of this target's workloads."""
-    seen = sorted(r["cpu"]["other_pct"] for k, r in (entry.get("results") or {}).items()
-                  if isinstance(r, dict) and "cpu" in r and not k.startswith("fresh_start"))
+def other_load(entry: dict, field: str = "other_pct") -> str:
+    """Median and most, over this target's workloads, of a `cpu` reading (other programs' CPU, disk busy)."""
+    seen = sorted(r["cpu"][field] for k, r in (entry.get("results") or {}).items()
+                  if isinstance(r, dict) and field in r.get("cpu", {}) and not k.startswith("fresh_start"))
     return f"{seen[len(seen) // 2]:.0f} % / {seen[-1]:.0f} %" if seen else ""
 
 
-def _descriptions(doc: dict) -> list[tuple[str, str, str, str, str]]:
+def _descriptions(doc: dict) -> list[tuple[str, str, str, str, str, str]]:
     out = []
     for t, e in doc["targets"].items():
         if "missing" in e:
-            out.append((t, "not run: " + e["missing"], "", "", ""))
+            out.append((t, "not run: " + e["missing"], "", "", "", ""))
         else:
-            out.append((t, e.get("server", ""), e.get("durable", ""), e.get("client", ""), other_load(e)))
+            out.append((t, e.get("server", ""), e.get("durable", ""), e.get("client", ""), other_load(e),
+                        other_load(e, "disk_busy_pct")))
     return out
 
 
@@ -108,10 +109,12 @@ def markdown(doc: dict) -> str:
     lines += ["", "## Servers and the clients that drove them", "",
               "*Other load*: the CPU (share of all cores) that programs outside the benchmark used while that "
               "target's workloads ran — median / most over its workloads (per workload: `cpu` in the JSON). The "
-              "machine may be shared; such load lowers figures, the latency tail most.", "",
-              "| target | server and settings | durable | driven by | other load |", "|---|---|---|---|---:|"]
-    for t, server, durable, client, load in _descriptions(doc):
-        lines.append(f"| {t} | {server} | {durable} | {client} | {load} |")
+              "machine may be shared; such load lowers figures, the latency tail most. *Disk busy*: the share of "
+              "time the disk was busy (anyone's I/O), median / most.", "",
+              "| target | server and settings | durable | driven by | other load | disk busy |",
+              "|---|---|---|---|---:|---:|"]
+    for t, server, durable, client, load, disk in _descriptions(doc):
+        lines.append(f"| {t} | {server} | {durable} | {client} | {load} | {disk} |")
     lines += ["", "## How each figure was measured", "",
               f"* **Durable publish**: {s['publish_procs']} publisher processes × {s['publish_inflight']} requests "
               f"in flight each, for {s['publish_s']:.0f} s per batch size; 1 KiB random payloads; a message counts "
@@ -161,7 +164,7 @@ def print_table(doc: dict, console: Console) -> None:
         table.add_row(label, *cells)
     console.print(table)
     t2 = Table(title="servers and clients")
-    for c in ("target", "server", "durable", "driven by", "other load"):
+    for c in ("target", "server", "durable", "driven by", "other load", "disk busy"):
         t2.add_column(c)
     for row in _descriptions(doc):
         t2.add_row(*row)

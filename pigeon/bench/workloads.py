@@ -70,8 +70,15 @@ def consume(driver, plan, key: str, expect: int, tick: Tick) -> dict:
     count = sum(o["count"] for o in outs)
     last = max((o["t_last"] for o in outs if o["count"]), default=gate.start_at)
     seconds = max(last - gate.start_at, 1e-9)
-    return {"msgs_per_s": round(count / seconds) if count else 0, "count": count, "backlog": expect,
-            "seconds": round(seconds, 3), "procs": plan.consume_procs, "drained": count >= expect}
+    out = {"msgs_per_s": round(count / seconds) if count else 0, "count": count, "backlog": expect,
+           "seconds": round(seconds, 3), "procs": plan.consume_procs, "drained": count >= expect}
+    errors: dict[str, int] = {}
+    for o in outs:
+        for code, n in (o.get("stream_errors") or {}).items():
+            errors[code] = errors.get(code, 0) + n
+    if errors:
+        out["stream_errors"] = errors
+    return out
 
 
 def _percentile(sorted_values: list[float], q: float) -> float:
