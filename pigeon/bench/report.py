@@ -14,7 +14,7 @@ from rich.table import Table
 FIGURES = [
     ("durable publish, 1 KiB × 1,000/request", "publish_b1000", "msgs_per_s", "msg/s", "higher"),
     ("durable publish, 1 KiB × 100/request", "publish_b100", "msgs_per_s", "msg/s", "higher"),
-    ("consume with acks (drain the publish backlog)", "consume", "msgs_per_s", "msg/s", "higher"),
+    ("consume with acks (up to 1M of the publish backlog)", "consume", "msgs_per_s", "msg/s", "higher"),
     ("latency p50 at 1,000 msg/s", "latency", "p50_ms", "ms", "lower"),
     ("latency p99 at 1,000 msg/s", "latency", "p99_ms", "ms", "lower"),
     ("latency p999 at 1,000 msg/s", "latency", "p999_ms", "ms", "lower"),
@@ -68,7 +68,8 @@ def _rows(doc: dict) -> list[tuple[str, list[str]]]:
         cells = [fmt(vals[0], unit)]
         for t, v in zip(peers, vals[1:]):
             r = ratio(doc, t, key, field) if unit != "msgs" else None
-            cells.append(fmt(v, unit) + (f" ({r:.3g}×)" if r is not None else ""))
+            cells.append(fmt(v, unit) + (f" ({r:,.0f}×)" if r is not None and r >= 100 else
+                                         f" ({r:.3g}×)" if r is not None else ""))
         rows.append((f"{label} [{unit}, {better} is better]", cells))
     return rows
 
@@ -121,9 +122,11 @@ def markdown(doc: dict) -> str:
               "once the server acknowledged it (Pigeon: Publish response after fdatasync; RabbitMQ: publisher "
               "confirm; NATS: PubAck; Redis: XADD reply with appendfsync always). For peers a 'request' is a "
               "pipelined window of that many messages whose acknowledgements are awaited together.",
-              f"* **Consume with acks**: {s['consume_procs']} consumer processes drain the publish backlog (or stop "
-              f"after {s['consume_s_max']:.0f} s), acknowledging everything they receive (StreamingPull acks on the "
-              "stream; RabbitMQ manual acks, multiple; NATS pull consumer, ack_policy all; Redis XREADGROUP + XACK).",
+              f"* **Consume with acks**: {s['consume_procs']} consumer processes drain up to "
+              f"{s.get('consume_messages', 0):,} messages of the publish backlog (or stop after "
+              f"{s['consume_s_max']:.0f} s; a consumer stopped by the clock is rated over the whole window), "
+              "acknowledging everything they receive (StreamingPull acks on the stream; RabbitMQ manual acks, "
+              "multiple; NATS pull consumer, ack_policy all; Redis XREADGROUP + XACK).",
               f"* **Latency**: one publisher at {s['latency_rate']:,} msg/s for {s['latency_s']:.0f} s, open loop "
               "(each message stamped with the time it was due), one message per durable publish; a separate "
               "consumer process records receive − due time and acks.",
@@ -143,6 +146,10 @@ def markdown(doc: dict) -> str:
               f"and {s['conn_subscribers']:,} subscriber tasks (each its own StreamingPull stream on one "
               "subscription), asyncio tasks in one process per side, spread over "
               f"{s['conn_channels']} TCP connections per side, for {s['conn_s']:.0f} s. gRPC targets only.", ""]
+    notes = [(t, k, r["note"]) for t, e in doc["targets"].items() for k, r in (e.get("results") or {}).items()
+             if isinstance(r, dict) and r.get("note")]
+    if notes:
+        lines += ["## Notes", ""] + [f"* {t} / {k}: {n}" for t, k, n in notes] + [""]
     problems = [(t, k, v) for t, e in doc["targets"].items() for k, v in (e.get("errors") or {}).items()]
     skipped = [(t, k, v) for t, e in doc["targets"].items() for k, v in (e.get("skipped") or {}).items()]
     if problems or skipped:

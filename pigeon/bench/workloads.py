@@ -69,6 +69,8 @@ def consume(driver, plan, key: str, expect: int, tick: Tick) -> dict:
     outs = run_workers(jobs, gate, _wall(plan, gate.duration_s), _ticker(gate, tick))
     count = sum(o["count"] for o in outs)
     last = max((o["t_last"] for o in outs if o["count"]), default=gate.start_at)
+    if count < expect:  # stopped by the clock: the rate is over the whole window, stalls included
+        last = max(last, gate.until)
     seconds = max(last - gate.start_at, 1e-9)
     out = {"msgs_per_s": round(count / seconds) if count else 0, "count": count, "backlog": expect,
            "seconds": round(seconds, 3), "procs": plan.consume_procs, "drained": count >= expect}
@@ -167,7 +169,10 @@ def ordered(driver, plan, key: str, tick_pub: Tick, tick_sub: Tick) -> dict:
     gate2 = Gate(_CTX, plan.ordered_s_max, published)
     (sub,) = run_workers([(driver.ordered_consume, (key, plan.consume_outstanding_max, gate2))], gate2,
                          _wall(plan, gate2.duration_s), _ticker(gate2, tick_sub))
-    sub_s = max((sub["t_last"] or gate2.start_at) - gate2.start_at, 1e-9)
+    last = sub["t_last"] or gate2.start_at
+    if sub["count"] < published:
+        last = max(last, gate2.until)
+    sub_s = max(last - gate2.start_at, 1e-9)
     return {"keys": n, "batch": plan.ordered_batch, "message_bytes": size, "published": published,
             "publish_msgs_per_s": round(published / pub_s), "received": sub["count"],
             "consume_msgs_per_s": round(sub["count"] / sub_s), "keys_seen": sub["keys_seen"],
