@@ -39,11 +39,10 @@ from __future__ import annotations
 import string
 from typing import Callable, Mapping
 
+from pigeon.core import limits
 from pigeon.core.errors import InvalidArgument
 
-# The documented filter limit (reference/pubsub-api.md: "Filters (immutable, <= 256 bytes)"), in UTF-8
-# bytes. Lives here until core.limits takes it (that module has another owner).
-filter_bytes_max = 256
+filter_bytes_max = limits.filter_bytes_max  # UTF-8 bytes; bound here so tests can lift it
 
 _WS = frozenset(" \t\n\r\f\v")
 _WORD_START = frozenset(string.ascii_letters + "_")

@@ -53,7 +53,32 @@ idempotency_key_bytes_max = 1_024
 lock_s_max = 31 * 86_400.0  # queue extension: Take may lock for this long
 retention_tick_s = 5.0
 
+# push delivery
+push_window_start = 1
+push_window_max = 100  # requests in flight per subscription
+push_backoff_s_min = 0.1
+push_backoff_s_max = 60.0
+push_wait_s_max = 1.0  # an idle worker looks at its subscription at least this often
+push_connections_max = 1_000  # sockets open across every push subscription
+push_response_bytes_max = 64 * 1024  # read (and dropped) from an answer so the connection can be reused
+oidc_token_lifetime_s = 3_600
+oidc_token_reuse_s_min = 300  # a cached token is reused while it has at least this long to live
+# range reads (pigeon.v1.Ranges)
+range_messages_default = 10_000
+range_messages_max = 100_000
+range_bytes_default = 4 * 1024 * 1024
+range_bytes_max = 16 * 1024 * 1024  # one message (≤ 10 MB) always fits under the send limit too
+# filters and schemas (documented by Pub/Sub)
+filter_bytes_max = 256
+schema_definition_bytes_max = 300 * 1024
+
 assert 1 << shard_bits >= shards_per_topic_max
+assert 1 <= push_window_start <= push_window_max
+assert 0 < push_backoff_s_min <= push_backoff_s_max
+assert oidc_token_reuse_s_min < oidc_token_lifetime_s
+assert message_data_bytes_max <= range_bytes_max
+assert range_bytes_max + 1024 * 1024 <= grpc_receive_bytes_max
+assert range_messages_default <= range_messages_max
 assert publish_request_bytes_max + 1024 * 1024 <= record_bytes_max
 assert record_bytes_max <= segment_bytes_max
 assert publish_request_bytes_max <= grpc_receive_bytes_max

@@ -20,7 +20,7 @@ from pigeon.broker.registry import Registry, SnapshotState, pb64
 from pigeon.broker.subscription import SubscriptionState
 from pigeon.broker.schedule import parse_activation
 from pigeon.broker.topic import SCHEDULED, key_hash
-from pigeon.core import limits, names, rawproto, wire
+from pigeon.core import ackid, limits, names, rawproto, wire
 from pigeon.core.errors import (
     AlreadyExists,
     FailedPrecondition,
@@ -45,17 +45,6 @@ from pigeon.storage import payloads
 log = logging.getLogger("pigeon.engine")
 _PubsubMessage = types.PubsubMessage.pb()
 _PublishRequest = types.PublishRequest.pb()
-
-
-def _parse_ack_id(sub_uid: int, ack_id: str) -> tuple[int, int] | None:
-    """ack id "uid.num.version" → (num, version); None when it belongs to another subscription."""
-    try:
-        uid, num, version = ack_id.split(".")
-        if int(uid) != sub_uid:
-            return None
-        return int(num), int(version)
-    except ValueError:
-        raise InvalidArgument(f"You have passed an invalid ack ID to the service (ack_id={ack_id[:64]}).") from None
 
 
 class Engine:
@@ -375,17 +364,13 @@ class Engine:
     def deliver(self, s: SubscriptionState, max_messages: int, max_bytes: int, owner, deadline_s: float) -> list[bytes]:
         """Lock up to `max_messages` messages; return each as an encoded `received_messages` entry (field 1 of
         PullResponse and StreamingPullResponse alike)."""
-        now = self.clock.now()
-        taken = s.take(max_messages, now, deadline_s, owner)
-        if s.dead_letters:
-            self._forward_dead_letters(s)
+        taken = self.lease(s, max_messages, deadline_s, owner)
         if not taken:
             return []
-        msgs = self.reader.messages(s.topic, [num for num, _ in taken])
-        if s.overrides:  # updated in place through the queue extensions
-            msgs = [(s.overrides.get(num, body), tail) for (num, _), (body, tail) in zip(taken, msgs)]
+        msgs = self.read(s, [num for num, _ in taken])
         show_attempt = bool(s.config.dead_letter_policy.dead_letter_topic)
         uid = s.uid
+        ack_format = ackid.FORMAT
         table = wire.VARINT_TABLE
         varint = wire.varint_fast
         out = []
@@ -399,7 +384,7 @@ class Engine:
                 s.untake(taken[i:])
                 break
             # ReceivedMessage: ack_id (1) · message (2) [· delivery_attempt (3)]
-            ack = b"%d.%d.%d" % (uid, num, version)
+            ack = ack_format % (uid, num, version)
             head = b"\x0a%c%b\x12%b" % (len(ack), ack, table[size] if size < 16384 else varint(size))
             if show_attempt:
                 tail = tail + b"\x18" + varint(version)
@@ -410,9 +395,29 @@ class Engine:
                 held_bytes += size
         if held is not None:
             owner.held_bytes += held_bytes
-        if s.max_attempts:  # deliveries are counted durably for dead-lettering (not waited for)
-            self.wal.append(payloads.deliver_record(s.uid, [num for num, _ in taken[: len(out)]]))
+        self.count_deliveries(s, [num for num, _ in taken[: len(out)]])
         return out
+
+    def lease(self, s: SubscriptionState, max_messages: int, deadline_s: float, owner=None, per_key_max: int = 0):
+        """Lock up to `max_messages` messages for `owner` (a stream, a push worker or None); messages past
+        their delivery attempts go to the dead-letter topic instead. [(num, version)]"""
+        taken = s.take(max_messages, self.clock.now(), deadline_s, owner, per_key_max)
+        if s.dead_letters:
+            self._forward_dead_letters(s)
+        return taken
+
+    def read(self, s: SubscriptionState, nums: list[int]) -> list[tuple[bytes, bytes]]:
+        """(stored message bytes, message id/publish time tail) as this subscription delivers them: a message
+        updated in place through the queue extensions reads as updated."""
+        msgs = self.reader.messages(s.topic, nums)
+        if s.overrides:
+            msgs = [(s.overrides.get(num, body), tail) for num, (body, tail) in zip(nums, msgs)]
+        return msgs
+
+    def count_deliveries(self, s: SubscriptionState, nums: list[int]) -> None:
+        """Deliveries are counted durably for dead-lettering (logged, not waited for)."""
+        if s.max_attempts and nums:
+            self.wal.append(payloads.deliver_record(s.uid, nums))
 
     def _forward_dead_letters(self, s: SubscriptionState) -> None:
         nums, s.dead_letters = s.dead_letters, []
@@ -533,7 +538,7 @@ class Engine:
         leases, uid = s.leases, s.uid
         for a in ack_ids:
             try:
-                p = _parse_ack_id(uid, a)
+                p = ackid.parse(uid, a)
             except InvalidArgument:
                 if not eod:
                     raise
@@ -591,7 +596,7 @@ class Engine:
         groups: dict[int, list[tuple[int, int]]] = {}
         for a, sec in zip(ack_ids, seconds):
             try:
-                p = _parse_ack_id(s.uid, a)
+                p = ackid.parse(s.uid, a)
             except InvalidArgument:
                 if not eod:
                     raise

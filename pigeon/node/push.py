@@ -28,25 +28,21 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
 from google.pubsub_v1 import types
 
-from pigeon.storage import payloads
+from pigeon.core import ackid, limits
 
 log = logging.getLogger("pigeon.push")
 _PubsubMessage = types.PubsubMessage.pb()
 
-# --- limits (candidates for pigeon.core.limits) ---------------------------------------------------
-push_window_start = 1
-push_window_max = 100  # requests in flight per subscription
-push_backoff_s_min = 0.1
-push_backoff_s_max = 60.0
-push_wait_s_max = 1.0  # an idle worker looks at its subscription at least this often
-push_connections_max = 1_000  # sockets open across every push subscription
-push_response_bytes_max = 64 * 1024  # read (and dropped) from an answer so the connection can be reused
-oidc_token_lifetime_s = 3_600
-oidc_token_reuse_s_min = 300  # a cached token is reused while it has at least this long to live
-
-assert 1 <= push_window_start <= push_window_max
-assert 0 < push_backoff_s_min <= push_backoff_s_max
-assert oidc_token_reuse_s_min < oidc_token_lifetime_s
+# limits live in pigeon.core.limits; bound here so tests can narrow them for one module
+push_window_start = limits.push_window_start
+push_window_max = limits.push_window_max
+push_backoff_s_min = limits.push_backoff_s_min
+push_backoff_s_max = limits.push_backoff_s_max
+push_wait_s_max = limits.push_wait_s_max
+push_connections_max = limits.push_connections_max
+push_response_bytes_max = limits.push_response_bytes_max
+oidc_token_lifetime_s = limits.oidc_token_lifetime_s
+oidc_token_reuse_s_min = limits.oidc_token_reuse_s_min
 
 ACK_STATUSES = frozenset({102, 200, 201, 202, 204})
 OIDC_ISSUER = "https://accounts.google.com"
@@ -339,15 +335,12 @@ class PushWorker:
     def _push_some(self, s, room: int) -> int:
         """Lease up to `room` messages and start a request for each; returns how many."""
         engine = self.engine
-        taken = s.take(room, engine.clock.now(), s.ack_deadline_s, self, 1 if s.ordered else 0)
-        if s.dead_letters:
-            engine._forward_dead_letters(s)
+        taken = engine.lease(s, room, s.ack_deadline_s, self, 1 if s.ordered else 0)
         if not taken:
             return 0
         nums = [num for num, _ in taken]
-        if s.max_attempts:  # deliveries are counted durably for dead-lettering (not waited for)
-            engine.wal.append(payloads.deliver_record(s.uid, nums))
-        msgs = engine.reader.messages(s.topic, nums)
+        engine.count_deliveries(s, nums)
+        msgs = engine.read(s, nums)
         loop = asyncio.get_running_loop()
         for (num, version), (body, tail) in zip(taken, msgs):
             if num in s.leases:  # an acked message resent with its ordered batch has no lease
@@ -413,7 +406,7 @@ class PushWorker:
         del self.held[num]
         if self._sub() is not s:
             return  # deleted meanwhile
-        ack_id = f"{self.uid}.{num}.{version}"
+        ack_id = ackid.make(self.uid, num, version)
         if ok:
             self.engine._ack_nowait(s, [ack_id])
         else:

@@ -10,7 +10,7 @@ import base64
 from google.pubsub_v1 import types
 
 from pigeon.broker.topic import parse_message_id, split_msgnum
-from pigeon.core import limits
+from pigeon.core import ackid, limits
 from pigeon.core.errors import FailedPrecondition, InvalidArgument, NotFound
 from pigeon.storage import payloads
 
@@ -26,14 +26,12 @@ class QueueOps:
 
     def _locked(self, s, ack_ids) -> list[int]:
         """Message numbers of ack ids that are the current locks; FAILED_PRECONDITION naming the others."""
-        from pigeon.node.engine import _parse_ack_id
-
         if not ack_ids:
             raise InvalidArgument("ack_ids must not be empty.")
         s.expire(self.engine.clock.now())
         nums, stale = [], []
         for a in ack_ids:
-            p = _parse_ack_id(s.uid, a)
+            p = ackid.parse(s.uid, a)
             lease = s.leases.get(p[0]) if p else None
             if lease is None or lease[1] != p[1]:
                 stale.append(a)
@@ -91,8 +89,8 @@ class QueueOps:
     async def update(self, name: str, ack_id: str, data: bytes, attributes: dict, keep_attributes: bool) -> None:
         s = self._sub(name)
         (num,) = self._locked(s, [ack_id])
-        ((body, _tail),) = self.engine.reader.messages(s.topic, [num])
-        m = _PubsubMessage.FromString(s.overrides.get(num, body))
+        ((body, _tail),) = self.engine.read(s, [num])
+        m = _PubsubMessage.FromString(body)
         m.data = data
         if not keep_attributes:
             m.attributes.clear()
@@ -121,8 +119,7 @@ class QueueOps:
         """(PubsubMessage bytes, state, deliveries so far, activation ms or 0)."""
         s = self.engine.registry.sub(name)
         num = self._num_of(s, message_id)
-        ((body, tail),) = self.engine.reader.messages(s.topic, [num])
-        body = s.overrides.get(num, body)
+        ((body, tail),) = self.engine.read(s, [num])
         lease = s.leases.get(num)
         attempts = lease[1] if lease else s.versions.get(num, 0)
         at = s.parked.get(num)

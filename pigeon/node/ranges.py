@@ -19,16 +19,11 @@ from pigeon.broker.topic import TopicState
 from pigeon.core import limits
 from pigeon.core.errors import FailedPrecondition, InvalidArgument
 
-# Limits of this service (kept here until they move to core.limits).
-range_messages_default = 10_000
-range_messages_max = 100_000
-range_bytes_default = 4 * 1024 * 1024
-range_bytes_max = 16 * 1024 * 1024  # one message (≤ 10 MB) always fits under the send limit too
+range_messages_default = limits.range_messages_default
+range_messages_max = limits.range_messages_max
+range_bytes_default = limits.range_bytes_default
+range_bytes_max = limits.range_bytes_max
 CURSOR_LABEL = "pigeon-cursor"
-
-assert limits.message_data_bytes_max <= range_bytes_max
-assert range_bytes_max + 1024 * 1024 <= limits.grpc_receive_bytes_max
-assert range_messages_default <= range_messages_max
 
 
 @dataclass(frozen=True)

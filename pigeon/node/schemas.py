@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterable
 import fastavro
 from google.protobuf import descriptor_pb2, descriptor_pool, json_format, message_factory
 
+from pigeon.core import limits
 from pigeon.core.errors import InvalidArgument
 
 AVRO = "AVRO"
@@ -45,8 +46,7 @@ BINARY = "BINARY"
 _TYPE_NUMBERS = {1: PROTOCOL_BUFFER, 2: AVRO}
 _ENCODING_NUMBERS = {1: JSON, 2: BINARY}
 
-# Documented by Pub/Sub (schema definition field <= 300 KB). TODO(lead): move to pigeon.core.limits.
-DEFINITION_BYTES_MAX = 300 * 1024
+DEFINITION_BYTES_MAX = limits.schema_definition_bytes_max  # documented by Pub/Sub: 300 KB
 PROTOC_TIMEOUT_S = 30.0
 CACHE_SIZE = 128
 

@@ -1,0 +1,23 @@
+"""Ack ids. Owns the rule: an ack id is "subscription uid.message number.delivery version"; an ack id of
+another subscription is ignored, a malformed one is INVALID_ARGUMENT."""
+
+from __future__ import annotations
+
+from pigeon.core.errors import InvalidArgument
+
+FORMAT = b"%d.%d.%d"  # (subscription uid, message number, delivery version); bytes formatting on the hot path
+
+
+def make(sub_uid: int, num: int, version: int) -> str:
+    return f"{sub_uid}.{num}.{version}"
+
+
+def parse(sub_uid: int, ack_id: str) -> tuple[int, int] | None:
+    """(message number, version); None when the ack id belongs to another subscription."""
+    try:
+        uid, num, version = ack_id.split(".")
+        if int(uid) != sub_uid:
+            return None
+        return int(num), int(version)
+    except ValueError:
+        raise InvalidArgument(f"You have passed an invalid ack ID to the service (ack_id={ack_id[:64]}).") from None
