@@ -111,3 +111,12 @@ def close_clients(pub, sub) -> None:
         pub.stop()
     except Exception:
         pass
+
+
+def topic_and_subscription(pub, sub, name: str, *, project: str, **sub_fields) -> tuple[str, str]:
+    """Create `{name}-topic` and a subscription `{name}-sub` to it (with `sub_fields`); return both names."""
+    topic = pub.topic_path(project, f"{name}-topic")
+    subscription = sub.subscription_path(project, f"{name}-sub")
+    pub.create_topic(name=topic)
+    sub.create_subscription(request={"name": subscription, "topic": topic, **sub_fields})
+    return topic, subscription

@@ -1,6 +1,7 @@
 """End to end: delivery through StreamingPull (subscribe with flow control) and Pull — ack, nack, modack,
 redelivery after the ack deadline — with the official client against `pigeon serve`."""
 
+import functools
 import concurrent.futures
 import threading
 import time
@@ -9,19 +10,14 @@ import pytest
 from google.api_core import exceptions as gexc
 from google.cloud import pubsub_v1
 
-from e2e_helpers import E2E_MARKS, ack, collect, ids_of, pull_now, raw_publish, watch
+from e2e_helpers import topic_and_subscription, E2E_MARKS, ack, collect, ids_of, pull_now, raw_publish, watch
 
 pytestmark = E2E_MARKS
 
 P = "dlv-proj"
 
 
-def _setup(pub, sub, name, **sub_fields):
-    topic = pub.topic_path(P, f"{name}-topic")
-    subscription = sub.subscription_path(P, f"{name}-sub")
-    pub.create_topic(name=topic)
-    sub.create_subscription(request={"name": subscription, "topic": topic, **sub_fields})
-    return topic, subscription
+_setup = functools.partial(topic_and_subscription, project=P)
 
 
 def _wait(predicate, timeout):

@@ -2,22 +2,17 @@
 checkpoint, no clean close) or stopped with SIGTERM, restarted on the same data directory, and the
 official client checks what is delivered afterwards."""
 
+import functools
 import pytest
 
-from e2e_helpers import E2E_MARKS, ack, client_factory, close_clients, collect, ids_of, raw_publish, watch  # noqa: F401
+from e2e_helpers import topic_and_subscription, E2E_MARKS, ack, client_factory, close_clients, collect, ids_of, raw_publish, watch  # noqa: F401
 
 pytestmark = E2E_MARKS
 
 P = "dur-proj"
 
 
-def _setup(pub, sub, name, **sub_fields):
-    topic = pub.topic_path(P, f"{name}-topic")
-    subscription = sub.subscription_path(P, f"{name}-sub")
-    pub.create_topic(name=topic)
-    sub.create_subscription(request={"name": subscription, "topic": topic, "ack_deadline_seconds": 60,
-                                     **sub_fields})
-    return topic, subscription
+_setup = functools.partial(topic_and_subscription, project=P, ack_deadline_seconds=60)
 
 
 def _restart(server_factory, client_factory, srv, pub, sub, how="kill"):

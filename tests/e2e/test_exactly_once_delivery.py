@@ -1,5 +1,6 @@
 """Exactly-once delivery against the real server, as the official client library sees it."""
 
+import functools
 import threading
 
 import grpc
@@ -8,17 +9,13 @@ from google.cloud.pubsub_v1.subscriber.exceptions import AcknowledgeError, Ackno
 from google.pubsub_v1 import types
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
+from e2e_helpers import topic_and_subscription
 
 pytestmark = pytest.mark.e2e
 
 
-def _setup(pub, sub, name):
-    topic = pub.topic_path("proj", f"{name}-topic")
-    subscription = sub.subscription_path("proj", f"{name}-sub")
-    pub.create_topic(name=topic)
-    sub.create_subscription(request={"name": subscription, "topic": topic, "enable_exactly_once_delivery": True,
-                                     "ack_deadline_seconds": 60})
-    return topic, subscription
+_setup = functools.partial(topic_and_subscription, project="proj", enable_exactly_once_delivery=True,
+                           ack_deadline_seconds=60)
 
 
 def test_stale_ack_id_fails_with_error_info(clients, server):

@@ -1,6 +1,7 @@
 """End to end: Publish through the official client (batched, high level) and the generated client (one RPC,
 no client-side checks) against `pigeon serve`: ids, round trip and every documented limit."""
 
+import functools
 import concurrent.futures
 
 import pytest
@@ -8,19 +9,14 @@ from google.api_core import exceptions as gexc
 from google.cloud import pubsub_v1
 from google.pubsub_v1 import types
 
-from e2e_helpers import E2E_MARKS, collect, raw_publish
+from e2e_helpers import topic_and_subscription, E2E_MARKS, collect, raw_publish
 
 pytestmark = E2E_MARKS
 
 P = "pub-proj"
 
 
-def _setup(pub, sub, name):
-    topic = pub.topic_path(P, f"{name}-topic")
-    subscription = sub.subscription_path(P, f"{name}-sub")
-    pub.create_topic(name=topic)
-    sub.create_subscription(name=subscription, topic=topic)
-    return topic, subscription
+_setup = functools.partial(topic_and_subscription, project=P)
 
 
 def test_batched_publish_500_unique_ids_and_round_trip(server, monkeypatch):

@@ -1,5 +1,6 @@
 """Queue-server semantics against the real server, through pigeon.client and the official client."""
 
+import functools
 import threading
 import time
 from datetime import datetime, timedelta, timezone
@@ -9,16 +10,12 @@ import pytest
 from google.cloud import pubsub_v1
 
 from pigeon.client import PigeonClient
+from e2e_helpers import topic_and_subscription
 
 pytestmark = pytest.mark.e2e
 
 
-def _setup(pub, sub, name, **sub_fields):
-    topic = pub.topic_path("proj", f"{name}-topic")
-    subscription = sub.subscription_path("proj", f"{name}-sub")
-    pub.create_topic(name=topic)
-    sub.create_subscription(request={"name": subscription, "topic": topic, **sub_fields})
-    return topic, subscription
+_setup = functools.partial(topic_and_subscription, project="proj")
 
 
 def _take_until(pigeon, subscription, n, timeout=10.0, lock=60):

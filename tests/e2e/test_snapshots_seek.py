@@ -1,26 +1,21 @@
 """End to end: snapshots (create, get, list, update, delete) and Seek to a snapshot or a time, with the
 official client against `pigeon serve`."""
 
+import functools
 import datetime as dt
 import time
 
 import pytest
 from google.api_core import exceptions as gexc
 
-from e2e_helpers import E2E_MARKS, ack, collect, ids_of, now_utc, raw_publish, watch
+from e2e_helpers import topic_and_subscription, E2E_MARKS, ack, collect, ids_of, now_utc, raw_publish, watch
 
 pytestmark = E2E_MARKS
 
 P = "snap-proj"
 
 
-def _setup(pub, sub, name, **sub_fields):
-    topic = pub.topic_path(P, f"{name}-topic")
-    subscription = sub.subscription_path(P, f"{name}-sub")
-    pub.create_topic(name=topic)
-    sub.create_subscription(request={"name": subscription, "topic": topic, "ack_deadline_seconds": 60,
-                                     **sub_fields})
-    return topic, subscription
+_setup = functools.partial(topic_and_subscription, project=P, ack_deadline_seconds=60)
 
 
 def _ack_ids(sub, subscription, received_by_id, which):

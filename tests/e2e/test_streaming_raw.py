@@ -1,6 +1,7 @@
 """End to end: StreamingPull driven through the generated client's raw bidi stream (as non-Python clients
 use it): server-side flow control (max_outstanding_messages), acks and nacks sent on the stream."""
 
+import functools
 import queue
 import threading
 import time
@@ -10,7 +11,7 @@ from google.api_core import exceptions as gexc
 from google.pubsub_v1 import types
 from google.pubsub_v1.services.subscriber import SubscriberClient as GapicSubscriber
 
-from e2e_helpers import E2E_MARKS, raw_publish
+from e2e_helpers import topic_and_subscription, E2E_MARKS, raw_publish
 
 pytestmark = E2E_MARKS
 
@@ -75,12 +76,7 @@ class RawStream:
         self.reader.join(timeout=10)
 
 
-def _setup(pub, sub, name, **sub_fields):
-    topic = pub.topic_path(P, f"{name}-topic")
-    subscription = sub.subscription_path(P, f"{name}-sub")
-    pub.create_topic(name=topic)
-    sub.create_subscription(request={"name": subscription, "topic": topic, **sub_fields})
-    return topic, subscription
+_setup = functools.partial(topic_and_subscription, project=P)
 
 
 def test_stream_respects_max_outstanding_messages(clients):
