@@ -346,19 +346,23 @@ class Engine:
         if rawproto.only_data(request, count):
             for s in filtered:  # no message has attributes: one evaluation decides for all
                 if not s.filter.matches({}):
-                    self._ack_logged(s, [((base + i) << limits.shard_bits) | shard for i in range(count)])
+                    self.ack_logged(s, [((base + i) << limits.shard_bits) | shard for i in range(count)])
             return
         attrs = [m.attributes for m in _PublishRequest.FromString(request).messages]
         for s in filtered:
             match = s.filter.matches
             drop = [((base + i) << limits.shard_bits) | shard for i, a in enumerate(attrs) if not match(a)]
             if drop:
-                self._ack_logged(s, drop)
+                self.ack_logged(s, drop)
 
-    def _ack_logged(self, s: SubscriptionState, nums: list[int]) -> None:
+    def ack_logged(self, s: SubscriptionState, nums: list[int]) -> list[int]:
+        """Acknowledge message numbers and log the ones that changed (durable with the next group commit;
+        callers that answer a client wait for it). Returns those that changed."""
         changed = s.ack(nums)
         if changed:
             self.wal.append(payloads.ack_record(s.uid, changed))
+            self.signal(s.uid).notify()
+        return changed
 
     # --- delivery --------------------------------------------------------------------------------
     def deliver(self, s: SubscriptionState, max_messages: int, max_bytes: int, owner, deadline_s: float) -> list[bytes]:
@@ -450,10 +454,7 @@ class Engine:
         except PigeonError as e:
             log.warning("dead-lettering %d messages of %s to %s failed: %s", len(nums), s.name, dlt, e.message)
             return
-        changed = s.ack(nums)
-        if changed:
-            self.wal.append(payloads.ack_record(s.uid, changed))
-            self.signal(s.uid).notify()
+        self.ack_logged(s, nums)
         await self.wal.wait_durable(self.wal.tail)
 
     async def pull(self, name: str, max_messages: int, return_immediately: bool) -> list[bytes]:
@@ -526,7 +527,7 @@ class Engine:
                 stream.sub.leases[num] = (lease[0], lease[1], None)
         stream.held.clear()
 
-    def _ack_nowait(self, s: SubscriptionState, ack_ids) -> dict[str, str]:
+    def ack_nowait(self, s: SubscriptionState, ack_ids) -> dict[str, str]:
         """Apply acks (logged, not yet durable). Returns exactly-once failures {ack_id: code}: with
         exactly-once delivery an ack id is valid only for the current, unexpired delivery."""
         s.last_activity = self.clock.now()
@@ -557,17 +558,14 @@ class Engine:
                         failures[a] = "PERMANENT_FAILURE_INVALID_ACK_ID"
                     continue
             nums.append(num)
-        changed = s.ack(nums)
-        if changed:
-            self.wal.append(payloads.ack_record(s.uid, changed))
-            self.signal(s.uid).notify()
+        self.ack_logged(s, nums)
         return failures
 
     async def acknowledge(self, name: str, ack_ids) -> None:
         s = self._live_sub(name)
         if not ack_ids:
             raise InvalidArgument("ack_ids must not be empty.")
-        failures = self._ack_nowait(s, ack_ids)
+        failures = self.ack_nowait(s, ack_ids)
         await self.wal.wait_durable(self.wal.tail)  # also covers an equal ack still in flight
         if failures:
             raise AckIdFailure(failures)
@@ -617,7 +615,7 @@ class Engine:
 
     def stream_acks(self, stream: Stream, ack_ids) -> tuple[asyncio.Future, dict[str, str]]:
         """Acks sent on a stream: (durability future, exactly-once failures)."""
-        failures = self._ack_nowait(stream.sub, ack_ids)
+        failures = self.ack_nowait(stream.sub, ack_ids)
         return self.wal.wait_durable(self.wal.tail), failures
 
     # --- snapshots and seek ----------------------------------------------------------------------

@@ -408,6 +408,6 @@ class PushWorker:
             return  # deleted meanwhile
         ack_id = ackid.make(self.uid, num, version)
         if ok:
-            self.engine._ack_nowait(s, [ack_id])
+            self.engine.ack_nowait(s, [ack_id])
         else:
             self.engine.modify_deadlines(s, [ack_id], [0])

@@ -12,7 +12,6 @@ from google.pubsub_v1 import types
 from pigeon.broker.topic import parse_message_id, split_msgnum
 from pigeon.core import ackid, limits
 from pigeon.core.errors import FailedPrecondition, InvalidArgument, NotFound
-from pigeon.storage import payloads
 
 _PubsubMessage = types.PubsubMessage.pb()
 
@@ -56,9 +55,7 @@ class QueueOps:
     async def ack(self, name: str, ack_ids) -> int:
         s = self._sub(name)
         nums = self._locked(s, ack_ids)
-        changed = s.ack(nums)
-        if changed:
-            self.engine.wal.append(payloads.ack_record(s.uid, changed))
+        changed = self.engine.ack_logged(s, nums)
         await self.engine.wal.wait_durable(self.engine.wal.tail)
         return len(changed)
 
@@ -146,9 +143,6 @@ class QueueOps:
     async def delete(self, name: str, message_ids) -> int:
         s = self._sub(name)
         nums = [self._num_of(s, m) for m in message_ids]
-        changed = s.ack(nums)
-        if changed:
-            self.engine.wal.append(payloads.ack_record(s.uid, changed))
-            self.engine.signal(s.uid).notify()
+        changed = self.engine.ack_logged(s, nums)
         await self.engine.wal.wait_durable(self.engine.wal.tail)
         return len(changed)
