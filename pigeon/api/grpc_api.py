@@ -288,7 +288,7 @@ class PubSubApi:
 
     def _post(self, stream, response) -> None:
         stream.outbox.append(response.SerializeToString())
-        self.engine.signal(stream.sub.uid).notify()
+        stream.wake()
 
     async def _read_requests(self, stream, request_iterator) -> None:
         try:
@@ -300,7 +300,7 @@ class PubSubApi:
             return
         else:
             stream.ended = True
-        self.engine.signal(stream.sub.uid).notify()
+        stream.wake()
 
     @_translate
     async def modify_push_config(self, req, context):

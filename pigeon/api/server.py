@@ -50,7 +50,7 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
     log.info("shutting down")
     engine.closing = True
     for s in engine.signals.values():
-        s.notify()
+        s.notify_all()
     await server.stop(grace=2.0)
     await engine.stop()
     log.info("stopped")

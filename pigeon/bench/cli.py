@@ -11,12 +11,13 @@ import sys
 from rich.console import Console
 
 from pigeon.bench import report
-from pigeon.bench.plan import PLANS
+from pigeon.bench.plan import PLANS, WORKLOADS
 from pigeon.bench.run import TARGETS, machine, machine_tag, run
 
 
 def bench_command(plan: str, peers: str, address: str | None, no_pigeon: bool, out: str | None,
-                  json_path: str | None, quiet_wait_s: float = 0.0, report_from: str | None = None) -> int:
+                  json_path: str | None, quiet_wait_s: float = 0.0, report_from: str | None = None,
+                  workloads: str | None = None) -> int:
     console = Console()
     # SIGTERM unwinds like Ctrl-C: every started server is stopped on the way out
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
@@ -31,6 +32,18 @@ def bench_command(plan: str, peers: str, address: str | None, no_pigeon: bool, o
     if plan not in PLANS:
         console.print(f"[red]unknown plan {plan!r}: choose one of {', '.join(PLANS)}")
         return 2
+    chosen_plan = PLANS[plan]
+    if workloads:
+        picked = tuple(w.strip() for w in workloads.split(",") if w.strip())
+        unknown = [w for w in picked if w not in WORKLOADS]
+        if unknown:
+            console.print(f"[red]unknown workloads {unknown}: choose from {', '.join(WORKLOADS)}")
+            return 2
+        try:
+            chosen_plan = chosen_plan.scaled(workloads=tuple(w for w in WORKLOADS if w in picked))
+        except AssertionError as e:
+            console.print(f"[red]{e.args[0] if e.args else 'these workloads cannot run alone'}")
+            return 2
     if peers == "none":
         chosen = []
     elif peers == "all":
@@ -45,7 +58,7 @@ def bench_command(plan: str, peers: str, address: str | None, no_pigeon: bool, o
     if not targets:
         console.print("[red]nothing to run")
         return 2
-    doc = run(PLANS[plan], targets, address=address, console=console, quiet_wait_s=quiet_wait_s)
+    doc = run(chosen_plan, targets, address=address, console=console, quiet_wait_s=quiet_wait_s)
     report.print_table(doc, console)
     if json_path:
         os.makedirs(os.path.dirname(os.path.abspath(json_path)), exist_ok=True)

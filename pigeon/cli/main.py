@@ -47,6 +47,8 @@ def fsck(data_dir: str = typer.Argument(..., help="data directory to check")):
 @app.command()
 def bench(
     plan: str = typer.Option("quick", help="smoke | quick | full"),
+    workloads: Optional[str] = typer.Option(None, help="comma-separated subset of the plan's workloads (publish, "
+                                                       "consume, latency, ordered, connections, backlog, restart)"),
     peers: str = typer.Option("none", help="none | all | comma-separated peers (rabbitmq-classic, rabbitmq-quorum, "
                                             "nats-js, nats-js-sync-always, redis-streams, pubsub-emulator)"),
     address: Optional[str] = typer.Option(None, help="benchmark a Pigeon already serving here (default: start one "
@@ -63,7 +65,8 @@ def bench(
     many-client workloads; print a table, optionally write JSON, Markdown and a PNG chart."""
     from pigeon.bench.cli import bench_command
 
-    raise typer.Exit(bench_command(plan, peers, address, no_pigeon, out, json_path, quiet_wait, report_from))
+    raise typer.Exit(bench_command(plan, peers, address, no_pigeon, out, json_path, quiet_wait, report_from,
+                                     workloads))
 
 
 verbs.register(app)

@@ -99,7 +99,7 @@ class Engine:
     async def stop(self) -> None:
         self.closing = True
         for sig in self.signals.values():
-            sig.notify()
+            sig.notify_all()
         await self.push.stop()
         if self._maintenance:
             self._maintenance.cancel()
@@ -212,7 +212,7 @@ class Engine:
         merged = resources.apply_mask(s.config, sub, mask, resources.SUBSCRIPTION_MUTABLE, "subscription")
         resources.check_subscription(merged, creating=False)
         await self._log_change({"op": "sub.put", "uid": s.uid, "topic": None, "pb": pb64(merged)})
-        self.signal(s.uid).notify()
+        self.signal(s.uid).notify_all()
         return self.subscription_view(s)
 
     async def delete_subscription(self, name: str) -> None:
@@ -221,7 +221,7 @@ class Engine:
         await self._log_change({"op": "sub.del", "uid": s.uid})
         sig = self.signals.pop(s.uid, None)
         if sig:
-            sig.notify()
+            sig.notify_all()
 
     async def detach_subscription(self, name: str) -> None:
         """Stop delivery for good: the backlog is dropped, later pulls fail with FAILED_PRECONDITION."""
@@ -233,7 +233,7 @@ class Engine:
         await self._log_change({"op": "sub.put", "uid": s.uid, "topic": None, "pb": pb64(cfg)})
         ends = s.topic.backlog_end() if s.topic is not None else [sh.floor for sh in s.shards]
         await self._log_change({"op": "sub.reset", "uid": s.uid, "floors": ends, "acked": [[] for _ in ends]})
-        self.signal(s.uid).notify()
+        self.signal(s.uid).notify_all()
 
     def list_subscriptions(self, project: str, page_size: int, token: str):
         prefix = f"projects/{project}/subscriptions/"
@@ -361,7 +361,8 @@ class Engine:
         changed = s.ack(nums)
         if changed:
             self.wal.append(payloads.ack_record(s.uid, changed))
-            self.signal(s.uid).notify()
+            if s.ready_keys:  # an ordering key unblocked (a stream's own room is its release's business)
+                self.signal(s.uid).notify()
         return changed
 
     # --- delivery --------------------------------------------------------------------------------
@@ -466,13 +467,31 @@ class Engine:
         give_up = time.monotonic() + limits.pull_wait_s_max
         while True:
             out = self.deliver(s, max_messages, limits.response_bytes_max, None, s.ack_deadline_s)
-            if out or return_immediately:
+            if out:
+                self._pass_on(s)
                 return out
             left = give_up - time.monotonic()
-            if left <= 0:
+            if return_immediately or left <= 0:
                 return out
-            await self.signal(s.uid).wait(self._wait_s(s, left))
+            await self._wait(s, left)
             s = self._live_sub(name)
+
+    async def _wait(self, s: SubscriptionState, cap: float, stream: Stream | None = None) -> None:
+        """Wait for `s`'s messages (or `stream`'s own events), at most `cap` seconds; the subscription's
+        timer wakes one waiter when something becomes ready by itself."""
+        sig = self.signal(s.uid)
+        d = s.next_deadline()
+        if d is not None:
+            loop = asyncio.get_running_loop()
+            sig.wake_at(loop.time() + max(0.001, d - self.clock.now()))
+        await sig.wait(cap, stream)
+
+    def _pass_on(self, s: SubscriptionState) -> None:
+        """A waiter took messages: if more are ready, wake the next one (the chain that replaces waking all)."""
+        if s.has_ready(self.clock.now()):
+            sig = self.signals.get(s.uid)
+            if sig is not None:
+                sig.notify()
 
     def _wait_s(self, s: SubscriptionState, cap: float) -> float:
         d = s.next_deadline()
@@ -495,9 +514,10 @@ class Engine:
         s = stream.sub
         while True:
             self._check_open()
-            if stream.error is not None:
-                raise stream.error
-            if stream.ended:
+            if stream.error is not None or stream.ended:
+                self._pass_on(s)  # it may have been the waiter woken for messages: the next one takes them
+                if stream.error is not None:
+                    raise stream.error
                 return None
             if stream.outbox:
                 return []
@@ -516,8 +536,11 @@ class Engine:
                     stream.deadline_s,
                 )
                 if out:
+                    self._pass_on(s)
                     return out
-            await self.signal(s.uid).wait(self._wait_s(s, 1.0))
+                await self._wait(s, 1.0, stream)
+            else:  # flow control: only this stream's acks (or its own events) can change that
+                await stream.wait(1.0)
 
     def close_stream(self, stream: Stream) -> None:
         """Messages it still holds stay leased until their deadline (the client may still ack them)."""
@@ -610,7 +633,7 @@ class Engine:
             groups.setdefault(sec, []).append(p)
         for sec, items in groups.items():
             if s.modify_deadlines(items, sec, now) and sec == 0:
-                self.signal(s.uid).notify()
+                self.signal(s.uid).notify()  # nacked: ready again (the waiter woken passes it on)
         return failures
 
     def stream_acks(self, stream: Stream, ack_ids) -> tuple[asyncio.Future, dict[str, str]]:
@@ -706,7 +729,7 @@ class Engine:
                     floors.append(f)
                     acked.append(sorted(o for o in ss.acked if o >= f))
         await self._log_change({"op": "sub.reset", "uid": s.uid, "floors": floors, "acked": acked})
-        self.signal(s.uid).notify()
+        self.signal(s.uid).notify_all()
 
     # --- maintenance -----------------------------------------------------------------------------
     async def _maintain(self) -> None:

@@ -248,7 +248,7 @@ class PushManager:
         if w is not None and not w.task.done():
             sig = self.engine.signals.get(uid)
             if sig is not None:
-                sig.notify()  # the worker re-reads the configuration (and ends when no longer wanted)
+                sig.notify_all()  # the worker re-reads the configuration (and ends when no longer wanted)
             return
         if self._started and not self.engine.closing and s is not None and wanted(s):
             self.workers[uid] = PushWorker(self, uid)

@@ -156,7 +156,7 @@ async def _move(engine, s: SubscriptionState, floors: list[int]) -> None:
     """Set the ack floors (logged), keeping acks above them (filters ack rejected messages ahead)."""
     acked = [sorted(o for o in sh.acked if o >= f) for sh, f in zip(s.shards, floors)]
     await engine._log_change({"op": "sub.reset", "uid": s.uid, "floors": floors, "acked": acked})
-    engine.signal(s.uid).notify()
+    engine.signal(s.uid).notify_all()
 
 
 async def create_cursor(engine, name: str, topic_name: str, offsets: list[int]) -> CursorView:

@@ -1,9 +1,11 @@
-"""Waiting and flow control on the event loop: Signal wakes waiters, Stream is one StreamingPull stream's
-flow-control state (the lease "owner" told release(num) when a lease ends)."""
+"""Waiting and flow control on the event loop: Signal wakes a subscription's waiters one at a time, Stream is one
+StreamingPull stream's flow-control state (the lease "owner" told release(num) when a lease ends)."""
 
 from __future__ import annotations
 
 import asyncio
+import collections
+import math
 import time
 
 from pigeon.broker.subscription import SubscriptionState
@@ -15,38 +17,90 @@ class WallClock:
 
 
 class Signal:
-    """Wakes every coroutine waiting on it (new messages, released leases, resets)."""
+    """Wakes the coroutines waiting for one subscription's messages (streams, pulls, a push worker).
 
-    __slots__ = ("_futs",)
+    `notify()` wakes one waiter, the one that has waited longest; a waiter that takes messages and sees more
+    ready passes the wake on, so a burst reaches as many waiters as it needs while an idle wake-up costs one
+    coroutine switch however many streams wait (no thundering herd), and busy streams take turns.
+    `notify_all()` is for what every waiter must see: configuration, seek, deletion, shutdown.
+    `wake_at(t)` keeps one timer for the earliest time something becomes ready by itself (a lease running
+    out, a backoff or an activation time ending): it wakes one waiter then."""
+
+    __slots__ = ("_futs", "_stale", "_timer", "_timer_at")
 
     def __init__(self):
-        self._futs: list[asyncio.Future] = []
+        self._futs: collections.deque[asyncio.Future] = collections.deque()
+        self._stale = 0  # done futures still queued (timed out or cancelled waiters)
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = math.inf
 
     def notify(self) -> None:
-        futs, self._futs = self._futs, []
+        futs = self._futs
+        while futs:
+            f = futs.popleft()
+            if not f.done():
+                f.set_result(None)
+                return
+            self._stale -= 1
+
+    def notify_all(self) -> None:
+        futs, self._futs, self._stale = self._futs, collections.deque(), 0
         for f in futs:
             if not f.done():
                 f.set_result(None)
 
-    async def wait(self, timeout: float) -> None:
-        """Until notified or `timeout` seconds pass, whichever comes first."""
-        loop = asyncio.get_running_loop()
-        fut = loop.create_future()
+    def wake_at(self, when: float) -> None:
+        """Wake one waiter at loop time `when` (keeps the earliest of the times asked for)."""
+        if when >= self._timer_at:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at = when
+        self._timer = asyncio.get_running_loop().call_at(when, self._fire)
+
+    def _fire(self) -> None:
+        self._timer, self._timer_at = None, math.inf
+        self.notify()
+
+    async def wait(self, timeout: float, stream: "Stream | None" = None) -> None:
+        """Until woken (by this signal, or by `stream`'s own events) or `timeout` seconds pass."""
+        fut = asyncio.get_running_loop().create_future()
         self._futs.append(fut)
-        timer = loop.call_later(timeout, _resolve, fut)
         try:
-            await fut
+            await _until(fut, timeout, stream)
+        except BaseException:  # cancelled right after being chosen: the wake goes to the next waiter
+            if fut.done() and not fut.cancelled() and fut.result() is None:
+                self.notify()
+            raise
         finally:
-            timer.cancel()
-            try:
-                self._futs.remove(fut)  # still listed after a timeout or a cancellation
-            except ValueError:
-                pass
+            if fut.cancelled() or fut.result() is not None:  # left queued: timed out, cancelled or stream-woken
+                self._stale += 1
+                if self._stale > 16 and self._stale * 2 > len(self._futs):
+                    self._futs = collections.deque(f for f in self._futs if not f.done())
+                    self._stale = 0
 
 
-def _resolve(fut: asyncio.Future) -> None:
+async def _until(fut: asyncio.Future, timeout: float, stream: "Stream | None") -> None:
+    timer = asyncio.get_running_loop().call_later(timeout, _resolve, fut, _TIMED_OUT)
+    if stream is not None:
+        stream.waiter = fut
+    try:
+        await fut
+    finally:
+        timer.cancel()
+        if stream is not None:
+            stream.waiter = None
+        if not fut.done():
+            fut.cancel()
+
+
+_TIMED_OUT = "timeout"
+_WOKEN = "stream"
+
+
+def _resolve(fut: asyncio.Future, why=None) -> None:
     if not fut.done():
-        fut.set_result(None)
+        fut.set_result(why)
 
 
 class Stream:
@@ -63,9 +117,21 @@ class Stream:
         self.error: Exception | None = None  # set by the request reader: ends the stream with it
         self.ended = False  # the client half-closed
         self.outbox: list[bytes] = []  # encoded responses to send before more messages (confirmations)
+        self.waiter: asyncio.Future | None = None  # set while the stream waits
+
+    def wake(self) -> None:
+        """Something for this stream alone: a response in its outbox, an error, the client's half-close."""
+        if self.waiter is not None:
+            _resolve(self.waiter, _WOKEN)
 
     def release(self, num: int) -> None:
         self.held_bytes -= self.held.pop(num, 0)
+        if self.waiter is not None and self.room() > 0:
+            _resolve(self.waiter, _WOKEN)
+
+    async def wait(self, timeout: float) -> None:
+        """Until this stream alone is woken (room freed by its acks, its outbox, its end) or `timeout` passes."""
+        await _until(asyncio.get_running_loop().create_future(), timeout, self)
 
     def room(self) -> int:
         if self.held_bytes >= self.max_bytes:
