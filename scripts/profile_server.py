@@ -1,0 +1,135 @@
+"""Where the server's time goes under one benchmark workload: py-spy samples the Pigeon server (native frames
+included) only while that workload runs, then prints the hottest functions by own time and the Pigeon
+functions by inclusive time, and writes a speedscope file (open it at https://www.speedscope.app/).
+
+    python scripts/profile_server.py consume          # drains a 1M backlog published first (not profiled)
+    python scripts/profile_server.py latency          # 1,000 msg/s open loop, durable
+    python scripts/profile_server.py publish --plan quick
+
+Sizes come from the benchmark's plans (`--plan full` by default); loopback only; bounded like the benchmark.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+from rich.console import Console
+from rich.table import Table
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from pigeon.bench import workloads as w  # noqa: E402
+from pigeon.bench.peers import PigeonServer  # noqa: E402
+from pigeon.bench.plan import PLANS  # noqa: E402
+
+console = Console(width=150)
+
+
+def _tick(fraction: float, done: int) -> None:
+    pass
+
+
+def run_workload(name: str, server, plan) -> tuple[dict, callable]:
+    """Prepare (unprofiled) and return the workload's call."""
+    d = server.driver
+    if name == "publish":
+        w.setup(d, "publish")
+        return lambda: w.publish_best(d, plan, "publish", plan.publish_batches[0], _tick)
+    if name == "consume":
+        w.setup(d, "publish")
+        pub = w.publish_best(d, plan, "publish", plan.publish_batches[0], _tick)
+        n = min(pub["published_total"], plan.consume_messages)
+        console.print(f"backlog: {pub['published_total']:,} messages published, consuming {n:,}")
+        return lambda: w.consume(d, plan, "publish", n, _tick)
+    if name == "latency":
+        return lambda: w.latency(d, plan, "latency", _tick)
+    if name == "connections":
+        return lambda: w.connections(d, plan, "conns", _tick)
+    raise SystemExit(f"unknown workload {name}")
+
+
+def summarize(path: str, top: int) -> None:
+    with open(path) as f:
+        doc = json.load(f)
+    frames = doc["shared"]["frames"]
+    for prof in doc["profiles"]:
+        if "MainThread" not in prof["name"] and "wal" not in prof["name"]:
+            continue
+        total = sum(prof["weights"]) or 1
+        own: collections.Counter = collections.Counter()
+        incl: collections.Counter = collections.Counter()
+        for stack, weight in zip(prof["samples"], prof["weights"]):
+            if not stack:
+                continue
+            fr = frames[stack[-1]]
+            own[(fr["name"], os.path.basename(fr.get("file", "")))] += weight
+            for i in set(stack):
+                incl[i] += weight
+        table = Table(title=f"{prof['name']}: own time", show_lines=False)
+        table.add_column("share", justify="right")
+        table.add_column("function")
+        table.add_column("file")
+        for (fn, file), c in own.most_common(top):
+            table.add_row(f"{100 * c / total:.1f} %", fn, file)
+        console.print(table)
+        table = Table(title=f"{prof['name']}: Pigeon functions, inclusive time")
+        table.add_column("share", justify="right")
+        table.add_column("function")
+        table.add_column("where")
+        shown = 0
+        for i, c in incl.most_common():
+            fr = frames[i]
+            file = fr.get("file", "")
+            if "/pigeon/" not in file or "/pigeon/cli/" in file or fr["name"] in ("run", "serve"):
+                continue
+            table.add_row(f"{100 * c / total:.1f} %", fr["name"], f"{os.path.basename(file)}:{fr.get('line')}")
+            shown += 1
+            if shown >= top:
+                break
+        console.print(table)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("workload", choices=("publish", "consume", "latency", "connections"))
+    ap.add_argument("--plan", default="full", choices=sorted(PLANS))
+    ap.add_argument("--rate", type=int, default=200, help="py-spy samples per second")
+    ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--out", default=None, help="speedscope file (default: a temporary file, printed)")
+    args = ap.parse_args()
+    plan = PLANS[args.plan]
+    root = tempfile.mkdtemp(prefix="pigeon-profile-")
+    out = args.out or os.path.join(root, f"{args.workload}.speedscope.json")
+    server = PigeonServer(root, plan)
+    server.start()
+    try:
+        call = run_workload(args.workload, server, plan)
+        spy = subprocess.Popen(
+            [os.path.join(os.path.dirname(sys.executable), "py-spy"), "record", "--pid", str(server.main().pid),
+             "--subprocesses", "--native", "--threads", "--rate", str(args.rate), "--format", "speedscope",
+             "-o", out], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        time.sleep(1.0)  # py-spy attaches
+        result = call()
+        spy.send_signal(signal.SIGINT)
+        _, err = spy.communicate(timeout=60)
+        if spy.returncode not in (0, -signal.SIGINT) and not os.path.exists(out):
+            console.print(err.decode(errors="replace"))
+            return 1
+    finally:
+        server.stop()
+        server.discard()
+    console.print({k: v for k, v in result.items() if k != "cpu"})
+    summarize(out, args.top)
+    console.print(f"speedscope file: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
