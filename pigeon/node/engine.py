@@ -20,7 +20,7 @@ from pigeon.broker.registry import Registry, SnapshotState, pb64
 from pigeon.broker.subscription import SubscriptionState
 from pigeon.broker.schedule import parse_activation
 from pigeon.broker.topic import SCHEDULED, key_hash
-from pigeon.core import ackid, limits, names, rawproto, wire
+from pigeon.core import ackid, limits, names, rawproto
 from pigeon.core.errors import (
     AlreadyExists,
     FailedPrecondition,
@@ -372,35 +372,20 @@ class Engine:
         taken = self.lease(s, max_messages, deadline_s, owner)
         if not taken:
             return []
-        msgs = self.read(s, [num for num, _ in taken])
         show_attempt = bool(s.config.dead_letter_policy.dead_letter_topic)
-        uid = s.uid
-        ack_format = ackid.FORMAT
-        table = wire.VARINT_TABLE
-        varint = wire.varint_fast
-        out = []
-        total = 0
-        held = owner.held if owner is not None else None
-        held_bytes = 0
-        for i, ((num, version), (body, tail)) in enumerate(zip(taken, msgs)):
-            size = len(body) + len(tail)
-            total += size
-            if total > max_bytes and out:
-                s.untake(taken[i:])
-                break
-            # ReceivedMessage: ack_id (1) · message (2) [· delivery_attempt (3)]
-            ack = ack_format % (uid, num, version)
-            head = b"\x0a%c%b\x12%b" % (len(ack), ack, table[size] if size < 16384 else varint(size))
-            if show_attempt:
-                tail = tail + b"\x18" + varint(version)
-            n = len(head) + len(body) + len(tail)
-            out.append(b"\x0a%b%b%b%b" % (table[n] if n < 16384 else varint(n), head, body, tail))
-            if held is not None and num in s.leases:
-                held[num] = size
-                held_bytes += size
-        if held is not None:
+        out, sizes = self.reader.received(s.topic, taken, s.uid, show_attempt, max_bytes, s.overrides)
+        if len(out) < len(taken):  # the rest did not fit
+            s.untake(taken[len(out):])
+            del taken[len(out):]
+        if owner is not None:
+            held, leases = owner.held, s.leases
+            held_bytes = 0
+            for (num, _), size in zip(taken, sizes):
+                if num in leases:
+                    held[num] = size
+                    held_bytes += size
             owner.held_bytes += held_bytes
-        self.count_deliveries(s, [num for num, _ in taken[: len(out)]])
+        self.count_deliveries(s, [num for num, _ in taken])
         return out
 
     def lease(self, s: SubscriptionState, max_messages: int, deadline_s: float, owner=None, per_key_max: int = 0):
