@@ -17,6 +17,8 @@ import queue
 import signal
 import socket
 import subprocess
+import tempfile
+import threading
 import time
 import traceback
 from typing import Callable
@@ -151,6 +153,44 @@ class CpuWatch:
         disk = round(min(100.0, (_disk_io_ms() - self.disk0) / 10 / wall), 1)
         return {"busy_pct": pct(busy_s), "bench_pct": pct(ours_s), "other_pct": pct(busy_s - ours_s),
                 "disk_busy_pct": disk}
+
+
+class DiskProbe:
+    """A thread that writes 4 KiB and fdatasyncs it every `interval_s` on the filesystem the servers use, for
+    as long as a workload runs: the disk's own stalls, seen the same way for every target. A latency tail that
+    matches the probe's slowest fdatasync is the disk's, not the server's."""
+
+    def __init__(self, directory: str | None = None, interval_s: float = 0.02):
+        fd, self.path = tempfile.mkstemp(prefix="pigeon-disk-probe-", dir=directory)
+        os.close(fd)
+        self.interval_s = interval_s
+        self.times: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="disk-probe", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        block = os.urandom(4096)
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+        try:
+            while not self._stop.wait(self.interval_s):
+                t = time.perf_counter()
+                os.write(fd, block)
+                os.fdatasync(fd)
+                self.times.append(time.perf_counter() - t)
+        finally:
+            os.close(fd)
+
+    def stop(self) -> dict:
+        self._stop.set()
+        self._thread.join()
+        os.unlink(self.path)
+        t = sorted(self.times)
+        if not t:
+            return {}
+        return {"disk_probe_fsyncs": len(t), "disk_probe_p50_ms": round(t[len(t) // 2] * 1e3, 3),
+                "disk_probe_max_ms": round(t[-1] * 1e3, 3),
+                "disk_probe_stalled_ms": round(sum(x for x in t if x > 0.01) * 1e3, 1)}
 
 
 def wait_quiet(max_wait_s: float, other_pct_max: float = 10.0, window_s: float = 2.0) -> dict:

@@ -12,7 +12,7 @@ import multiprocessing as mp
 import time
 from typing import Callable
 
-from pigeon.bench.procs import Gate, run_one, run_workers
+from pigeon.bench.procs import DiskProbe, Gate, run_one, run_workers
 
 Tick = Callable[[float, int], None]  # (fraction done, messages so far)
 
@@ -98,13 +98,17 @@ def latency(driver, plan, key: str, tick: Tick) -> dict:
     grace_s = 2.0
     jobs = [(driver.latency_consume, (key, 1000, gate, grace_s)),
             (driver.latency_publish, (key, plan.message_bytes, plan.latency_rate, gate))]
-    sub, pub = run_workers(jobs, gate, _wall(plan, gate.duration_s + grace_s), _ticker(gate, tick))
+    probe = DiskProbe()
+    try:
+        sub, pub = run_workers(jobs, gate, _wall(plan, gate.duration_s + grace_s), _ticker(gate, tick))
+    finally:
+        disk = probe.stop()
     lat = sorted(sub["lat_us"])
     ms = lambda q: round(_percentile(lat, q) / 1000, 3)  # noqa: E731
     return {"rate": plan.latency_rate, "seconds": plan.latency_s, "sent": pub["sent"], "received": len(lat),
             "p50_ms": ms(0.50), "p99_ms": ms(0.99), "p999_ms": ms(0.999), "max_ms": round(lat[-1] / 1000, 3)
             if lat else None, "message_bytes": plan.message_bytes,
-            **{k: v for k, v in pub.items() if k != "sent"}}
+            **{k: v for k, v in pub.items() if k != "sent"}, **disk}
 
 
 def backlog(server, plan, key: str, messages: int, tick: Tick) -> dict:

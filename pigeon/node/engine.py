@@ -621,9 +621,12 @@ class Engine:
                 self.signal(s.uid).notify()  # nacked: ready again (the waiter woken passes it on)
         return failures
 
-    def stream_acks(self, stream: Stream, ack_ids) -> tuple[asyncio.Future, dict[str, str]]:
-        """Acks sent on a stream: (durability future, exactly-once failures)."""
+    def stream_acks(self, stream: Stream, ack_ids) -> tuple[asyncio.Future | None, dict[str, str]]:
+        """Acks sent on a stream: (durability future with exactly-once delivery — the confirmation waits for
+        it —, else None: the acks ride along with the next group commit; exactly-once failures)."""
         failures = self.ack_nowait(stream.sub, ack_ids)
+        if not stream.sub.config.enable_exactly_once_delivery:
+            return None, failures
         return self.wal.wait_durable(self.wal.tail), failures
 
     # --- snapshots and seek ----------------------------------------------------------------------

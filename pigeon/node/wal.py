@@ -1,7 +1,10 @@
 """The write-ahead log on disk and its group commit. Owns the rule: acknowledged ⇒ covered by
 fdatasync (under the default policy). Records get their global position when appended (on the event
 loop thread); one writer thread writes everything pending with one write and one fdatasync, then wakes
-every waiter whose record is covered.
+every waiter whose record is covered. Every record is written at once (a killed process loses none), but
+fdatasync runs only when someone waits for a record (a publish, a unary ack) or LAZY_FLUSH_S after a record
+nobody waits for (an ack sent on a stream, a delivery count): those ride along with the next group commit
+instead of costing a disk flush of their own.
 
 Segments are files named by the global position of their first byte, so a position maps to a file by
 bisection and a segment's end is the next one's start."""
@@ -22,6 +25,7 @@ log = logging.getLogger("pigeon.wal")
 
 SUFFIX = ".wal"
 BATCH_SYNC_S = 0.005  # fsync=batch: the longest a written record waits for its fdatasync
+LAZY_FLUSH_S = 0.01  # fsync=always: the longest a written record nobody waits for stays without fdatasync
 
 
 class FsyncPolicy(str, enum.Enum):
@@ -63,6 +67,8 @@ class Wal:
         self.durable = 0  # position up to which data is durable (per policy)
         self._pending: list[tuple[int, bytes]] = []  # (segment start, data)
         self._pending_bytes = 0
+        self._want = 0  # position the writer has been asked to make durable (guarded by _cv)
+        self._lazy_timer: asyncio.TimerHandle | None = None
         self._waiters: list[tuple[int, asyncio.Future]] = []
         self._cv = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -70,8 +76,7 @@ class Wal:
         self._failed: BaseException | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._read_fds: dict[int, int] = {}
-        self.flushes = 0  # statistics: group commits done
-        self.synced_bytes = 0
+        self.flushes = 0  # statistics: group commits that made records durable
 
     # --- lifecycle -------------------------------------------------------------------------------
     def open(self, tail: int) -> None:
@@ -98,6 +103,9 @@ class Wal:
         fsync_dir(self.dir)
 
     async def close(self) -> None:
+        if self._lazy_timer is not None:
+            self._lazy_timer.cancel()
+            self._lazy_timer = None
         with self._cv:
             self._closing = True
             self._cv.notify()
@@ -122,7 +130,19 @@ class Wal:
             self._pending.append((seg, data))
             self._pending_bytes += len(data)
             self._cv.notify()
+        if self._lazy_timer is None and self.policy is FsyncPolicy.always:
+            self._lazy_timer = self._loop.call_later(LAZY_FLUSH_S, self.flush_soon)
         return pos
+
+    def flush_soon(self) -> None:
+        """Ask the writer for everything appended so far."""
+        if self._lazy_timer is not None:
+            self._lazy_timer.cancel()
+            self._lazy_timer = None
+        if self._want < self.tail:
+            with self._cv:
+                self._want = self.tail
+                self._cv.notify()
 
     def wait_durable(self, end: int) -> asyncio.Future:
         fut = self._loop.create_future()
@@ -132,6 +152,8 @@ class Wal:
             fut.set_exception(Unavailable(f"The log is not writable: {self._failed}"))
         else:
             self._waiters.append((end, fut))
+            if self._want < end:
+                self.flush_soon()
         return fut
 
     def _on_durable(self, end: int) -> None:
@@ -158,22 +180,24 @@ class Wal:
     # --- the writer thread -----------------------------------------------------------------------
     def _writer(self, cur_start: int, written: int) -> None:
         fd = os.open(os.path.join(self.dir, segment_name(cur_start)), os.O_WRONLY | os.O_APPEND)
-        dirty, last_sync = False, time.monotonic()
+        always, batch_policy = self.policy is FsyncPolicy.always, self.policy is FsyncPolicy.batch
+        synced, last_sync = written, time.monotonic()  # synced: what fdatasync covers
         try:
             while True:
                 with self._cv:
-                    while not self._pending and not self._closing:
-                        if dirty:  # batch policy: sync soon after the last write, even when idle
+                    while not (self._pending or self._closing or self._want > synced):
+                        if batch_policy and written > synced:  # sync soon after the last write, even when idle
                             self._cv.wait(BATCH_SYNC_S)
-                            if not self._pending:
+                            if not (self._pending or self._closing or self._want > synced):
                                 os.fdatasync(fd)
-                                dirty, last_sync = False, time.monotonic()
+                                synced, last_sync = written, time.monotonic()
                         else:
                             self._cv.wait()
                     if not self._pending and self._closing:
                         break
                     batch, self._pending = self._pending, []
                     nbytes, self._pending_bytes = self._pending_bytes, 0
+                    want = self._want
                 chunks: list[bytes] = []
                 for seg, data in batch:
                     if seg != cur_start:
@@ -193,18 +217,21 @@ class Wal:
                     while view:
                         n = os.write(fd, view)
                         view = view[n:]
-                if self.policy is FsyncPolicy.always:
-                    self._sync(fd)
-                elif self.policy is FsyncPolicy.batch:
-                    dirty = True
-                    if time.monotonic() - last_sync >= BATCH_SYNC_S:
-                        os.fdatasync(fd)
-                        dirty, last_sync = False, time.monotonic()
                 written += nbytes
+                if always:
+                    if want <= synced:
+                        continue  # written for nobody waiting: the next group commit's fdatasync covers it
+                    os.fdatasync(fd)
+                    synced = written
+                elif batch_policy and time.monotonic() - last_sync >= BATCH_SYNC_S:
+                    os.fdatasync(fd)
+                    synced, last_sync = written, time.monotonic()
+                elif not batch_policy:
+                    synced = written  # never: the OS decides
                 self.flushes += 1
-                self.synced_bytes += nbytes
-                self._loop.call_soon_threadsafe(self._on_durable, written)
-            self._sync(fd)
+                self._loop.call_soon_threadsafe(self._on_durable, synced if always else written)
+            if written > synced:
+                self._sync(fd)
         except BaseException as exc:  # disk full, I/O error: fail every waiter, refuse new appends
             log.error("WAL writer failed: %s", exc)
             try:

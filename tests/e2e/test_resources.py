@@ -2,7 +2,6 @@
 
 import pytest
 from google.api_core import exceptions as gexc
-from google.protobuf import duration_pb2, field_mask_pb2
 
 from e2e_helpers import E2E_MARKS, client_factory, collect, pull_now, raw_publish  # noqa: F401  (fixture)
 

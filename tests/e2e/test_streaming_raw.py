@@ -6,7 +6,6 @@ import queue
 import threading
 import time
 
-import pytest
 from google.api_core import exceptions as gexc
 from google.pubsub_v1 import types
 from google.pubsub_v1.services.subscriber import SubscriberClient as GapicSubscriber

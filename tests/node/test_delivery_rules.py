@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from test_engine import PB, S, T, config, pull_all, received, setup, started
+from test_engine import PB, S, T, config, pull_all, setup, started
 
 from pigeon.testing.clock import SimClock
 

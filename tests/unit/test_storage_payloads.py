@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import struct
 from array import array
 
 import pytest

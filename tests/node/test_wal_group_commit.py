@@ -1,0 +1,92 @@
+"""The WAL's group commit on real files (fsync=always): every record is written at once, but fdatasync runs
+when someone waits for a record; records nobody waits for ride along with the next group commit or are synced
+within LAZY_FLUSH_S; closing writes everything."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+from pigeon.node import wal as wal_mod
+from pigeon.node.wal import Wal
+from pigeon.storage import record
+
+
+def _rec(i: int) -> bytes:
+    return record.encode(record.RecordType.META, b'{"n":%d}' % i)
+
+
+async def _open(tmp_path, policy: str) -> Wal:
+    w = Wal(str(tmp_path / "wal"), policy, 1 << 20, 1 << 20)
+    w.open(0)
+    return w
+
+
+def _on_disk(tmp_path) -> int:
+    d = tmp_path / "wal"
+    return sum(os.path.getsize(d / f) for f in os.listdir(d))
+
+
+def test_records_nobody_waits_for_join_the_next_group_commit(tmp_path, monkeypatch):
+    monkeypatch.setattr(wal_mod, "LAZY_FLUSH_S", 3600.0)  # no timer within the test
+
+    async def go():
+        w = await _open(tmp_path, "always")
+        lazy = [_rec(i) for i in range(5)]
+        for r in lazy:
+            w.append(r)
+        await asyncio.sleep(0)
+        assert w.flushes == 0  # no fdatasync of their own
+        urgent = _rec(99)
+        pos = w.append(urgent)
+        await w.wait_durable(pos + len(urgent))
+        assert w.flushes == 1 and w.durable == w.tail  # one group commit covered all six
+        assert _on_disk(tmp_path) == sum(map(len, lazy)) + len(urgent)
+        await w.close()
+
+    asyncio.run(go())
+
+
+def test_a_record_nobody_waits_for_is_synced_soon_anyway(tmp_path):
+    async def go():
+        w = await _open(tmp_path, "always")
+        w.append(_rec(1))
+        deadline = asyncio.get_running_loop().time() + 20 * wal_mod.LAZY_FLUSH_S + 1.0
+        while w.durable < w.tail and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(wal_mod.LAZY_FLUSH_S)
+        assert w.durable == w.tail and w.flushes == 1
+        await w.close()
+
+    asyncio.run(go())
+
+
+def test_records_nobody_waits_for_reach_the_file_at_once_without_fdatasync(tmp_path, monkeypatch):
+    monkeypatch.setattr(wal_mod, "LAZY_FLUSH_S", 3600.0)  # only a waiter could start the fdatasync
+
+    async def go():
+        w = await _open(tmp_path, "always")
+        for i in range(10):
+            w.append(_rec(i))
+        for _ in range(200):  # a killed process would lose none of them: they are in the file
+            if _on_disk(tmp_path) == w.tail:
+                break
+            await asyncio.sleep(0.01)
+        assert _on_disk(tmp_path) == w.tail
+        assert w.flushes == 0 and w.durable == 0  # not reported durable: no fdatasync covered them yet
+        await w.close()
+
+    asyncio.run(go())
+
+
+def test_close_writes_what_is_pending(tmp_path, monkeypatch):
+    monkeypatch.setattr(wal_mod, "LAZY_FLUSH_S", 3600.0)
+
+    async def go():
+        w = await _open(tmp_path, "always")
+        recs = [_rec(i) for i in range(3)]
+        for r in recs:
+            w.append(r)
+        await w.close()
+        assert _on_disk(tmp_path) == sum(map(len, recs))
+
+    asyncio.run(go())
