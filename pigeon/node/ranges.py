@@ -99,7 +99,7 @@ def read_range(engine, topic_name: str, shard: int, start: int, end: int, max_me
         while offset < stop and size < max_bytes:
             base = ix.base[i]
             hi = min(ix.batch_end(i), stop)
-            msgs = engine.reader.batch(ix.pos[i]).messages[offset - base : hi - base]
+            msgs = engine.reader.batch(ix.pos[i])[0][offset - base : hi - base]
             sizes = array("I", map(len, msgs))
             room, total = max_bytes - size, sum(sizes)
             if total > room:  # cut inside this batch, keeping at least one message overall

@@ -15,15 +15,15 @@ from pigeon.storage import payloads, record
 _LEN = struct.Struct("<I")
 
 
-class Batch:
-    """One stored publish batch, split: the messages and the encoded publish_time field they share."""
+# One stored publish batch, split: (the messages, the encoded publish_time field they share, record bytes).
+# A plain tuple of bytes and ints on purpose: the garbage collector stops tracking such tuples, so a cache
+# of many batches adds nothing to the full collections that would otherwise pause the event loop.
+Batch = tuple[tuple[bytes, ...], bytes, int]
 
-    __slots__ = ("messages", "time_field", "nbytes")
 
-    def __init__(self, messages: list[bytes], publish_ms: int, nbytes: int):
-        self.messages = messages
-        self.time_field = wire.length_delimited(4, wire.timestamp(publish_ms // 1000, (publish_ms % 1000) * 1_000_000))
-        self.nbytes = nbytes
+def make_batch(messages: list[bytes], publish_ms: int, nbytes: int) -> Batch:
+    time_field = wire.length_delimited(4, wire.timestamp(publish_ms // 1000, (publish_ms % 1000) * 1_000_000))
+    return tuple(messages), time_field, nbytes
 
 
 class MessageReader:
@@ -36,10 +36,10 @@ class MessageReader:
 
     def remember(self, pos: int, batch: Batch) -> None:
         self._cache[pos] = batch
-        self._cache_bytes += batch.nbytes
+        self._cache_bytes += batch[2]
         while self._cache_bytes > self.cache_bytes_max and len(self._cache) > 1:
             _, old = self._cache.popitem(last=False)
-            self._cache_bytes -= old.nbytes
+            self._cache_bytes -= old[2]
 
     def batch(self, pos: int) -> Batch:
         b = self._cache.get(pos)
@@ -52,7 +52,7 @@ class MessageReader:
         rtype, payload, _ = record.decode_at(buf, 0, len(buf))
         assert rtype == record.RecordType.PUBLISH
         ms = payloads.publish_head(payload)[3]
-        b = Batch(payloads.publish_messages(payload), ms, length)
+        b = make_batch(payloads.publish_messages(payload), ms, length)
         self.remember(pos, b)
         return b
 
@@ -73,7 +73,7 @@ class MessageReader:
                 memo_shard, memo_lo, memo_hi = shard, ix.base[i], ix.batch_end(i)
                 batch = self.batch(ix.pos[i])
             mid = b"%d" % (((id_base | offset) << bits) | shard)
-            out.append((batch.messages[offset - memo_lo], b"\x1a%c%b%b" % (len(mid), mid, batch.time_field)))
+            out.append((batch[0][offset - memo_lo], b"\x1a%c%b%b" % (len(mid), mid, batch[1])))
         return out
 
     def received(self, topic: TopicState, taken, sub_uid: int, show_attempt: bool, max_bytes: int,
@@ -86,7 +86,7 @@ class MessageReader:
         sizes: list[int] = []
         total = 0
         memo_shard = memo_lo = memo_hi = -1
-        messages: list[bytes] = []
+        messages: tuple[bytes, ...] = ()
         time_field = b""
         shards = topic.shards
         id_base = topic.uid << limits.topic_offset_bits
@@ -100,8 +100,7 @@ class MessageReader:
                 ix = shards[shard]
                 i = ix.batch_of(offset)
                 memo_shard, memo_lo, memo_hi = shard, ix.base[i], ix.batch_end(i)
-                b = self.batch(ix.pos[i])
-                messages, time_field = b.messages, b.time_field
+                messages, time_field, _ = self.batch(ix.pos[i])
             body = messages[offset - memo_lo]
             if overrides:
                 body = overrides.get(num, body)
