@@ -114,6 +114,9 @@ class Server:
         return t0
 
 
+SERVER_TREE_ENV = "PIGEON_BENCH_SERVER_TREE"  # a source tree to run the Pigeon server from (scripts/bench_ab.py)
+
+
 class PigeonServer(Server):
     name = "pigeon"
 
@@ -126,7 +129,12 @@ class PigeonServer(Server):
         self.server = f"Pigeon {version('pigeon')}, fsync=always"
         cmd = [sys.executable, "-m", "pigeon", "serve", "--host", "127.0.0.1", "--port", str(port),
                "--data-dir", os.path.join(self.root, "data"), "--fsync", "always"]
-        d = Daemon("pigeon", cmd, port, os.path.join(self.root, "pigeon.log"), self.plan.peer_wall_s_max)
+        env = None
+        tree = os.environ.get(SERVER_TREE_ENV)
+        if tree:  # before/after comparisons: the server from another checkout, the same load generator
+            env = {"PYTHONPATH": tree}
+            self.server += f", server code from {tree}"
+        d = Daemon("pigeon", cmd, port, os.path.join(self.root, "pigeon.log"), self.plan.peer_wall_s_max, env=env)
         self.daemons.append(d.start(self.plan.peer_start_s_max))
         self.driver = GrpcDriver(f"127.0.0.1:{port}")
 

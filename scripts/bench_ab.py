@@ -1,0 +1,98 @@
+"""Before/after: the same benchmark workloads for two git revisions, alternating A B A B … in one sitting, so
+both sides see the same machine (these VMs are shared and noisy: a ratio from one sitting is worth more than two
+figures from different hours).
+
+    python scripts/bench_ab.py HEAD~3 HEAD --workloads publish,consume --rounds 2
+    python scripts/bench_ab.py 161ec0c HEAD --workloads connections
+
+Each revision is checked out into a temporary git worktree; the benchmark of this checkout starts the server from
+it (PIGEON_BENCH_SERVER_TREE), so both sides face the same load generator. The table shows every run and the
+median ratio B ÷ A per figure. Loopback only, bounded by the plan like `pigeon bench`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+from rich.console import Console
+from rich.table import Table
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+console = Console(width=150)
+
+# (label, results key, field)
+FIGURES = [
+    ("publish 1 KiB × 1,000 msg/s", "publish_b1000", "msgs_per_s"),
+    ("publish 1 KiB × 100 msg/s", "publish_b100", "msgs_per_s"),
+    ("consume with acks msg/s", "consume", "msgs_per_s"),
+    ("latency p50 ms", "latency", "p50_ms"),
+    ("latency p99 ms", "latency", "p99_ms"),
+    ("latency p999 ms", "latency", "p999_ms"),
+    ("disk probe: slowest fdatasync ms", "latency", "disk_probe_max_ms"),
+    ("ordered publish msg/s", "ordered", "publish_msgs_per_s"),
+    ("ordered consume msg/s", "ordered", "consume_msgs_per_s"),
+    ("many clients publish msg/s", "connections", "publish_msgs_per_s"),
+    ("many clients receive msg/s", "connections", "receive_msgs_per_s"),
+    ("streams that received", "connections", "subscribers_active"),
+    ("RAM per backlogged message B", "backlog", "bytes_per_msg"),
+    ("restart s", "restart", "seconds"),
+]
+
+
+def run(rev_dir: str, plan: str, workloads: str, out: str) -> dict:
+    env = dict(os.environ, PIGEON_BENCH_SERVER_TREE=rev_dir)
+    cmd = [sys.executable, "-m", "pigeon", "bench", "--plan", plan, "--workloads", workloads, "--json", out]
+    subprocess.run(cmd, cwd=ROOT, env=env, check=False, stdout=subprocess.DEVNULL)
+    with open(out) as f:
+        return (json.load(f)["targets"].get("pigeon") or {}).get("results") or {}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("a", help="the revision before (A)")
+    ap.add_argument("b", help="the revision after (B)")
+    ap.add_argument("--workloads", required=True, help="comma-separated, as for `pigeon bench --workloads`")
+    ap.add_argument("--plan", default="full")
+    ap.add_argument("--rounds", type=int, default=2)
+    args = ap.parse_args()
+    tmp = tempfile.mkdtemp(prefix="pigeon-ab-")
+    dirs = {}
+    try:
+        for side, rev in (("A", args.a), ("B", args.b)):
+            dirs[side] = os.path.join(tmp, side)
+            subprocess.run(["git", "worktree", "add", "--detach", dirs[side], rev], cwd=ROOT, check=True,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        runs: dict[str, list[dict]] = {"A": [], "B": []}
+        for i in range(args.rounds):
+            for side in ("A", "B"):
+                console.print(f"round {i + 1}/{args.rounds}: {side} ({args.a if side == 'A' else args.b})")
+                runs[side].append(run(dirs[side], args.plan, args.workloads, os.path.join(tmp, f"{side}{i}.json")))
+    finally:
+        for d in dirs.values():
+            subprocess.run(["git", "worktree", "remove", "--force", d], cwd=ROOT, check=False,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    table = Table(title=f"A = {args.a}, B = {args.b}: {args.workloads}, {args.rounds} alternating rounds")
+    table.add_column("figure")
+    table.add_column("A runs", justify="right")
+    table.add_column("B runs", justify="right")
+    table.add_column("B ÷ A (medians)", justify="right")
+    for label, key, field in FIGURES:
+        va = [r[key][field] for r in runs["A"] if isinstance((r.get(key) or {}).get(field), (int, float))]
+        vb = [r[key][field] for r in runs["B"] if isinstance((r.get(key) or {}).get(field), (int, float))]
+        if not va and not vb:
+            continue
+        ratio = statistics.median(vb) / statistics.median(va) if va and vb and statistics.median(va) else None
+        table.add_row(label, " / ".join(f"{v:,.4g}" for v in va), " / ".join(f"{v:,.4g}" for v in vb),
+                      f"{ratio:.2f}×" if ratio is not None else "–")
+    console.print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
