@@ -253,8 +253,8 @@ class SubscriptionState:
     # --- handing out -------------------------------------------------------------------------
     def take(self, max_messages: int, now: float, deadline_s: float, owner=None, per_key_max: int = 0) -> list[Delivery]:
         """Lock up to `max_messages` messages: redeliveries first, then ready keys, then new messages in
-        shard order. `owner` (a stream, or None) is told `release(num)` when a lease ends for any reason.
-        `per_key_max` caps an ordered key's batch (push: 1)."""
+        shard order. `owner` (a stream, or None) is told `release(num)` when a lease ends for any reason
+        (`release_all(nums)` for a batch of acks). `per_key_max` caps an ordered key's batch (push: 1)."""
         self.expire(now)
         out: list[Delivery] = []
         leases, versions = self.leases, self.versions
@@ -455,6 +455,42 @@ class SubscriptionState:
     # --- answers from clients ----------------------------------------------------------------
     def ack(self, nums: list[int]) -> list[int]:
         """Acknowledge message numbers; return those that changed state (to be logged)."""
+        if self.keys or self.parked or self.overrides:
+            return self._ack_each(nums)
+        # the common case, kept lean: acks in delivery order move the floor; owners are told once per batch
+        changed = []
+        shards, leases_pop = self.shards, self.leases.pop
+        n_shards = len(shards)
+        owners: dict = {}
+        for num in nums:
+            shard = num & SHARD_MASK
+            if shard >= n_shards:
+                continue
+            ss = shards[shard]
+            offset = num >> _BITS
+            if offset == ss.floor and not ss.acked:
+                ss.floor = offset + 1
+                if ss.cursor <= offset:
+                    ss.cursor = offset + 1
+            elif not ss.mark(offset):
+                continue
+            changed.append(num)
+            lease = leases_pop(num, None)
+            if lease is not None and lease[2] is not None:
+                mine = owners.get(lease[2])
+                if mine is None:
+                    owners[lease[2]] = [num]
+                else:
+                    mine.append(num)
+        for owner, mine in owners.items():
+            owner.release_all(mine)
+        versions = self.versions
+        if versions:
+            for num in changed:
+                versions.pop(num, None)
+        return changed
+
+    def _ack_each(self, nums: list[int]) -> list[int]:
         changed = []
         shards, leases, versions = self.shards, self.leases, self.versions
         n_shards = len(shards)

@@ -292,6 +292,10 @@ class PushWorker:
     def release(self, num: int) -> None:
         self.held.pop(num, None)
 
+    def release_all(self, nums: list[int]) -> None:
+        for num in nums:
+            self.held.pop(num, None)
+
     def _sub(self):
         return self.engine.registry.subs_by_uid.get(self.uid)
 

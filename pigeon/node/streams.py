@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import itertools
 import math
 import time
 
@@ -126,6 +127,11 @@ class Stream:
 
     def release(self, num: int) -> None:
         self.held_bytes -= self.held.pop(num, 0)
+        if self.waiter is not None and self.room() > 0:
+            _resolve(self.waiter, _WOKEN)
+
+    def release_all(self, nums: list[int]) -> None:
+        self.held_bytes -= sum(map(self.held.pop, nums, itertools.repeat(0)))
         if self.waiter is not None and self.room() > 0:
             _resolve(self.waiter, _WOKEN)
 

@@ -40,6 +40,9 @@ class Owner:
     def release(self, n: int) -> None:
         self.released.append(n)
 
+    def release_all(self, ns: list[int]) -> None:
+        self.released.extend(ns)
+
     def __repr__(self):
         return f"Owner({self.name})"
 
