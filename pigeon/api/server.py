@@ -22,6 +22,10 @@ log = logging.getLogger("pigeon.server")
 
 
 async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
+    stop = asyncio.Event()  # SIGTERM/SIGINT from the first moment: during startup it means stop once started
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
     engine = Engine(config)
     await engine.start()
     server = grpc.aio.server(
@@ -38,17 +42,13 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
     port = server.add_insecure_port(address)
     if port == 0:
         raise SystemExit(f"cannot listen on {address}")
-    await server.start()
     # What startup made (modules, protobuf descriptors, the recovered state) lives as long as the process:
     # freezing it keeps the collector's full passes, which pause the event loop, from walking it again.
     gc.collect()
     gc.freeze()
+    await server.start()
     log.info("pigeon serving on %s:%d (data %s, fsync=%s)", config.host, port, config.data_dir, config.fsync)
     print(f"pigeon: listening on {config.host}:{port}", flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
     if ready is not None:
         ready.set()
     await stop.wait()
