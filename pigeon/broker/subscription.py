@@ -297,14 +297,13 @@ class SubscriptionState:
         max_attempts = self.max_attempts
         cursor = s.cursor
         parked = self.parked
-        if not acked and not parked and not versions:  # first deliveries of a plain run: no per-message checks
-            n = min(end - cursor, max_messages - len(out))
-            if n > 0:
-                nums = range((cursor << _BITS) | shard_no, ((cursor + n) << _BITS) | shard_no, 1 << _BITS)
-                leases.update(dict.fromkeys(nums, (deadline, 1, owner, 0)))
-                out.extend(zip(nums, itertools.repeat(1)))
-                cursor += n
-            s.cursor = cursor
+        n = min(end - cursor, max_messages - len(out))
+        if n > 0 and not parked and not versions and (not acked or acked.isdisjoint(range(cursor, cursor + n))):
+            # first deliveries of a plain run (acks of other streams sit below the cursor): no per-message checks
+            nums = range((cursor << _BITS) | shard_no, ((cursor + n) << _BITS) | shard_no, 1 << _BITS)
+            leases.update(dict.fromkeys(nums, (deadline, 1, owner, 0)))
+            out.extend(zip(nums, itertools.repeat(1)))
+            s.cursor = cursor + n
             return
         while cursor < end and len(out) < max_messages:
             if cursor not in acked:

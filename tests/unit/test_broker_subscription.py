@@ -481,3 +481,12 @@ def test_subscription_without_topic_delivers_nothing():
     assert s.take(10, 0.0, 10) == []
     assert s.ack([0, 64]) == []
     assert s.export_state() == ([], [])
+
+
+def test_acks_ahead_of_the_cursor_and_behind_it_shape_the_next_take():
+    _, s = _sub(published=(10,))
+    assert s.take(4, 0.0, 10) == [(num(o, 0), 1) for o in range(4)]  # a first stream holds 0-3
+    assert s.ack([num(2, 0)]) == [num(2, 0)]  # acked behind the cursor: the next run may skip checks
+    assert s.ack([num(6, 0)]) == [num(6, 0)]  # acked before it was handed out (an ack id of an earlier life)
+    assert s.take(10, 0.0, 10) == [(num(o, 0), 1) for o in (4, 5, 7, 8, 9)]
+    assert s.take(10, 0.0, 10) == []
