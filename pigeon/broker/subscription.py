@@ -453,66 +453,36 @@ class SubscriptionState:
 
     # --- answers from clients ----------------------------------------------------------------
     def ack(self, nums: list[int]) -> list[int]:
-        """Acknowledge message numbers; return those that changed state (to be logged)."""
-        if self.keys or self.parked or self.overrides:
-            return self._ack_each(nums)
-        # the common case, kept lean: acks in delivery order move the floor; owners are told once per batch
+        """Acknowledge message numbers; return those that changed state (to be logged). Lease owners are
+        told once per batch (`release_all`)."""
         changed = []
         shards, leases_pop = self.shards, self.leases.pop
         n_shards = len(shards)
         owners: dict = {}
         for num in nums:
             shard = num & SHARD_MASK
-            if shard >= n_shards:
-                continue
-            ss = shards[shard]
-            offset = num >> _BITS
-            if offset == ss.floor and not ss.acked:
-                ss.floor = offset + 1
-                if ss.cursor <= offset:
-                    ss.cursor = offset + 1
-            elif not ss.mark(offset):
+            if shard >= n_shards or not shards[shard].mark(num >> _BITS):
                 continue
             changed.append(num)
             lease = leases_pop(num, None)
-            if lease is not None and lease[2] is not None:
-                mine = owners.get(lease[2])
-                if mine is None:
-                    owners[lease[2]] = [num]
-                else:
-                    mine.append(num)
+            if lease is not None:
+                if lease[2] is not None:
+                    mine = owners.get(lease[2])
+                    if mine is None:
+                        owners[lease[2]] = [num]
+                    else:
+                        mine.append(num)
+                if lease[3]:
+                    ks = self.keys.get(lease[3])
+                    if ks is not None:
+                        ks.live.discard(num)
+                        self._key_settled(lease[3], ks)
         for owner, mine in owners.items():
             owner.release_all(mine)
-        versions = self.versions
-        if versions:
-            for num in changed:
-                versions.pop(num, None)
-        return changed
-
-    def _ack_each(self, nums: list[int]) -> list[int]:
-        changed = []
-        shards, leases, versions = self.shards, self.leases, self.versions
-        n_shards = len(shards)
-        for num in nums:
-            shard = num & SHARD_MASK
-            if shard >= n_shards:
-                continue
-            if shards[shard].mark(num >> _BITS):
-                changed.append(num)
-                lease = leases.pop(num, None)
-                if lease is not None:
-                    if lease[2] is not None:
-                        lease[2].release(num)
-                    if lease[3]:
-                        ks = self.keys.get(lease[3])
-                        if ks is not None:
-                            ks.live.discard(num)
-                            self._key_settled(lease[3], ks)
-                versions.pop(num, None)
-                if self.parked:
-                    self.parked.pop(num, None)
-                if self.overrides:
-                    self.overrides.pop(num, None)
+        for side in (self.versions, self.parked, self.overrides):
+            if side:
+                for num in changed:
+                    side.pop(num, None)
         return changed
 
     # --- queue extensions ----------------------------------------------------------------------

@@ -399,10 +399,7 @@ class Engine:
     def read(self, s: SubscriptionState, nums: list[int]) -> list[tuple[bytes, bytes]]:
         """(stored message bytes, message id/publish time tail) as this subscription delivers them: a message
         updated in place through the queue extensions reads as updated."""
-        msgs = self.reader.messages(s.topic, nums)
-        if s.overrides:
-            msgs = [(s.overrides.get(num, body), tail) for num, (body, tail) in zip(nums, msgs)]
-        return msgs
+        return self.reader.messages(s.topic, nums, s.overrides)
 
     def count_deliveries(self, s: SubscriptionState, nums: list[int]) -> None:
         """Deliveries are counted durably for dead-lettering (logged, not waited for)."""
@@ -477,12 +474,6 @@ class Engine:
             sig = self.signals.get(s.uid)
             if sig is not None:
                 sig.notify()
-
-    def _wait_s(self, s: SubscriptionState, cap: float) -> float:
-        d = s.next_deadline()
-        if d is None:
-            return cap
-        return max(0.001, min(cap, d - self.clock.now()))
 
     def open_stream(self, name: str, client_id: str, deadline_s: int, max_messages: int, max_bytes: int) -> Stream:
         s = self._live_sub(name)

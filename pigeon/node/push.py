@@ -294,7 +294,7 @@ class PushWorker:
 
     def release_all(self, nums: list[int]) -> None:
         for num in nums:
-            self.held.pop(num, None)
+            self.release(num)
 
     def _sub(self):
         return self.engine.registry.subs_by_uid.get(self.uid)

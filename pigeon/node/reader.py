@@ -7,7 +7,7 @@ from __future__ import annotations
 import struct
 from collections import OrderedDict
 
-from pigeon.broker.topic import SHARD_MASK, TopicState, split_msgnum
+from pigeon.broker.topic import SHARD_MASK, TopicState
 from pigeon.core import ackid, limits, wire
 from pigeon.node.wal import Wal
 from pigeon.storage import payloads, record
@@ -56,25 +56,33 @@ class MessageReader:
         self.remember(pos, b)
         return b
 
-    def messages(self, topic: TopicState, nums: list[int]) -> list[tuple[bytes, bytes]]:
-        """(stored message bytes, server-field tail) for message numbers (offset << shard_bits | shard).
-        The PubsubMessage handed out is the concatenation of the two."""
-        out = []
+    def _stored(self, topic: TopicState, nums, overrides: dict[int, bytes] | None):
+        """(stored message bytes, message id digits, encoded publish_time field) for each message number
+        (offset << shard_bits | shard); a message updated in place (`overrides`) reads as updated."""
         memo_shard = memo_lo = memo_hi = -1
-        batch: Batch | None = None
+        messages: tuple[bytes, ...] = ()
+        time_field = b""
         shards = topic.shards
         id_base = topic.uid << limits.topic_offset_bits
         bits = limits.shard_bits
         for num in nums:
-            offset, shard = split_msgnum(num)
+            offset, shard = num >> bits, num & SHARD_MASK
             if shard != memo_shard or not memo_lo <= offset < memo_hi:
                 ix = shards[shard]
                 i = ix.batch_of(offset)
                 memo_shard, memo_lo, memo_hi = shard, ix.base[i], ix.batch_end(i)
-                batch = self.batch(ix.pos[i])
-            mid = b"%d" % (((id_base | offset) << bits) | shard)
-            out.append((batch[0][offset - memo_lo], b"\x1a%c%b%b" % (len(mid), mid, batch[1])))
-        return out
+                messages, time_field, _ = self.batch(ix.pos[i])
+            body = messages[offset - memo_lo]
+            if overrides:
+                body = overrides.get(num, body)
+            yield body, b"%d" % (((id_base | offset) << bits) | shard), time_field
+
+    def messages(self, topic: TopicState, nums: list[int],
+                 overrides: dict[int, bytes] | None = None) -> list[tuple[bytes, bytes]]:
+        """(stored message bytes, server-field tail) for message numbers; the PubsubMessage handed out is
+        the concatenation of the two."""
+        return [(body, b"\x1a%c%b%b" % (len(mid), mid, time_field))
+                for body, mid, time_field in self._stored(topic, nums, overrides)]
 
     def received(self, topic: TopicState, taken, sub_uid: int, show_attempt: bool, max_bytes: int,
                  overrides: dict[int, bytes]) -> tuple[list[bytes], list[int]]:
@@ -85,26 +93,11 @@ class MessageReader:
         out: list[bytes] = []
         sizes: list[int] = []
         total = 0
-        memo_shard = memo_lo = memo_hi = -1
-        messages: tuple[bytes, ...] = ()
-        time_field = b""
-        shards = topic.shards
-        id_base = topic.uid << limits.topic_offset_bits
-        bits = limits.shard_bits
         ack_format = ackid.FORMAT
         table = wire.VARINT_TABLE
         varint = wire.varint
-        for num, version in taken:
-            offset, shard = num >> bits, num & SHARD_MASK
-            if shard != memo_shard or not memo_lo <= offset < memo_hi:
-                ix = shards[shard]
-                i = ix.batch_of(offset)
-                memo_shard, memo_lo, memo_hi = shard, ix.base[i], ix.batch_end(i)
-                messages, time_field, _ = self.batch(ix.pos[i])
-            body = messages[offset - memo_lo]
-            if overrides:
-                body = overrides.get(num, body)
-            mid = b"%d" % (((id_base | offset) << bits) | shard)
+        for (num, version), (body, mid, time_field) in zip(taken, self._stored(topic, (n for n, _ in taken),
+                                                                               overrides)):
             # PubsubMessage = stored bytes · message_id (3) · publish_time (4)
             size = len(body) + 2 + len(mid) + len(time_field)
             total += size

@@ -126,11 +126,9 @@ class Stream:
             _resolve(self.waiter, _WOKEN)
 
     def release(self, num: int) -> None:
-        self.held_bytes -= self.held.pop(num, 0)
-        if self.waiter is not None and self.room() > 0:
-            _resolve(self.waiter, _WOKEN)
+        self.release_all((num,))
 
-    def release_all(self, nums: list[int]) -> None:
+    def release_all(self, nums) -> None:
         self.held_bytes -= sum(map(self.held.pop, nums, itertools.repeat(0)))
         if self.waiter is not None and self.room() > 0:
             _resolve(self.waiter, _WOKEN)
