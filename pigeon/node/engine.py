@@ -535,6 +535,11 @@ class Engine:
         nums = []
         if eod:
             s.expire(self.clock.now())
+        elif not s.parked:  # nothing to check per id: a batch of this subscription's ids is parsed at once
+            batch = ackid.parse_many(s.uid, ack_ids)
+            if batch is not None:
+                self.ack_logged(s, batch)
+                return failures
         leases, uid = s.leases, s.uid
         for a in ack_ids:
             try:

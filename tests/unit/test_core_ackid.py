@@ -1,0 +1,57 @@
+"""Ack ids: the batch parser of the stream-ack hot path agrees with the per-id parser, or declines."""
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from pigeon.core import ackid
+from pigeon.core.errors import InvalidArgument
+
+UID = 7
+
+
+def one_by_one(ack_ids):
+    """What the per-id path makes of a batch: message numbers of this subscription's ids; None when any id
+    is another subscription's or malformed (the batch parser must decline those batches)."""
+    nums = []
+    for a in ack_ids:
+        try:
+            p = ackid.parse(UID, a)
+        except InvalidArgument:
+            return None
+        if p is None:
+            return None
+        nums.append(p[0])
+    return nums
+
+
+issued = st.builds(ackid.make, st.just(UID), st.integers(0, 2**62), st.integers(1, 2**20))
+odd = st.one_of(
+    st.builds(ackid.make, st.integers(0, 20), st.integers(0, 99), st.integers(0, 9)),  # other subscriptions
+    st.text(alphabet="0123456789.x +-_", max_size=12),  # malformed, or well-formed by chance
+)
+
+
+@given(st.lists(issued, max_size=50))
+def test_issued_ids_parse_in_one_batch(ack_ids):
+    assert ackid.parse_many(UID, ack_ids) == [int(a.split(".")[1]) for a in ack_ids]
+
+
+@given(st.lists(st.one_of(issued, odd), max_size=20))
+def test_batch_parser_agrees_or_declines(ack_ids):
+    got = ackid.parse_many(UID, ack_ids)
+    if got is not None:
+        assert got == one_by_one(ack_ids)
+    elif all(a.count(".") == 2 for a in ack_ids):
+        # declined: something in the batch is not a plain digit ack id of this subscription
+        assert not all(a.split(".")[0] == str(UID) and a.split(".")[2].isdigit() and a.split(".")[1].isdigit()
+                       for a in ack_ids)
+
+
+def test_declines_other_subscriptions_and_malformed_ids():
+    assert ackid.parse_many(UID, ["7.1.1", "8.2.1"]) is None
+    assert ackid.parse_many(UID, ["7.1.1", "7.2"]) is None
+    assert ackid.parse_many(UID, ["7.1.1", "7.2.1.4"]) is None
+    assert ackid.parse_many(UID, ["7.1.", "7.2.1"]) is None
+    assert ackid.parse_many(UID, ["7.x.1"]) is None
+    assert ackid.parse_many(UID, ["7.1.+1"]) is None
+    assert ackid.parse_many(UID, []) == []
