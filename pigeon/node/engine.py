@@ -12,6 +12,7 @@ import logging
 import os
 import time
 import uuid
+from operator import itemgetter
 
 from google.pubsub_v1 import types
 
@@ -377,15 +378,11 @@ class Engine:
         if len(out) < len(taken):  # the rest did not fit
             s.untake(taken[len(out):])
             del taken[len(out):]
-        if owner is not None:
-            held, leases = owner.held, s.leases
-            held_bytes = 0
-            for (num, _), size in zip(taken, sizes):
-                if num in leases:
-                    held[num] = size
-                    held_bytes += size
-            owner.held_bytes += held_bytes
-        self.count_deliveries(s, [num for num, _ in taken])
+        if owner is not None:  # nothing ran since lease(): every message taken is leased to the owner
+            owner.held.update(zip(map(itemgetter(0), taken), sizes))
+            owner.held_bytes += sum(sizes)
+        if s.max_attempts:
+            self.count_deliveries(s, [num for num, _ in taken])
         return out
 
     def lease(self, s: SubscriptionState, max_messages: int, deadline_s: float, owner=None, per_key_max: int = 0):
