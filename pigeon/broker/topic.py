@@ -163,7 +163,11 @@ class TopicState:
         return next(self._rr)
 
     def message_id(self, offset: int, shard: int) -> str:
-        return str((((self.uid << limits.topic_offset_bits) | offset) << limits.shard_bits) | shard)
+        return str(self.id_base() | (offset << limits.shard_bits) | shard)
+
+    def id_base(self) -> int:
+        """A message's id is this | its message number (offset << shard_bits | shard)."""
+        return self.uid << (limits.topic_offset_bits + limits.shard_bits)
 
     def backlog_end(self) -> list[int]:
         return [s.next for s in self.shards]

@@ -283,7 +283,7 @@ class Engine:
         end = base + count
         self._apply_filters(t, shard, base, request, count)
         step = 1 << limits.shard_bits
-        first = (((t.uid << limits.topic_offset_bits) | base) << limits.shard_bits) | shard
+        first = t.id_base() | (base << limits.shard_bits) | shard
         if sched:  # index the activation times with the same group commit as the messages
             entries = [
                 [parse_activation(at, delay, ms) or ms, ((base + i) << limits.shard_bits) | shard]
