@@ -129,12 +129,18 @@ class PigeonServer(Server):
         self.server = f"Pigeon {version('pigeon')}, fsync=always"
         cmd = [sys.executable, "-m", "pigeon", "serve", "--host", "127.0.0.1", "--port", str(port),
                "--data-dir", os.path.join(self.root, "data"), "--fsync", "always"]
-        env = None
+        env, cwd = None, None
         tree = os.environ.get(SERVER_TREE_ENV)
         if tree:  # before/after comparisons: the server from another checkout, the same load generator
-            env = {"PYTHONPATH": tree}
+            # `python -m` puts the working directory first on sys.path, ahead of PYTHONPATH: run from the tree
+            env, cwd = {"PYTHONPATH": tree}, tree
+            found = subprocess.run([sys.executable, "-c", "import pigeon; print(pigeon.__file__)"], env=dict(
+                os.environ, **env), cwd=cwd, capture_output=True, text=True, timeout=60).stdout.strip()
+            if not os.path.realpath(found).startswith(os.path.realpath(tree) + os.sep):
+                raise RuntimeError(f"{SERVER_TREE_ENV}={tree}, but the server would import pigeon from {found}")
             self.server += f", server code from {tree}"
-        d = Daemon("pigeon", cmd, port, os.path.join(self.root, "pigeon.log"), self.plan.peer_wall_s_max, env=env)
+        d = Daemon("pigeon", cmd, port, os.path.join(self.root, "pigeon.log"), self.plan.peer_wall_s_max, env=env,
+                   cwd=cwd)
         self.daemons.append(d.start(self.plan.peer_start_s_max))
         self.driver = GrpcDriver(f"127.0.0.1:{port}")
 

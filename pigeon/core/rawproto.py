@@ -44,7 +44,7 @@ def _build():
 PublishRequestRaw, PublishProbe = _build()
 
 
-def split_publish(raw: bytes) -> tuple[str, list[bytes]]:
+def split_publish(raw: bytes | memoryview) -> tuple[str, list[bytes]]:
     """(topic, serialized messages) of a PublishRequest."""
     r = PublishRequestRaw.FromString(raw)
     return r.topic, list(r.messages)

@@ -33,6 +33,7 @@ class MessageReader:
         self._cache: OrderedDict[int, Batch] = OrderedDict()  # record position → batch
         self._cache_bytes = 0
         self.disk_reads = 0
+        self._buf = bytearray()  # reused for every record read from the log
 
     def remember(self, pos: int, batch: Batch) -> None:
         self._cache[pos] = batch
@@ -48,11 +49,14 @@ class MessageReader:
         self.disk_reads += 1
         head = self.wal.read(pos, 8)
         (length,) = _LEN.unpack_from(head, 0)
-        buf = self.wal.read(pos, 8 + length)
-        rtype, payload, _ = record.decode_at(buf, 0, len(buf))
+        if len(self._buf) < 8 + length:  # a new buffer, never a resize: a view of the old one may live on
+            self._buf = bytearray(max(8 + length, 2 * len(self._buf)))
+        view = memoryview(self._buf)[: 8 + length]
+        got = self.wal.read_into(pos, view)
+        rtype, payload, _ = record.decode_at(view[:got], 0, got)
         assert rtype == record.RecordType.PUBLISH
         ms = payloads.publish_head(payload)[3]
-        b = make_batch(payloads.publish_messages(payload), ms, length)
+        b = make_batch(payloads.publish_messages(payload), ms, length)  # the messages are copies: the buffer is free
         self.remember(pos, b)
         return b
 

@@ -251,6 +251,17 @@ class Wal:
     # --- reading ---------------------------------------------------------------------------------
     def read(self, pos: int, n: int) -> bytes:
         """Bytes at global position `pos` (must be written already)."""
+        fd, offset = self._locate(pos)
+        return os.pread(fd, n, offset)
+
+    def read_into(self, pos: int, buf: memoryview) -> int:
+        """Fill `buf` with the bytes at global position `pos`; returns how many were read (fewer only at the
+        end of a segment). No allocation: a reader that reuses its buffer spares the allocator and the page
+        faults of a fresh megabyte per record."""
+        fd, offset = self._locate(pos)
+        return os.preadv(fd, [buf], offset)
+
+    def _locate(self, pos: int) -> tuple[int, int]:
         i = bisect.bisect_right(self.starts, pos) - 1
         assert i >= 0, pos
         start = self.starts[i]
@@ -258,7 +269,7 @@ class Wal:
         if fd is None:
             fd = os.open(os.path.join(self.dir, segment_name(start)), os.O_RDONLY)
             self._read_fds[start] = fd
-        return os.pread(fd, n, pos - start)
+        return fd, pos - start
 
     def delete_before(self, pos: int) -> list[int]:
         """Remove whole segments that end at or before `pos` (never the active one)."""

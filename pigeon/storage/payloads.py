@@ -43,7 +43,7 @@ def publish_head(payload) -> tuple[int, int, int, int, int, int]:
 def publish_messages(payload) -> list[bytes]:
     """The serialized PubsubMessages of a PUBLISH payload (without message id / publish time)."""
     count = PUBLISH_HEAD.unpack_from(payload, 0)[4]
-    _, msgs = rawproto.split_publish(bytes(payload[PUBLISH_HEAD.size :]))
+    _, msgs = rawproto.split_publish(payload[PUBLISH_HEAD.size :])  # bytes or a memoryview: parsed without a copy
     if len(msgs) != count:
         raise ValueError("publish payload count mismatch")
     return msgs
