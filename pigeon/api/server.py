@@ -16,6 +16,7 @@ from pigeon.api import admin_api, pigeon_api, queue_api
 from pigeon.api.grpc_api import PubSubApi
 from pigeon.core import limits
 from pigeon.node.engine import Engine
+from pigeon.ops import allocator
 from pigeon.ops.config import Config
 
 log = logging.getLogger("pigeon.server")
@@ -63,6 +64,7 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
 
 def run(config: Config) -> None:
     logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    allocator.tune()
     try:
         import uvloop
 
