@@ -19,6 +19,7 @@ import bisect
 import heapq
 import itertools
 from collections import deque
+from operator import itemgetter
 
 from pigeon.core import limits
 from pigeon.broker.filter import compile_filter
@@ -56,6 +57,25 @@ class SubShard:
         else:
             self.acked.add(offset)
         return True
+
+    def mark_unacked(self, offsets: list[int]) -> None:
+        """Ack distinct offsets known to be unacked (leased ones): in-order acks just move the floor."""
+        floor, acked = self.floor, self.acked
+        lo = min(offsets)
+        if lo == floor and max(offsets) - lo + 1 == len(offsets):  # distinct, so exactly [floor, floor + n)
+            floor += len(offsets)
+        else:
+            acked.update(offsets)
+        if floor in acked:  # acks that arrived earlier, above the old floor
+            if max(acked) - floor + 1 == len(acked):  # all >= floor and distinct: exactly [floor, floor + n)
+                floor += len(acked)
+                acked.clear()
+            while floor in acked:
+                acked.discard(floor)
+                floor += 1
+        self.floor = floor
+        if self.cursor < floor:
+            self.cursor = floor
 
     def is_acked(self, offset: int) -> bool:
         return offset < self.floor or offset in self.acked
@@ -455,6 +475,10 @@ class SubscriptionState:
     def ack(self, nums: list[int]) -> list[int]:
         """Acknowledge message numbers; return those that changed state (to be logged). Lease owners are
         told once per batch (`release_all`)."""
+        if not self.keys:
+            changed = self._ack_leased(nums)
+            if changed is not None:
+                return changed
         changed = []
         shards, leases_pop = self.shards, self.leases.pop
         n_shards = len(shards)
@@ -479,11 +503,37 @@ class SubscriptionState:
                         self._key_settled(lease[3], ks)
         for owner, mine in owners.items():
             owner.release_all(mine)
+        self._forget(changed)
+        return changed
+
+    def _ack_leased(self, nums: list[int]) -> list[int] | None:
+        """`ack` for the common batch, in C-level passes: distinct numbers of one shard, every one leased (so
+        none acked before) and no ordering key in flight. None, having changed nothing, for any other batch."""
+        shard_nos = set(map(SHARD_MASK.__and__, nums))
+        if len(shard_nos) != 1 or (shard_no := shard_nos.pop()) >= len(self.shards):
+            return None
+        leases = self.leases
+        popped = list(map(leases.pop, nums, itertools.repeat(None)))
+        if None in popped:  # one was not leased, or came twice: put the leases back, take the careful path
+            leases.update((num, lease) for num, lease in zip(nums, popped) if lease is not None)
+            return None
+        self.shards[shard_no].mark_unacked(list(map(_BITS.__rrshift__, nums)))
+        owners = set(map(itemgetter(2), popped))
+        owners.discard(None)
+        if len(owners) == 1:
+            owners.pop().release_all(nums)
+        else:
+            for owner in owners:
+                owner.release_all([num for num, lease in zip(nums, popped) if lease[2] is owner])
+        self._forget(nums)
+        return nums
+
+    def _forget(self, acked: list[int]) -> None:
+        """Drop what acked messages no longer need: delivery counts, parking, in-place updates."""
         for side in (self.versions, self.parked, self.overrides):
             if side:
-                for num in changed:
+                for num in acked:
                     side.pop(num, None)
-        return changed
 
     # --- queue extensions ----------------------------------------------------------------------
     def park(self, nums: list[int], activate_ms: int) -> None:

@@ -212,6 +212,19 @@ class SubscriptionMachine(RuleBasedStateMachine):
         nums = data.draw(st.lists(st.sampled_from(pool), max_size=5), label="nums") if pool else []
         if data.draw(st.booleans(), label="foreign shard") and self.n < 1 << BITS:
             nums.append(num(0, self.n))  # a shard this subscription does not have: ignored
+        self.check_ack(nums)
+
+    @precondition(lambda self: self.leases)
+    @rule(data=st.data())
+    def ack_leased_run(self, data):
+        """A stream's usual ack: distinct leased numbers of one shard, in any order (SubscriptionState's
+        C-level path; any other batch takes the per-message one)."""
+        shard = data.draw(st.sampled_from(sorted({split(n)[1] for n in self.leases})), label="shard")
+        mine = [n for n in sorted(self.leases) if split(n)[1] == shard]
+        nums = data.draw(st.lists(st.sampled_from(mine), min_size=1, unique=True), label="nums")
+        self.check_ack(nums)
+
+    def check_ack(self, nums):
         changed = self.sub.ack(nums)
         expected = []
         for n in nums:
