@@ -46,28 +46,27 @@ class SubShard:
         if offset < self.floor or offset in self.acked:
             return False
         if offset == self.floor:
-            floor = offset + 1
-            acked = self.acked
-            while floor in acked:
-                acked.discard(floor)
-                floor += 1
-            self.floor = floor
-            if self.cursor < floor:
-                self.cursor = floor
+            self._raise_floor(offset + 1)
         else:
             self.acked.add(offset)
         return True
 
     def mark_unacked(self, offsets: list[int]) -> None:
         """Ack distinct offsets known to be unacked (leased ones): in-order acks just move the floor."""
-        floor, acked = self.floor, self.acked
         lo = min(offsets)
-        if lo == floor and max(offsets) - lo + 1 == len(offsets):  # distinct, so exactly [floor, floor + n)
-            floor += len(offsets)
+        scan = 4 * len(offsets)  # what a look over the whole acked set may cost, against this batch's size
+        if lo == self.floor and max(offsets) - lo + 1 == len(offsets):  # distinct, so exactly [floor, floor + n)
+            self._raise_floor(lo + len(offsets), scan)
         else:
-            acked.update(offsets)
-        if floor in acked:  # acks that arrived earlier, above the old floor
-            if max(acked) - floor + 1 == len(acked):  # all >= floor and distinct: exactly [floor, floor + n)
+            self.acked.update(offsets)
+            self._raise_floor(self.floor, scan)
+
+    def _raise_floor(self, floor: int, scan: int = 0) -> None:
+        """Everything below `floor` is acked: absorb the acks that arrived earlier just above it. With `scan`,
+        an acked set of at most that size is checked at once for being one run (another stream's batch)."""
+        acked = self.acked
+        if floor in acked:
+            if len(acked) <= scan and max(acked) - floor + 1 == len(acked):  # all >= floor, distinct: one run
                 floor += len(acked)
                 acked.clear()
             while floor in acked:
@@ -85,12 +84,7 @@ class SubShard:
         if offset <= self.floor:
             return
         self.acked = {o for o in self.acked if o >= offset}
-        self.floor = offset
-        while self.floor in self.acked:
-            self.acked.discard(self.floor)
-            self.floor += 1
-        if self.cursor < self.floor:
-            self.cursor = self.floor
+        self._raise_floor(offset)
 
 
 class KeyState:

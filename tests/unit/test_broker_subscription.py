@@ -471,6 +471,20 @@ def test_subshard_floor_absorbs_contiguous_acks():
     assert ss.floor == 9
 
 
+def test_subshard_batches_of_unacked_offsets_agree_with_one_by_one():
+    """Two streams' batches acked out of order, runs with gaps, single offsets: mark_unacked ends where
+    marking each offset would."""
+    batches = [list(range(10, 20)), list(range(0, 10)), [25, 21, 23], [20], [22, 24], list(range(30, 40))[::-1],
+               [26, 28], [27], [29]]
+    fast, slow = SubShard(0), SubShard(0)
+    for b in batches:
+        fast.mark_unacked(b)
+        for o in b:
+            assert slow.mark(o)
+        assert (fast.floor, fast.acked, fast.cursor) == (slow.floor, slow.acked, slow.cursor), b
+    assert (fast.floor, fast.acked) == (40, set())
+
+
 def test_rewind_unacked_redelivers_everything_not_acked():
     _, s = _sub(published=(4,))
     s.take(4, 0.0, 10)
