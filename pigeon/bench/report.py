@@ -134,7 +134,10 @@ def markdown(doc: dict) -> str:
               "consumer process records receive − due time and acks. Meanwhile a probe thread writes 4 KiB and "
               "fdatasyncs it every 20 ms on the same filesystem: its slowest fdatasync is the row *disk meanwhile* "
               "(a durable server cannot answer faster than its disk; on a shared VM the disk stalls now and then "
-              "for hundreds of ms, and a stall of d ms at 1,000 msg/s delays about d messages).",
+              "for hundreds of ms, and a stall of d ms at 1,000 msg/s delays about d messages)."
+              + (f" Run {s.get('latency_runs', 1)} times per server, each on a fresh topic; the rows show the "
+                 "median run by p99 (its p50, p99, p999 and disk probe together; every run is in the JSON)."
+                 if s.get("latency_runs", 1) > 1 else ""),
               f"* **Backlog memory**: the server's resident memory (its whole process tree) before and after "
               f"{s['backlog_messages']:,} messages of {s['backlog_bytes']} B are published to a subscription "
               "(queue, stream) that nobody reads, divided by the message count."

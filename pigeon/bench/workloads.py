@@ -91,6 +91,23 @@ def _percentile(sorted_values: list[float], q: float) -> float:
 
 
 def latency(driver, plan, key: str, tick: Tick) -> dict:
+    """`plan.latency_runs` latency runs, each on its own topic and subscription; the figures are those of the
+    median run by p99 (one run's p50, p99, p999 and disk probe together), every run is kept under `runs`. One
+    20 s run draws its tail from whatever the shared disk did in those 20 s: a single host stall of a few hundred
+    ms is a p99 on its own, for any server that fsyncs."""
+    runs = []
+    for i in range(plan.latency_runs):
+        part = lambda f, done, i=i: tick((i + f) / plan.latency_runs, done)  # noqa: E731
+        runs.append(_latency_once(driver, plan, key if i == 0 else f"{key}{i + 1}", part))
+    ranked = sorted(runs, key=lambda r: (r["p99_ms"] is None, r["p99_ms"] or 0.0))
+    out = dict(ranked[(len(ranked) - 1) // 2])
+    if len(runs) > 1:
+        out["runs"] = [{k: r[k] for k in ("p50_ms", "p99_ms", "p999_ms", "max_ms", "disk_probe_max_ms")
+                        if k in r} for r in runs]
+    return out
+
+
+def _latency_once(driver, plan, key: str, tick: Tick) -> dict:
     """Publish→receive latency at a fixed rate (open loop, one message per durable publish); the consumer acks
     what it receives. The publisher's clock starts when each message was due, so a stalled send counts."""
     setup(driver, key)
