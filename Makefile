@@ -34,7 +34,7 @@ $(BENCH_STAMP): pyproject.toml | $(BIN)/python
 	touch $(BENCH_STAMP)
 
 # Full comparison with RabbitMQ, NATS JetStream, Redis Streams and Google's emulator (installed from Debian when
-# missing); writes bench/results/<date>-<machine>.json/.md/.png. About half an hour.
+# missing); writes bench/results/<date>T<UTC time>-<machine>.json/.md/.png. About half an hour.
 bench: $(BENCH_STAMP)
 	bash scripts/bench_peers.sh
 	$(BIN)/pigeon bench --plan full --peers all --quiet-wait 60 --out bench/results

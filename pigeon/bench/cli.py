@@ -65,7 +65,9 @@ def bench_command(plan: str, peers: str, address: str | None, no_pigeon: bool, o
         with open(json_path, "w") as f:
             json.dump(doc, f, indent=1)
     if out:
-        stem = os.path.join(out, f"{datetime.date.today().isoformat()}-{machine_tag(machine())}")
+        started = datetime.datetime.fromisoformat(doc["when"]).astimezone(datetime.timezone.utc)
+        # the start time (UTC) in the name: a second run on the same day must not overwrite the first
+        stem = os.path.join(out, f"{started:%Y-%m-%dT%H%M}-{machine_tag(machine())}")
         for p in report.write(doc, stem):
             console.print(f"wrote {p}")
     # a peer's failure is reported in the table; Pigeon's makes the command fail

@@ -1,6 +1,7 @@
 """`pigeon bench --plan smoke` against a real server: the benchmark runs end to end and its JSON has the expected
 shape. No figure is asserted beyond "something was measured": the benchmark reports, tests stay deterministic."""
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -12,10 +13,18 @@ pytestmark = pytest.mark.e2e
 
 def test_smoke_plan_publishes_and_consumes(tmp_path):
     out = tmp_path / "bench.json"
-    run = subprocess.run([sys.executable, "-m", "pigeon", "bench", "--plan", "smoke", "--json", str(out)],
-                         capture_output=True, text=True, timeout=120)
+    results = tmp_path / "results"
+    run = subprocess.run([sys.executable, "-m", "pigeon", "bench", "--plan", "smoke", "--json", str(out),
+                          "--out", str(results)], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     doc = json.loads(out.read_text())
+    # the result set is named by the run's UTC start, so two runs of one day keep both
+    stamp = doc["when"][:10] + "T" + doc["when"][11:13] + doc["when"][14:16]
+    assert doc["when"].endswith("+00:00")
+    written = sorted(p.name for p in results.iterdir())
+    charted = importlib.util.find_spec("matplotlib") is not None  # the chart needs the bench extra
+    assert [n.rsplit(".", 1)[1] for n in written] == ["json", "md"] + (["png"] if charted else [])
+    assert all(n.startswith(stamp + "-") for n in written), (stamp, written)
     assert doc["plan"] == "smoke"
     assert set(doc["machine"]) >= {"cores", "memory_bytes", "cpu"}
     pigeon = doc["targets"]["pigeon"]
