@@ -378,11 +378,9 @@ class Engine:
         if len(out) < len(taken):  # the rest did not fit
             s.untake(taken[len(out):])
             del taken[len(out):]
-        if owner is not None:  # nothing ran since lease(): every message taken is leased to the owner
-            owner.held.update(zip(map(itemgetter(0), taken), sizes))
-            owner.held_bytes += sum(sizes)
-        if s.max_attempts:
-            self.count_deliveries(s, [num for num, _ in taken])
+        if owner is not None:  # nothing ran since lease(): every message taken is leased to the stream
+            owner.hold(map(itemgetter(0), taken), sizes)
+        self.count_deliveries(s, map(itemgetter(0), taken))
         return out
 
     def lease(self, s: SubscriptionState, max_messages: int, deadline_s: float, owner=None, per_key_max: int = 0):
@@ -398,10 +396,13 @@ class Engine:
         updated in place through the queue extensions reads as updated."""
         return self.reader.messages(s.topic, nums, s.overrides)
 
-    def count_deliveries(self, s: SubscriptionState, nums: list[int]) -> None:
-        """Deliveries are counted durably for dead-lettering (logged, not waited for)."""
-        if s.max_attempts and nums:
-            self.wal.append(payloads.deliver_record(s.uid, nums))
+    def count_deliveries(self, s: SubscriptionState, nums) -> None:
+        """Deliveries are counted durably for dead-lettering (logged, not waited for); `nums` is only read
+        when the subscription has a dead-letter policy."""
+        if s.max_attempts:
+            nums = list(nums)
+            if nums:
+                self.wal.append(payloads.deliver_record(s.uid, nums))
 
     def _forward_dead_letters(self, s: SubscriptionState) -> None:
         nums, s.dead_letters = s.dead_letters, []

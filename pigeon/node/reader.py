@@ -4,7 +4,6 @@ are appended as protobuf fields when a message is handed out."""
 
 from __future__ import annotations
 
-import struct
 from collections import OrderedDict
 
 from pigeon.broker.topic import SHARD_MASK, TopicState
@@ -12,7 +11,6 @@ from pigeon.core import ackid, limits, wire
 from pigeon.node.wal import Wal
 from pigeon.storage import payloads, record
 
-_LEN = struct.Struct("<I")
 
 
 # One stored publish batch, split: (the messages, the encoded publish_time field they share, record bytes).
@@ -47,16 +45,15 @@ class MessageReader:
         if b is not None:
             return b
         self.disk_reads += 1
-        head = self.wal.read(pos, 8)
-        (length,) = _LEN.unpack_from(head, 0)
-        if len(self._buf) < 8 + length:  # a new buffer, never a resize: a view of the old one may live on
-            self._buf = bytearray(max(8 + length, 2 * len(self._buf)))
-        view = memoryview(self._buf)[: 8 + length]
+        size = record.size_from_prefix(self.wal.read(pos, record.PREFIX_BYTES))
+        if len(self._buf) < size:  # a new buffer, never a resize: a view of the old one may live on
+            self._buf = bytearray(max(size, 2 * len(self._buf)))
+        view = memoryview(self._buf)[:size]
         got = self.wal.read_into(pos, view)
         rtype, payload, _ = record.decode_at(view[:got], 0, got)
         assert rtype == record.RecordType.PUBLISH
         ms = payloads.publish_head(payload)[3]
-        b = make_batch(payloads.publish_messages(payload), ms, length)  # the messages are copies: the buffer is free
+        b = make_batch(payloads.publish_messages(payload), ms, size)  # the messages are copies: the buffer is free
         self.remember(pos, b)
         return b
 

@@ -125,6 +125,11 @@ class Stream:
         if self.waiter is not None:
             _resolve(self.waiter, _WOKEN)
 
+    def hold(self, nums, sizes: list[int]) -> None:
+        """Messages handed to this stream (number, bytes): they count against its flow control until released."""
+        self.held.update(zip(nums, sizes))
+        self.held_bytes += sum(sizes)
+
     def release(self, num: int) -> None:
         self.release_all((num,))
 

@@ -25,7 +25,7 @@ log = logging.getLogger("pigeon.wal")
 
 SUFFIX = ".wal"
 BATCH_SYNC_S = 0.005  # fsync=batch: the longest a written record waits for its fdatasync
-_IOV_MAX = 1024  # buffers per writev (Linux's IOV_MAX)
+_IOV_MAX = os.sysconf("SC_IOV_MAX")  # buffers per writev
 LAZY_FLUSH_S = 0.01  # fsync=always: the longest a written record nobody waits for stays without fdatasync
 
 

@@ -12,6 +12,12 @@ import crc32c
 HEADER = struct.Struct("<IIB")
 HEADER_BYTES = HEADER.size  # 9
 _LEN_CRC = struct.Struct("<II")
+PREFIX_BYTES = _LEN_CRC.size  # length · crc: read these first to learn how long a record is
+
+
+def size_from_prefix(prefix: bytes | memoryview) -> int:
+    """A record's whole size in bytes, from its first PREFIX_BYTES bytes."""
+    return _LEN_CRC.unpack_from(prefix, 0)[0] + PREFIX_BYTES
 
 
 class RecordType(enum.IntEnum):
