@@ -21,7 +21,7 @@ _PERSISTENT = Basic.Properties(delivery_mode=2)
 
 
 class AmqpDriver:
-    supports = frozenset({"publish", "consume", "latency", "backlog", "restart"})
+    supports = frozenset({"publish", "consume", "mixed", "latency", "backlog", "restart"})
 
     def __init__(self, host: str, port: int, queue_type: str):
         assert queue_type in ("classic", "quorum")

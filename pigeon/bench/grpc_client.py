@@ -130,7 +130,7 @@ async def _stop_when(gate, stream: StreamingPull, extra_s: float = 0.0) -> None:
 class GrpcDriver:
     """Drives a Pub/Sub v1 gRPC server (Pigeon, Google's emulator)."""
 
-    supports = frozenset({"publish", "consume", "latency", "ordered", "connections", "backlog", "restart"})
+    supports = frozenset({"publish", "consume", "mixed", "latency", "ordered", "connections", "backlog", "restart"})
 
     def __init__(self, address: str, client: str = "raw grpc.aio, pre-serialized requests, raw protobuf views"):
         self.address = address

@@ -26,7 +26,7 @@ def _subject(key: str) -> str:
 
 
 class NatsDriver:
-    supports = frozenset({"publish", "consume", "latency", "backlog", "restart"})
+    supports = frozenset({"publish", "consume", "mixed", "latency", "backlog", "restart"})
 
     def __init__(self, host: str, port: int):
         self.host, self.port = host, port

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-WORKLOADS = ("publish", "consume", "latency", "ordered", "connections", "backlog", "restart")
+WORKLOADS = ("publish", "consume", "mixed", "latency", "ordered", "connections", "backlog", "restart")
 
 
 @dataclass(frozen=True)
@@ -25,6 +25,7 @@ class Plan:
     consume_messages: int = 1_000_000  # drained from the publish backlog (all of it when it is smaller)
     consume_s_max: float = 30.0  # or stop here
     consume_outstanding_max: int = 5000  # StreamingPull flow control / prefetch / fetch size window
+    mixed_s: float = 10.0  # publish and consume at once (publishers as in `publish`, the first batch size)
     latency_rate: int = 1000  # msg/s, open loop
     latency_s: float = 20.0
     latency_runs: int = 1  # repeated on fresh topics; the median run by p99 is reported
@@ -62,8 +63,8 @@ class Plan:
 
     def longest_s(self) -> float:
         """The most time the workloads may take against one server (each is bounded by its own limit)."""
-        bound = {"publish": len(self.publish_batches) * len(self.publish_inflight) * self.publish_s, "consume": self.consume_s_max,
-                 "latency": self.latency_runs * self.latency_s, "ordered": 2 * self.ordered_s_max, "connections": self.conn_s,
+        bound = {"publish": len(self.publish_batches) * len(self.publish_inflight) * self.publish_s,
+                 "consume": self.consume_s_max, "mixed": self.mixed_s, "latency": self.latency_runs * self.latency_s, "ordered": 2 * self.ordered_s_max, "connections": self.conn_s,
                  "backlog": self.backlog_s_max, "restart": self.restart_s_max}
         return self.peer_start_s_max + sum(bound[w] for w in self.workloads) + 30 * len(self.workloads)
 
@@ -74,13 +75,13 @@ class Plan:
 FULL = Plan("full", latency_runs=3, backlog_big_messages=10_000_000, backlog_s_max=240.0, backlog_big_s_max=600.0)
 QUICK = Plan(
     "quick", publish_batches=(1000,), publish_inflight=(4,), publish_s=1.5, consume_messages=200_000,
-    consume_s_max=2.0, latency_s=2.0, ordered_keys=100, ordered_messages=50_000, ordered_s_max=3.0,
+    consume_s_max=2.0, mixed_s=1.5, latency_s=2.0, ordered_keys=100, ordered_messages=50_000, ordered_s_max=3.0,
     conn_publishers=100, conn_subscribers=100, conn_channels=4, conn_s=1.5, backlog_messages=100_000,
     backlog_s_max=30.0, restart_s_max=30.0, peer_start_s_max=60.0, peer_wall_s_max=600.0, settle_s=0.5,
 )
 SMOKE = Plan(
-    "smoke", workloads=("publish", "consume"), publish_batches=(100,), publish_inflight=(4,), publish_s=1.0, publish_procs=1,
-    consume_procs=1, consume_s_max=3.0, peer_start_s_max=30.0, peer_wall_s_max=300.0,
+    "smoke", workloads=("publish", "consume", "mixed"), publish_batches=(100,), publish_inflight=(4,), publish_s=1.0,
+    publish_procs=1, consume_procs=1, consume_s_max=3.0, mixed_s=1.0, peer_start_s_max=30.0, peer_wall_s_max=300.0,
 )
 PLANS = {p.name: p for p in (FULL, QUICK, SMOKE)}
 

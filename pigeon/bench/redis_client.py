@@ -20,7 +20,7 @@ GROUP = "g"
 
 
 class RedisDriver:
-    supports = frozenset({"publish", "consume", "latency", "backlog", "restart"})
+    supports = frozenset({"publish", "consume", "mixed", "latency", "backlog", "restart"})
 
     def __init__(self, host: str, port: int):
         self.host, self.port = host, port

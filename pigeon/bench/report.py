@@ -15,6 +15,8 @@ FIGURES = [
     ("durable publish, 1 KiB × 1,000/request", "publish_b1000", "msgs_per_s", "msg/s", "higher"),
     ("durable publish, 1 KiB × 100/request", "publish_b100", "msgs_per_s", "msg/s", "higher"),
     ("consume with acks, draining a backlog", "consume", "msgs_per_s", "msg/s", "higher"),
+    ("publish and consume at once: publish", "mixed", "publish_msgs_per_s", "msg/s", "higher"),
+    ("publish and consume at once: consume", "mixed", "consume_msgs_per_s", "msg/s", "higher"),
     ("latency p50 at 1,000 msg/s", "latency", "p50_ms", "ms", "lower"),
     ("latency p99 at 1,000 msg/s", "latency", "p99_ms", "ms", "lower"),
     ("latency p999 at 1,000 msg/s", "latency", "p999_ms", "ms", "lower"),
@@ -129,6 +131,11 @@ def markdown(doc: dict) -> str:
               f"{s['consume_s_max']:.0f} s; a consumer stopped by the clock is rated over the whole window), "
               "acknowledging everything they receive (StreamingPull acks on the stream; RabbitMQ manual acks, "
               "multiple; NATS pull consumer, ack_policy all; Redis XREADGROUP + XACK).",
+              f"* **Publish and consume at once**: the publishers of *durable publish* (requests of "
+              f"{s['publish_batches'][0]:,}, {s['publish_inflight'][0]} in flight per process) and the consumers "
+              f"of *consume* on one fresh topic and its subscription, together for {s.get('mixed_s', 0):g} s; each "
+              "side is rated over that window (what the consumers had not taken by its end is `backlog_left` in "
+              "the JSON).",
               f"* **Latency**: one publisher at {s['latency_rate']:,} msg/s for {s['latency_s']:.0f} s, open loop "
               "(each message stamped with the time it was due), one message per durable publish; a separate "
               "consumer process records receive − due time and acks. Meanwhile a probe thread writes 4 KiB and "
@@ -194,6 +201,8 @@ PANELS = [
     ("durable publish, 1 KiB messages", "msg/s", "higher", False,
      [("1,000 per request", "publish_b1000", "msgs_per_s"), ("100 per request", "publish_b100", "msgs_per_s")]),
     ("consume with acks", "msg/s", "higher", False, [("drain the backlog", "consume", "msgs_per_s")]),
+    ("publish and consume at once, 1 KiB messages", "msg/s", "higher", False,
+     [("publish", "mixed", "publish_msgs_per_s"), ("consume", "mixed", "consume_msgs_per_s")]),
     ("publish→receive latency at 1,000 msg/s", "ms", "lower", True,
      [("p50", "latency", "p50_ms"), ("p99", "latency", "p99_ms"), ("p999", "latency", "p999_ms")]),
     ("RAM per backlogged 100 B message", "B", "lower", False, [("backlog", "backlog", "bytes_per_msg")]),

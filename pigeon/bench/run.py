@@ -67,6 +67,8 @@ class Bars:
 
 
 def _note(r: dict) -> str:
+    if "publish_msgs_per_s" in r and "consume_msgs_per_s" in r:
+        return f"{r['publish_msgs_per_s']:,} / {r['consume_msgs_per_s']:,} msg/s"
     for k in ("msgs_per_s", "consume_msgs_per_s", "receive_msgs_per_s"):
         if k in r:
             return f"{r[k]:,} msg/s"
@@ -112,6 +114,15 @@ def run_target(server, plan: Plan, bars: Bars, workloads: tuple[str, ...]) -> di
         finish(_note(r))
         return r
 
+    def fresh(step: str) -> bool:
+        """Stop and start on an empty data directory: a backlog left behind would weigh on what follows (the
+        emulator keeps it all on its heap)."""
+        nonlocal d
+        if attempt(step, "stop, start on an empty data dir", _fresh, server) is None:
+            return False
+        d = server.driver
+        return True
+
     if "latency" in todo:  # first, on an idle server
         attempt("latency", f"latency at {plan.latency_rate:,} msg/s", w.latency, d, plan, "latency")
     published = 0
@@ -124,11 +135,15 @@ def run_target(server, plan: Plan, bars: Bars, workloads: tuple[str, ...]) -> di
     if "consume" in todo and published:
         n = min(published, plan.consume_messages)
         attempt("consume", f"consume+ack {n:,} of the backlog", w.consume, d, plan, "publish", n)
-    if ("ordered" in todo or "connections" in todo) and published:
-        # the publish backlog left behind would weigh on what follows (the emulator keeps it all on its heap)
-        if attempt("fresh_start", "stop, start on an empty data dir", _fresh, server) is None:
+    left_behind = published > 0
+    if "mixed" in todo:
+        if left_behind and not fresh("fresh_start"):
             return {"results": res, "errors": errors, "skipped": skipped}
-        d = server.driver
+        attempt("mixed", f"publish + consume at once, {plan.mixed_s:g} s", w.mixed, d, plan, "mixed")
+        if ("ordered" in todo or "connections" in todo) and not fresh("fresh_start_after_mixed"):
+            return {"results": res, "errors": errors, "skipped": skipped}
+    elif ("ordered" in todo or "connections" in todo) and left_behind and not fresh("fresh_start"):
+        return {"results": res, "errors": errors, "skipped": skipped}
     if "ordered" in todo:
         attempt("ordered", f"ordered, {plan.ordered_keys:,} keys", w.ordered, d, plan, "ordered")
     if "connections" in todo:

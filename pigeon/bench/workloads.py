@@ -74,8 +74,34 @@ def consume(driver, plan, key: str, expect: int, tick: Tick) -> dict:
     seconds = max(last - gate.start_at, 1e-9)
     out = {"msgs_per_s": round(count / seconds) if count else 0, "count": count, "backlog": expect,
            "seconds": round(seconds, 3), "procs": plan.consume_procs, "drained": count >= expect}
+    return _with_stream_errors(out, outs)
+
+
+def mixed(driver, plan, key: str, tick: Tick) -> dict:
+    """Publish and consume at the same time, on a topic of its own: the publishers of `publish` (first batch size
+    and in-flight setting) and the consumers of `consume` run together for `mixed_s`. Each side is rated over
+    the window; what the consumers did not take by its end is the backlog left (sustained: close to none)."""
+    setup(driver, key)
+    gate = Gate(_CTX, plan.mixed_s)
+    batch, inflight = plan.publish_batches[0], plan.publish_inflight[0]
+    pubs = [(driver.publish, (key, plan.message_bytes, batch, inflight, gate))] * plan.publish_procs
+    subs = [(driver.consume, (key, plan.consume_outstanding_max, gate))] * plan.consume_procs
+    outs = run_workers(pubs + subs, gate, _wall(plan, gate.duration_s), _ticker(gate, tick))
+    published = sum(o["count"] for o in outs[:len(pubs)])
+    consumed = sum(o["count"] for o in outs[len(pubs):])
+    pub_s = max(max(o["t_end"] for o in outs[:len(pubs)]) - gate.start_at, 1e-9)
+    sub_s = max([plan.mixed_s] + [o["t_last"] - gate.start_at for o in outs[len(pubs):] if o["count"]])
+    out = {"publish_msgs_per_s": round(published / pub_s), "consume_msgs_per_s": round(consumed / sub_s),
+           "published": published, "consumed": consumed, "backlog_left": max(0, published - consumed),
+           "seconds": plan.mixed_s, "batch": batch, "message_bytes": plan.message_bytes,
+           "publish_procs": plan.publish_procs, "consume_procs": plan.consume_procs}
+    return _with_stream_errors(out, outs[len(pubs):])
+
+
+def _with_stream_errors(out: dict, consumers: list[dict]) -> dict:
+    """`out` plus the consumers' streams that the server ended with an error, summed by code (when any)."""
     errors: dict[str, int] = {}
-    for o in outs:
+    for o in consumers:
         for code, n in (o.get("stream_errors") or {}).items():
             errors[code] = errors.get(code, 0) + n
     if errors:

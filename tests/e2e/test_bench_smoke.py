@@ -11,7 +11,7 @@ import pytest
 pytestmark = pytest.mark.e2e
 
 
-def test_smoke_plan_publishes_and_consumes(tmp_path):
+def test_smoke_plan_publishes_and_consumes_alone_and_at_once(tmp_path):
     out = tmp_path / "bench.json"
     results = tmp_path / "results"
     run = subprocess.run([sys.executable, "-m", "pigeon", "bench", "--plan", "smoke", "--json", str(out),
@@ -35,4 +35,8 @@ def test_smoke_plan_publishes_and_consumes(tmp_path):
     assert published["count"] > 0 and published["msgs_per_s"] > 0 and published["batch"] == 100
     assert 0 < consumed["count"] <= consumed["backlog"] <= published["published_total"]
     assert consumed["msgs_per_s"] > 0
+    both = pigeon["results"]["mixed"]  # publish and consume at once, on a topic of its own
+    assert both["published"] > 0 and 0 < both["consumed"] <= both["published"]
+    assert both["backlog_left"] == both["published"] - both["consumed"]
+    assert both["publish_msgs_per_s"] > 0 and both["consume_msgs_per_s"] > 0
     assert {"busy_pct", "bench_pct", "other_pct"} <= set(published["cpu"])
