@@ -512,11 +512,13 @@ class SubscriptionState:
             leases.update((num, lease) for num, lease in zip(nums, popped) if lease is not None)
             return None
         self.shards[shard_no].mark_unacked(list(map(_BITS.__rrshift__, nums)))
-        owners = set(map(itemgetter(2), popped))
-        owners.discard(None)
+        owners = set(map(itemgetter(2), popped))  # None: a lease without an owner (Pull, dead-lettering)
         if len(owners) == 1:
-            owners.pop().release_all(nums)
+            owner = owners.pop()
+            if owner is not None:
+                owner.release_all(nums)
         else:
+            owners.discard(None)
             for owner in owners:
                 owner.release_all([num for num, lease in zip(nums, popped) if lease[2] is owner])
         self._forget(nums)

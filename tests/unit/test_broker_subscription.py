@@ -450,6 +450,19 @@ def test_untake_keeps_the_delivery_version():
     assert s.take(2, 0.0, 10) == [(0, 2)]
 
 
+def test_a_batch_ack_tells_each_owner_only_of_its_own_messages():
+    """One ack batch can hold a stream's messages and a Pull's (leases without an owner): the stream is told of
+    its own only (its flow control counts what it holds)."""
+    _, s = _sub(published=(3,))
+    stream = Owner("stream")
+    assert s.take(2, 0.0, 10, stream) == [(num(0, 0), 1), (num(1, 0), 1)]
+    assert s.take(1, 0.0, 10) == [(num(2, 0), 1)]  # pulled: no owner
+    assert s.ack([num(1, 0), num(2, 0)]) == [num(1, 0), num(2, 0)]
+    assert stream.released == [num(1, 0)]
+    assert s.ack([num(0, 0)]) == [num(0, 0)]
+    assert stream.released == [num(1, 0), num(0, 0)]
+
+
 def test_ack_deadline_default():
     _, s = _sub(deadline=0)
     assert s.ack_deadline_s == limits.ack_deadline_s_default
