@@ -7,6 +7,7 @@ model accepts any order and follows the implementation's choice."""
 
 from __future__ import annotations
 
+import gc
 from collections import Counter
 
 import pytest
@@ -448,6 +449,19 @@ def test_untake_keeps_the_delivery_version():
     assert again == [(0, 2)]
     s.untake(again)
     assert s.take(2, 0.0, 10) == [(0, 2)]
+
+
+def test_lease_deadline_entries_are_invisible_to_the_collector():
+    """A stream's deadline keeps a minute of entries (one per batch handed out or extended); they hold numbers
+    only, so the collector stops tracking them and its full passes, which pause the event loop, skip them."""
+    _, s = _sub(published=(50,))
+    for i in range(5):
+        assert len(s.take(10, float(i), 10)) == 10
+    assert s.modify_deadlines([(num(0, 0), 0), (num(1, 0), 0)], 30, 5.0) == 2
+    gc.collect()
+    gc.collect()  # an entry is let go once a pass has found its numbers untracked: at most two passes
+    assert len(s._heap) == 6
+    assert not any(gc.is_tracked(entry) for entry in s._heap)
 
 
 def test_a_batch_ack_tells_each_owner_only_of_its_own_messages():
