@@ -269,7 +269,7 @@ class SubscriptionState:
     # --- handing out -------------------------------------------------------------------------
     def take(self, max_messages: int, now: float, deadline_s: float, owner=None, per_key_max: int = 0) -> list[Delivery]:
         """Lock up to `max_messages` messages: redeliveries first, then ready keys, then new messages in
-        shard order. `owner` (a stream, or None) is told `release(num)` when a lease ends for any reason
+        log order (ordered and scheduled ones shard by shard). `owner` (a stream, or None) is told `release(num)` when a lease ends for any reason
         (`release_all(nums)` for a batch of acks). `per_key_max` caps an ordered key's batch (push: 1)."""
         self.expire(now)
         out: list[Delivery] = []
@@ -293,20 +293,35 @@ class SubscriptionState:
         if self.ordered:
             self._take_ready_keys(out, max_messages, deadline, owner, per_key_max)
         if self.topic is not None and len(out) < max_messages:
-            by_batch = self.ordered or self.topic.schedule.count
-            for shard_no, (s, ix) in enumerate(zip(shards, self.topic.shards)):
-                if s.cursor >= ix.durable:
-                    continue
-                if by_batch:
-                    self._take_ordered_shard(shard_no, s, ix, out, max_messages, deadline, owner, per_key_max)
-                else:
-                    self._take_shard(shard_no, s, ix.durable, out, max_messages, deadline, owner)
-                if len(out) >= max_messages:
-                    break
+            if self.ordered or self.topic.schedule.count:
+                for shard_no, (s, ix) in enumerate(zip(shards, self.topic.shards)):
+                    if s.cursor < ix.durable:
+                        self._take_ordered_shard(shard_no, s, ix, out, max_messages, deadline, owner, per_key_max)
+                        if len(out) >= max_messages:
+                            break
+            else:
+                self._take_in_log_order(out, max_messages, deadline, owner)
         if out:
             self._schedule(deadline, tuple([num for num, _ in out]))
             self.last_activity = now
         return out
+
+    def _take_in_log_order(self, out, max_messages, deadline, owner) -> None:
+        """New messages of all shards in the order they were logged, a stored batch at a time: the oldest go out
+        first, and a backlog is read from disk front to back (shard after shard read every n-th record of the
+        log, which no read-ahead serves)."""
+        shards, ixs = self.shards, self.topic.shards
+        while len(out) < max_messages:
+            first = None
+            for shard_no, (s, ix) in enumerate(zip(shards, ixs)):
+                if s.cursor < ix.durable:
+                    pos, end = ix.batch_around(s.cursor)
+                    if first is None or pos < first[0]:
+                        first = (pos, shard_no, min(end, ix.durable))
+            if first is None:
+                return
+            _, shard_no, end = first
+            self._take_shard(shard_no, shards[shard_no], end, out, max_messages, deadline, owner)
 
     def _take_shard(self, shard_no, s: SubShard, end, out, max_messages, deadline, owner) -> None:
         leases, versions, acked = self.leases, self.versions, s.acked

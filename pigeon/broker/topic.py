@@ -78,6 +78,14 @@ class ShardIndex:
     def batch_end(self, i: int) -> int:
         return self.base[i + 1] if i + 1 < len(self.base) else self.next
 
+    def batch_around(self, offset: int) -> tuple[int, int]:
+        """(log position, end offset) of the batch holding `offset`: new messages go out in log order. An
+        offset below the index (trimmed away) comes first, up to the oldest batch kept."""
+        i = bisect.bisect_right(self.base, offset) - 1
+        if i < 0:
+            return -1, self.base[0] if self.base else self.next
+        return self.pos[i], self.batch_end(i)
+
     def offset_at_ms(self, ms: int) -> int:
         """First offset published at or after `ms` (self.next when none)."""
         i = bisect.bisect_left(self.ms, ms)

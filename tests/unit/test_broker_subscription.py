@@ -54,9 +54,10 @@ class SubscriptionMachine(RuleBasedStateMachine):
     def init(self, shards, pre):
         self.clock = SimClock()
         self.topic = TopicState(1, "projects/p/topics/t", None, shards)
+        self.batches: list[tuple[int, int, int, int]] = []  # (log position, shard, first offset, end offset)
         for sh in range(shards):
             if pre[sh]:
-                self.topic.shards[sh].append(pre[sh], 0, 0)
+                self.log_batch(sh, pre[sh], 0)
                 self.topic.shards[sh].durable = self.topic.shards[sh].next
         self.sub = SubscriptionState(2, "projects/p/subscriptions/s", self.topic, Subscription(ack_deadline_seconds=10))
         self.n = shards
@@ -71,6 +72,12 @@ class SubscriptionMachine(RuleBasedStateMachine):
         self.last_take = None
 
     # --- model helpers -------------------------------------------------------------------------
+    def log_batch(self, sh: int, count: int, ms: int) -> None:
+        """A publish batch logged after every earlier one (each at its own log position)."""
+        pos = len(self.batches)
+        base = self.topic.shards[sh].append(count, pos, ms)
+        self.batches.append((pos, sh, base, base + count))
+
     @property
     def now(self) -> float:
         return self.clock.now()
@@ -158,11 +165,13 @@ class SubscriptionMachine(RuleBasedStateMachine):
                 break
         if i == len(out) and i < max_messages:
             assert not self.groups, "redeliveries were waiting but not handed out"
-        # then new messages, shard by shard
+        # then new messages in log order, batch by batch (the oldest first)
         expected_new = []
-        for sh in range(self.n):
+        for _, sh, base, end in self.batches:
             c = self.cursor[sh]
-            while c < self.durable(sh) and i + len(expected_new) < max_messages:
+            if not base <= c < end:  # done with it, or an earlier batch of its shard is not
+                continue
+            while c < min(end, self.durable(sh)) and i + len(expected_new) < max_messages:
                 if c not in self.acked[sh]:
                     expected_new.append((num(c, sh), 1))
                 c += 1
@@ -177,7 +186,7 @@ class SubscriptionMachine(RuleBasedStateMachine):
     def publish(self, shard, count, durable):
         shard %= self.n
         ix = self.topic.shards[shard]
-        ix.append(count, 0, int(self.now * 1000))
+        self.log_batch(shard, count, int(self.now * 1000))
         if durable:
             ix.durable = ix.next
         self.last_take = None
@@ -522,10 +531,25 @@ def test_rewind_unacked_redelivers_everything_not_acked():
 
 
 @pytest.mark.parametrize("shards", [1, 2, 3])
-def test_take_goes_shard_by_shard(shards):
-    _, s = _sub(shards=shards, published=[2] * shards)
+def test_take_goes_shard_by_shard_within_one_log_position(shards):
+    _, s = _sub(shards=shards, published=[2] * shards)  # every batch at log position 0
     out = s.take(100, 0.0, 10)
     assert out == [(num(o, sh), 1) for sh in range(shards) for o in range(2)]
+
+
+def test_new_messages_go_out_in_log_order_across_shards():
+    """Shards interleave in the log: a backlog goes out oldest first, a batch at a time, so it is read from disk
+    front to back instead of one shard's every n-th record at a time."""
+    t = TopicState(1, "projects/p/topics/t", None, 3)
+    s = SubscriptionState(2, "projects/p/subscriptions/s", t, Subscription(ack_deadline_seconds=10))
+    for pos, sh in enumerate([2, 0, 1, 0, 2]):  # publish batches of 2, in this order
+        t.shards[sh].append(2, pos, 0)
+    for ix in t.shards:
+        ix.durable = ix.next
+    order = [(num(0, 2), num(1, 2)), (num(0, 0), num(1, 0)), (num(0, 1), num(1, 1)), (num(2, 0), num(3, 0)),
+             (num(2, 2), num(3, 2))]
+    assert [n for n, _ in s.take(3, 0.0, 10)] == [*order[0], order[1][0]]  # a batch is left midway at the limit
+    assert [n for n, _ in s.take(100, 0.0, 10)] == [order[1][1], *order[2], *order[3], *order[4]]
 
 
 def test_subscription_without_topic_delivers_nothing():
