@@ -45,6 +45,7 @@ class MessageReader:
         if b is not None:
             return b
         self.disk_reads += 1
+        self.wal.read_ahead(pos)
         size = record.size_from_prefix(self.wal.read(pos, record.PREFIX_BYTES))
         if len(self._buf) < size:  # a new buffer, never a resize: a view of the old one may live on
             self._buf = bytearray(max(size, 2 * len(self._buf)))

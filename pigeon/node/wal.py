@@ -20,6 +20,7 @@ import threading
 import time
 
 from pigeon.core.errors import ResourceExhausted, Unavailable
+from pigeon.node.readahead import ReadAhead
 
 log = logging.getLogger("pigeon.wal")
 
@@ -89,6 +90,7 @@ class Wal:
         self._failed: BaseException | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._read_fds: dict[int, int] = {}
+        self._read_ahead: ReadAhead | None = None
         self.flushes = 0  # statistics: group commits that made records durable
 
     # --- lifecycle -------------------------------------------------------------------------------
@@ -102,6 +104,7 @@ class Wal:
             self._create_segment(tail)
             self.starts.append(tail)
         self.tail = self.durable = tail
+        self._read_ahead = ReadAhead(self.dir, self.starts, lambda: self.durable, segment_name)
         self._loop = asyncio.get_running_loop()
         # the writer's starting point is fixed here: appends may run before the thread gets going
         self._thread = threading.Thread(
@@ -124,6 +127,8 @@ class Wal:
             self._cv.notify()
         if self._thread is not None:
             await asyncio.get_running_loop().run_in_executor(None, self._thread.join)
+        if self._read_ahead is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self._read_ahead.close)
         for fd in self._read_fds.values():
             os.close(fd)
         self._read_fds.clear()
@@ -269,6 +274,11 @@ class Wal:
         faults of a fresh megabyte per record."""
         fd, offset = self._locate(pos)
         return os.preadv(fd, [buf], offset)
+
+    def read_ahead(self, pos: int) -> None:
+        """A reader is reading the log from disk at `pos`: have the pages after it fetched ahead of it."""
+        if self._read_ahead is not None:
+            self._read_ahead.ahead_of(pos)
 
     def _locate(self, pos: int) -> tuple[int, int]:
         i = bisect.bisect_right(self.starts, pos) - 1

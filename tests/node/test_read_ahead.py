@@ -1,0 +1,69 @@
+"""The read-ahead thread: it reads the log ahead of the reader, across segment files, never past what is
+durable nor past its window, starts over where the reader jumped, and goes on past a segment deleted under it.
+The waits below bound how long a thread may take to catch up; nothing is timed."""
+
+import os
+import time
+
+from pigeon.node import readahead
+from pigeon.node.wal import segment_name
+
+SEG = 256 * 1024
+
+
+def _log(directory, segments: int) -> list[int]:
+    starts = []
+    for i in range(segments):
+        (directory / segment_name(i * SEG)).write_bytes(os.urandom(SEG))
+        starts.append(i * SEG)
+    return starts
+
+
+def _until(cond, timeout_s: float = 30.0) -> None:
+    end = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < end, "the read-ahead thread did not get there"
+        time.sleep(0.005)
+
+
+def test_reads_ahead_across_segments_up_to_what_is_durable(tmp_path):
+    starts = _log(tmp_path, 4)
+    durable = [3 * SEG + 100]
+    ra = readahead.ReadAhead(str(tmp_path), starts, lambda: durable[0], segment_name)
+    try:
+        ra.ahead_of(SEG // 2)
+        _until(lambda: ra.warmed == 3 * SEG + 100)
+        durable[0] = 4 * SEG  # the writer made more durable: the window covers it, the thread goes on
+        _until(lambda: ra.warmed == 4 * SEG)
+        assert ra.fetched == 4 * SEG - SEG // 2
+    finally:
+        ra.close()
+
+
+def test_keeps_a_window_ahead_of_the_reader_and_starts_over_where_it_jumps(tmp_path, monkeypatch):
+    monkeypatch.setattr(readahead, "AHEAD_BYTES", SEG)
+    ra = readahead.ReadAhead(str(tmp_path), _log(tmp_path, 4), lambda: 4 * SEG, segment_name)
+    try:
+        ra.ahead_of(0)
+        _until(lambda: ra.warmed == SEG)
+        ra.ahead_of(SEG * 3 // 4)  # past the window's middle: it moves on
+        _until(lambda: ra.warmed == SEG * 7 // 4)
+        ra.ahead_of(3 * SEG)  # a jump forward (a seek): read from there
+        _until(lambda: ra.warmed == 4 * SEG)
+        ra.ahead_of(0)  # and back (another subscription far behind)
+        _until(lambda: ra.fetched == SEG * 7 // 4 + SEG + SEG)
+        assert ra.warmed == SEG
+    finally:
+        ra.close()
+
+
+def test_a_segment_deleted_under_it_is_skipped(tmp_path):
+    starts = _log(tmp_path, 3)
+    os.unlink(tmp_path / segment_name(0))  # compacted away while the thread still has it listed
+    ra = readahead.ReadAhead(str(tmp_path), starts, lambda: 3 * SEG, segment_name)
+    try:
+        ra.ahead_of(0)
+        _until(lambda: ra.warmed == 3 * SEG)
+        assert ra.fetched == 2 * SEG
+    finally:
+        ra.close()
