@@ -38,6 +38,7 @@ class ReadAhead:
         self._jumped = False  # guarded by _cv: start over at _lo
         self._closing = False
         self._thread: threading.Thread | None = None
+        self._fds: dict[int, int] = {}  # segment start → a file the thread reads (its own)
         self.warmed = 0  # the position read up to (statistics)
         self.fetched = 0  # bytes read in all (statistics)
 
@@ -65,7 +66,6 @@ class ReadAhead:
 
     def _run(self) -> None:
         view = memoryview(bytearray(_CHUNK))
-        fds: dict[int, int] = {}
         done = 0
         try:
             while True:
@@ -78,16 +78,21 @@ class ReadAhead:
                         stop = min(self._hi, self._durable())
                         if done < stop:
                             break
+                        if done >= self._hi:  # caught up: no file held open while idle (a segment deleted
+                            self._close_files()  # meanwhile would keep its disk space)
                         self._cv.wait(_IDLE_S if done < self._hi else None)
-                done = self._read(done, stop, view, fds)
+                done = self._read(done, stop, view)
                 self.warmed = done
         except Exception:  # noqa: BLE001 — only a speed-up: the loop's reads work without it
             log.exception("read-ahead stopped")
         finally:
-            for fd in fds.values():
-                os.close(fd)
+            self._close_files()
 
-    def _read(self, pos: int, stop: int, view: memoryview, fds: dict[int, int]) -> int:
+    def _close_files(self, before: int | None = None) -> None:
+        for seg in [s for s in self._fds if before is None or s < before]:
+            os.close(self._fds.pop(seg))
+
+    def _read(self, pos: int, stop: int, view: memoryview) -> int:
         """Read one chunk from `pos` (not past `stop` nor its segment's end); returns where the next one starts."""
         starts = list(self._starts)  # one consistent copy: the loop thread appends and removes meanwhile
         i = bisect.bisect_right(starts, pos) - 1
@@ -95,12 +100,11 @@ class ReadAhead:
             return starts[0] if starts else stop
         seg = starts[i]
         end = min(stop, starts[i + 1]) if i + 1 < len(starts) else stop
-        fd = fds.get(seg)
+        fd = self._fds.get(seg)
         if fd is None:
-            for old in [s for s in fds if s < seg]:  # segments behind the reader are not read again
-                os.close(fds.pop(old))
+            self._close_files(before=seg)  # segments behind the reader are not read again
             try:
-                fd = fds[seg] = os.open(os.path.join(self._dir, self._segment_name(seg)), os.O_RDONLY)
+                fd = self._fds[seg] = os.open(os.path.join(self._dir, self._segment_name(seg)), os.O_RDONLY)
             except FileNotFoundError:  # deleted (acked and compacted) under us: nothing to warm there
                 return end
         got = os.preadv(fd, [view[: min(_CHUNK, end - pos)]], pos - seg)
