@@ -28,11 +28,10 @@ _IDLE_S = 0.05  # with nothing readable yet (not durable), look again after this
 class ReadAhead:
     """One window of the log, [lo, hi), kept ahead of the reader; `warmed` is how far the thread has read."""
 
-    def __init__(self, directory: str, starts: list[int], durable: Callable[[], int], segment_name):
-        self._dir = directory
+    def __init__(self, starts: list[int], durable: Callable[[], int], path_of: Callable[[int], str]):
         self._starts = starts  # the log's segment starts (the loop thread appends and removes)
         self._durable = durable
-        self._segment_name = segment_name
+        self._path_of = path_of  # a segment's file, by its start
         self._cv = threading.Condition()
         self._lo = self._hi = 0  # guarded by _cv
         self._jumped = False  # guarded by _cv: start over at _lo
@@ -104,7 +103,7 @@ class ReadAhead:
         if fd is None:
             self._close_files(before=seg)  # segments behind the reader are not read again
             try:
-                fd = self._fds[seg] = os.open(os.path.join(self._dir, self._segment_name(seg)), os.O_RDONLY)
+                fd = self._fds[seg] = os.open(self._path_of(seg), os.O_RDONLY)
             except FileNotFoundError:  # deleted (acked and compacted) under us: nothing to warm there
                 return end
         got = os.preadv(fd, [view[: min(_CHUNK, end - pos)]], pos - seg)

@@ -25,7 +25,7 @@ from prometheus_client import Counter
 from pigeon.broker.registry import Registry
 from pigeon.broker.topic import ShardIndex
 from pigeon.core import limits
-from pigeon.node.wal import fsync_dir, list_segments, segment_name
+from pigeon.node.wal import fsync_dir, list_segments, segment_path
 from pigeon.storage import payloads, record
 from pigeon.storage.record import RecordType
 
@@ -182,7 +182,7 @@ def recover(data_dir: str, registry: Registry, *, repair: bool) -> Report:
     broken_at = None
     for i in range(first, len(segments)):
         seg = segments[i]
-        path = os.path.join(wal_dir, segment_name(seg))
+        path = segment_path(wal_dir, seg)
         if expected is not None and seg != expected:
             broken_at = (i, path, 0, f"segment starts at {seg}, expected {expected}")
             break
@@ -227,7 +227,7 @@ def recover(data_dir: str, registry: Registry, *, repair: bool) -> Report:
         if not (rep.broken and rep.broken[-1][0] == path):
             rep.broken.append((path, at, os.path.getsize(path), reason))
         for seg in later:
-            p = os.path.join(wal_dir, segment_name(seg))
+            p = segment_path(wal_dir, seg)
             rep.dropped_segments.append(p)
             DROPPED_BYTES.inc(os.path.getsize(p))
             log.error("wal %s: dropped whole (after the broken record)", p)

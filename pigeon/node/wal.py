@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import enum
+import functools
 import logging
 import os
 import threading
@@ -38,6 +39,10 @@ class FsyncPolicy(str, enum.Enum):
 
 def segment_name(start: int) -> str:
     return f"{start:020d}{SUFFIX}"
+
+
+def segment_path(wal_dir: str, start: int) -> str:
+    return os.path.join(wal_dir, segment_name(start))
 
 
 def list_segments(wal_dir: str) -> list[int]:
@@ -99,12 +104,12 @@ class Wal:
         os.makedirs(self.dir, exist_ok=True)
         self.starts = list_segments(self.dir)
         assert not self.starts or self.starts[-1] <= tail, "recovery must remove segments past the tail"
-        last_end = self.starts[-1] + os.path.getsize(os.path.join(self.dir, segment_name(self.starts[-1]))) if self.starts else None
+        last_end = self.starts[-1] + os.path.getsize(segment_path(self.dir, self.starts[-1])) if self.starts else None
         if last_end != tail:  # empty log, or the checkpoint lies past the log's end: start a fresh segment there
             self._create_segment(tail)
             self.starts.append(tail)
         self.tail = self.durable = tail
-        self._read_ahead = ReadAhead(self.dir, self.starts, lambda: self.durable, segment_name)
+        self._read_ahead = ReadAhead(self.starts, lambda: self.durable, functools.partial(segment_path, self.dir))
         self._loop = asyncio.get_running_loop()
         # the writer's starting point is fixed here: appends may run before the thread gets going
         self._thread = threading.Thread(
@@ -113,7 +118,7 @@ class Wal:
         self._thread.start()
 
     def _create_segment(self, start: int) -> None:
-        path = os.path.join(self.dir, segment_name(start))
+        path = segment_path(self.dir, start)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
         os.close(fd)
         fsync_dir(self.dir)
@@ -197,7 +202,7 @@ class Wal:
 
     # --- the writer thread -----------------------------------------------------------------------
     def _writer(self, cur_start: int, written: int) -> None:
-        fd = os.open(os.path.join(self.dir, segment_name(cur_start)), os.O_WRONLY | os.O_APPEND)
+        fd = os.open(segment_path(self.dir, cur_start), os.O_WRONLY | os.O_APPEND)
         always, batch_policy = self.policy is FsyncPolicy.always, self.policy is FsyncPolicy.batch
         synced, last_sync = written, time.monotonic()  # synced: what fdatasync covers
         try:
@@ -225,7 +230,7 @@ class Wal:
                         self._sync(fd)
                         os.close(fd)
                         cur_start = seg
-                        path = os.path.join(self.dir, segment_name(seg))
+                        path = segment_path(self.dir, seg)
                         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
                         fsync_dir(self.dir)
                     chunks.append(data)
@@ -286,7 +291,7 @@ class Wal:
         start = self.starts[i]
         fd = self._read_fds.get(start)
         if fd is None:
-            fd = os.open(os.path.join(self.dir, segment_name(start)), os.O_RDONLY)
+            fd = os.open(segment_path(self.dir, start), os.O_RDONLY)
             self._read_fds[start] = fd
         return fd, pos - start
 
@@ -298,7 +303,7 @@ class Wal:
             fd = self._read_fds.pop(start, None)
             if fd is not None:
                 os.close(fd)
-            os.unlink(os.path.join(self.dir, segment_name(start)))
+            os.unlink(segment_path(self.dir, start))
             removed.append(start)
         if removed:
             fsync_dir(self.dir)

@@ -15,7 +15,7 @@ from google.api_core import retry as gretry
 
 from pigeon.core import limits
 from pigeon.node import recovery
-from pigeon.node.wal import list_segments, segment_name
+from pigeon.node.wal import list_segments, segment_path
 from pigeon.storage import payloads, record
 from pigeon.storage.record import RecordType
 
@@ -128,7 +128,7 @@ def ck_dir(data_dir: str) -> str:
 
 
 def segments(data_dir: str) -> list[str]:
-    return [os.path.join(wal_dir(data_dir), segment_name(s)) for s in list_segments(wal_dir(data_dir))]
+    return [segment_path(wal_dir(data_dir), s) for s in list_segments(wal_dir(data_dir))]
 
 
 def checkpoints(data_dir: str) -> list[str]:

@@ -6,7 +6,7 @@ import os
 import time
 
 from pigeon.node import readahead
-from pigeon.node.wal import segment_name
+from pigeon.node.wal import segment_path
 
 SEG = 256 * 1024
 
@@ -14,9 +14,14 @@ SEG = 256 * 1024
 def _log(directory, segments: int) -> list[int]:
     starts = []
     for i in range(segments):
-        (directory / segment_name(i * SEG)).write_bytes(os.urandom(SEG))
+        with open(segment_path(str(directory), i * SEG), "wb") as f:
+            f.write(os.urandom(SEG))
         starts.append(i * SEG)
     return starts
+
+
+def _read_ahead(directory, starts: list[int], durable) -> readahead.ReadAhead:
+    return readahead.ReadAhead(starts, durable, lambda seg: segment_path(str(directory), seg))
 
 
 def _until(cond, timeout_s: float = 30.0) -> None:
@@ -29,7 +34,7 @@ def _until(cond, timeout_s: float = 30.0) -> None:
 def test_reads_ahead_across_segments_up_to_what_is_durable(tmp_path):
     starts = _log(tmp_path, 4)
     durable = [3 * SEG + 100]
-    ra = readahead.ReadAhead(str(tmp_path), starts, lambda: durable[0], segment_name)
+    ra = _read_ahead(tmp_path, starts, lambda: durable[0])
     try:
         ra.ahead_of(SEG // 2)
         _until(lambda: ra.warmed == 3 * SEG + 100)
@@ -42,7 +47,7 @@ def test_reads_ahead_across_segments_up_to_what_is_durable(tmp_path):
 
 def test_keeps_a_window_ahead_of_the_reader_and_starts_over_where_it_jumps(tmp_path, monkeypatch):
     monkeypatch.setattr(readahead, "AHEAD_BYTES", SEG)
-    ra = readahead.ReadAhead(str(tmp_path), _log(tmp_path, 4), lambda: 4 * SEG, segment_name)
+    ra = _read_ahead(tmp_path, _log(tmp_path, 4), lambda: 4 * SEG)
     try:
         ra.ahead_of(0)
         _until(lambda: ra.warmed == SEG)
@@ -60,8 +65,8 @@ def test_keeps_a_window_ahead_of_the_reader_and_starts_over_where_it_jumps(tmp_p
 
 def test_a_segment_deleted_under_it_is_skipped(tmp_path):
     starts = _log(tmp_path, 3)
-    os.unlink(tmp_path / segment_name(0))  # compacted away while the thread still has it listed
-    ra = readahead.ReadAhead(str(tmp_path), starts, lambda: 3 * SEG, segment_name)
+    os.unlink(segment_path(str(tmp_path), 0))  # compacted away while the thread still has it listed
+    ra = _read_ahead(tmp_path, starts, lambda: 3 * SEG)
     try:
         ra.ahead_of(0)
         _until(lambda: ra.warmed == 3 * SEG)
