@@ -64,8 +64,9 @@ class Plan:
     def longest_s(self) -> float:
         """The most time the workloads may take against one server (each is bounded by its own limit)."""
         bound = {"publish": len(self.publish_batches) * len(self.publish_inflight) * self.publish_s,
-                 "consume": self.consume_s_max, "mixed": self.mixed_s, "latency": self.latency_runs * self.latency_s, "ordered": 2 * self.ordered_s_max, "connections": self.conn_s,
-                 "backlog": self.backlog_s_max, "restart": self.restart_s_max}
+                 "consume": self.consume_s_max, "mixed": self.mixed_s, "latency": self.latency_runs * self.latency_s,
+                 "ordered": 2 * self.ordered_s_max, "connections": self.conn_s, "backlog": self.backlog_s_max,
+                 "restart": self.restart_s_max}
         return self.peer_start_s_max + sum(bound[w] for w in self.workloads) + 30 * len(self.workloads)
 
     def scaled(self, **changes) -> "Plan":

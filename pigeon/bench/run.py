@@ -135,15 +135,15 @@ def run_target(server, plan: Plan, bars: Bars, workloads: tuple[str, ...]) -> di
     if "consume" in todo and published:
         n = min(published, plan.consume_messages)
         attempt("consume", f"consume+ack {n:,} of the backlog", w.consume, d, plan, "publish", n)
-    left_behind = published > 0
+    left_behind = published > 0  # a backlog the workloads below must not share the server with
     if "mixed" in todo:
         if left_behind and not fresh("fresh_start"):
             return {"results": res, "errors": errors, "skipped": skipped}
         attempt("mixed", f"publish + consume at once, {plan.mixed_s:g} s", w.mixed, d, plan, "mixed")
-        if ("ordered" in todo or "connections" in todo) and not fresh("fresh_start_after_mixed"):
+        left_behind = True
+    if ("ordered" in todo or "connections" in todo) and left_behind:
+        if not fresh("fresh_start_after_mixed" if "mixed" in todo else "fresh_start"):
             return {"results": res, "errors": errors, "skipped": skipped}
-    elif ("ordered" in todo or "connections" in todo) and left_behind and not fresh("fresh_start"):
-        return {"results": res, "errors": errors, "skipped": skipped}
     if "ordered" in todo:
         attempt("ordered", f"ordered, {plan.ordered_keys:,} keys", w.ordered, d, plan, "ordered")
     if "connections" in todo:

@@ -269,8 +269,9 @@ class SubscriptionState:
     # --- handing out -------------------------------------------------------------------------
     def take(self, max_messages: int, now: float, deadline_s: float, owner=None, per_key_max: int = 0) -> list[Delivery]:
         """Lock up to `max_messages` messages: redeliveries first, then ready keys, then new messages in
-        log order (ordered and scheduled ones shard by shard). `owner` (a stream, or None) is told `release(num)` when a lease ends for any reason
-        (`release_all(nums)` for a batch of acks). `per_key_max` caps an ordered key's batch (push: 1)."""
+        log order (ordered and scheduled ones shard by shard). `owner` (a stream, or None) is told
+        `release(num)` when a lease ends for any reason (`release_all(nums)` for a batch of acks).
+        `per_key_max` caps an ordered key's batch (push: 1)."""
         self.expire(now)
         out: list[Delivery] = []
         leases, versions = self.leases, self.versions
@@ -302,7 +303,7 @@ class SubscriptionState:
             else:
                 self._take_in_log_order(out, max_messages, deadline, owner)
         if out:
-            self._schedule(deadline, tuple([num for num, _ in out]))
+            self._schedule(deadline, tuple(map(itemgetter(0), out)))
             self.last_activity = now
         return out
 
