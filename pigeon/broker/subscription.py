@@ -217,6 +217,15 @@ class SubscriptionState:
                 self.redeliver.extend(nums)
         return n
 
+    def disown(self, owner, nums) -> None:
+        """`owner` (a stream) is gone: its leases among `nums` stay until their deadline, owned by nobody, and
+        then run out into redelivery like any other (the client may still ack or nack them meanwhile)."""
+        leases = self.leases
+        for num in nums:
+            lease = leases.get(num)
+            if lease is not None and lease[2] is owner:
+                leases[num] = (lease[0], lease[1], None, lease[3])
+
     def _end_lease(self, num: int, lease: Lease) -> None:
         del self.leases[num]
         if lease[2] is not None:

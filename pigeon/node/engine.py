@@ -518,10 +518,7 @@ class Engine:
 
     def close_stream(self, stream: Stream) -> None:
         """Messages it still holds stay leased until their deadline (the client may still ack them)."""
-        for num in list(stream.held):
-            lease = stream.sub.leases.get(num)
-            if lease is not None and lease[2] is stream:
-                stream.sub.leases[num] = (lease[0], lease[1], None)
+        stream.sub.disown(stream, list(stream.held))
         stream.held.clear()
 
     def ack_nowait(self, s: SubscriptionState, ack_ids) -> dict[str, str]:

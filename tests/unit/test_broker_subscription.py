@@ -287,6 +287,16 @@ class SubscriptionMachine(RuleBasedStateMachine):
             assert got == sum(len(g) for g in self.groups) - before
         self.last_take = None
 
+    @rule(owner=st.integers(1, 2))
+    def owner_gone(self, owner):
+        """A stream ends (closed, or its client died): its leases stay until their deadline, owned by nobody."""
+        gone = self.owners[owner]
+        self.sub.disown(gone, [n for n, lease in self.leases.items() if lease[2] is gone])
+        for n, (deadline, version, holder) in list(self.leases.items()):
+            if holder is gone:
+                self.leases[n] = (deadline, version, None)
+        self.last_take = None
+
     @rule(data=st.data())
     def reset(self, data):
         floors, above = [], []
@@ -484,6 +494,25 @@ def test_a_batch_ack_tells_each_owner_only_of_its_own_messages():
     assert stream.released == [num(1, 0)]
     assert s.ack([num(0, 0)]) == [num(0, 0)]
     assert stream.released == [num(1, 0), num(0, 0)]
+
+
+def test_leases_of_a_closed_stream_run_out_into_redelivery():
+    """A stream that ends holding messages (its client died) leaves them leased to nobody until their deadline;
+    then they are delivered again with the next version, ordered or not."""
+    t = TopicState(1, "projects/p/topics/t", None, 1)
+    s = SubscriptionState(2, "projects/p/subscriptions/s", t, Subscription(ack_deadline_seconds=10,
+                                                                           enable_message_ordering=True))
+    t.shards[0].append(2, 0, 0)
+    t.shards[0].append(1, 1, 0, key=7)  # an ordering key's message
+    t.shards[0].durable = t.shards[0].next
+    stream = Owner("stream")
+    taken = s.take(10, 0.0, 10, stream)
+    assert sorted(taken) == [(num(0, 0), 1), (num(1, 0), 1), (num(2, 0), 1)]
+    s.disown(stream, [n for n, _ in taken])
+    assert all(lease[2] is None for lease in s.leases.values())
+    assert s.take(10, 9.9, 10) == []
+    assert sorted(s.take(10, 10.0, 10)) == [(num(0, 0), 2), (num(1, 0), 2), (num(2, 0), 2)]
+    assert stream.released == []  # the stream is gone: nobody tells it
 
 
 def test_ack_deadline_default():
