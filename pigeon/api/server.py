@@ -15,6 +15,7 @@ import grpc
 from pigeon.api import admin_api, pigeon_api, queue_api
 from pigeon.api.grpc_api import PubSubApi
 from pigeon.core import limits
+from pigeon.node import recovery
 from pigeon.node.engine import Engine
 from pigeon.ops import allocator
 from pigeon.ops.config import Config
@@ -28,7 +29,12 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     engine = Engine(config)
-    await engine.start()
+    try:
+        await engine.start()
+    except recovery.Unappliable as e:
+        log.error("recovery stopped: %s", e.describe())
+        raise SystemExit(f"pigeon: recovery stopped: {e.describe()}.\nNothing was deleted. `pigeon fsck "
+                         f"{config.data_dir}` explains it; {e.repair_plan()}.")
     server = grpc.aio.server(
         options=[
             ("grpc.max_receive_message_length", limits.grpc_receive_bytes_max),

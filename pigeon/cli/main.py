@@ -36,11 +36,15 @@ def serve(
 
 
 @app.command()
-def fsck(data_dir: str = typer.Argument(..., help="data directory to check")):
-    """Check a data directory offline and print what is broken; changes nothing."""
+def fsck(
+    data_dir: str = typer.Argument(..., help="data directory to check"),
+    repair: bool = typer.Option(False, "--repair", help="truncate the log at a record that cannot be applied "
+                                                        "(after printing what is dropped); the server will not"),
+):
+    """Check a data directory offline and print what is broken; changes nothing without --repair."""
     from pigeon.node.fsck import check
 
-    ok = check(data_dir, sys.stdout)
+    ok = check(data_dir, sys.stdout, repair=repair)
     raise typer.Exit(0 if ok else 1)
 
 

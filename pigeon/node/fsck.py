@@ -1,4 +1,5 @@
-"""Offline check of a data directory: recovery in read-only mode, then a summary."""
+"""Offline check of a data directory: recovery in read-only mode, then a summary. With `repair`, what recovery
+would stop at (a record that decodes but cannot be applied) is truncated after saying what is dropped."""
 
 from __future__ import annotations
 
@@ -8,18 +9,34 @@ from pigeon.broker.registry import Registry
 from pigeon.node import recovery
 
 
-def check(data_dir: str, out) -> bool:
+def check(data_dir: str, out, repair: bool = False) -> bool:
     if not os.path.isdir(data_dir):
         print(f"{data_dir}: not a directory", file=out)
         return False
     reg = Registry()
-    rep = recovery.recover(data_dir, reg, repair=False)
+    try:
+        rep = recovery.recover(data_dir, reg, repair=False)
+    except recovery.Unappliable as e:
+        print(f"BROKEN: {e.describe()}", file=out)
+        print("the server will not start on this directory: nothing after this record may be dropped silently",
+              file=out)
+        if not repair:
+            print(f"{e.repair_plan()} after saying so; nothing is changed without --repair", file=out)
+            return False
+        for path, n in e.dropped:
+            print(f"REPAIR: dropping {n} bytes of {path}", file=out)
+        reg = Registry()
+        rep = recovery.recover(data_dir, reg, repair=True, drop_unappliable=True)
+        print("repaired: the log now ends before that record", file=out)
     print(f"checkpoint: {rep.checkpoint or 'none'}", file=out)
     print(f"records replayed after it: {rep.replayed_records}", file=out)
     print(f"topics: {len(reg.topics)}  subscriptions: {len(reg.subs)}  snapshots: {len(reg.snapshots)}", file=out)
     backlog = sum(s.backlog() for s in reg.subs_by_uid.values())
     print(f"unacked messages: {backlog}", file=out)
     for line in rep.lines():
-        print(f"BROKEN: {line}", file=out)
+        print(f"{'REPAIRED' if repair else 'BROKEN'}: {line}", file=out)
+    if repair:
+        print("ok (repaired)" if not rep.clean else "ok", file=out)
+        return True
     print("ok" if rep.clean else "problems found (the server would drop the broken parts at start)", file=out)
     return rep.clean

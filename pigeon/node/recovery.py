@@ -10,7 +10,12 @@ Decision table, per step:
 | WAL does not reach back to the checkpoint's pos | report the gap, start at checkpoint | report               |
 | broken record (bad length/CRC, short)           | truncate there, drop later segments | report               |
 | gap between one segment's end and the next      | same as a broken record             | report               |
-| record that contradicts the state (bad offset)  | same as a broken record             | report               |
+| record that decodes but cannot be applied       | stop start-up (Unappliable), delete | report; `--repair`   |
+|   (a bug, or a directory of another format)     | nothing                             | truncates there      |
+
+Only a failed framing or CRC check (or a torn tail) proves that bytes were never fully written; a record
+that passes both was written whole, so failing to apply it is a bug or a foreign directory, and truncating
+there would silently drop every acknowledged record after it.
 """
 
 from __future__ import annotations
@@ -118,6 +123,30 @@ class _Contradiction(Exception):
     pass
 
 
+class Unappliable(Exception):
+    """A WAL record that passed its framing and CRC checks but cannot be applied: start-up stops here."""
+
+    def __init__(self, path: str, at: int, rtype: int, reason: str, dropped: list[tuple[str, int]]):
+        self.path, self.at, self.rtype, self.reason = path, at, rtype, reason
+        self.dropped = dropped  # (file, bytes) that `pigeon fsck --repair` would drop: this file's rest, later files
+        try:
+            self.type_name = RecordType(rtype).name
+        except ValueError:
+            self.type_name = f"type {rtype}"
+        super().__init__(self.describe())
+
+    def describe(self) -> str:
+        return (f"wal {self.path}: the {self.type_name} record at byte {self.at} decodes but cannot be applied "
+                f"({self.reason})")
+
+    def repair_plan(self) -> str:
+        total = sum(n for _, n in self.dropped)
+        files = len(self.dropped) - 1
+        return (f"`pigeon fsck --repair` would truncate the log there, dropping {total} bytes "
+                f"({self.dropped[0][1]} of {self.dropped[0][0]}"
+                + (f" and {files} later segment(s) whole" if files else "") + ")")
+
+
 def apply_record(registry: Registry, pos: int, rtype: int, payload) -> None:
     """Replay one WAL record into the registry."""
     if rtype == RecordType.PUBLISH:
@@ -145,8 +174,10 @@ def apply_record(registry: Registry, pos: int, rtype: int, payload) -> None:
         raise _Contradiction(f"unexpected record type {rtype}")
 
 
-def recover(data_dir: str, registry: Registry, *, repair: bool) -> Report:
-    """Rebuild `registry` (empty on entry) from `data_dir`. With repair, truncate what is broken."""
+def recover(data_dir: str, registry: Registry, *, repair: bool, drop_unappliable: bool = False) -> Report:
+    """Rebuild `registry` (empty on entry) from `data_dir`. With repair, truncate what is broken. A record that
+    decodes but cannot be applied raises Unappliable (before anything is deleted), unless `drop_unappliable`
+    (`pigeon fsck --repair`) treats it as broken."""
     rep = Report()
     wal_dir = os.path.join(data_dir, "wal")
     ck_dir = os.path.join(data_dir, "checkpoints")
@@ -199,12 +230,18 @@ def recover(data_dir: str, registry: Registry, *, repair: bool) -> Report:
         while pos < len(buf):
             try:
                 rtype, payload, nxt = record.decode_at(buf, pos, limits.record_bytes_max)
-                apply_record(registry, seg + pos, rtype, payload)
             except record.Broken as e:
                 reason = e.reason
                 break
-            except (_Contradiction, ValueError, KeyError) as e:
-                reason = f"inconsistent record: {e}"
+            try:
+                apply_record(registry, seg + pos, rtype, payload)
+            except Exception as e:  # noqa: BLE001 — whatever the bug, nothing after this record may be lost
+                why = f"{type(e).__name__}: {e}" if not isinstance(e, _Contradiction) else str(e)
+                if not drop_unappliable:
+                    later = [(segment_path(wal_dir, s), os.path.getsize(segment_path(wal_dir, s)))
+                             for s in segments[i + 1:]]
+                    raise Unappliable(path, pos, rtype, why, [(path, len(buf) - pos)] + later) from e
+                reason = f"unappliable {Unappliable(path, pos, rtype, why, []).type_name} record: {why}"
                 break
             rep.replayed_records += 1
             pos = nxt

@@ -18,13 +18,15 @@ import os
 import random
 import re
 import shutil
+import subprocess
+import sys
 
 import pytest
 
 import crashkit as ck
 from pigeon.broker.registry import Registry
 from pigeon.node import recovery
-from pigeon.storage import payloads
+from pigeon.storage import payloads, record
 from pigeon.storage.record import HEADER_BYTES, Broken, RecordType
 from pigeon.testing.server import ServerProcess
 
@@ -336,3 +338,53 @@ def test_damaged_checkpoint_falls_back(pristine, server_factory, tmp_path, monke
         problems.append(f"{ctx}: the good older checkpoint {os.path.basename(older)} was deleted while the broken "
                         f"{os.path.basename(newest)} was kept")
     assert not problems, "\n".join(problems)
+
+
+# --- a record that decodes but cannot be applied -----------------------------------------------------
+
+@pytest.mark.parametrize("build", ["kill", "ckpt"])
+def test_unappliable_record_stops_start_up_and_deletes_nothing(pristine, server_factory, tmp_path, monkeypatch,
+                                                               build):
+    """A PUBLISH record with valid framing and CRC whose offset contradicts the state (what a bug would write):
+    the server refuses to start and names file, byte and type, changing no file; fsck explains it; only
+    `fsck --repair` truncates there, after saying what it drops; then the server serves what came before."""
+    data_dir, published = _copy(pristine, build, tmp_path)
+    recs = _tail_records(data_dir)
+    r = _middle(recs, RecordType.PUBLISH)
+    head = list(payloads.publish_head(r.payload))
+    head[2] += 1000  # base offset: the shard is not there
+    bad = record.encode(RecordType.PUBLISH, payloads.PUBLISH_HEAD.pack(*head) + r.payload[payloads.PUBLISH_HEAD.size:])
+    assert len(bad) == r.end - r.at
+    with open(r.path, "r+b") as f:
+        f.seek(r.at)
+        f.write(bad)
+    later = [p for p in ck.segments(data_dir) if p > r.path]
+    tail_bytes = os.path.getsize(r.path) - r.at
+    expect_dropped = tail_bytes + sum(os.path.getsize(p) for p in later)
+    before = ck.tree_digest(data_dir)
+    named = rf"wal {re.escape(r.path)}: the PUBLISH record at byte {r.at} decodes but cannot be applied"
+
+    with pytest.raises(RuntimeError) as refused:
+        server_factory(data_dir=data_dir)
+    assert re.search(named, str(refused.value)), str(refused.value)
+    assert "Nothing was deleted" in str(refused.value) and "Traceback" not in str(refused.value)
+    assert ck.tree_digest(data_dir) == before, "a refused start changed files"
+
+    cp = ck.fsck(data_dir)
+    out = cp.stdout + cp.stderr
+    assert cp.returncode == 1 and "Traceback" not in out, out
+    assert any(re.search(named, ln) for ln in ck.broken_lines(cp)), out
+    assert f"dropping {expect_dropped} bytes" in out, out
+    assert ck.tree_digest(data_dir) == before, "fsck without --repair changed files"
+
+    cp = subprocess.run([sys.executable, "-m", "pigeon", "fsck", "--repair", data_dir], capture_output=True,
+                        text=True, timeout=60)
+    out = cp.stdout + cp.stderr
+    assert cp.returncode == 0 and "Traceback" not in out, out
+    assert re.search(rf"REPAIR: dropping {tail_bytes} bytes of {re.escape(r.path)}", out), out
+    assert os.path.getsize(r.path) == r.at and not any(os.path.exists(p) for p in later)
+
+    expected = ck.model(ck.wal_records(pristine[build][0]), before=r.pos)
+    srv = server_factory(data_dir=data_dir)
+    _assert_serves(srv, monkeypatch, expected, published, f"{build}/unappliable, after fsck --repair")
+    assert ck.fsck(data_dir).returncode == 0
