@@ -14,8 +14,8 @@ import logging
 import grpc
 from google.pubsub_v1 import types
 
-from pigeon.broker.schedule import parse_activation
-from pigeon.core import limits, names, rawproto, wire
+from pigeon.broker import commands
+from pigeon.core import limits, names, wire
 from google.protobuf import any_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 
@@ -54,63 +54,6 @@ def _translate(fn):
     return handler
 
 
-def _check_message(m) -> None:
-    if not m.data and not m.attributes:
-        raise InvalidArgument("Some messages in the publish request are empty. Each message must contain "
-                              "non-empty data, or at least one attribute.")
-    if len(m.data) > limits.message_data_bytes_max:
-        raise InvalidArgument(f"Message data is too large: the limit is {limits.message_data_bytes_max} bytes.")
-    if m.attributes:
-        if len(m.attributes) > limits.attributes_max:
-            raise InvalidArgument(
-                f"A message has {len(m.attributes)} attributes: the limit is {limits.attributes_max} per message.")
-        for k, v in m.attributes.items():
-            kb = len(k.encode())
-            if kb == 0 or kb > limits.attribute_key_bytes_max:
-                raise InvalidArgument(
-                    f"Attribute key ({k[:32]}) must be 1 to {limits.attribute_key_bytes_max} bytes long.")
-            if len(v.encode()) > limits.attribute_value_bytes_max:
-                raise InvalidArgument(
-                    f"The value of attribute {k} exceeds the limit of {limits.attribute_value_bytes_max} bytes.")
-            if k.startswith("goog"):
-                raise InvalidArgument(f'Attribute key ({k}) must not start with "goog": that prefix is reserved.')
-
-
-def _check_publish(raw: bytes) -> tuple[bytes, str, list[str] | None]:
-    """Validate every message of a PublishRequest; return the request to store, its ordering key and
-    the messages' idempotency keys (None when no message has one)."""
-    req = pb["PublishRequest"].FromString(raw)
-    key = req.messages[0].ordering_key
-    server_fields = False
-    idem = [m.attributes.get(names.ATTR_IDEMPOTENCY_KEY, "") for m in req.messages]
-    sched = [(m.attributes.get(names.ATTR_ACTIVATE_AT, ""), m.attributes.get(names.ATTR_DELAY, ""))
-             for m in req.messages]
-    for at, delay in sched:
-        if at or delay:
-            try:
-                parse_activation(at, delay, 0)
-            except ValueError as e:
-                raise InvalidArgument(f"Invalid {names.ATTR_ACTIVATE_AT if at else names.ATTR_DELAY}: {e}.")
-    for k in idem:
-        if len(k.encode()) > limits.idempotency_key_bytes_max:
-            raise InvalidArgument(f"The {names.ATTR_IDEMPOTENCY_KEY} attribute exceeds the limit of "
-                                  f"{limits.idempotency_key_bytes_max} bytes.")
-    for m in req.messages:
-        _check_message(m)
-        if m.ordering_key != key:
-            raise InvalidArgument("All messages in one publish request must have the same ordering key.")
-        if m.message_id or m.HasField("publish_time"):
-            server_fields = True
-    if len(key.encode()) > limits.ordering_key_bytes_max:
-        raise InvalidArgument(f"The ordering key exceeds the limit of {limits.ordering_key_bytes_max} bytes.")
-    if server_fields:  # the server owns these: drop what the client sent
-        for m in req.messages:
-            m.ClearField("message_id")
-            m.ClearField("publish_time")
-        raw = req.SerializeToString()
-    return raw, key, (idem if any(idem) else None), (sched if any(a or d for a, d in sched) else None)
-
-
 class PubSubApi:
     def __init__(self, engine: Engine):
         self.engine = engine
@@ -128,22 +71,9 @@ class PubSubApi:
 
     @_translate
     async def publish(self, raw: bytes, context):
-        if len(raw) > limits.publish_request_bytes_max + 64 * 1024:
-            raise InvalidArgument(
-                f"The publish request is too large: the limit is {limits.publish_request_bytes_max} bytes.")
-        topic, msgs = rawproto.split_publish(raw)
-        n = len(msgs)
-        if n == 0:
-            raise InvalidArgument("The publish request must contain at least one message.")
-        if n > limits.publish_messages_max:
-            raise InvalidArgument(
-                f"The publish request has {n} messages: the limit is {limits.publish_messages_max} per request.")
-        key = ""
-        idem = sched = None
-        sizes = list(map(len, msgs))
-        if min(sizes) < 3 or max(sizes) > limits.message_data_bytes_max or not rawproto.only_data(raw, n):
-            raw, key, idem, sched = _check_publish(raw)  # attributes, keys, odd encodings: message by message
-        ids = await self.engine.publish(topic, raw, n, key, idem, sched)
+        cmd = commands.check_publish(raw)
+        ids = await self.engine.publish(cmd.topic, cmd.request, cmd.count, cmd.ordering_key, cmd.idempotency_keys,
+                                        cmd.activations)
         return pb["PublishResponse"](message_ids=ids).SerializeToString()
 
     @_translate
@@ -154,7 +84,7 @@ class PubSubApi:
     async def list_topics(self, req, context):
         project = names.project_of(req.project)
         page, token = self.engine.list_topics(project, req.page_size, req.page_token)
-        reg = self.engine.registry
+        reg = self.engine.state
         resp = pb["ListTopicsResponse"](topics=[reg.topics[n].config for n in page], next_page_token=token)
         return resp.SerializeToString()
 
@@ -304,7 +234,7 @@ class PubSubApi:
 
     @_translate
     async def modify_push_config(self, req, context):
-        s = self.engine.registry.sub(req.subscription)
+        s = self.engine.state.sub(req.subscription)
         sub = pb["Subscription"](name=s.name, push_config=req.push_config)
         mask = pb["UpdateSubscriptionRequest"](update_mask={"paths": ["push_config"]}).update_mask
         await self.engine.update_subscription(sub, mask)

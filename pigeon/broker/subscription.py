@@ -1,13 +1,23 @@
 """Subscription delivery state. Owns the rules:
 - each message of a subscription is in exactly one state — not yet delivered (offset >= cursor), locked
   (in `leases`), waiting for redelivery (in `redeliver`, `_delayed` or a key's `redo`), waiting behind
-  its ordering key (in a key's `pending`), or acked (offset < floor, or in `acked`);
+  its ordering key (in a key's `pending`), parked (rescheduled or buried), or acked (offset < floor, or in
+  `acked`);
 - retry backoff: a nacked or expired message waits min(maximum, minimum · 2^(attempts-1)) before it is
   handed out again;
 - dead-lettering: a message already delivered max_delivery_attempts times is not handed out again but
-  listed in `dead_letters` for the engine to forward;
+  taken out for the dead-letter topic;
 - ordering (broker.ordering): per key, publish order and at most one outstanding batch; a failed message
   sends every later message of its batch back with it, acked or not; keys are independent.
+
+Two kinds of state. The *durable* state — ack floors and sets, leases (deadline, delivery version, ordering
+key), delivery counts of unleased messages, parked messages, in-place updates — changes only through the
+methods that apply records (`lease`, `ack`, `modify_deadlines`, `reset`, `drop_before`, `park`, `kick`,
+`update`; broker.state calls them), live, in recovery and on a replica alike. The *dispatch* state — cursors,
+the redelivery queue, backoff and deadline heaps, ordering keys' batches — is soft: `take` moves it to choose
+what to hand out next (and leases nothing: the caller logs a Deliver record and applies it), `expire` moves
+leases that ran out back to the queue, and `rebuild` derives it from the durable state after recovery. While
+`dispatching` is off (recovery, a replica) the apply methods leave it alone.
 
 Compact by construction: per shard an ack floor, a cursor and a set of acks above the floor; per-message
 entries exist only for messages that were handed out and are not acked yet, and per-key entries only
@@ -25,6 +35,7 @@ from pigeon.core import limits
 from pigeon.broker.filter import compile_filter
 from pigeon.broker.schedule import Schedule
 from pigeon.broker.topic import SCHEDULED, SHARD_MASK, TopicState
+from pigeon.storage.records import Deliver
 
 _BITS = limits.shard_bits
 
@@ -39,7 +50,7 @@ class SubShard:
     def __init__(self, floor: int):
         self.floor = floor  # every offset below is acked
         self.acked: set[int] = set()  # acked offsets >= floor
-        self.cursor = floor  # offsets >= cursor were never handed out since the last reset
+        self.cursor = floor  # offsets >= cursor were never handed out since the last reset (dispatch)
 
     def mark(self, offset: int) -> bool:
         """Ack one offset; True when it was not acked before."""
@@ -103,6 +114,33 @@ class KeyState:
         return not (self.live or self.redo or self.pending or self.delayed)
 
 
+class Picks:
+    """What one `take` chose: `out` the (num, version) pairs to hand out in order (an ordered batch resent
+    whole may hold members acked meanwhile: they go out without a lease), their ordering-key hashes (`keys`,
+    ordered subscriptions), `fresh` when every one is a first delivery without a key (the common case:
+    leased in one C-level pass), and `dead`: (num, deliveries so far) to forward to the dead-letter topic."""
+
+    __slots__ = ("out", "keys", "fresh", "dead")
+
+    def __init__(self, keyed: bool):
+        self.out: list[Delivery] = []
+        self.keys: list[int] | None = [] if keyed else None
+        self.fresh = True
+        self.dead: list[tuple[int, int]] = []
+
+    def __bool__(self) -> bool:
+        return bool(self.out or self.dead)
+
+    def __len__(self) -> int:
+        return len(self.out)
+
+    def record(self, sub_uid: int, deadline: float) -> Deliver:
+        """The Deliver record that leases these (what `lease` applies)."""
+        nums = list(map(itemgetter(0), self.out))
+        versions = None if self.fresh else list(map(itemgetter(1), self.out))
+        return Deliver(sub_uid, deadline, nums, versions, self.keys, self.dead or None)
+
+
 class SubscriptionState:
     def __init__(self, uid: int, name: str, topic: TopicState | None, config):
         self.uid = uid
@@ -111,7 +149,15 @@ class SubscriptionState:
         start = topic.backlog_end() if topic else []
         self.shards = [SubShard(o) for o in start]
         self.start = list(start)  # where the subscription began: seeks without topic retention stop here
+        # --- durable: changed only by the apply methods
         self.leases: dict[int, Lease] = {}
+        self.versions: dict[int, int] = {}  # num → deliveries so far, for unacked messages not leased now
+        # queue extensions: parked messages (rescheduled to an activation ms, or buried: -1) are skipped by
+        # every path until due or kicked; overrides replace a message's stored bytes for this subscription
+        self.parked: dict[int, int] = {}
+        self.overrides: dict[int, bytes] = {}
+        # --- dispatch: soft, derived from the durable state by `rebuild`
+        self.dispatching = True
         # lease deadlines, one entry per batch handed out or extended: (deadline, seq, message numbers);
         # an entry only prompts a look at its messages' leases, which hold the authoritative deadline. Entries
         # are tuples of numbers only: the collector stops tracking those, and a stream's deadline keeps a minute
@@ -120,16 +166,12 @@ class SubscriptionState:
         self._seq = 0
         self.redeliver: deque[int] = deque()  # ready to hand out again now
         self._delayed: list[tuple[float, int, list[int], int]] = []  # (ready at, seq, nums, key) in backoff
-        self.versions: dict[int, int] = {}  # num → deliveries so far, for unacked messages not leased now
         self.keys: dict[int, KeyState] = {}
         self.ready_keys: deque[int] = deque()  # keys whose next batch may go out
-        self.dead_letters: list[int] = []  # to forward to the dead-letter topic (drained by the engine)
+        self.dead_letters: list[int] = []  # to forward to the dead-letter topic (drained by the executor)
         self.sched_mark: tuple[int, int] = _SCHED_START  # how far the topic's activation index was walked
-        # queue extensions: parked messages (rescheduled to an activation ms, or buried: -1) are skipped by
-        # every path until due or kicked; overrides replace a message's stored bytes for this subscription
-        self.parked: dict[int, int] = {}
-        self.overrides: dict[int, bytes] = {}
         self.late: list[tuple[int, int]] = []  # (activate ms, num) added behind the mark: a heap
+        self.ahead: set[int] = set()  # leased or queued numbers at or past their shard's cursor (after rebuild)
         self.detached = False
         self.last_activity = 0.0
         self.configure(config)
@@ -190,9 +232,11 @@ class SubscriptionState:
                 times.append(due / 1000)
         return min(times) if times else None
 
-    # --- leases ending -----------------------------------------------------------------------
+    # --- leases ending (dispatch) ---------------------------------------------------------------
     def expire(self, now: float) -> int:
-        """Leases that ran out end as failures (redelivery after backoff)."""
+        """Leases that ran out end as failures (redelivery after backoff). Time decides this, not a record: a
+        later Deliver record carries the next version explicitly, so applying the log without these expiries
+        leads to the same durable state."""
         heap, leases = self._heap, self.leases
         n = 0
         while heap and heap[0][0] <= now:
@@ -217,15 +261,6 @@ class SubscriptionState:
                 self.redeliver.extend(nums)
         return n
 
-    def disown(self, owner, nums) -> None:
-        """`owner` (a stream) is gone: its leases among `nums` stay until their deadline, owned by nobody, and
-        then run out into redelivery like any other (the client may still ack or nack them meanwhile)."""
-        leases = self.leases
-        for num in nums:
-            lease = leases.get(num)
-            if lease is not None and lease[2] is owner:
-                leases[num] = (lease[0], lease[1], None, lease[3])
-
     def _end_lease(self, num: int, lease: Lease) -> None:
         del self.leases[num]
         if lease[2] is not None:
@@ -235,6 +270,8 @@ class SubscriptionState:
         """A nack or an expired lease: the message goes back, after the retry backoff."""
         self._end_lease(num, lease)
         self.versions[num] = lease[1]
+        if not self.dispatching:
+            return
         key = lease[3]
         if not key:
             wait = self.backoff_s(lease[1])
@@ -275,52 +312,65 @@ class SubscriptionState:
         else:
             del self.keys[key]
 
-    # --- handing out -------------------------------------------------------------------------
-    def take(self, max_messages: int, now: float, deadline_s: float, owner=None, per_key_max: int = 0) -> list[Delivery]:
-        """Lock up to `max_messages` messages: redeliveries first, then ready keys, then new messages in
-        log order (ordered and scheduled ones shard by shard). `owner` (a stream, or None) is told
-        `release(num)` when a lease ends for any reason (`release_all(nums)` for a batch of acks).
+    def _key_lost(self, num: int, key: int) -> None:
+        """A keyed message left its batch without failing it (acked, parked, dropped)."""
+        ks = self.keys.get(key) if self.dispatching else None
+        if ks is not None:
+            ks.live.discard(num)
+            self._key_settled(key, ks)
+
+    # --- choosing what to hand out (dispatch) ---------------------------------------------------
+    def take(self, max_messages: int, now: float, per_key_max: int = 0) -> Picks:
+        """Choose up to `max_messages` messages: redeliveries first, then ready keys, then new messages in log
+        order (ordered and scheduled ones shard by shard). Moves the dispatch state only: the caller leases
+        the picks by applying their Deliver record (`lease`), or gives them back (`untake`).
         `per_key_max` caps an ordered key's batch (push: 1)."""
         self.expire(now)
-        out: list[Delivery] = []
-        leases, versions = self.leases, self.versions
-        deadline = now + deadline_s
-        shards = self.shards
-        max_attempts = self.max_attempts
+        picks = Picks(self.ordered)
+        out = picks.out
         redeliver = self.redeliver
-        while redeliver and len(out) < max_messages:
-            num = redeliver.popleft()
-            if num in leases or shards[num & SHARD_MASK].is_acked(num >> _BITS) or num in self.parked:
-                continue
-            version = versions.pop(num, 0) + 1
-            if max_attempts and version > max_attempts:
-                self._to_dead_letter(num, version - 1, deadline)
-                continue
-            leases[num] = (deadline, version, owner, 0)
-            out.append((num, version))
+        if redeliver:
+            leases, versions, shards, parked = self.leases, self.versions, self.shards, self.parked
+            chosen: set[int] = set()  # a number may sit in the queue twice (kicked while queued)
+            while redeliver and len(out) < max_messages:
+                num = redeliver.popleft()
+                if num in leases or num in chosen or shards[num & SHARD_MASK].is_acked(num >> _BITS) or num in parked:
+                    continue
+                chosen.add(num)
+                self._pick(picks, num, versions.get(num, 0) + 1, 0)
         if self.topic is not None and self.topic.schedule.count and len(out) < max_messages:
-            self._take_scheduled(out, max_messages, now, deadline, owner)
+            self._take_scheduled(picks, max_messages, now)
         if self.ordered:
-            self._take_ready_keys(out, max_messages, deadline, owner, per_key_max)
+            self._take_ready_keys(picks, max_messages, per_key_max)
         if self.topic is not None and len(out) < max_messages:
             if self.ordered or self.topic.schedule.count:
-                for shard_no, (s, ix) in enumerate(zip(shards, self.topic.shards)):
+                for shard_no, (s, ix) in enumerate(zip(self.shards, self.topic.shards)):
                     if s.cursor < ix.durable:
-                        self._take_ordered_shard(shard_no, s, ix, out, max_messages, deadline, owner, per_key_max)
+                        self._take_ordered_shard(shard_no, s, ix, picks, max_messages, per_key_max)
                         if len(out) >= max_messages:
                             break
             else:
-                self._take_in_log_order(out, max_messages, deadline, owner)
-        if out:
-            self._schedule(deadline, tuple(map(itemgetter(0), out)))
+                self._take_in_log_order(picks, max_messages)
+        if picks:
             self.last_activity = now
-        return out
+        return picks
 
-    def _take_in_log_order(self, out, max_messages, deadline, owner) -> None:
+    def _pick(self, picks: Picks, num: int, version: int, key: int) -> None:
+        if self.max_attempts and version > self.max_attempts:
+            picks.dead.append((num, version - 1))
+            return
+        picks.out.append((num, version))
+        if picks.keys is not None:
+            picks.keys.append(key)
+        if version != 1 or key:
+            picks.fresh = False
+
+    def _take_in_log_order(self, picks: Picks, max_messages: int) -> None:
         """New messages of all shards in the order they were logged, a stored batch at a time: the oldest go out
         first, and a backlog is read from disk front to back (shard after shard read every n-th record of the
         log, which no read-ahead serves)."""
         shards, ixs = self.shards, self.topic.shards
+        out = picks.out
         while len(out) < max_messages:
             first = None
             for shard_no, (s, ix) in enumerate(zip(shards, ixs)):
@@ -331,74 +381,69 @@ class SubscriptionState:
             if first is None:
                 return
             _, shard_no, end = first
-            self._take_shard(shard_no, shards[shard_no], end, out, max_messages, deadline, owner)
+            self._take_shard(shard_no, shards[shard_no], end, picks, max_messages)
 
-    def _take_shard(self, shard_no, s: SubShard, end, out, max_messages, deadline, owner) -> None:
-        leases, versions, acked = self.leases, self.versions, s.acked
-        max_attempts = self.max_attempts
+    def _take_shard(self, shard_no, s: SubShard, end, picks: Picks, max_messages: int) -> None:
+        versions, acked, parked, ahead = self.versions, s.acked, self.parked, self.ahead
+        out = picks.out
         cursor = s.cursor
-        parked = self.parked
         n = min(end - cursor, max_messages - len(out))
-        if n > 0 and not parked and not versions and (not acked or acked.isdisjoint(range(cursor, cursor + n))):
+        if n > 0 and not parked and not versions and not ahead and (
+                not acked or acked.isdisjoint(range(cursor, cursor + n))):
             # first deliveries of a plain run (acks of other streams sit below the cursor): no per-message checks
             nums = range((cursor << _BITS) | shard_no, ((cursor + n) << _BITS) | shard_no, 1 << _BITS)
-            leases.update(dict.fromkeys(nums, (deadline, 1, owner, 0)))
             out.extend(zip(nums, itertools.repeat(1)))
+            if picks.keys is not None:  # keyless messages of an ordered subscription
+                picks.keys.extend(itertools.repeat(0, n))
             s.cursor = cursor + n
             return
         while cursor < end and len(out) < max_messages:
             if cursor not in acked:
                 num = (cursor << _BITS) | shard_no
-                if parked and num in parked:
-                    cursor += 1
-                    continue
-                version = versions.pop(num, 0) + 1 if versions else 1
-                if max_attempts and version > max_attempts:
-                    self._to_dead_letter(num, version - 1, deadline)
-                else:
-                    leases[num] = (deadline, version, owner, 0)
-                    out.append((num, version))
+                if ahead and num in ahead:
+                    ahead.discard(num)  # leased or queued before the cursor was rewound: not new
+                elif not (parked and num in parked):
+                    self._pick(picks, num, versions.get(num, 0) + 1 if versions else 1, 0)
             cursor += 1
         s.cursor = cursor
 
-    def _take_scheduled(self, out, max_messages, now, deadline, owner) -> None:
+    def _take_scheduled(self, picks: Picks, max_messages: int, now: float) -> None:
         """Messages whose activation time has come, in activation order: first those added behind this
         subscription's mark, then the topic's index from the mark on."""
         now_ms = int(now * 1000)
         late = self.late
         shards = self.topic.shards
+        out = picks.out
         while late and late[0][0] <= now_ms and len(out) < max_messages:
             num = late[0][1]
             if num >> _BITS >= shards[num & SHARD_MASK].durable:
                 break  # not on disk yet
             heapq.heappop(late)
-            self._take_one(num, out, deadline, owner)
+            self._take_one(num, picks)
         if len(out) >= max_messages:
             return
         for _, num, mark in self.topic.schedule.walk(self.sched_mark, now_ms):
             if num >> _BITS >= shards[num & SHARD_MASK].durable:
                 return  # not on disk yet: the walk resumes here
             self.sched_mark = mark
-            self._take_one(num, out, deadline, owner)
+            self._take_one(num, picks)
             if len(out) >= max_messages:
                 return
 
-    def _take_one(self, num: int, out, deadline, owner) -> None:
+    def _take_one(self, num: int, picks: Picks) -> None:
         if num in self.leases or self.is_acked(num) or num in self.parked:
             return
-        version = self.versions.pop(num, 0) + 1
-        if self.max_attempts and version > self.max_attempts:
-            self._to_dead_letter(num, version - 1, deadline)
+        if self.ahead and num in self.ahead:
+            self.ahead.discard(num)  # locked when the walk was rewound: it comes back through the queue
             return
-        self.leases[num] = (deadline, version, owner, 0)
-        out.append((num, version))
+        self._pick(picks, num, self.versions.get(num, 0) + 1, 0)
 
     def scheduled(self, activate_ms: int, num: int) -> None:
         """The topic indexed a message: if this subscription's walk has passed its place, take it directly."""
         if Schedule.position(activate_ms, num) <= self.sched_mark:
             heapq.heappush(self.late, (activate_ms, num))
 
-    def _take_ordered_shard(self, shard_no, s: SubShard, ix, out, max_messages, deadline, owner, per_key_max) -> None:
+    def _take_ordered_shard(self, shard_no, s: SubShard, ix, picks, max_messages, per_key_max) -> None:
         """Walk new messages batch by batch: scheduled batches are skipped (the activation index hands
         them out); keyless ones go out freely; with ordering, a key that is idle starts a batch and a busy
         key parks the range in its `pending` queue (no scanning later: ready keys are queued when their
@@ -406,13 +451,14 @@ class SubscriptionState:
         end = ix.durable
         cursor = s.cursor
         i = bisect.bisect_right(ix.base, cursor) - 1
+        out = picks.out
         while cursor < end and len(out) < max_messages:
             hi = min(ix.batch_end(i), end)
             key = ix.keys[i]
             if key == SCHEDULED:
                 cursor = s.cursor = hi
             elif not key or not self.ordered:
-                self._take_shard(shard_no, s, hi, out, max_messages, deadline, owner)
+                self._take_shard(shard_no, s, hi, picks, max_messages)
                 cursor = s.cursor
             else:
                 ks = self.keys.get(key)
@@ -420,7 +466,7 @@ class SubscriptionState:
                     ks = self.keys[key] = KeyState()
                 if ks.idle():
                     ks.pending.append([shard_no, cursor, hi])
-                    self._take_key(key, ks, out, max_messages, deadline, owner, per_key_max)
+                    self._take_key(key, ks, picks, max_messages, per_key_max)
                 elif ks.pending and ks.pending[-1][0] == shard_no and ks.pending[-1][2] == cursor:
                     ks.pending[-1][2] = hi  # extend the parked range
                 else:
@@ -430,23 +476,22 @@ class SubscriptionState:
             if cursor >= ix.batch_end(i):
                 i += 1
 
-    def _take_ready_keys(self, out, max_messages, deadline, owner, per_key_max) -> None:
+    def _take_ready_keys(self, picks, max_messages, per_key_max) -> None:
         ready = self.ready_keys
-        while ready and len(out) < max_messages:  # every _take_key consumes work, so this ends
+        while ready and len(picks.out) < max_messages:  # every _take_key consumes work, so this ends
             key = ready.popleft()
             ks = self.keys.get(key)
             if ks is None or ks.live or ks.delayed:
                 continue
-            self._take_key(key, ks, out, max_messages, deadline, owner, per_key_max)
+            self._take_key(key, ks, picks, max_messages, per_key_max)
 
-    def _take_key(self, key, ks: KeyState, out, max_messages, deadline, owner, per_key_max) -> None:
+    def _take_key(self, key, ks: KeyState, picks: Picks, max_messages, per_key_max) -> None:
         """Hand out the key's next batch: its redo list, else the head of its pending ranges."""
-        room = max_messages - len(out)
+        room = max_messages - len(picks.out)
         if per_key_max:
             room = min(room, per_key_max)
         batch: list[int] = []
-        leases, versions = self.leases, self.versions
-        max_attempts = self.max_attempts
+        versions = self.versions
         if ks.redo:
             todo, ks.redo = ks.redo[:room], ks.redo[room:]
         else:
@@ -462,40 +507,86 @@ class SubscriptionState:
                 rng[1] = lo
                 if lo >= hi:
                     ks.pending.popleft()
+        dead = len(picks.dead)
         for num in todo:
             ss = self.shards[num & SHARD_MASK]
             if num in self.parked:
                 continue
             if ss.is_acked(num >> _BITS):
                 if num >> _BITS in ss.acked:  # redelivered with its batch though acked (still retained): no lease
-                    out.append((num, versions.get(num, 1)))
+                    picks.out.append((num, versions.get(num, 1)))
+                    picks.keys.append(key)
+                    picks.fresh = False
                     batch.append(num)
                 continue
-            version = versions.pop(num, 0) + 1
-            if max_attempts and version > max_attempts:
-                self._to_dead_letter(num, version - 1, deadline)  # and the key moves on
+            self._pick(picks, num, versions.get(num, 0) + 1, key)
+            if len(picks.dead) > dead:  # taken out for dead-lettering: the key moves on
+                dead = len(picks.dead)
                 continue
-            leases[num] = (deadline, version, owner, key)
             ks.live.add(num)
             batch.append(num)
-            out.append((num, version))
         ks.batch = batch
         self._key_settled(key, ks)
 
-    def _to_dead_letter(self, num: int, attempts: int, deadline: float) -> None:
-        """Hold the message (keyless lease, no owner) while the engine forwards it; if forwarding fails the
-        lease runs out and it comes back here."""
-        self.leases[num] = (deadline, attempts, None, 0)
-        self.dead_letters.append(num)
+    def untake(self, picks: Picks, keep: int) -> None:
+        """Give back the picks after the first `keep` before they are leased (they did not fit in a response):
+        they go back to the front of the queue with their delivery count unchanged."""
+        rest = picks.out[keep:]
+        keys = picks.keys[keep:] if picks.keys is not None else None
+        del picks.out[keep:]
+        if picks.keys is not None:
+            del picks.keys[keep:]
+        for i in range(len(rest) - 1, -1, -1):
+            num = rest[i][0]
+            key = keys[i] if keys else 0
+            if not key:
+                self.redeliver.appendleft(num)
+            elif not self.is_acked(num):  # an acked member resent with its batch has nothing to give back
+                ks = self.keys[key]
+                ks.live.discard(num)
+                if num in ks.batch:
+                    ks.batch.remove(num)
+                ks.redo.insert(0, num)
+                self._key_settled(key, ks)
+
+    # --- applying records (durable state; the dispatch state follows while dispatching) -------------
+    def lease(self, rec: Deliver, owner=None) -> None:
+        """Apply a Deliver record: its messages are locked until its deadline for `owner` (a stream or a push
+        worker, told `release(num)` when a lease ends; None on recovery or for a Pull); messages taken out for
+        dead-lettering are held for nobody until then."""
+        leases, versions, deadline = self.leases, self.versions, rec.deadline
+        nums = rec.nums
+        if rec.versions is None and rec.keys is None:  # first deliveries: one C-level pass
+            leases.update(dict.fromkeys(nums, (deadline, 1, owner, 0)))
+            if versions:
+                for num in nums:
+                    versions.pop(num, None)
+        else:
+            keys = rec.keys or itertools.repeat(0)
+            vers = rec.versions or itertools.repeat(1)
+            for num, version, key in zip(nums, vers, keys):
+                if self.is_acked(num):  # an acked member of an ordered batch resent: no lease
+                    continue
+                versions.pop(num, None)
+                leases[num] = (deadline, version, owner, key)
+        if rec.dead:
+            for num, attempts in rec.dead:
+                versions.pop(num, None)
+                leases[num] = (deadline, attempts, None, 0)
+            if self.dispatching:
+                self.dead_letters.extend(n for n, _ in rec.dead)
+        if self.dispatching:
+            held = tuple(nums) if not rec.dead else tuple(nums) + tuple(n for n, _ in rec.dead)
+            if held:
+                self._schedule(deadline, held)
 
     def _schedule(self, deadline: float, nums: tuple[int, ...]) -> None:
         self._seq += 1
         heapq.heappush(self._heap, (deadline, self._seq, nums))
 
-    # --- answers from clients ----------------------------------------------------------------
-    def ack(self, nums: list[int]) -> list[int]:
-        """Acknowledge message numbers; return those that changed state (to be logged). Lease owners are
-        told once per batch (`release_all`)."""
+    def ack(self, nums) -> list[int]:
+        """Apply an Ack record; return the numbers that changed state. Lease owners are told once per batch
+        (`release_all`)."""
         if not self.keys:
             changed = self._ack_leased(nums)
             if changed is not None:
@@ -518,16 +609,13 @@ class SubscriptionState:
                     else:
                         mine.append(num)
                 if lease[3]:
-                    ks = self.keys.get(lease[3])
-                    if ks is not None:
-                        ks.live.discard(num)
-                        self._key_settled(lease[3], ks)
+                    self._key_lost(num, lease[3])
         for owner, mine in owners.items():
             owner.release_all(mine)
         self._forget(changed)
         return changed
 
-    def _ack_leased(self, nums: list[int]) -> list[int] | None:
+    def _ack_leased(self, nums) -> list[int] | None:
         """`ack` for the common batch, in C-level passes: distinct numbers of one shard, every one leased (so
         none acked before) and no ordering key in flight. None, having changed nothing, for any other batch."""
         shard_nos = set(map(SHARD_MASK.__and__, nums))
@@ -538,6 +626,7 @@ class SubscriptionState:
         if None in popped:  # one was not leased, or came twice: put the leases back, take the careful path
             leases.update((num, lease) for num, lease in zip(nums, popped) if lease is not None)
             return None
+        nums = list(nums)
         self.shards[shard_no].mark_unacked(list(map(_BITS.__rrshift__, nums)))
         owners = set(map(itemgetter(2), popped))  # None: a lease without an owner (Pull, dead-lettering)
         if len(owners) == 1:
@@ -558,10 +647,38 @@ class SubscriptionState:
                 for num in acked:
                     side.pop(num, None)
 
-    # --- queue extensions ----------------------------------------------------------------------
+    def modify_deadlines(self, items: list[Delivery], seconds: float, now: float) -> int:
+        """Apply a Modack record: extend (or, with 0, release: a nack) the leases of (num, version) pairs. A
+        version of 0 matches any delivery; a stale version or an unknown message is ignored, and so is an
+        extension of a lease that ran out by `now` — whether `expire` has seen it yet or not, so that applying
+        the log decides as the live path did. Returns how many applied."""
+        leases = self.leases
+        applied = []
+        for num, version in items:
+            lease = leases.get(num)
+            if lease is None or (version and lease[1] != version) or (seconds > 0 and lease[0] <= now):
+                continue
+            if seconds <= 0:
+                self._fail(num, lease, now)
+            else:
+                leases[num] = (now + seconds, lease[1], lease[2], lease[3])
+            applied.append(num)
+        if seconds > 0 and applied and self.dispatching:
+            self._schedule(now + seconds, tuple(applied))
+        return len(applied)
+
+    def disown(self, owner, nums) -> None:
+        """`owner` (a stream) is gone: its leases among `nums` stay until their deadline, owned by nobody, and
+        then run out into redelivery like any other (the client may still ack or nack them meanwhile)."""
+        leases = self.leases
+        for num in nums:
+            lease = leases.get(num)
+            if lease is not None and lease[2] is owner:
+                leases[num] = (lease[0], lease[1], None, lease[3])
+
     def park(self, nums: list[int], activate_ms: int) -> None:
-        """End these messages' locks without acking them: they wait until `activate_ms` (reschedule), or
-        until kicked when it is -1 (bury). The delivery counter is kept."""
+        """Apply a Park record: end these messages' locks without acking them; they wait until `activate_ms`
+        (reschedule), or until kicked when it is -1 (bury). The delivery counter is kept."""
         for num in nums:
             if self.is_acked(num):
                 continue
@@ -569,72 +686,35 @@ class SubscriptionState:
             if lease is not None:
                 self._end_lease(num, lease)
                 self.versions[num] = lease[1]
-                if lease[3] and lease[3] in self.keys:
-                    ks = self.keys[lease[3]]
-                    ks.live.discard(num)
-                    if num in ks.batch:
+                if lease[3]:
+                    ks = self.keys.get(lease[3]) if self.dispatching else None
+                    if ks is not None and num in ks.batch:
                         ks.batch.remove(num)
-                    self._key_settled(lease[3], ks)
+                    self._key_lost(num, lease[3])
             self.parked[num] = activate_ms
-        if activate_ms >= 0 and nums:
+        if activate_ms >= 0 and nums and self.dispatching:
             self._seq += 1
             heapq.heappush(self._delayed, (activate_ms / 1000, self._seq, list(nums), 0))
 
-    def kick(self, nums: list[int]) -> None:
-        """Buried messages go back to the queue."""
+    def kick(self, nums) -> None:
+        """Apply a Kick record: buried messages go back to the queue."""
         for num in nums:
             if self.parked.get(num) == -1:
                 del self.parked[num]
-                self.redeliver.append(num)
+                if self.dispatching:
+                    self.redeliver.append(num)
 
     def buried(self) -> list[int]:
         return [n for n, at in self.parked.items() if at == -1]
 
-    def modify_deadlines(self, items: list[Delivery], seconds: float, now: float) -> int:
-        """Extend (or, with 0, release: a nack) the leases of (num, version) pairs. A version of 0 matches
-        any delivery; a stale version or an unknown message is ignored. Returns how many applied."""
-        leases = self.leases
-        applied = []
-        for num, version in items:
-            lease = leases.get(num)
-            if lease is None or (version and lease[1] != version):
-                continue
-            if seconds <= 0:
-                self._fail(num, lease, now)
-            else:
-                leases[num] = (now + seconds, lease[1], lease[2], lease[3])
-            applied.append(num)
-        if seconds > 0 and applied:
-            self._schedule(now + seconds, tuple(applied))
-        return len(applied)
+    def update(self, num: int, message: bytes) -> None:
+        """Apply an Update record: the message reads as `message` for this subscription from now on."""
+        if not self.is_acked(num):
+            self.overrides[num] = message
 
-    def modify_deadline(self, num: int, version: int, seconds: float, now: float) -> bool:
-        return self.modify_deadlines([(num, version)], seconds, now) == 1
-
-    def untake(self, deliveries: list[Delivery]) -> None:
-        """Undo the most recent take of these (they did not fit in a response): they go back to the front
-        of the queue with their delivery version unchanged."""
-        for num, version in reversed(deliveries):
-            lease = self.leases.get(num)
-            if lease is None:
-                continue
-            self._end_lease(num, lease)
-            if version > 1:
-                self.versions[num] = version - 1
-            key = lease[3]
-            if key:
-                ks = self.keys[key]
-                ks.live.discard(num)
-                if num in ks.batch:
-                    ks.batch.remove(num)
-                ks.redo.insert(0, num)
-                self._key_settled(key, ks)
-            else:
-                self.redeliver.appendleft(num)
-
-    # --- resets ------------------------------------------------------------------------------
     def reset(self, floors: list[int], acked: list[list[int]]) -> None:
-        """Replace the ack state (seek, snapshot restore, recovery). Outstanding leases are dropped."""
+        """Apply a Seek record: replace the ack state (seek, snapshot restore, a cursor moved). Outstanding
+        leases are dropped."""
         self.shards = []
         for floor, above in zip(floors, acked):
             s = SubShard(floor)
@@ -645,59 +725,74 @@ class SubscriptionState:
             if lease[2] is not None:
                 lease[2].release(num)
         self.leases.clear()
+        self.versions.clear()
+        self.parked.clear()
+        self._clear_dispatch()
+
+    def _clear_dispatch(self) -> None:
         self._heap.clear()
         self._delayed.clear()
         self.redeliver.clear()
-        self.versions.clear()
         self.keys.clear()
         self.ready_keys.clear()
         self.dead_letters.clear()
         self.sched_mark = _SCHED_START
         self.late.clear()
-        self.parked.clear()
-
-    def rewind_unacked(self) -> None:
-        """After a restart nothing is locked: every unacked message is delivered again."""
-        for s in self.shards:
-            s.cursor = s.floor
-        self.sched_mark = _SCHED_START
-        for num, at in self.parked.items():
-            if at >= 0:
-                self._seq += 1
-                heapq.heappush(self._delayed, (at / 1000, self._seq, [num], 0))
-
-    def export_state(self) -> tuple[list[int], list[list[int]]]:
-        return [s.floor for s in self.shards], [sorted(s.acked) for s in self.shards]
-
-    def export_attempts(self) -> list[list[int]]:
-        """[num, deliveries] of unacked messages, when deliveries are counted (dead-letter policy)."""
-        if not self.max_attempts:
-            return []
-        out = dict(self.versions)
-        for num, lease in self.leases.items():
-            out[num] = lease[1]
-        return [[n, c] for n, c in out.items()]
-
-    def count_deliveries(self, nums) -> None:
-        """Replay of a DELIVER record: these were handed out once more."""
-        for num in nums:
-            shard = num & SHARD_MASK
-            if shard < len(self.shards) and not self.shards[shard].is_acked(num >> _BITS):
-                self.versions[num] = self.versions.get(num, 0) + 1
+        self.ahead.clear()
 
     def drop_before(self, shard: int, offset: int) -> None:
+        """Apply a Trim record: retention passed everything of `shard` below `offset`."""
         self.shards[shard].drop_before(offset)
         # leases and redeliveries below the floor are now acked; ack() of them is a no-op
         for n in [n for n in self.leases if n & SHARD_MASK == shard and n >> _BITS < offset]:
             lease = self.leases[n]
             self._end_lease(n, lease)
-            if lease[3] and lease[3] in self.keys:
-                ks = self.keys[lease[3]]
-                ks.live.discard(n)
-                self._key_settled(lease[3], ks)
-        for n in [n for n in self.versions if n & SHARD_MASK == shard and n >> _BITS < offset]:
-            del self.versions[n]
+            if lease[3]:
+                self._key_lost(n, lease[3])
+        for side in (self.versions, self.parked, self.overrides):
+            for n in [n for n in side if n & SHARD_MASK == shard and n >> _BITS < offset]:
+                del side[n]
+        if self.ahead:
+            self.ahead = {n for n in self.ahead if not (n & SHARD_MASK == shard and n >> _BITS < offset)}
 
+    # --- recovery --------------------------------------------------------------------------------
+    def rebuild(self, now: float) -> None:
+        """Derive the dispatch state from the durable state (after recovery, or when taking a subscription over)
+        and start dispatching. Every cursor goes back to its floor: what is unacked and not locked goes out again
+        (with its delivery count), locked messages stay locked until their deadline — an ordered subscription's
+        excepted: they are released, so that each key's messages go out again in order."""
+        self._clear_dispatch()
+        self.dispatching = True
+        for s in self.shards:
+            s.cursor = s.floor
+        if self.ordered:
+            for num, lease in self.leases.items():
+                self.versions[num] = lease[1]
+            self.leases.clear()
+        by_deadline: dict[float, list[int]] = {}
+        for num, lease in self.leases.items():
+            by_deadline.setdefault(lease[0], []).append(num)
+        for deadline, nums in sorted(by_deadline.items()):
+            self._schedule(deadline, tuple(nums))
+        self.ahead = set(self.leases)
+        for num, at in self.parked.items():
+            if at >= 0:
+                self._seq += 1
+                heapq.heappush(self._delayed, (at / 1000, self._seq, [num], 0))
+        self.expire(now)
+
+    def export_state(self) -> tuple[list[int], list[list[int]]]:
+        return [s.floor for s in self.shards], [sorted(s.acked) for s in self.shards]
+
+    def export_leases(self) -> list[tuple[int, float, int, int]]:
+        """(num, deadline, version, key) of every lease: the durable part (owners are not)."""
+        return [(n, lease[0], lease[1], lease[3]) for n, lease in self.leases.items()]
+
+    def restore_leases(self, rows) -> None:
+        for n, deadline, version, key in rows:
+            self.leases[n] = (deadline, version, None, key)
+
+    # --- reading ---------------------------------------------------------------------------------
     def hot_keys(self, top: int = 10) -> list[tuple[int, int, int]]:
         """The ordering keys with the most messages waiting: (key hash, waiting messages, publish ms of the
         oldest waiting one), largest first — a hot key shows here before it shows as latency."""

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 
-from pigeon.broker.registry import Registry
 from pigeon.node import recovery
 
 
@@ -13,9 +12,8 @@ def check(data_dir: str, out, repair: bool = False) -> bool:
     if not os.path.isdir(data_dir):
         print(f"{data_dir}: not a directory", file=out)
         return False
-    reg = Registry()
     try:
-        rep = recovery.recover(data_dir, reg, repair=False)
+        reg, rep = recovery.recover(data_dir, repair=False)
     except recovery.Unappliable as e:
         print(f"BROKEN: {e.describe()}", file=out)
         print("the server will not start on this directory: nothing after this record may be dropped silently",
@@ -25,8 +23,7 @@ def check(data_dir: str, out, repair: bool = False) -> bool:
             return False
         for path, n in e.dropped:
             print(f"REPAIR: dropping {n} bytes of {path}", file=out)
-        reg = Registry()
-        rep = recovery.recover(data_dir, reg, repair=True, drop_unappliable=True)
+        reg, rep = recovery.recover(data_dir, repair=True, drop_unappliable=True)
         print("repaired: the log now ends before that record", file=out)
     print(f"checkpoint: {rep.checkpoint or 'none'}", file=out)
     print(f"records replayed after it: {rep.replayed_records}", file=out)

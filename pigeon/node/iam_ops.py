@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pigeon.broker import iam, resources
-from pigeon.broker.registry import pb64
+from pigeon.storage import records as R
 from pigeon.core.errors import Aborted, InvalidArgument
 
 
@@ -14,8 +14,8 @@ class IamOps:
     def _resource(self, resource: str) -> None:
         parts = resource.split("/")
         kind = parts[2] if len(parts) == 4 else ""
-        lookup = {"topics": self.engine.registry.topic, "subscriptions": self.engine.registry.sub,
-                  "snapshots": self.engine.registry.snapshot, "schemas": self.engine.registry.schema}.get(kind)
+        lookup = {"topics": self.engine.state.topic, "subscriptions": self.engine.state.sub,
+                  "snapshots": self.engine.state.snapshot, "schemas": self.engine.state.schema}.get(kind)
         if lookup is None:
             raise InvalidArgument(f"Invalid resource name ({resource}): expected a topic, subscription, snapshot "
                                   "or schema.")
@@ -23,7 +23,7 @@ class IamOps:
 
     def get_policy(self, resource: str):
         self._resource(resource)
-        policy = self.engine.registry.policies.get(resource)
+        policy = self.engine.state.policies.get(resource)
         out = resources.Policy()
         if policy is not None:
             out.CopyFrom(policy)
@@ -44,7 +44,7 @@ class IamOps:
         stored.CopyFrom(policy)
         stored.ClearField("etag")
         stored.etag = iam.etag(stored.SerializeToString(deterministic=True))
-        await self.engine._log_change({"op": "iam.put", "resource": resource, "pb": pb64(stored)})
+        await self.engine._change(R.PolicyPut(resource, stored.SerializeToString(deterministic=True)))
         return stored
 
     def test_permissions(self, resource: str, permissions: list[str], principal: str) -> list[str]:
@@ -52,4 +52,4 @@ class IamOps:
         for p in permissions:
             if "*" in p:
                 raise InvalidArgument(f"Permissions with wildcards ({p}) are not allowed.")
-        return iam.test_permissions(self.engine.registry.policies.get(resource), principal, resource, permissions)
+        return iam.test_permissions(self.engine.state.policies.get(resource), principal, resource, permissions)

@@ -1,19 +1,22 @@
 """Periodic upkeep of a node. Owns the rules: unacked messages past a subscription's retention are dropped
-for it; a shard keeps what any subscription, snapshot or retention still needs; checkpoints are written
-tmp → fsync → rename → fsync dir and only once the WAL covers their position; the WAL is cut only below
-what the two newest checkpoints and the retained messages need."""
+for it (a Trim record); a shard keeps what any subscription, snapshot or retention still needs; checkpoints are
+written tmp → fsync → rename → fsync dir and only once the WAL covers their position; the WAL is cut only below
+what the two newest checkpoints and the retained messages need.
+
+Pruning that removes nothing a reader can still see — expired idempotency keys, activation seconds every
+subscription walked past, index batches below every floor — is not a record: recovery may prune later."""
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import logging
 import os
 
 from pigeon.broker import resources
 from pigeon.node import recovery
 from pigeon.node.wal import fsync_dir
-from pigeon.storage import payloads
+from pigeon.storage import checkpoint as ck
+from pigeon.storage import records as R
 
 log = logging.getLogger("pigeon.maintenance")
 
@@ -21,46 +24,48 @@ log = logging.getLogger("pigeon.maintenance")
 async def maintain_once(engine) -> None:
     """Retention, expirations, index trimming, checkpoints and WAL segment deletion: one pass."""
     now = engine.clock.now()
-    reg = engine.registry
-    for name in [n for n, sn in reg.snapshots.items() if sn.config.expire_time.ToMilliseconds() <= now * 1000]:
-        await engine._log_change({"op": "snap.del", "name": name})
+    st = engine.state
+    for name in [n for n, sn in st.snapshots.items() if sn.config.expire_time.ToMilliseconds() <= now * 1000]:
+        await engine._change(R.SnapDel(name))
     # expiration policy: subscriptions inactive for their ttl are deleted
-    for s in list(reg.subs_by_uid.values()):
+    for s in list(st.subs_by_uid.values()):
         ep = s.config.expiration_policy
         if s.config.HasField("expiration_policy") and ep.HasField("ttl"):
             if now - s.last_activity > resources.duration_s(ep.ttl):
                 log.info("deleting %s: inactive for longer than its expiration ttl", s.name)
                 await engine.delete_subscription(s.name)
     # unacked messages older than a subscription's retention are dropped for it
-    for s in reg.subs_by_uid.values():
+    for s in list(st.subs_by_uid.values()):
         if s.topic is None:
             continue
         cutoff_ms = int((now - resources.duration_s(s.config.message_retention_duration)) * 1000)
         for shard, ix in enumerate(s.topic.shards):
             if s.shards[shard].floor < ix.durable:
-                s.drop_before(shard, min(ix.offset_at_ms(cutoff_ms), ix.durable))
+                offset = min(ix.offset_at_ms(cutoff_ms), ix.durable)
+                if offset > s.shards[shard].floor:
+                    engine.commit(R.Trim(s.uid, shard, offset))
     cutoff = int((now - engine.config.idempotency_window_s) * 1000)
-    for t in reg.topics_by_uid.values():
+    for t in st.topics_by_uid.values():
         t.idempotency.expire(cutoff)
         if t.schedule.count:  # forget activation seconds every subscription has walked and acked
-            subs = [reg.subs_by_uid[u] for u in t.subscriptions]
+            subs = [st.subs_by_uid[u] for u in t.subscriptions]
             low = min((s.sched_mark[0] for s in subs), default=int(now) + 1)
             t.schedule.drop_seconds_before(low, lambda n, subs=subs: any(not s.is_acked(n) for s in subs))
     # what each topic shard must keep
     need_pos = engine.wal.tail
-    for t in reg.topics_by_uid.values():
+    for t in st.topics_by_uid.values():
         for shard, ix in enumerate(t.shards):
             keep = ix.next
             if t.config.HasField("message_retention_duration"):
                 ms = int((now - resources.duration_s(t.config.message_retention_duration)) * 1000)
                 keep = min(keep, ix.offset_at_ms(ms))
             for uid in t.subscriptions:
-                s = reg.subs_by_uid[uid]
+                s = st.subs_by_uid[uid]
                 keep = min(keep, s.shards[shard].floor)
                 if s.config.retain_acked_messages:
                     ms = int((now - resources.duration_s(s.config.message_retention_duration)) * 1000)
                     keep = min(keep, ix.offset_at_ms(ms))
-            for sn in reg.snapshots.values():
+            for sn in st.snapshots.values():
                 if sn.topic_uid == t.uid and shard < len(sn.floors):
                     keep = min(keep, sn.floors[shard])
             ix.trim_before(keep)
@@ -77,27 +82,15 @@ async def maintain_once(engine) -> None:
         if removed:
             log.info("deleted %d WAL segments no longer needed", len(removed))
 
+
 async def checkpoint(engine) -> None:
     """Write a checkpoint of everything at the current WAL position (once the WAL covers it)."""
     async with engine._ck_lock:
         pos = engine.wal.tail
         if engine._checkpoints and engine._checkpoints[-1] == pos:
             return
-        reg = engine.registry
-        recs = [payloads.checkpoint_header(pos, reg.export_meta())]
-        for t in reg.topics_by_uid.values():
-            for shard, ix in enumerate(t.shards):
-                recs.append(payloads.checkpoint_shard(t.uid, shard, *ix.export()))
-            if t.schedule.count:
-                recs.append(payloads.checkpoint_schedule(t.uid, t.schedule.export()))
-        for s in reg.subs_by_uid.values():
-            extra = {}
-            if s.parked:
-                extra["parked"] = [[n, at] for n, at in s.parked.items()]
-            if s.overrides:
-                extra["overrides"] = [[n, base64.b64encode(b).decode()] for n, b in s.overrides.items()]
-            recs.append(payloads.checkpoint_sub(s.uid, *s.export_state(), s.export_attempts(), extra))
-        recs.append(payloads.checkpoint_end(len(recs)))
+        st = engine.state
+        recs = ck.encode(ck.Header(pos, st.next_uid), st.meta_records(), st.images())
         await engine.wal.wait_durable(pos)
         keep = engine._checkpoints[-1:]
         await asyncio.get_running_loop().run_in_executor(None, _write_checkpoint, engine._ck_dir, pos, recs, keep)

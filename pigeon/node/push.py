@@ -225,7 +225,7 @@ class PushManager:
     def start(self) -> None:
         """Start a worker for every push subscription already known (after the engine's recovery)."""
         self._started = True
-        for uid in list(self.engine.registry.subs_by_uid):
+        for uid in list(self.engine.state.subs_by_uid):
             self.subscription_changed(uid)
 
     async def stop(self) -> None:
@@ -243,7 +243,7 @@ class PushManager:
     def subscription_changed(self, sub) -> None:
         """After create/update/delete/detach/ModifyPushConfig: `sub` is the SubscriptionState or its uid."""
         uid = sub if isinstance(sub, int) else sub.uid
-        s = self.engine.registry.subs_by_uid.get(uid)
+        s = self.engine.state.subs_by_uid.get(uid)
         w = self.workers.get(uid)
         if w is not None and not w.task.done():
             sig = self.engine.signals.get(uid)
@@ -297,7 +297,7 @@ class PushWorker:
             self.release(num)
 
     def _sub(self):
-        return self.engine.registry.subs_by_uid.get(self.uid)
+        return self.engine.state.subs_by_uid.get(self.uid)
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -342,9 +342,7 @@ class PushWorker:
         taken = engine.lease(s, room, s.ack_deadline_s, self, 1 if s.ordered else 0)
         if not taken:
             return 0
-        nums = [num for num, _ in taken]
-        engine.count_deliveries(s, nums)
-        msgs = engine.read(s, nums)
+        msgs = engine.read(s, [num for num, _ in taken])
         loop = asyncio.get_running_loop()
         for (num, version), (body, tail) in zip(taken, msgs):
             if num in s.leases:  # an acked message resent with its ordered batch has no lease

@@ -13,7 +13,7 @@ from __future__ import annotations
 from array import array
 from dataclasses import dataclass
 
-from pigeon.broker import resources
+from pigeon.broker import commands, resources
 from pigeon.broker.subscription import SubscriptionState
 from pigeon.broker.topic import TopicState
 from pigeon.core import limits
@@ -45,7 +45,7 @@ class Range:
 
 
 def latest_offsets(engine, topic_name: str, at_ms: int | None = None) -> tuple[TopicState, list[ShardOffsets]]:
-    t = engine.registry.topic(topic_name)
+    t = engine.state.topic(topic_name)
     out = []
     for ix in t.shards:
         at = min(ix.offset_at_ms(at_ms), ix.durable) if at_ms is not None else 0
@@ -54,7 +54,7 @@ def latest_offsets(engine, topic_name: str, at_ms: int | None = None) -> tuple[T
 
 
 def _topic(engine, topic_name: str, uid: int) -> TopicState:
-    t = engine.registry.topic(topic_name)
+    t = engine.state.topic(topic_name)
     if uid and t.uid != uid:
         raise FailedPrecondition(
             f"The topic {topic_name} was deleted and created again: offsets of the old topic do not apply to it."
@@ -153,17 +153,15 @@ def _clamp(t: TopicState, offsets: list[int]) -> list[int]:
 
 
 async def _move(engine, s: SubscriptionState, floors: list[int]) -> None:
-    """Set the ack floors (logged), keeping acks above them (filters ack rejected messages ahead)."""
-    acked = [sorted(o for o in sh.acked if o >= f) for sh, f in zip(s.shards, floors)]
-    await engine._log_change({"op": "sub.reset", "uid": s.uid, "floors": floors, "acked": acked})
-    engine.signal(s.uid).notify_all()
+    """Set the ack floors (a Seek record), keeping acks above them (filters ack rejected messages ahead)."""
+    await engine._change(commands.move_floors(s, floors))
 
 
 async def create_cursor(engine, name: str, topic_name: str, offsets: list[int]) -> CursorView:
     """Create the cursor subscription at `offsets` (empty: the latest offsets), or return it as it is."""
     engine._check_open()
-    t = engine.registry.topic(topic_name)
-    s = engine.registry.subs.get(name)
+    t = engine.state.topic(topic_name)
+    s = engine.state.subs.get(name)
     if s is not None:
         if s.topic is not t:
             raise FailedPrecondition(f"The subscription {name} exists for another topic ({s.config.topic}).")
@@ -172,7 +170,7 @@ async def create_cursor(engine, name: str, topic_name: str, offsets: list[int]) 
     sub.labels[CURSOR_LABEL] = "true"
     sub.expiration_policy.SetInParent()  # no ttl: a cursor is deleted explicitly, never for inactivity
     await engine.create_subscription(sub)
-    s = engine.registry.sub(name)
+    s = engine.state.sub(name)
     if offsets:
         floors = _clamp(t, list(offsets))
         if floors != [sh.floor for sh in s.shards]:
@@ -181,13 +179,13 @@ async def create_cursor(engine, name: str, topic_name: str, offsets: list[int]) 
 
 
 def get_cursor(engine, name: str) -> CursorView:
-    return _view(engine.registry.sub(name))
+    return _view(engine.state.sub(name))
 
 
 async def commit_cursor(engine, name: str, offsets: list[int]) -> CursorView:
     """Everything below `offsets` was consumed: move the floors forward (never back)."""
     engine._check_open()
-    s = engine.registry.sub(name)
+    s = engine.state.sub(name)
     t = s.topic
     if t is None or t.deleted:
         raise FailedPrecondition(f"The topic of {name} was deleted.")

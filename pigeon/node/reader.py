@@ -7,9 +7,10 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from pigeon.broker.topic import SHARD_MASK, TopicState
-from pigeon.core import ackid, limits, wire
+from pigeon.core import ackid, limits, rawproto, wire
 from pigeon.node.wal import Wal
-from pigeon.storage import payloads, record
+from pigeon.storage import record
+from pigeon.storage.records import Publish, RecordType
 
 
 
@@ -52,9 +53,11 @@ class MessageReader:
         view = memoryview(self._buf)[:size]
         got = self.wal.read_into(pos, view)
         rtype, payload, _ = record.decode_at(view[:got], 0, got)
-        assert rtype == record.RecordType.PUBLISH
-        ms = payloads.publish_head(payload)[3]
-        b = make_batch(payloads.publish_messages(payload), ms, size)  # the messages are copies: the buffer is free
+        assert rtype == RecordType.PUBLISH
+        _, _, _, ms, count, _ = Publish.head(payload)
+        _, messages = rawproto.split_publish(Publish.request_of(payload))  # parsed without a copy of the request
+        assert len(messages) == count, (len(messages), count)
+        b = make_batch(messages, ms, size)  # the messages are copies: the buffer is free
         self.remember(pos, b)
         return b
 

@@ -27,12 +27,12 @@ from dataclasses import dataclass, field
 
 from prometheus_client import Counter
 
-from pigeon.broker.registry import Registry
-from pigeon.broker.topic import ShardIndex
+from pigeon.broker.state import BrokerState, Contradiction
 from pigeon.core import limits
 from pigeon.node.wal import fsync_dir, list_segments, segment_path
-from pigeon.storage import payloads, record
-from pigeon.storage.record import RecordType
+from pigeon.storage import checkpoint as ck
+from pigeon.storage import record, records
+from pigeon.storage.records import RecordType
 
 log = logging.getLogger("pigeon.recovery")
 
@@ -82,45 +82,23 @@ def list_checkpoints(ck_dir: str) -> list[int]:
     )
 
 
-def load_checkpoint(path: str, registry: Registry) -> int:
-    """Fill an empty registry from a checkpoint file; return its WAL position. Raises record.Broken."""
+def load_checkpoint(path: str, state: BrokerState) -> int:
+    """Fill an empty state from a checkpoint file; return its WAL position. Raises record.Broken (framing, CRC,
+    structure), records.Malformed or Contradiction (a payload that decodes badly or does not fit)."""
     with open(path, "rb") as f:
         buf = f.read()
-    it = record.scan(buf, 1 << 40)
-    items = []
-    try:
-        while True:
-            items.append(next(it))
-    except StopIteration as stop:
-        end, reason = stop.value
-    if reason is not None:
-        raise record.Broken(f"{reason} at byte {end}")
-    if not items or items[0][1] != RecordType.CK_HEADER or items[-1][1] != RecordType.CK_END:
-        raise record.Broken("incomplete checkpoint")
-    if payloads.checkpoint_end_decode(items[-1][2]) != len(items) - 1:
-        raise record.Broken("record count mismatch")
-    head = payloads.json_decode(items[0][2])
-    registry.restore_meta(head["meta"])
-    for _, rtype, payload in items[1:-1]:
-        if rtype == RecordType.CK_SHARD:
-            uid, shard, nxt, base, pos, ms, keys = payloads.checkpoint_shard_decode(payload)
-            t = registry.topics_by_uid[uid]
-            t.shards[shard] = ShardIndex.restore(nxt, base, pos, ms, keys)
-        elif rtype == RecordType.CK_SCHED:
-            uid, seconds = payloads.checkpoint_schedule_decode(payload)
-            registry.topics_by_uid[uid].schedule.restore(seconds)
-        elif rtype == RecordType.CK_SUB:
-            d = payloads.json_decode(payload)
-            s = registry.subs_by_uid[d["uid"]]
-            s.reset(d["floors"], d["acked"])
-            s.versions.update((n, c) for n, c in d.get("attempts", []))
-            s.parked.update((n, at) for n, at in d.get("parked", []))
-            s.overrides.update((n, base64.b64decode(b)) for n, b in d.get("overrides", []))
-    return head["pos"]
+    header, meta, images = ck.decode(buf)
+    for rec in meta:
+        state.apply(rec)
+    for image in images:
+        state.restore(image)
+    state.next_uid = max(state.next_uid, header.next_uid)
+    return header.pos
 
 
-class _Contradiction(Exception):
-    pass
+def apply_record(state: BrokerState, pos: int, rtype: int, payload) -> None:
+    """Replay one WAL record: decode it and apply it, as the live path did."""
+    state.apply(records.decode(rtype, payload), pos)
 
 
 class Unappliable(Exception):
@@ -147,47 +125,22 @@ class Unappliable(Exception):
                 + (f" and {files} later segment(s) whole" if files else "") + ")")
 
 
-def apply_record(registry: Registry, pos: int, rtype: int, payload) -> None:
-    """Replay one WAL record into the registry."""
-    if rtype == RecordType.PUBLISH:
-        uid, shard, base, ms, count, key = payloads.publish_head(payload)
-        t = registry.topics_by_uid.get(uid)
-        if t is None:
-            return  # topic deleted later; the record is dead
-        ix = t.shards[shard]
-        if base != ix.next:
-            raise _Contradiction(f"publish at offset {base} but shard {shard} of topic {uid} is at {ix.next}")
-        ix.append(count, pos, ms, key)
-    elif rtype == RecordType.ACK:
-        uid, nums = payloads.ack_decode(payload)
-        s = registry.subs_by_uid.get(uid)
-        if s is not None:
-            s.ack(list(nums))
-    elif rtype == RecordType.DELIVER:
-        uid, nums = payloads.ack_decode(payload)
-        s = registry.subs_by_uid.get(uid)
-        if s is not None:
-            s.count_deliveries(nums)
-    elif rtype == RecordType.META:
-        registry.apply(payloads.json_decode(payload))
-    else:
-        raise _Contradiction(f"unexpected record type {rtype}")
-
-
-def recover(data_dir: str, registry: Registry, *, repair: bool, drop_unappliable: bool = False) -> Report:
-    """Rebuild `registry` (empty on entry) from `data_dir`. With repair, truncate what is broken. A record that
+def recover(data_dir: str, *, repair: bool, drop_unappliable: bool = False) -> tuple[BrokerState, Report]:
+    """Rebuild the broker state from `data_dir` (the caller then derives its dispatch state: BrokerState.rebuild).
+    With repair, truncate what is broken. A record that
     decodes but cannot be applied raises Unappliable (before anything is deleted), unless `drop_unappliable`
     (`pigeon fsck --repair`) treats it as broken."""
     rep = Report()
+    state = BrokerState()
     wal_dir = os.path.join(data_dir, "wal")
     ck_dir = os.path.join(data_dir, "checkpoints")
     start = 0
     for ck in reversed(list_checkpoints(ck_dir)):
         path = os.path.join(ck_dir, checkpoint_name(ck))
-        fresh = Registry()
+        fresh = BrokerState()
         try:
             start = load_checkpoint(path, fresh)
-        except (record.Broken, ValueError, KeyError) as e:
+        except (record.Broken, records.Malformed, Contradiction) as e:
             rep.broken_checkpoints.append((path, str(e)))
             DROPPED_CHECKPOINTS.inc()
             log.error("checkpoint %s is broken (%s); trying an older one", path, e)
@@ -195,13 +148,15 @@ def recover(data_dir: str, registry: Registry, *, repair: bool, drop_unappliable
                 os.replace(path, path + BROKEN_SUFFIX)
                 fsync_dir(ck_dir)
             continue
-        registry.__dict__.update(fresh.__dict__)
+        state = fresh
         rep.checkpoint = path
         break
+    state.dispatch_off()
     segments = list_segments(wal_dir) if os.path.isdir(wal_dir) else []
     if not segments:
         rep.tail = start
-        return rep
+        state.all_durable()
+        return state, rep
     if segments[0] > start:
         rep.gap = f"wal starts at {segments[0]} but state needs it from {start}: data in between is lost"
         log.error(rep.gap)
@@ -234,9 +189,9 @@ def recover(data_dir: str, registry: Registry, *, repair: bool, drop_unappliable
                 reason = e.reason
                 break
             try:
-                apply_record(registry, seg + pos, rtype, payload)
+                apply_record(state, seg + pos, rtype, payload)
             except Exception as e:  # noqa: BLE001 — whatever the bug, nothing after this record may be lost
-                why = f"{type(e).__name__}: {e}" if not isinstance(e, _Contradiction) else str(e)
+                why = str(e) if isinstance(e, Contradiction) else f"{type(e).__name__}: {e}"
                 if not drop_unappliable:
                     later = [(segment_path(wal_dir, s), os.path.getsize(segment_path(wal_dir, s)))
                              for s in segments[i + 1:]]
@@ -273,9 +228,5 @@ def recover(data_dir: str, registry: Registry, *, repair: bool, drop_unappliable
         if repair and later:
             fsync_dir(wal_dir)
     rep.tail = tail
-    for t in registry.topics_by_uid.values():
-        for ix in t.shards:
-            ix.durable = ix.next
-    for s in registry.subs_by_uid.values():
-        s.rewind_unacked()
-    return rep
+    state.all_durable()
+    return state, rep

@@ -9,11 +9,12 @@ import uuid
 
 from google.pubsub_v1 import types
 
-from pigeon.broker.registry import pb64
 from pigeon.broker.resources import Schema
 from pigeon.core import limits, names
 from pigeon.core.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from pigeon.node import schemas as engine_schemas
+from pigeon.broker import commands
+from pigeon.storage import records as R
 
 _TYPE_NAMES = {1: "PROTOCOL_BUFFER", 2: "AVRO"}
 _ENCODING_NAMES = {1: "JSON", 2: "BINARY"}
@@ -30,7 +31,10 @@ def split_revision(name: str) -> tuple[str, str]:
 class SchemaService:
     def __init__(self, engine):
         self.engine = engine
-        self.registry = engine.registry
+
+    @property
+    def registry(self):
+        return self.engine.state
 
     async def _compile(self, schema_type: int, definition: str):
         if schema_type not in _TYPE_NAMES:
@@ -65,10 +69,7 @@ class SchemaService:
         raise NotFound(f"Revision {rev_id} of schema {base} not found.")
 
     def list(self, project: str, view: int, page_size: int, token: str):
-        from pigeon.node.engine import _page
-
-        prefix = f"projects/{project}/schemas/"
-        page, nxt = _page(sorted(n for n in self.registry.schemas if n.startswith(prefix)), page_size, token)
+        page, nxt = commands.page(commands.in_project(self.registry.schemas, project, "schemas"), page_size, token)
         return [self.view(self.registry.schemas[n][-1], view) for n in page], nxt
 
     def list_revisions(self, name: str, view: int, page_size: int, token: str):
@@ -91,7 +92,7 @@ class SchemaService:
             raise AlreadyExists(f"Resource already exists in the project (resource={schema_id}).")
         await self._compile(schema.type_, schema.definition)
         rev = self._revision(name, schema.type_, schema.definition)
-        await self.engine._log_change({"op": "schema.put", "pb": pb64(rev)})
+        await self.engine._change(R.SchemaPut(rev.SerializeToString(deterministic=True)))
         return rev
 
     async def commit(self, name: str, schema):
@@ -101,7 +102,7 @@ class SchemaService:
             raise InvalidArgument("A new revision must keep the schema's type.")
         await self._compile(revs[-1].type_, schema.definition)
         rev = self._revision(name, revs[-1].type_, schema.definition)
-        await self.engine._log_change({"op": "schema.put", "pb": pb64(rev)})
+        await self.engine._change(R.SchemaPut(rev.SerializeToString(deterministic=True)))
         return rev
 
     async def rollback(self, name: str, revision_id: str):
@@ -110,7 +111,7 @@ class SchemaService:
         if old is None:
             raise InvalidArgument("revision_id must be set.")
         rev = self._revision(name, old.type_, old.definition)
-        await self.engine._log_change({"op": "schema.put", "pb": pb64(rev)})
+        await self.engine._change(R.SchemaPut(rev.SerializeToString(deterministic=True)))
         return rev
 
     async def delete_revision(self, name: str, revision_id: str):
@@ -122,13 +123,13 @@ class SchemaService:
             raise InvalidArgument("The revision to delete must be named (name@revision_id).")
         if len(self.registry.schema(base)) == 1:
             raise FailedPrecondition("The last revision of a schema cannot be deleted; delete the schema.")
-        await self.engine._log_change({"op": "schema.delrev", "name": base, "revision_id": rev_id})
+        await self.engine._change(R.SchemaRevDel(base, rev_id))
         return target
 
     async def delete(self, name: str) -> None:
         self.engine._check_open()
         self.registry.schema(name)
-        await self.engine._log_change({"op": "schema.del", "name": name})
+        await self.engine._change(R.SchemaDel(name))
 
     async def validate_schema(self, parent: str, schema) -> None:
         names.project_of(parent)

@@ -1,10 +1,10 @@
 """Record framing. Owns the rule: a record is `length:u32 · crc32c:u32 · type:u8 · payload`, little
 endian, where length counts type + payload and the CRC covers type + payload. Nothing else knows
-byte offsets inside a record."""
+byte offsets inside a record. The types and payloads are storage.records' (log records) and
+storage.checkpoint's (checkpoint files)."""
 
 from __future__ import annotations
 
-import enum
 import struct
 
 import crc32c
@@ -18,19 +18,6 @@ PREFIX_BYTES = _LEN_CRC.size  # length · crc: read these first to learn how lon
 def size_from_prefix(prefix: bytes | memoryview) -> int:
     """A record's whole size in bytes, from its first PREFIX_BYTES bytes."""
     return _LEN_CRC.unpack_from(prefix, 0)[0] + PREFIX_BYTES
-
-
-class RecordType(enum.IntEnum):
-    PUBLISH = 1  # messages appended to one topic shard
-    ACK = 2  # message numbers acknowledged on one subscription
-    META = 3  # a metadata change (JSON)
-    DELIVER = 4  # message numbers handed out on one subscription (counted for dead-lettering)
-    # checkpoint files reuse the framing with their own types
-    CK_HEADER = 16
-    CK_SHARD = 17
-    CK_SUB = 18
-    CK_END = 19
-    CK_SCHED = 20
 
 
 def encode(rtype: int, payload: bytes) -> bytes:

@@ -16,8 +16,9 @@ from google.api_core import retry as gretry
 from pigeon.core import limits
 from pigeon.node import recovery
 from pigeon.node.wal import list_segments, segment_path
-from pigeon.storage import payloads, record
-from pigeon.storage.record import RecordType
+from pigeon.core import rawproto
+from pigeon.storage import record, records
+from pigeon.storage.records import RecordType
 
 PROJECT = "crash-proj"
 ID_NUM_MASK = (1 << (limits.topic_offset_bits + limits.shard_bits)) - 1  # message id → message number
@@ -171,9 +172,9 @@ def published_in(rec: Rec) -> list[tuple[str, bytes, dict]]:
     """(message id, data, attributes) of the messages a PUBLISH record stores."""
     from google.pubsub_v1.types import PubsubMessage
 
-    uid, shard, base = payloads.publish_head(rec.payload)[:3]
+    uid, shard, base = records.Publish.head(rec.payload)[:3]
     out = []
-    for i, raw in enumerate(payloads.publish_messages(rec.payload)):
+    for i, raw in enumerate(rawproto.split_publish(records.Publish.request_of(rec.payload))[1]):
         m = PubsubMessage.pb().FromString(raw)
         # message id = (topic uid << offset bits | offset) << shard bits | shard (the stored bytes may lack it)
         mid = str((((uid << limits.topic_offset_bits) | (base + i)) << limits.shard_bits) | shard)
@@ -183,8 +184,8 @@ def published_in(rec: Rec) -> list[tuple[str, bytes, dict]]:
 
 
 def acked_in(rec: Rec) -> tuple[int, list[int]]:
-    uid, nums = payloads.ack_decode(rec.payload)
-    return uid, list(nums)
+    ack = records.decode(RecordType.ACK, rec.payload)
+    return ack.sub, list(ack.nums)
 
 
 def model(records: list[Rec], before: int | None = None) -> dict[str, tuple[bytes, dict]]:

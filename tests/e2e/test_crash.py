@@ -6,6 +6,11 @@ moments, restart it on the same data directory and check that
   (c) every message a subscriber received before the crash (visible ⇒ durable) and did not ack is
       delivered again, and nothing delivered is corrupted or unknown.
 
+Locks are records too: a message pulled before the crash stays locked after the restart until its ack
+deadline, and the ack id the subscriber holds still works. So the check first nacks, with the ack ids from
+before the crash, what the subscriber received and did not ack; a message whose Pull answer the kill cut off
+comes back once its lock runs out (the check then waits out one ack deadline, 10 s, and drains again).
+
 Messages whose publish was not confirmed may or may not appear; unacked messages may be duplicated.
 PIGEON_CRASH_ROUNDS sets the number of kill rounds (default 8); PIGEON_CRASH_SEED replays a run."""
 
@@ -26,6 +31,7 @@ pytestmark = pytest.mark.e2e
 
 ROUNDS = int(os.environ.get("PIGEON_CRASH_ROUNDS", "8"))
 PUBLISHERS = 4
+ACK_DEADLINE_S = 10
 
 
 class Ledger:
@@ -83,7 +89,7 @@ def _confirm(ledger: Ledger, data: bytes, fut) -> None:
 
 
 def _subscriber(sub, subscription, ledger: Ledger, stop: threading.Event, rng: random.Random,
-                seen: set):
+                seen: dict):
     while not stop.is_set():
         try:
             got = ck.pull_now(sub, subscription, max_messages=rng.randint(1, 300), timeout=3)
@@ -96,7 +102,7 @@ def _subscriber(sub, subscription, ledger: Ledger, stop: threading.Event, rng: r
         for m in got:
             mid, data, attrs = ck.key(m.message)
             ledger.saw(mid, data, attrs, "pull during traffic")
-            seen.add((mid, data))
+            seen[(mid, data)] = m.ack_id
         # ack most of what arrived; leave some unacked (delivered again after the restart)
         chosen = [m for m in got if rng.random() < 0.85]
         if not chosen:
@@ -114,11 +120,11 @@ def _subscriber(sub, subscription, ledger: Ledger, stop: threading.Event, rng: r
 
 def _traffic_then_kill(srv, monkeypatch, topic, subscription, ledger: Ledger, rnd: int, rng: random.Random):
     """Publish and consume for a random time, then SIGKILL the server mid-traffic.
-    Returns the (id, payload) pairs the subscriber received before the crash."""
+    Returns {(id, payload): ack id} of what the subscriber received before the crash, and when the kill came."""
     pub, sub = ck.clients(srv.address, monkeypatch, publish_timeout=2.0, batch_messages=rng.choice([1, 10, 100]))
     stop = threading.Event()
     futures: list = []
-    seen: set = set()
+    seen: dict = {}
     threads = [
         threading.Thread(target=_publisher, args=(pub, topic, ledger, stop, rnd, t, random.Random(rng.random()), futures),
                          daemon=True)
@@ -130,6 +136,7 @@ def _traffic_then_kill(srv, monkeypatch, topic, subscription, ledger: Ledger, rn
         th.start()
     time.sleep(rng.uniform(0.15, 2.0))
     srv.kill()
+    killed = time.monotonic()
     stop.set()
     for th in threads:
         th.join(30)
@@ -137,14 +144,35 @@ def _traffic_then_kill(srv, monkeypatch, topic, subscription, ledger: Ledger, rn
     done, pending = concurrent.futures.wait(list(futures), timeout=30)
     assert not pending, f"{len(pending)} publish futures still pending 30 s after the kill"
     ck.close_clients(pub, sub)
-    return seen
+    return seen, killed
 
 
-def _verify_after_restart(srv, monkeypatch, subscription, ledger: Ledger, seen_before: set, ctx: str) -> int:
-    """Drain the restarted server and check the promise; ack everything drained. Returns how many were drained."""
+def _drain_and_ack(sub, subscription: str, ledger: Ledger) -> list:
+    drained = ck.drain(sub, subscription)
+    for i in range(0, len(drained), 2000):  # acked at once: these acks must hold in the next rounds
+        chunk = drained[i:i + 2000]
+        sub.acknowledge(subscription=subscription, ack_ids=[m.ack_id for m in chunk], retry=None, timeout=30)
+        ledger.acked_ok |= {(m.message.message_id, bytes(m.message.data)) for m in chunk}
+    return drained
+
+
+def _verify_after_restart(srv, monkeypatch, subscription, ledger: Ledger, seen_before: dict, killed: float,
+                          ctx: str, expect: int | None = None) -> int:
+    """Drain the restarted server and check the promise; ack everything drained. Returns how many were drained
+    (`expect`: how many fsck counted unacked, when it ran)."""
     pub, sub = ck.clients(srv.address, monkeypatch)
+    acked_before = set(ledger.acked_ok)
     try:
-        drained = ck.drain(sub, subscription)
+        held = [a for p, a in seen_before.items() if p not in ledger.acked_ok]
+        for i in range(0, len(held), 2000):  # ack ids from before the crash: the locks they name survived it
+            sub.modify_ack_deadline(subscription=subscription, ack_ids=held[i:i + 2000], ack_deadline_seconds=0,
+                                    retry=None, timeout=30)
+        drained = _drain_and_ack(sub, subscription, ledger)
+        confirmed_open = {(mid, d) for d, mid in ledger.confirmed.items()} - ledger.acked_ok - ledger.acked_maybe
+        if confirmed_open or (expect is not None and len(drained) < expect):
+            # delivered by a Pull whose answer the kill cut off: locked for one ack deadline
+            time.sleep(max(0.0, killed + ACK_DEADLINE_S + 0.5 - time.monotonic()))
+            drained += _drain_and_ack(sub, subscription, ledger)
         pairs = []
         for m in drained:
             mid, data, attrs = ck.key(m.message)
@@ -156,23 +184,18 @@ def _verify_after_restart(srv, monkeypatch, subscription, ledger: Ledger, seen_b
             f"{ctx}: a message was delivered twice within one ack deadline: "
             f"{sorted(p for p in got if pairs.count(p) > 1)[:10]}")
         # (a) confirmed publishes survive, unless acked for good
-        lost = sorted((mid, d) for d, mid in ledger.confirmed.items() if (mid, d) not in ledger.acked_ok
+        lost = sorted((mid, d) for d, mid in ledger.confirmed.items() if (mid, d) not in acked_before
                       and (mid, d) not in ledger.acked_maybe and (mid, d) not in got)
         assert not lost, f"{ctx}: {len(lost)} confirmed publishes lost, e.g. {lost[:5]}"
         # confirmed and maybe-acked: either acked (gone) or delivered again; never anything else
-        # (b) an Acknowledge that returned OK is never undone
-        resurrected = sorted(got & ledger.acked_ok)
+        # (b) an Acknowledge that returned OK (before this restart) is never undone
+        resurrected = sorted(got & acked_before)
         assert not resurrected, f"{ctx}: {len(resurrected)} messages acked OK were delivered again, e.g. {resurrected[:5]}"
         # (c) a message visible to a subscriber was durable: unless acked, it is delivered again
-        vanished = sorted(p for p in seen_before if p not in got and p not in ledger.acked_ok
+        vanished = sorted(p for p in seen_before if p not in got and p not in acked_before
                           and p not in ledger.acked_maybe)
         assert not vanished, (f"{ctx}: {len(vanished)} messages delivered before the crash (so durable) and not "
                               f"acked are gone after it, e.g. {vanished[:5]}")
-        # ack everything drained: these acks must hold in the next rounds
-        for i in range(0, len(drained), 2000):
-            chunk = drained[i:i + 2000]
-            sub.acknowledge(subscription=subscription, ack_ids=[m.ack_id for m in chunk], retry=None, timeout=30)
-            ledger.acked_ok |= {(m.message.message_id, bytes(m.message.data)) for m in chunk}
         return len(drained)
     finally:
         ck.close_clients(pub, sub)
@@ -212,20 +235,22 @@ def test_kill9_at_random_moments_loses_nothing_confirmed(server_factory, tmp_pat
     srv = server_factory(data_dir=data_dir, fsync=fsync)
     pub, sub = ck.clients(srv.address, monkeypatch)
     pub.create_topic(name=topic)
-    sub.create_subscription(name=subscription, topic=topic, ack_deadline_seconds=60)
+    sub.create_subscription(name=subscription, topic=topic, ack_deadline_seconds=ACK_DEADLINE_S)
     ck.close_clients(pub, sub)
 
-    seen: set = set()
+    seen: dict = {}
+    killed = 0.0
     total_drained = 0
     for rnd in range(ROUNDS):
         ctx = f"seed {seed}, round {rnd}"
         if rnd > 0:
             srv = server_factory(data_dir=data_dir, fsync=fsync)
-            n = _verify_after_restart(srv, monkeypatch, subscription, ledger, seen, ctx)
+            n = _verify_after_restart(srv, monkeypatch, subscription, ledger, seen, killed, ctx,
+                                      backlog if with_fsck else None)
             if with_fsck:
                 assert n == backlog, f"{ctx}: fsck counted {backlog} unacked messages, the server delivered {n}"
             total_drained += n
-        seen = _traffic_then_kill(srv, monkeypatch, topic, subscription, ledger, rnd, rng)
+        seen, killed = _traffic_then_kill(srv, monkeypatch, topic, subscription, ledger, rnd, rng)
         if with_fsck:
             backlog = _check_fsck_after_kill(data_dir, ctx)
             must = {(mid, d) for d, mid in ledger.confirmed.items()} - ledger.acked_ok - ledger.acked_maybe
@@ -233,7 +258,7 @@ def test_kill9_at_random_moments_loses_nothing_confirmed(server_factory, tmp_pat
 
     ctx = f"seed {seed}, final restart"
     srv = server_factory(data_dir=data_dir, fsync=fsync)
-    n = _verify_after_restart(srv, monkeypatch, subscription, ledger, seen, ctx)
+    n = _verify_after_restart(srv, monkeypatch, subscription, ledger, seen, killed, ctx, backlog if with_fsck else None)
     if with_fsck:
         assert n == backlog, f"{ctx}: fsck counted {backlog} unacked messages, the server delivered {n}"
     total_drained += n

@@ -25,6 +25,12 @@ def _restart(server_factory, client_factory, srv, pub, sub, how="kill"):
     return (srv2, *client_factory(srv2))
 
 
+def _release(sub, subscription, received) -> None:
+    """Nack, with the ack ids from before the restart: locks are records and survive it, so those ids work."""
+    sub.modify_ack_deadline(subscription=subscription, ack_ids=[r.ack_id for r in received], ack_deadline_seconds=0,
+                            retry=None, timeout=30)
+
+
 def test_acks_survive_sigkill(server_factory, client_factory):
     srv = server_factory()
     pub, sub = client_factory(srv)
@@ -39,6 +45,9 @@ def test_acks_survive_sigkill(server_factory, client_factory):
 
     srv, pub, sub = _restart(server_factory, client_factory, srv, pub, sub)
 
+    # the unacked ones are still locked (60 s), so nothing comes until they are released with their ack ids
+    assert watch(sub, subscription, 0.5) == []
+    _release(sub, subscription, [got[i] for i in unacked])
     # delivered-but-unacked messages come back (at-least-once); acked ones never do
     again = collect(sub, subscription, len(unacked), timeout=15)
     extra = watch(sub, subscription, 1.0, do_ack=True)
@@ -60,6 +69,7 @@ def test_acks_survive_checkpoint_then_wal_then_sigkill(server_factory, client_fa
     ack(sub, subscription, [got[i] for i in first])
 
     srv, pub, sub = _restart(server_factory, client_factory, srv, pub, sub, how="stop")
+    _release(sub, subscription, [got[i] for i in ids[10:]])  # the locks were checkpointed with the state
     got = collect(sub, subscription, 20, do_ack=False)
     assert set(got) == set(ids[10:])
     second = ids[10:20]
@@ -67,6 +77,7 @@ def test_acks_survive_checkpoint_then_wal_then_sigkill(server_factory, client_fa
     more = raw_publish(pub, topic, [{"data": f"n{i}".encode()} for i in range(5)])
 
     srv, pub, sub = _restart(server_factory, client_factory, srv, pub, sub, how="kill")
+    _release(sub, subscription, [got[i] for i in ids[20:]])
     again = collect(sub, subscription, 15, timeout=15)
     extra = watch(sub, subscription, 1.0, do_ack=True)
     delivered = set(again) | set(ids_of(extra))
@@ -129,6 +140,7 @@ def test_seek_and_snapshot_survive_restart(server_factory, client_factory, how):
     assert set(replay) == set(ids[2:])
     # the seek itself is durable: after a crash the replayed (still unacked) messages come back again
     srv, pub, sub = _restart(server_factory, client_factory, srv, pub, sub, how="kill")
+    _release(sub, subscription, replay.values())
     again = collect(sub, subscription, 4, timeout=10)
     extra = watch(sub, subscription, 0.5, do_ack=True)
     assert set(again) | set(ids_of(extra)) == set(ids[2:])

@@ -136,8 +136,12 @@ def test_restart_keeps_acks_and_redelivers_unacked(tmp_path):
         await e.acknowledge(S, [m.ack_id for m in got[:4]])
         await e.stop()
         e2 = await started(cfg, clock)
+        assert await pull_all(e2) == []  # the locks survive the restart, until their deadline
+        await e2.acknowledge(S, [got[4].ack_id])  # so an ack id from before the restart still acks
+        clock.advance(10)
         again = await pull_all(e2)
-        assert {m.message.data for m in again} == {b"%d" % i for i in range(10)} - acked
+        assert {m.message.data for m in again} == {b"%d" % i for i in range(10)} - acked - {got[4].message.data}
+        assert {m.delivery_attempt for m in again} == {0}  # not shown without a dead-letter policy
         assert e2.get_subscription(S).topic == T
         await e2.stop()
 
@@ -161,6 +165,7 @@ def test_restart_from_checkpoint_equals_restart_from_wal(tmp_path):
         await e.wal.close()  # a crash after the checkpoint: no final checkpoint
         e2 = await started(cfg, clock)
         assert e2.report.checkpoint is not None and e2.report.replayed_records > 0
+        clock.advance(10)  # the locks of the pulls before the crash run out
         assert sorted(m.message.data for m in await pull_all(e2)) == expect
         await e2.stop()
 
@@ -315,7 +320,7 @@ def test_detach_drops_backlog_and_refuses_pulls(tmp_path):
         assert e.get_subscription(S).detached
         with pytest.raises(FailedPrecondition):
             await e.pull(S, 10, True)
-        assert e.registry.sub(S).backlog() == 0
+        assert e.state.sub(S).backlog() == 0
         await e.stop()
 
     run(go())

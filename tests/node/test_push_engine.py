@@ -82,7 +82,7 @@ async def push_setup(e, endpoint: str, **fields) -> None:
 
 
 def backlog(e) -> int:
-    s = e.registry.subs[S]
+    s = e.state.subs[S]
     return s.backlog()
 
 
@@ -246,7 +246,7 @@ def test_error_answer_nacks_and_retry_policy_backoff_applies(tmp_path):
             e = await started(config(tmp_path), clock)
             await push_setup(e, r.url, retry_policy={"minimum_backoff": {"seconds": 10},
                                                      "maximum_backoff": {"seconds": 20}})
-            uid = e.registry.subs[S].uid
+            uid = e.state.subs[S].uid
             await publish(e, [b"m"])
             await until(lambda: len(r.got) == 1, r=r)
             await asyncio.sleep(0.3)
@@ -260,7 +260,7 @@ def test_error_answer_nacks_and_retry_policy_backoff_applies(tmp_path):
             e.signal(uid).notify()
             await until(lambda: backlog(e) == 0, r=r)
             assert r.datas() == [b"m"] * 3
-            assert e.registry.subs[S].leases == {}
+            assert e.state.subs[S].leases == {}
             await e.stop()
 
     run(go())
@@ -273,7 +273,7 @@ def test_connection_refused_nacks_and_the_message_comes_back(tmp_path):
             dead = f"http://127.0.0.1:{free_port()}/nobody-home"
             await push_setup(e, dead, retry_policy={"minimum_backoff": {"seconds": 0}})
             await publish(e, [b"m"])
-            s = e.registry.subs[S]
+            s = e.state.subs[S]
             worker = e.push.workers[s.uid]
             await until(lambda: worker.window.backoff_s > 0 and not s.leases, r=r)
             sub = PB["Subscription"](name=S, push_config={"push_endpoint": r.url})
@@ -366,7 +366,7 @@ def test_switching_to_pull_stops_the_worker_and_detach_stops_pushing(tmp_path):
         async with Receiver() as r:
             e = await started(config(tmp_path), SimClock())
             await push_setup(e, r.url)
-            uid = e.registry.subs[S].uid
+            uid = e.state.subs[S].uid
             await publish(e, [b"pushed"])
             await until(lambda: backlog(e) == 0, r=r)
             await e.update_subscription(PB["Subscription"](name=S, push_config={}),

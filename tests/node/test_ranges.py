@@ -50,7 +50,7 @@ def test_read_range_returns_exactly_the_stored_messages(tmp_path):
         e = await started(tmp_path, SimClock(1_700_000_000.0))
         await e.create_topic(Topic(name=T))
         ids = await publish(e, [b"k%d" % i for i in range(5)], key="K", color="red")
-        shard = e.registry.topic(T).shard_for("K")
+        shard = e.state.topic(T).shard_for("K")
         t, r = ranges.read_range(e, T, shard, 1, 4)
         assert (r.start, r.next, r.lost) == (1, 4, False)
         got = messages(r)
@@ -71,7 +71,7 @@ def test_read_range_spans_batches_and_respects_limits(tmp_path):
         await e.create_topic(Topic(name=T))
         for b in range(4):
             await publish(e, [b"%d-%d" % (b, i) for i in range(10)], key="same")  # one shard
-        shard = e.registry.topic(T).shard_for("same")
+        shard = e.state.topic(T).shard_for("same")
         _, whole = ranges.read_range(e, T, shard, 5, 0)
         assert (whole.start, whole.next) == (5, 40)
         assert whole.batch_starts == [5, 10, 20, 30]
@@ -100,7 +100,7 @@ def test_data_loss_fails_unless_allowed(tmp_path):
         e = await started(tmp_path, clock)
         await e.create_topic(Topic(name=T))
         await publish(e, [b"a", b"b"], key="k")
-        shard = e.registry.topic(T).shard_for("k")
+        shard = e.state.topic(T).shard_for("k")
         await e.maintain_once()  # no subscription, no retention: nothing is kept
         await publish(e, [b"c"], key="k")
         assert ranges.latest_offsets(e, T)[1][shard].earliest == 2
@@ -122,7 +122,7 @@ def test_cursor_holds_retention_shows_backlog_and_survives_restart(tmp_path):
         c = await ranges.create_cursor(e, C, T, [])
         assert c.created and c.offsets == [0, 0] and c.backlog == 0
         await publish(e, [b"%d" % i for i in range(6)], key="k")
-        shard = e.registry.topic(T).shard_for("k")
+        shard = e.state.topic(T).shard_for("k")
         assert ranges.get_cursor(e, C).backlog == 6
         await e.maintain_once()
         assert ranges.latest_offsets(e, T)[1][shard].earliest == 0  # held by the cursor
@@ -141,7 +141,7 @@ def test_cursor_holds_retention_shows_backlog_and_survives_restart(tmp_path):
         await e.stop()
         e = await started(tmp_path, clock)
         assert ranges.get_cursor(e, C).offsets[shard] == 6
-        sub = e.registry.sub(C)
+        sub = e.state.sub(C)
         assert sub.config.labels[ranges.CURSOR_LABEL] == "true"
         assert not sub.config.expiration_policy.HasField("ttl")  # never expires for inactivity
         await e.stop()
@@ -155,7 +155,7 @@ def test_cursor_created_at_given_offsets_and_topic_checks(tmp_path):
         await e.create_topic(Topic(name=T))
         await ranges.create_cursor(e, "projects/p/subscriptions/holder", T, [])
         await publish(e, [b"a", b"b", b"c"], key="k")
-        shard = e.registry.topic(T).shard_for("k")
+        shard = e.state.topic(T).shard_for("k")
         offsets = [0, 0]
         offsets[shard] = 1
         c = await ranges.create_cursor(e, C, T, offsets)
@@ -163,7 +163,7 @@ def test_cursor_created_at_given_offsets_and_topic_checks(tmp_path):
         await e.create_topic(Topic(name="projects/p/topics/other"))
         with pytest.raises(FailedPrecondition):
             await ranges.create_cursor(e, C, "projects/p/topics/other", [])
-        uid = e.registry.topic(T).uid
+        uid = e.state.topic(T).uid
         with pytest.raises(FailedPrecondition, match="created again"):
             ranges.read_range(e, T, shard, 0, 0, topic_uid=uid + 100)
         await e.stop()
@@ -183,11 +183,11 @@ def test_read_range_response_parses_as_the_proto(tmp_path):
         e = await started(tmp_path, SimClock(1_700_000_000.0))
         await e.create_topic(Topic(name=T))
         await publish(e, [b"x" * 300, b"y"], key="k")
-        shard = e.registry.topic(T).shard_for("k")
+        shard = e.state.topic(T).shard_for("k")
         api = pigeon_api.RangesApi(e)
         raw = await api.read_range(rpb.ReadRangeRequest(topic=T, shard=shard), Ctx())
         r = rpb.ReadRangeResponse.FromString(raw)
-        assert (r.start_offset, r.next_offset, r.topic_uid, r.shard_bits) == (0, 2, e.registry.topic(T).uid, 6)
+        assert (r.start_offset, r.next_offset, r.topic_uid, r.shard_bits) == (0, 2, e.state.topic(T).uid, 6)
         assert len(r.messages) == sum(memoryview(r.lengths).cast("I"))
         raw = await api.latest_offsets(rpb.LatestOffsetsRequest(topic=T), Ctx())
         lo = rpb.LatestOffsetsResponse.FromString(raw)

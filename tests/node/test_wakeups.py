@@ -149,7 +149,7 @@ def test_nacked_messages_reach_a_waiting_stream(tmp_path):
         await _publish(e, 5)
         await _settle()
         (holder,) = [i for i, g in enumerate(c.got) if g]
-        e.modify_deadlines(e.registry.sub(S), c.got[holder], [0] * 5)
+        e.modify_deadlines(e.state.sub(S), c.got[holder], [0] * 5)
         await _settle()
         assert c.total() == 10  # all five delivered again, to the waiting streams
         await c.stop()

@@ -10,10 +10,11 @@ import os
 from pigeon.node import wal as wal_mod
 from pigeon.node.wal import Wal
 from pigeon.storage import record
+from pigeon.storage.records import RecordType
 
 
 def _rec(i: int) -> bytes:
-    return record.encode(record.RecordType.META, b'{"n":%d}' % i)
+    return record.encode(RecordType.TOPIC_DEL, b'{"n":%d}' % i)
 
 
 async def _open(tmp_path, policy: str) -> Wal:

@@ -10,7 +10,8 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from pigeon.storage import record
-from pigeon.storage.record import HEADER_BYTES, Broken, RecordType
+from pigeon.storage.record import HEADER_BYTES, Broken
+from pigeon.storage.records import RecordType
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 MAX = 1 << 20

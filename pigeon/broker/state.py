@@ -1,0 +1,422 @@
+"""The broker's state machine. Owns the rule: `apply(record)` is the only code that changes broker state — live
+(after the executor appended the record to its log), in recovery (over the log's tail) and on a replica (over a
+replicated log) alike — and it is pure: no I/O, no clock (time comes in the record).
+
+A record applies or raises; it never half-applies: every check that can fail runs before the first change.
+Data records of a subscription that no longer exists change nothing (a deletion is final and uids are never
+reused, so they are dead records); any other inconsistency — a publish at an offset its shard is not at, a
+topic or subscription that does not exist when it must — raises Contradiction, which recovery reports as a
+record that cannot be applied.
+
+`apply` returns effects for the executor to perform, or None: (WAKE, uid) something became deliverable on the
+subscription; (WAKE_ALL, uid) every waiter must look again (configuration, seek, deletion); (CHANGED, uid) the
+subscription's configuration changed (push delivery looks again); (DEAD_LETTERS, uid) messages wait to be
+forwarded to its dead-letter topic."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from google.pubsub_v1 import types
+
+from pigeon.core import limits, names, rawproto
+from pigeon.core.errors import NotFound
+from pigeon.broker.resources import Policy, Schema, Snapshot, Subscription, Topic
+from pigeon.broker.subscription import SubscriptionState
+from pigeon.broker.topic import ShardIndex, TopicState
+from pigeon.storage import checkpoint as CK
+from pigeon.storage import records as R
+
+WAKE, WAKE_ALL, CHANGED, DEAD_LETTERS = "wake", "wake_all", "changed", "dead_letters"
+_PublishRequest = types.PublishRequest.pb()
+
+
+_APPLY = {
+    R.RecordType.MODACK: "_modack", R.RecordType.SEEK: "_seek", R.RecordType.TRIM: "_trim",
+    R.RecordType.PARK: "_park", R.RecordType.KICK: "_kick", R.RecordType.UPDATE: "_update",
+    R.RecordType.TOPIC_PUT: "_topic_put", R.RecordType.TOPIC_DEL: "_topic_del", R.RecordType.SUB_PUT: "_sub_put",
+    R.RecordType.SUB_DEL: "_sub_del", R.RecordType.SNAP_PUT: "_snap_put", R.RecordType.SNAP_DEL: "_snap_del",
+    R.RecordType.SCHEMA_PUT: "_schema_put", R.RecordType.SCHEMA_DEL: "_schema_del",
+    R.RecordType.SCHEMA_REVDEL: "_schema_revdel", R.RecordType.POLICY_PUT: "_policy_put",
+}
+
+
+class Contradiction(Exception):
+    """A record that does not fit the state it is applied to."""
+
+
+@dataclass
+class SnapshotState:
+    name: str
+    topic_uid: int
+    config: object  # Snapshot proto
+    floors: list[int]
+    acked: list[list[int]] = field(default_factory=list)
+
+
+def _lookup(table: dict, name: str, kind: str):
+    """The resource named `name`: INVALID_ARGUMENT for a malformed name, NOT_FOUND for a missing one."""
+    found = table.get(name)
+    if found is None:
+        names.split(name, kind)
+        raise NotFound(f"Resource not found (resource={name.split('/')[-1]}).")
+    return found
+
+
+def _parse(cls, raw):
+    m = cls()
+    m.ParseFromString(bytes(raw))
+    return m
+
+
+class BrokerState:
+    def __init__(self):
+        self.topics: dict[str, TopicState] = {}
+        self.topics_by_uid: dict[int, TopicState] = {}
+        self.subs: dict[str, SubscriptionState] = {}
+        self.subs_by_uid: dict[int, SubscriptionState] = {}
+        self.snapshots: dict[str, SnapshotState] = {}
+        self.schemas: dict[str, list] = {}  # name → revisions (Schema protos), oldest first
+        self.policies: dict[str, object] = {}  # resource name → google.iam.v1.Policy
+        self.next_uid = 1
+        self.dispatching = True  # off while a log tail is applied (recovery, a replica): see dispatch_off
+
+    # --- look-ups ------------------------------------------------------------------------------
+    def topic(self, name: str) -> TopicState:
+        return _lookup(self.topics, name, "topics")
+
+    def sub(self, name: str) -> SubscriptionState:
+        return _lookup(self.subs, name, "subscriptions")
+
+    def schema(self, name: str) -> list:
+        """The revisions of a schema, oldest first."""
+        return _lookup(self.schemas, name, "schemas")
+
+    def snapshot(self, name: str) -> SnapshotState:
+        return _lookup(self.snapshots, name, "snapshots")
+
+    # --- the one way state changes ---------------------------------------------------------------
+    def apply(self, rec: R.Record, at: int = 0, owner=None):
+        """Apply one record (`at`: where the log stored it, for a publish batch; `owner`: the stream or push
+        worker a Deliver record leases to). Returns a list of effects, or None."""
+        rtype = rec.TYPE
+        if rtype == R.RecordType.PUBLISH:
+            return self._publish(rec, at)
+        if rtype == R.RecordType.DELIVER:
+            return self._deliver(rec, owner)
+        if rtype == R.RecordType.ACK:
+            return self._ack(rec)
+        return getattr(self, _APPLY[rtype])(rec)
+
+    # data records ---------------------------------------------------------------------------------
+    def _publish(self, rec: R.Publish, at: int):
+        t = self.topics_by_uid.get(rec.topic)
+        if t is None:
+            raise Contradiction(f"publish to topic {rec.topic}, which does not exist")
+        if rec.shard >= len(t.shards):
+            raise Contradiction(f"publish to shard {rec.shard} of topic {rec.topic}, which has {len(t.shards)}")
+        ix = t.shards[rec.shard]
+        if rec.base != ix.next:
+            raise Contradiction(f"publish at offset {rec.base} but shard {rec.shard} of topic {rec.topic} is at "
+                                f"{ix.next}")
+        if rec.activations is not None and len(rec.activations) != rec.count or (
+                rec.idempotency_keys is not None and len(rec.idempotency_keys) != rec.count):
+            raise Contradiction("publish with per-message lists of the wrong length")
+        ix.append(rec.count, at, rec.publish_ms, rec.key)
+        bits = limits.shard_bits
+        first = (rec.base << bits) | rec.shard
+        step = 1 << bits
+        subs = [self.subs_by_uid[u] for u in t.subscriptions]
+        if rec.activations:
+            for i, at_ms in enumerate(rec.activations):
+                num = first + i * step
+                t.schedule.add(at_ms, num)
+                for s in subs:
+                    if s.dispatching:
+                        s.scheduled(at_ms, num)
+        if rec.idempotency_keys:
+            id_base = t.id_base()
+            for i, k in enumerate(rec.idempotency_keys):
+                if k:
+                    t.idempotency.add(k, str(id_base | (first + i * step)), rec.publish_ms)
+        filtered = [s for s in subs if s.filter is not None]
+        return self._filter(filtered, rec, first, step) if filtered else None
+
+    @staticmethod
+    def _filter(filtered, rec: R.Publish, first: int, step: int):
+        """Messages a subscription's filter rejects are acked for it as they are stored, never delivered: part
+        of applying the publish, so every replay decides the same."""
+        nums = range(first, first + rec.count * step, step)
+        effects = None
+        if rawproto.only_data(rec.request, rec.count):  # no attributes: one evaluation decides for all
+            drops = {id(s): list(nums) for s in filtered if not s.filter.matches({})}
+        else:
+            attrs = [m.attributes for m in _PublishRequest.FromString(bytes(rec.request)).messages]
+            drops = {id(s): [n for n, a in zip(nums, attrs) if not s.filter.matches(a)] for s in filtered}
+        for s in filtered:
+            drop = drops.get(id(s))
+            if drop and s.ack(drop) and s.ready_keys:
+                effects = (effects or []) + [(WAKE, s.uid)]
+        return effects
+
+    def _ack(self, rec):
+        s = self.subs_by_uid.get(rec.sub)
+        if s is not None and s.ack(rec.nums) and s.ready_keys:
+            return [(WAKE, s.uid)]  # an ordering key unblocked (a stream's own room is its release's business)
+        return None
+
+    def _deliver(self, rec: R.Deliver, owner):
+        s = self.subs_by_uid.get(rec.sub)
+        if s is None:
+            return None
+        s.lease(rec, owner)
+        return [(DEAD_LETTERS, s.uid)] if s.dead_letters else None
+
+    def _modack(self, rec: R.Modack):
+        s = self.subs_by_uid.get(rec.sub)
+        if s is not None and s.modify_deadlines(list(zip(rec.nums, rec.versions)), rec.seconds, rec.now) \
+                and rec.seconds == 0:
+            return [(WAKE, s.uid)]  # nacked: ready again
+        return None
+
+    def _seek(self, rec: R.Seek):
+        s = self.subs_by_uid.get(rec.sub)
+        if s is None:
+            return None
+        if len(rec.floors) != len(s.shards):
+            raise Contradiction(f"seek of subscription {rec.sub} with {len(rec.floors)} shards, it has "
+                                f"{len(s.shards)}")
+        s.reset(rec.floors, rec.acked)
+        return [(WAKE_ALL, s.uid)]
+
+    def _trim(self, rec: R.Trim):
+        s = self.subs_by_uid.get(rec.sub)
+        if s is not None:
+            if rec.shard >= len(s.shards):
+                raise Contradiction(f"trim of shard {rec.shard} of subscription {rec.sub}")
+            s.drop_before(rec.shard, rec.offset)
+        return None
+
+    def _park(self, rec: R.Park):
+        s = self.subs_by_uid.get(rec.sub)
+        if s is None:
+            return None
+        s.park(rec.nums, rec.activate_ms)
+        return [(WAKE, s.uid)] if rec.activate_ms >= 0 else None
+
+    def _kick(self, rec):
+        s = self.subs_by_uid.get(rec.sub)
+        if s is None:
+            return None
+        s.kick(rec.nums)
+        return [(WAKE, s.uid)]
+
+    def _update(self, rec: R.Update):
+        s = self.subs_by_uid.get(rec.sub)
+        if s is not None:
+            s.update(rec.num, rec.message)
+        return None
+
+    # metadata records -----------------------------------------------------------------------------
+    def _topic_put(self, rec: R.TopicPut):
+        cfg = _parse(Topic, rec.config)
+        t = self.topics_by_uid.get(rec.uid)
+        if t is None:
+            if not 1 <= rec.shards <= limits.shards_per_topic_max:
+                raise Contradiction(f"topic {rec.uid} with {rec.shards} shards")
+            if self.topics.get(cfg.name) is not None:
+                raise Contradiction(f"topic {cfg.name} created again while it exists")
+            t = TopicState(rec.uid, cfg.name, cfg, rec.shards)
+            self.topics_by_uid[t.uid] = t
+            self.topics[t.name] = t
+        t.config = cfg
+        self.next_uid = max(self.next_uid, rec.uid + 1)
+        return None
+
+    def _topic_del(self, rec):
+        t = self.topics_by_uid.get(rec.uid)
+        if t is None or t.deleted:
+            raise Contradiction(f"deletion of topic {rec.uid}, which does not exist")
+        t.deleted = True
+        if self.topics.get(t.name) is t:
+            del self.topics[t.name]
+            self.policies.pop(t.name, None)
+        for uid in t.subscriptions:
+            self.subs_by_uid[uid].config.topic = names.DELETED_TOPIC
+        if not t.subscriptions:
+            del self.topics_by_uid[t.uid]
+        return None
+
+    def _sub_put(self, rec: R.SubPut):
+        cfg = _parse(Subscription, rec.config)
+        s = self.subs_by_uid.get(rec.uid)
+        if s is None:
+            topic = self.topics_by_uid.get(rec.topic) if rec.topic else None
+            if rec.topic and topic is None:
+                raise Contradiction(f"subscription {rec.uid} of topic {rec.topic}, which does not exist")
+            if rec.start is None or (topic is not None and len(rec.start) != len(topic.shards)):
+                raise Contradiction(f"subscription {rec.uid} created without a start for each shard")
+            if cfg.name in self.subs:
+                raise Contradiction(f"subscription {cfg.name} created again while it exists")
+            s = SubscriptionState(rec.uid, cfg.name, topic, cfg)
+            s.dispatching = self.dispatching
+            s.reset(rec.start, [[] for _ in rec.start])
+            s.start = list(rec.start)
+            if topic is not None:
+                topic.subscriptions.add(s.uid)
+            self.subs_by_uid[s.uid] = s
+            self.subs[s.name] = s
+        s.configure(cfg)
+        s.detached = cfg.detached
+        self.next_uid = max(self.next_uid, rec.uid + 1)
+        return [(CHANGED, s.uid), (WAKE_ALL, s.uid)]
+
+    def _sub_del(self, rec):
+        s = self.subs_by_uid.pop(rec.uid, None)
+        if s is None:
+            raise Contradiction(f"deletion of subscription {rec.uid}, which does not exist")
+        self.subs.pop(s.name, None)
+        self.policies.pop(s.name, None)
+        t = s.topic
+        if t is not None:
+            t.subscriptions.discard(s.uid)
+            if t.deleted and not t.subscriptions:
+                self.topics_by_uid.pop(t.uid, None)
+        return [(CHANGED, s.uid), (WAKE_ALL, s.uid)]
+
+    def _snap_put(self, rec: R.SnapPut):
+        cfg = _parse(Snapshot, rec.config)
+        old = self.snapshots.get(cfg.name)
+        if rec.floors is None and old is None:
+            raise Contradiction(f"update of snapshot {cfg.name}, which does not exist")
+        floors = rec.floors if rec.floors is not None else old.floors
+        acked = rec.acked if rec.acked is not None else old.acked
+        self.snapshots[cfg.name] = SnapshotState(cfg.name, rec.topic, cfg, floors, acked)
+        return None
+
+    def _snap_del(self, rec):
+        self.snapshots.pop(rec.name, None)
+        self.policies.pop(rec.name, None)
+        return None
+
+    def _schema_put(self, rec: R.SchemaPut):
+        cfg = _parse(Schema, rec.config)
+        self.schemas.setdefault(cfg.name, []).append(cfg)
+        return None
+
+    def _schema_del(self, rec):
+        self.schemas.pop(rec.name, None)
+        self.policies.pop(rec.name, None)
+        for t in self.topics.values():
+            if t.config.schema_settings.schema == rec.name:
+                t.config.schema_settings.schema = names.DELETED_SCHEMA
+        return None
+
+    def _schema_revdel(self, rec: R.SchemaRevDel):
+        revs = self.schemas.get(rec.name)
+        if revs is None:
+            raise Contradiction(f"revision deleted from schema {rec.name}, which does not exist")
+        revs[:] = [r for r in revs if r.revision_id != rec.revision_id]
+        return None
+
+    def _policy_put(self, rec: R.PolicyPut):
+        self.policies[rec.resource] = _parse(Policy, rec.policy)
+        return None
+
+    # --- recovery --------------------------------------------------------------------------------
+    def dispatch_off(self) -> None:
+        """Before applying a log tail (recovery, a replica): dispatch state is derived afterwards."""
+        self.dispatching = False
+        for s in self.subs_by_uid.values():
+            s.dispatching = False
+
+    def all_durable(self) -> None:
+        """Everything applied so far came from a log read back from disk: it is durable (visible)."""
+        for t in self.topics_by_uid.values():
+            for ix in t.shards:
+                ix.durable = ix.next
+
+    def rebuild(self, now: float) -> None:
+        """After applying a log tail: every subscription dispatches again."""
+        self.dispatching = True
+        self.all_durable()
+        for s in self.subs_by_uid.values():
+            s.rebuild(now)
+            s.last_activity = now  # inactivity is counted from the restart
+
+    # --- checkpoints: the state as the records that create it, plus compact indexes ----------------
+    def meta_records(self) -> list[R.Record]:
+        """Records that recreate the metadata (topics, subscriptions, snapshots, schemas, policies) on an empty
+        state, in an order `apply` accepts: a deleted topic that kept subscriptions comes back with them and is
+        deleted again before a newer topic of the same name is created."""
+        out: list[R.Record] = []
+
+        def topic_and_subs(t: TopicState) -> None:
+            out.append(R.TopicPut(t.uid, len(t.shards), t.config.SerializeToString(deterministic=True)))
+            for uid in sorted(t.subscriptions):
+                out.append(self._sub_record(self.subs_by_uid[uid]))
+            if t.deleted:
+                out.append(R.TopicDel(t.uid))
+
+        topics = sorted(self.topics_by_uid.values(), key=lambda t: t.uid)
+        for t in topics:
+            if t.deleted:
+                topic_and_subs(t)
+        for t in topics:
+            if not t.deleted:
+                topic_and_subs(t)
+        out.extend(self._sub_record(s) for s in self.subs_by_uid.values() if s.topic is None)
+        for sn in self.snapshots.values():
+            out.append(R.SnapPut(sn.topic_uid, sn.config.SerializeToString(deterministic=True), list(sn.floors),
+                                 [list(a) for a in sn.acked]))
+        for revs in self.schemas.values():
+            out.extend(R.SchemaPut(r.SerializeToString(deterministic=True)) for r in revs)
+        for name, p in self.policies.items():
+            out.append(R.PolicyPut(name, p.SerializeToString(deterministic=True)))
+        return out
+
+    @staticmethod
+    def _sub_record(s: SubscriptionState) -> R.SubPut:
+        return R.SubPut(s.uid, s.topic.uid if s.topic is not None else 0, s.config.SerializeToString(deterministic=True),
+                        list(s.start))
+
+    def images(self):
+        """The compact parts of a checkpoint, after `meta_records`: shard indexes, activation indexes,
+        idempotency windows and each subscription's durable state."""
+        for t in sorted(self.topics_by_uid.values(), key=lambda t: t.uid):
+            for shard, ix in enumerate(t.shards):
+                yield CK.ShardImage(t.uid, shard, *ix.export())
+            if t.schedule.count:
+                yield CK.ScheduleImage(t.uid, t.schedule.export())
+            idem = t.idempotency.export()
+            if idem:
+                yield CK.IdempotencyImage(t.uid, idem)
+        for s in sorted(self.subs_by_uid.values(), key=lambda s: s.uid):
+            floors, acked = s.export_state()
+            yield CK.SubImage(s.uid, floors, acked, s.export_leases(), list(s.versions.items()),
+                              list(s.parked.items()), list(s.overrides.items()))
+
+    def restore(self, image) -> None:
+        """Load one image of a checkpoint (after its meta records were applied). Raises Contradiction."""
+        if isinstance(image, CK.SubImage):
+            s = self.subs_by_uid.get(image.uid)
+            if s is None or len(image.floors) != len(s.shards):
+                raise Contradiction(f"checkpoint state of subscription {image.uid}, which does not fit")
+            s.reset(image.floors, image.acked)
+            s.restore_leases(image.leases)
+            s.versions.update(image.versions)
+            s.parked.update(image.parked)
+            s.overrides.update(image.overrides)
+            return
+        t = self.topics_by_uid.get(image.topic)
+        if t is None:
+            raise Contradiction(f"checkpoint index of topic {image.topic}, which does not exist")
+        if isinstance(image, CK.ShardImage):
+            if image.shard >= len(t.shards):
+                raise Contradiction(f"checkpoint index of shard {image.shard} of topic {image.topic}")
+            t.shards[image.shard] = ShardIndex.restore(image.next, image.base, image.pos, image.ms, image.keys)
+        elif isinstance(image, CK.ScheduleImage):
+            t.schedule.restore(image.seconds)
+        else:
+            for key, mid, ms in image.entries:
+                t.idempotency.add(key, mid, ms)
