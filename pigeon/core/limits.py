@@ -38,6 +38,8 @@ shards_per_topic_max = 64
 shards_per_topic_default = 4
 shard_bits = 6  # message number = offset << shard_bits | shard
 topic_offset_bits = 40  # message id = (topic uid << topic_offset_bits | offset) << shard_bits | shard
+bundles_default = 16  # bundles (hash ranges of topic names, one log each) of a node or cluster
+bundles_max = 4096
 segment_bytes_max = 64 * 1024 * 1024
 record_bytes_max = 16 * 1024 * 1024
 group_commit_bytes_max = 8 * 1024 * 1024

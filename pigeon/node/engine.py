@@ -17,6 +17,7 @@ from pigeon.broker import commands
 from pigeon.broker import state as bs
 from pigeon.broker.state import BrokerState
 from pigeon.broker.subscription import SubscriptionState
+from pigeon.broker.topic import TopicState
 from pigeon.core import limits
 from pigeon.core.errors import AckIdFailure, InvalidArgument, NotFound, FailedPrecondition, PigeonError, Unavailable
 from pigeon.node import maintenance, push, recovery
@@ -26,9 +27,10 @@ from pigeon.node.queue_ops import QueueOps
 from pigeon.node.reader import MessageReader
 from pigeon.node.schema_service import SchemaService
 from pigeon.node.streams import Signal, Stream, WallClock
-from pigeon.node.wal import Wal
+from pigeon.node.journal import JournalWriter
 from pigeon.ops.config import Config
-from pigeon.storage import record
+from pigeon.core.bundles import META_LOG, bundle_log
+from pigeon.storage import checkpoint as ck
 from pigeon.storage import records as R
 
 log = logging.getLogger("pigeon.engine")
@@ -39,13 +41,13 @@ class Engine:
         self.config = config
         self.clock = clock or WallClock()
         self.state = BrokerState()
-        self.wal = Wal(
-            os.path.join(config.data_dir, "wal"), config.fsync, config.segment_bytes, limits.group_commit_bytes_max
-        )
-        self.reader = MessageReader(self.wal, limits.read_cache_bytes_max)
+        self.journal = JournalWriter(os.path.join(config.data_dir, "wal"), config.fsync, config.segment_bytes)
+        self.reader = MessageReader(self.journal, limits.read_cache_bytes_max)
+        self.epoch = 0  # this process's epoch: it fences every log it writes at it
         self.signals: dict[int, Signal] = {}
         self.closing = False
         self.report: recovery.Report | None = None
+        self._fenced: set[int] = set()  # logs fenced at self.epoch
         self._checkpoints: list[int] = []
         self._last_ck_time = 0.0
         self._maintenance: asyncio.Task | None = None
@@ -61,13 +63,14 @@ class Engine:
         os.makedirs(os.path.join(self.config.data_dir, "checkpoints"), exist_ok=True)
         loop = asyncio.get_running_loop()
         t0 = time.monotonic()
-        self.state, self.report = await loop.run_in_executor(
-            None, lambda: recovery.recover(self.config.data_dir, repair=True)
-        )
-        for line in self.report.lines():
-            log.error("recovery: %s", line)
-        self.wal.open(self.report.tail)
-        self._checkpoints = recovery.list_checkpoints(self._ck_dir)
+        self.state, found = await loop.run_in_executor(None, lambda: recovery.recover(self.config.data_dir,
+                                                                                      repair=True))
+        self.report = found.report
+        recovery.report(self.report)
+        self.journal.open(found.tail, found.logs)
+        # a new owner of every log: appends of an earlier life (none can come: it is dead) would be refused
+        self.epoch = 1 + max((st.fenced for st in found.logs.values()), default=0)
+        self._checkpoints = found.checkpoints
         self._last_ck_time = self.clock.now()
         self.state.rebuild(self._last_ck_time)
         log.info(
@@ -93,7 +96,7 @@ class Engine:
             await self.checkpoint()
         except Exception:  # the WAL still holds everything; a checkpoint only speeds up the next start
             log.exception("final checkpoint failed")
-        await self.wal.close()
+        await self.journal.close()
 
     @property
     def _ck_dir(self) -> str:
@@ -111,13 +114,33 @@ class Engine:
 
     # --- the one way state changes -----------------------------------------------------------------
     def commit(self, rec: R.Record, owner=None) -> int:
-        """Append `rec` to the log and apply it (validated before: applying must not fail), then perform its
-        effects. Returns the log position after it: durable once the log's durable position reaches it."""
-        at = self.wal.append(record.encode_parts(rec.TYPE, rec.parts()))
+        """Append `rec` to its log and apply it (validated before: applying must not fail), then perform its
+        effects. Returns the journal position after it: durable once the journal's durable position reaches it."""
+        log_id = self._log_of(rec)
+        if log_id not in self._fenced:
+            self.journal.fence(log_id, self.epoch)
+            self._fenced.add(log_id)
+        at = self.journal.append(log_id, self.epoch, rec.TYPE, rec.parts())[1]
         effects = self.state.apply(rec, at, owner)
         if effects:
             self._perform(effects)
-        return self.wal.tail
+        return self.journal.tail
+
+    def _log_of(self, rec: R.Record) -> int:
+        """Metadata goes to the metadata log, a topic's data and its subscriptions' to the log of its bundle."""
+        if rec.META:
+            return META_LOG
+        if rec.TYPE == R.RecordType.PUBLISH:
+            owner = self.state.topics_by_uid[rec.topic]
+        else:
+            owner = self.state.subs_by_uid.get(rec.sub)
+            if owner is None:  # deleted meanwhile: its records change nothing, any log takes them
+                return META_LOG
+        log_id = getattr(owner, "log_id", None)
+        if log_id is None:
+            name = owner.name if isinstance(owner, TopicState) or owner.topic is None else owner.topic.name
+            log_id = owner.log_id = bundle_log(name, self.config.bundles)
+        return log_id
 
     def _perform(self, effects) -> None:
         for kind, uid in effects:
@@ -137,7 +160,7 @@ class Engine:
 
     async def durable(self, end: int | None = None) -> None:
         """Until everything committed so far (or up to `end`) is durable."""
-        await self.wal.wait_durable(self.wal.tail if end is None else end)
+        await self.journal.wait_durable(self.journal.tail if end is None else end)
 
     async def _change(self, *recs: R.Record) -> None:
         """Commit administrative records and answer once they are durable."""
@@ -437,7 +460,7 @@ class Engine:
         failures = self.ack_nowait(stream.sub, ack_ids)
         if not stream.sub.config.enable_exactly_once_delivery:
             return None, failures
-        return self.wal.wait_durable(self.wal.tail), failures
+        return self.journal.wait_durable(self.journal.tail), failures
 
     # --- snapshots and seek ----------------------------------------------------------------------
     async def create_snapshot(self, name: str, sub_name: str, labels: dict):

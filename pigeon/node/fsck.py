@@ -13,7 +13,7 @@ def check(data_dir: str, out, repair: bool = False) -> bool:
         print(f"{data_dir}: not a directory", file=out)
         return False
     try:
-        reg, rep = recovery.recover(data_dir, repair=False)
+        reg, found = recovery.recover(data_dir, repair=False)
     except recovery.Unappliable as e:
         print(f"BROKEN: {e.describe()}", file=out)
         print("the server will not start on this directory: nothing after this record may be dropped silently",
@@ -23,8 +23,9 @@ def check(data_dir: str, out, repair: bool = False) -> bool:
             return False
         for path, n in e.dropped:
             print(f"REPAIR: dropping {n} bytes of {path}", file=out)
-        reg, rep = recovery.recover(data_dir, repair=True, drop_unappliable=True)
+        reg, found = recovery.recover(data_dir, repair=True, drop_unappliable=True)
         print("repaired: the log now ends before that record", file=out)
+    rep = found.report
     print(f"checkpoint: {rep.checkpoint or 'none'}", file=out)
     print(f"records replayed after it: {rep.replayed_records}", file=out)
     print(f"topics: {len(reg.topics)}  subscriptions: {len(reg.subs)}  snapshots: {len(reg.snapshots)}", file=out)

@@ -10,11 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 
 from pigeon.broker import resources
-from pigeon.node import recovery
-from pigeon.node.wal import fsync_dir
 from pigeon.storage import checkpoint as ck
 from pigeon.storage import records as R
 
@@ -52,7 +49,7 @@ async def maintain_once(engine) -> None:
             low = min((s.sched_mark[0] for s in subs), default=int(now) + 1)
             t.schedule.drop_seconds_before(low, lambda n, subs=subs: any(not s.is_acked(n) for s in subs))
     # what each topic shard must keep
-    need_pos = engine.wal.tail
+    need_pos = engine.journal.tail
     for t in st.topics_by_uid.values():
         for shard, ix in enumerate(t.shards):
             keep = ix.next
@@ -71,14 +68,14 @@ async def maintain_once(engine) -> None:
             ix.trim_before(keep)
             if ix.base:
                 need_pos = min(need_pos, ix.pos[0])
-    grown = engine.wal.tail - (engine._checkpoints[-1] if engine._checkpoints else 0)
+    grown = engine.journal.tail - (engine._checkpoints[-1] if engine._checkpoints else 0)
     if grown >= engine.config.checkpoint_wal_bytes or (
         grown > 0 and now - engine._last_ck_time >= engine.config.checkpoint_interval_s
     ):
         await checkpoint(engine)
     # recovery needs the WAL from the older of the two newest checkpoints
     if len(engine._checkpoints) >= 2:
-        removed = engine.wal.delete_before(min(need_pos, engine._checkpoints[-2]))
+        removed = engine.journal.delete_before(min(need_pos, engine._checkpoints[-2]))
         if removed:
             log.info("deleted %d WAL segments no longer needed", len(removed))
 
@@ -86,27 +83,15 @@ async def maintain_once(engine) -> None:
 async def checkpoint(engine) -> None:
     """Write a checkpoint of everything at the current WAL position (once the WAL covers it)."""
     async with engine._ck_lock:
-        pos = engine.wal.tail
+        pos = engine.journal.tail
         if engine._checkpoints and engine._checkpoints[-1] == pos:
             return
         st = engine.state
-        recs = ck.encode(ck.Header(pos, st.next_uid), st.meta_records(), st.images())
-        await engine.wal.wait_durable(pos)
+        logs = {i: (lg.next, lg.epoch, lg.fenced) for i, lg in engine.journal.journal.logs.items()}
+        recs = ck.encode(ck.Header(pos, st.next_uid, logs), st.meta_records(), st.images())
+        await engine.journal.wait_durable(pos)
         keep = engine._checkpoints[-1:]
-        await asyncio.get_running_loop().run_in_executor(None, _write_checkpoint, engine._ck_dir, pos, recs, keep)
+        await asyncio.get_running_loop().run_in_executor(None, ck.write, engine.journal.disk, engine._ck_dir, pos,
+                                                         recs, keep)
         engine._checkpoints = keep + [pos]
         engine._last_ck_time = engine.clock.now()
-
-
-def _write_checkpoint(ck_dir: str, pos: int, recs: list[bytes], keep: list[int]) -> None:
-    final = os.path.join(ck_dir, recovery.checkpoint_name(pos))
-    tmp = final + ".tmp"
-    with open(tmp, "wb") as f:
-        f.write(b"".join(recs))
-        f.flush()
-        os.fsync(f.fileno())
-    os.rename(tmp, final)
-    fsync_dir(ck_dir)
-    for old in recovery.list_checkpoints(ck_dir):
-        if old != pos and old not in keep:
-            os.unlink(os.path.join(ck_dir, recovery.checkpoint_name(old)))

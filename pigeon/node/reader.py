@@ -8,7 +8,6 @@ from collections import OrderedDict
 
 from pigeon.broker.topic import SHARD_MASK, TopicState
 from pigeon.core import ackid, limits, rawproto, wire
-from pigeon.node.wal import Wal
 from pigeon.storage import record
 from pigeon.storage.records import Publish, RecordType
 
@@ -26,8 +25,8 @@ def make_batch(messages: list[bytes], publish_ms: int, nbytes: int) -> Batch:
 
 
 class MessageReader:
-    def __init__(self, wal: Wal, cache_bytes_max: int):
-        self.wal = wal
+    def __init__(self, journal, cache_bytes_max: int):
+        self.journal = journal  # node.journal.JournalWriter: read, read_into, read_ahead
         self.cache_bytes_max = cache_bytes_max
         self._cache: OrderedDict[int, Batch] = OrderedDict()  # record position → batch
         self._cache_bytes = 0
@@ -46,14 +45,15 @@ class MessageReader:
         if b is not None:
             return b
         self.disk_reads += 1
-        self.wal.read_ahead(pos)
-        size = record.size_from_prefix(self.wal.read(pos, record.PREFIX_BYTES))
+        self.journal.read_ahead(pos)
+        size = record.size_from_prefix(self.journal.read(pos, record.PREFIX_BYTES))
         if len(self._buf) < size:  # a new buffer, never a resize: a view of the old one may live on
             self._buf = bytearray(max(size, 2 * len(self._buf)))
         view = memoryview(self._buf)[:size]
-        got = self.wal.read_into(pos, view)
+        got = self.journal.read_into(pos, view)
         rtype, payload, _ = record.decode_at(view[:got], 0, got)
         assert rtype == RecordType.PUBLISH
+        payload = record.split_entry(payload)[3]
         _, _, _, ms, count, _ = Publish.head(payload)
         _, messages = rawproto.split_publish(Publish.request_of(payload))  # parsed without a copy of the request
         assert len(messages) == count, (len(messages), count)

@@ -19,6 +19,7 @@ class Config:
     data_dir: str = "./data"
     fsync: str = "always"  # always | batch | never (see README, "Durability")
     shards_per_topic: int = limits.shards_per_topic_default
+    bundles: int = limits.bundles_default  # logs of topic data (hash ranges of topic names): fixed per data dir
     segment_bytes: int = limits.segment_bytes_max
     checkpoint_interval_s: float = limits.checkpoint_interval_s_max
     checkpoint_wal_bytes: int = limits.checkpoint_wal_bytes_max
@@ -31,6 +32,8 @@ class Config:
             raise ValueError(f"fsync must be always, batch or never (got {self.fsync!r})")
         if not 1 <= self.shards_per_topic <= limits.shards_per_topic_max:
             raise ValueError(f"shards_per_topic must be in 1..{limits.shards_per_topic_max}")
+        if not 1 <= self.bundles <= limits.bundles_max:
+            raise ValueError(f"bundles must be in 1..{limits.bundles_max}")
         if not limits.record_bytes_max <= self.segment_bytes:
             raise ValueError(f"segment_bytes must be at least {limits.record_bytes_max}")
 

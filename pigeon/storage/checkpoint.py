@@ -5,7 +5,7 @@ end record, with a wrong count or any failed CRC is broken as a whole (recovery 
 
 | type           | payload |
 |----------------|---------|
-| HEADER 32      | UTF-8 JSON {"version", "pos", "next_uid"} |
+| HEADER 32      | UTF-8 JSON {"version", "pos", "next_uid", "logs": {log id: [next offset, epoch, fenced epoch]}} |
 | 16..25         | metadata records (storage.records), applied in order |
 | SHARD 33       | topic u32 · shard u16 · next offset u64 · batches u64 · base i64[] · log position i64[] · publish ms i64[] · key i64[] |
 | SCHEDULE 34    | topic u32 · seconds u32 · per second: second i64 · entries u32 · entries u64[] |
@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import json
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pigeon.storage import record, records
+from pigeon.storage.disk import Disk, join
 from pigeon.storage.records import Malformed, PayloadReader, ack_state_parts, encode_str, read_ack_state
 
 VERSION = 2
@@ -40,8 +41,9 @@ _MS = struct.Struct("<q")
 
 @dataclass(frozen=True, slots=True)
 class Header:
-    pos: int  # the log position the checkpoint covers: recovery applies the log from here
+    pos: int  # the journal position the checkpoint covers: recovery applies the journal from here
     next_uid: int
+    logs: dict[int, tuple[int, int, int]] = field(default_factory=dict)  # log id → (next offset, epoch, fenced)
 
 
 @dataclass(slots=True)
@@ -80,8 +82,8 @@ class SubImage:
 
 def encode(header: Header, meta: list[records.Record], images) -> list[bytes]:
     """The framed records of a checkpoint file, in order."""
-    out = [record.encode(HEADER, json.dumps({"version": VERSION, "pos": header.pos,
-                                             "next_uid": header.next_uid}).encode())]
+    out = [record.encode(HEADER, json.dumps({"version": VERSION, "pos": header.pos, "next_uid": header.next_uid,
+                                             "logs": {str(k): list(v) for k, v in header.logs.items()}}).encode())]
     out.extend(record.encode_parts(r.TYPE, r.parts()) for r in meta)
     out.extend(_encode_image(i) for i in images)
     out.append(record.encode(END, _END.pack(len(out))))
@@ -144,7 +146,11 @@ def decode(buf) -> tuple[Header, list[records.Record], list]:
             meta.append(records.decode(rtype, payload))
         else:
             images.append(_decode_image(rtype, payload))
-    return Header(head["pos"], head["next_uid"]), meta, images
+    try:
+        logs = {int(k): tuple(v) for k, v in head.get("logs", {}).items()}
+        return Header(head["pos"], head["next_uid"], logs), meta, images
+    except (KeyError, TypeError, ValueError) as e:
+        raise Malformed(f"checkpoint header: {e}") from None
 
 
 def _decode_image(rtype: int, payload):
@@ -180,3 +186,27 @@ def _decode_image(rtype: int, payload):
         r.done()
         return SubImage(uid, floors, acked, leases, versions, parked, overrides)
     raise Malformed(f"unknown checkpoint record type {rtype}")
+
+
+# --- files -------------------------------------------------------------------------------------------------
+SUFFIX = ".ckpt"
+BROKEN_SUFFIX = ".broken"
+
+
+def file_name(pos: int) -> str:
+    return f"{pos:020d}{SUFFIX}"
+
+
+def list_files(disk: Disk, directory: str) -> list[int]:
+    """Positions of the checkpoints in `directory`, oldest first."""
+    return sorted(int(f[:-len(SUFFIX)]) for f in disk.listdir(directory)
+                  if f.endswith(SUFFIX) and f[:-len(SUFFIX)].isdigit())
+
+
+def write(disk: Disk, directory: str, pos: int, recs: list[bytes], keep: list[int]) -> None:
+    """Write the checkpoint of position `pos` durably (tmp → fsync → rename → fsync dir), then delete every
+    other checkpoint but those in `keep`. Call it only once the journal is durable up to `pos`."""
+    disk.write_durably(join(directory, file_name(pos)), b"".join(recs))
+    for old in list_files(disk, directory):
+        if old != pos and old not in keep:
+            disk.remove(join(directory, file_name(old)))

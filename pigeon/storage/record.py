@@ -36,6 +36,11 @@ def encode_parts(rtype: int, parts: list[bytes]) -> bytes:
     return b"".join([_LEN_CRC.pack(length, crc), head, *parts])
 
 
+class Malformed(ValueError):
+    """Bytes that passed framing and CRC but do not decode as their type says: a bug or a foreign format,
+    never a torn write (recovery stops there instead of truncating)."""
+
+
 class Broken(Exception):
     """A record that does not pass its checks; `reason` says which."""
 
@@ -75,3 +80,21 @@ def scan(buf: bytes | memoryview, record_bytes_max: int):
         yield pos, rtype, payload
         pos = nxt
     return pos, None
+
+
+# --- journal entries: a record whose payload starts with (log, epoch, offset) -------------------------
+ENTRY = struct.Struct("<IIQ")  # log id · epoch · offset within the log
+ENTRY_BYTES = ENTRY.size
+
+
+def encode_entry(rtype: int, log: int, epoch: int, offset: int, parts: list[bytes]) -> bytes:
+    """One entry of a log as a journal record: the entry header travels under the record's CRC."""
+    return encode_parts(rtype, [ENTRY.pack(log, epoch, offset), *parts])
+
+
+def split_entry(payload) -> tuple[int, int, int, memoryview]:
+    """(log, epoch, offset, body) of an entry's record payload. Raises Malformed when it is too short to be one."""
+    if len(payload) < ENTRY_BYTES:
+        raise Malformed("a journal record too short for its entry header")
+    log, epoch, offset = ENTRY.unpack_from(payload, 0)
+    return log, epoch, offset, memoryview(payload)[ENTRY_BYTES:]

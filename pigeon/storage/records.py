@@ -38,6 +38,8 @@ from array import array
 from dataclasses import dataclass
 from typing import ClassVar
 
+from pigeon.storage.record import Malformed  # a payload that does not decode as its type says
+
 
 class RecordType(enum.IntEnum):
     PUBLISH = 1
@@ -61,8 +63,6 @@ class RecordType(enum.IntEnum):
     POLICY_PUT = 25
 
 
-class Malformed(ValueError):
-    """A payload that does not decode as its type says (its CRC was fine: a bug or a foreign format)."""
 
 
 # --- small codec helpers ------------------------------------------------------------------------------

@@ -14,8 +14,9 @@ from google.api_core import exceptions as gexc
 from google.api_core import retry as gretry
 
 from pigeon.core import limits
-from pigeon.node import recovery
-from pigeon.node.wal import list_segments, segment_path
+from pigeon.node.disk import OsDisk
+from pigeon.storage import checkpoint
+from pigeon.storage.journal import list_segments, segment_name
 from pigeon.core import rawproto
 from pigeon.storage import record, records
 from pigeon.storage.records import RecordType
@@ -119,6 +120,11 @@ class Rec:
     def pos(self) -> int:
         return self.seg + self.at
 
+    @property
+    def body(self) -> bytes:
+        """A journal record's payload without its entry header (log, epoch, offset)."""
+        return bytes(record.split_entry(self.payload)[3])
+
 
 def wal_dir(data_dir: str) -> str:
     return os.path.join(data_dir, "wal")
@@ -129,13 +135,13 @@ def ck_dir(data_dir: str) -> str:
 
 
 def segments(data_dir: str) -> list[str]:
-    return [segment_path(wal_dir(data_dir), s) for s in list_segments(wal_dir(data_dir))]
+    return [os.path.join(wal_dir(data_dir), segment_name(s)) for s in list_segments(OsDisk(), wal_dir(data_dir))]
 
 
 def checkpoints(data_dir: str) -> list[str]:
     """Checkpoint files, oldest first."""
-    return [os.path.join(ck_dir(data_dir), recovery.checkpoint_name(p))
-            for p in recovery.list_checkpoints(ck_dir(data_dir))]
+    return [os.path.join(ck_dir(data_dir), checkpoint.file_name(p))
+            for p in checkpoint.list_files(OsDisk(), ck_dir(data_dir))]
 
 
 def checkpoint_pos(path: str) -> int:
@@ -172,9 +178,9 @@ def published_in(rec: Rec) -> list[tuple[str, bytes, dict]]:
     """(message id, data, attributes) of the messages a PUBLISH record stores."""
     from google.pubsub_v1.types import PubsubMessage
 
-    uid, shard, base = records.Publish.head(rec.payload)[:3]
+    uid, shard, base = records.Publish.head(rec.body)[:3]
     out = []
-    for i, raw in enumerate(rawproto.split_publish(records.Publish.request_of(rec.payload))[1]):
+    for i, raw in enumerate(rawproto.split_publish(records.Publish.request_of(rec.body))[1]):
         m = PubsubMessage.pb().FromString(raw)
         # message id = (topic uid << offset bits | offset) << shard bits | shard (the stored bytes may lack it)
         mid = str((((uid << limits.topic_offset_bits) | (base + i)) << limits.shard_bits) | shard)
@@ -184,7 +190,7 @@ def published_in(rec: Rec) -> list[tuple[str, bytes, dict]]:
 
 
 def acked_in(rec: Rec) -> tuple[int, list[int]]:
-    ack = records.decode(RecordType.ACK, rec.payload)
+    ack = records.decode(RecordType.ACK, rec.body)
     return ack.sub, list(ack.nums)
 
 

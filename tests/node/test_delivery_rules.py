@@ -171,7 +171,7 @@ def test_delivery_attempts_survive_restart(tmp_path):
         for _ in range(3):
             (m,) = await pull_all(e)
             await e.modify_ack_deadline(S, [m.ack_id], 0)
-        await e.wal.close()  # crash: no checkpoint
+        await e.journal.close()  # crash: no checkpoint
         e2 = await started(cfg, clock)
         (m,) = await pull_all(e2)
         assert m.delivery_attempt == 4

@@ -162,7 +162,7 @@ def test_restart_from_checkpoint_equals_restart_from_wal(tmp_path):
         more = await pull_all(e, n=1000)
         await e.acknowledge(S, [m.ack_id for m in more if m.message.data.startswith(b"b")])
         expect = sorted(m.message.data for m in more if m.message.data.startswith(b"a"))
-        await e.wal.close()  # a crash after the checkpoint: no final checkpoint
+        await e.journal.close()  # a crash after the checkpoint: no final checkpoint
         e2 = await started(cfg, clock)
         assert e2.report.checkpoint is not None and e2.report.replayed_records > 0
         clock.advance(10)  # the locks of the pulls before the crash run out

@@ -38,7 +38,7 @@ def test_duplicate_key_returns_original_id_and_stores_nothing(tmp_path):
         again = await publish_attrs(e, [(b"one-again", {KEY: "k1"}), (b"two", {KEY: "k2"}), (b"two-dup", {KEY: "k2"})])
         assert again[0] == first and again[1] == again[2] and again[1] != first
         assert sorted(data(await pull_all(e))) == [b"one", b"two"]
-        await e.wal.close()  # crash: the window survives through the log
+        await e.journal.close()  # crash: the window survives through the log
         e2 = await started(cfg, clock)
         assert await publish_attrs(e2, [(b"x", {KEY: "k1"})]) == [first]
         await e2.checkpoint()
@@ -96,7 +96,7 @@ def test_activation_order_even_in_the_past_and_across_restart(tmp_path):
         await publish_at(e, b"old", activate_at="2023-11-14T22:00:00Z")  # long past: first in line
         await publish_at(e, b"b", activate_at=str(base + 20_000))
         assert data(await pull_all(e)) == [b"old"]
-        await e.wal.close()  # crash: replay rebuilds the index
+        await e.journal.close()  # crash: replay rebuilds the index
         e2 = await started(cfg, clock)
         clock.advance(31)
         got = await pull_all(e2)

@@ -6,7 +6,12 @@ import os
 import time
 
 from pigeon.node import readahead
-from pigeon.node.wal import segment_path
+from pigeon.storage.journal import segment_name
+
+
+def segment_path(directory: str, start: int) -> str:
+    return os.path.join(directory, segment_name(start))
+
 
 SEG = 256 * 1024
 

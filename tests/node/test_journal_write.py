@@ -1,9 +1,9 @@
-"""The WAL writer's gathered writes: every record lands in order, past writev's buffer limit and after a
-partial write."""
+"""The journal writer's gathered writes (node.disk.OsDisk.writev): every record lands in order, past writev's
+buffer limit and after a partial write."""
 
 import os
 
-from pigeon.node import wal
+from pigeon.node import disk as wal
 
 
 def _records(n):
@@ -15,7 +15,7 @@ def test_more_records_than_one_writev_takes(tmp_path):
     chunks = _records(3 * wal._IOV_MAX + 5)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     try:
-        wal._write_all(fd, chunks)
+        wal.OsDisk().writev(fd, chunks)
     finally:
         os.close(fd)
     assert path.read_bytes() == b"".join(chunks)
@@ -35,7 +35,7 @@ def test_a_partial_write_is_finished_byte_exactly(tmp_path, monkeypatch):
     monkeypatch.setattr(wal.os, "writev", short_writev)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     try:
-        wal._write_all(fd, chunks)
+        wal.OsDisk().writev(fd, chunks)
     finally:
         os.close(fd)
     assert calls == [wal._IOV_MAX, wal._IOV_MAX, 2500 - 2 * wal._IOV_MAX]

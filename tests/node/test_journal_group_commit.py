@@ -1,4 +1,4 @@
-"""The WAL's group commit on real files (fsync=always): every record is written at once, but fdatasync runs
+"""The journal's group commit on real files (fsync=always): every record is written at once, but fdatasync runs
 when someone waits for a record; records nobody waits for ride along with the next group commit or are synced
 within LAZY_FLUSH_S; closing writes everything."""
 
@@ -7,20 +7,37 @@ from __future__ import annotations
 import asyncio
 import os
 
-from pigeon.node import wal as wal_mod
-from pigeon.node.wal import Wal
+from pigeon.node import journal as wal_mod
+from pigeon.node.journal import JournalWriter
 from pigeon.storage import record
-from pigeon.storage.records import RecordType
+from pigeon.storage.records import TopicDel
 
 
-def _rec(i: int) -> bytes:
-    return record.encode(RecordType.TOPIC_DEL, b'{"n":%d}' % i)
+def _rec(i: int) -> list[bytes]:
+    return TopicDel(i).parts()
+
+
+def _size(parts: list[bytes]) -> int:
+    return record.HEADER_BYTES + record.ENTRY_BYTES + sum(map(len, parts))
+
+
+class Wal:
+    """The writer with one log, as these tests use it: append returns the entry's journal position."""
+
+    def __init__(self, w: JournalWriter):
+        self.w = w
+
+    def append(self, parts) -> int:
+        return self.w.append(0, 1, TopicDel.TYPE, parts)[1]
+
+    def __getattr__(self, name):
+        return getattr(self.w, name)
 
 
 async def _open(tmp_path, policy: str) -> Wal:
-    w = Wal(str(tmp_path / "wal"), policy, 1 << 20, 1 << 20)
-    w.open(0)
-    return w
+    w = JournalWriter(str(tmp_path / "wal"), policy, 1 << 20)
+    w.open(0, {})
+    return Wal(w)
 
 
 def _on_disk(tmp_path) -> int:
@@ -40,9 +57,9 @@ def test_records_nobody_waits_for_join_the_next_group_commit(tmp_path, monkeypat
         assert w.flushes == 0  # no fdatasync of their own
         urgent = _rec(99)
         pos = w.append(urgent)
-        await w.wait_durable(pos + len(urgent))
+        await w.wait_durable(pos + _size(urgent))
         assert w.flushes == 1 and w.durable == w.tail  # one group commit covered all six
-        assert _on_disk(tmp_path) == sum(map(len, lazy)) + len(urgent)
+        assert _on_disk(tmp_path) == sum(map(_size, lazy)) + _size(urgent)
         await w.close()
 
     asyncio.run(go())
@@ -88,6 +105,6 @@ def test_close_writes_what_is_pending(tmp_path, monkeypatch):
         for r in recs:
             w.append(r)
         await w.close()
-        assert _on_disk(tmp_path) == sum(map(len, recs))
+        assert _on_disk(tmp_path) == sum(map(_size, recs))
 
     asyncio.run(go())

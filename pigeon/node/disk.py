@@ -1,0 +1,101 @@
+"""The real files behind storage.disk.Disk. Read handles are cached per file (a segment is read many times);
+`remove` closes them, so a deleted segment gives its space back at once."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+_IOV_MAX = os.sysconf("SC_IOV_MAX")  # buffers per writev
+
+
+class OsDisk:
+    def __init__(self):
+        self._read_fds: dict[str, int] = {}
+        self._lock = threading.Lock()  # the read cache is shared by the loop and the read-ahead thread
+
+    def makedirs(self, path: str) -> None:
+        os.makedirs(path, exist_ok=True)
+
+    def listdir(self, path: str) -> list[str]:
+        return os.listdir(path) if os.path.isdir(path) else []
+
+    def exists(self, path: str) -> bool:
+        return os.path.exists(path)
+
+    def size(self, path: str) -> int:
+        return os.path.getsize(path)
+
+    def read_file(self, path: str) -> bytes:
+        with open(path, "rb") as f:
+            return f.read()
+
+    def _fd(self, path: str) -> int:
+        fd = self._read_fds.get(path)
+        if fd is None:
+            with self._lock:
+                fd = self._read_fds.get(path)
+                if fd is None:
+                    fd = self._read_fds[path] = os.open(path, os.O_RDONLY)
+        return fd
+
+    def pread_into(self, path: str, offset: int, buf: memoryview) -> int:
+        return os.preadv(self._fd(path), [buf], offset)
+
+    def create(self, path: str) -> None:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o644))
+        self.sync_dir(os.path.dirname(path))
+
+    def open_append(self, path: str) -> int:
+        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+
+    def writev(self, handle: int, chunks: list[bytes]) -> None:
+        """writev gathers the chunks in the kernel, so no joined copy is made while holding the GIL (which the
+        event loop's thread waits for); a partial write is finished byte-exactly."""
+        for i in range(0, len(chunks), _IOV_MAX):
+            group = chunks[i:i + _IOV_MAX]
+            n = os.writev(handle, group)
+            if n < sum(map(len, group)):
+                rest = memoryview(b"".join(group))[n:]
+                while rest:
+                    rest = rest[os.write(handle, rest):]
+
+    def sync(self, handle: int) -> None:
+        os.fdatasync(handle)
+
+    def close(self, handle: int) -> None:
+        os.close(handle)
+
+    def truncate(self, path: str, size: int) -> None:
+        with open(path, "r+b") as f:
+            f.truncate(size)
+            os.fsync(f.fileno())
+
+    def remove(self, path: str) -> None:
+        with self._lock:
+            fd = self._read_fds.pop(path, None)
+        if fd is not None:
+            os.close(fd)
+        os.unlink(path)
+
+    def write_durably(self, path: str, data: bytes) -> None:
+        tmp = path + ".tmp"
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.rename(tmp, path)
+        self.sync_dir(os.path.dirname(path))
+
+    def sync_dir(self, path: str) -> None:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def close_all(self) -> None:
+        with self._lock:
+            fds, self._read_fds = list(self._read_fds.values()), {}
+        for fd in fds:
+            os.close(fd)

@@ -1,0 +1,221 @@
+"""The journal's writer: the thread and the event-loop plumbing around storage.journal.Journal, which owns the
+rules (entries, offsets, fencing, acknowledged ⇒ covered by fdatasync). Entries get their position when
+appended (on the event loop's thread); one writer thread writes everything pending with one writev and one
+fdatasync, then wakes every waiter whose entry is covered. Every entry is written at once (a killed process
+loses none), but fdatasync runs only when someone waits for an entry (a publish, a unary ack) or LAZY_FLUSH_S
+after an entry nobody waits for (an ack sent on a stream, a delivery): those ride along with the next group
+commit instead of costing a disk flush of their own."""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import threading
+import time
+
+from pigeon.core.errors import ResourceExhausted, Unavailable
+from pigeon.node.disk import OsDisk
+from pigeon.node.readahead import ReadAhead
+from pigeon.storage.journal import Journal, LogState, WriteCursor
+from pigeon.storage.log import JournalLog
+
+log = logging.getLogger("pigeon.journal")
+
+BATCH_SYNC_S = 0.005  # fsync=batch: the longest a written entry waits for its fdatasync
+LAZY_FLUSH_S = 0.01  # fsync=always: the longest a written entry nobody waits for stays without fdatasync
+
+
+class FsyncPolicy(str, enum.Enum):
+    always = "always"  # fdatasync before any reply: nothing acknowledged is lost on power failure
+    batch = "batch"  # reply after write(); fdatasync every few ms: a power failure may lose the last ms
+    never = "never"  # leave it to the OS: a crash of the machine may lose recent acknowledged data
+
+
+class JournalWriter:
+    """The journal of one node, written by a thread of its own. Call append/wait_durable on the loop thread."""
+
+    def __init__(self, directory: str, policy: FsyncPolicy, segment_bytes: int, disk: OsDisk | None = None):
+        self.disk = disk or OsDisk()
+        self.journal = Journal(self.disk, directory, segment_bytes)
+        self.policy = FsyncPolicy(policy)
+        self._want = 0  # position the writer has been asked to make durable (guarded by _cv)
+        self._lazy_timer: asyncio.TimerHandle | None = None
+        self._cv = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._closing = False
+        self._failed: BaseException | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._read_ahead: ReadAhead | None = None
+        self._logs: dict[int, JournalLog] = {}
+
+    # --- lifecycle -------------------------------------------------------------------------------
+    def open(self, tail: int, logs: dict[int, LogState]) -> None:
+        """Start appending at `tail` (recovery cut the files there), with the logs' states recovery found."""
+        start = self.journal.open(tail, logs)
+        self._read_ahead = ReadAhead(self.journal.starts, lambda: self.journal.durable, self.journal.path)
+        self._loop = asyncio.get_running_loop()
+        # the writer's starting point is fixed here: appends may run before the thread gets going
+        self._thread = threading.Thread(target=self._writer, args=(start, tail), name="pigeon-journal-writer",
+                                        daemon=True)
+        self._thread.start()
+
+    async def close(self) -> None:
+        if self._lazy_timer is not None:
+            self._lazy_timer.cancel()
+            self._lazy_timer = None
+        with self._cv:
+            self._closing = True
+            self._cv.notify()
+        loop = asyncio.get_running_loop()
+        if self._thread is not None:
+            await loop.run_in_executor(None, self._thread.join)
+        if self._read_ahead is not None:
+            await loop.run_in_executor(None, self._read_ahead.close)
+        self.disk.close_all()
+
+    def log(self, log_id: int) -> JournalLog:
+        """The Log contract over one of the journal's logs."""
+        lg = self._logs.get(log_id)
+        if lg is None:
+            lg = self._logs[log_id] = JournalLog(self.journal, log_id)
+        return lg
+
+    # --- appending (loop thread) -----------------------------------------------------------------
+    @property
+    def tail(self) -> int:
+        return self.journal.tail
+
+    @property
+    def durable(self) -> int:
+        return self.journal.durable
+
+    @property
+    def flushes(self) -> int:
+        return self.journal.flushes
+
+    def append(self, log_id: int, epoch: int, rtype: int, parts: list[bytes]) -> tuple[int, int]:
+        """Queue one entry; (its offset in its log, its journal position). Durable once `durable` passes the
+        position after it (`tail` right after the call)."""
+        if self._failed is not None:
+            raise self._error()
+        with self._cv:
+            out = self.journal.append(log_id, epoch, rtype, parts)
+            self._cv.notify()
+        if self._lazy_timer is None and self.policy is FsyncPolicy.always:
+            self._lazy_timer = self._loop.call_later(LAZY_FLUSH_S, self.flush_soon)
+        return out
+
+    def fence(self, log_id: int, epoch: int) -> int:
+        with self._cv:
+            out = self.journal.fence(log_id, epoch)
+            self._cv.notify()
+        return out
+
+    def flush_soon(self) -> None:
+        """Ask the writer for everything appended so far."""
+        if self._lazy_timer is not None:
+            self._lazy_timer.cancel()
+            self._lazy_timer = None
+        if self._want < self.journal.tail:
+            with self._cv:
+                self._want = self.journal.tail
+                self._cv.notify()
+
+    def wait_durable(self, end: int) -> asyncio.Future:
+        fut = self._loop.create_future()
+        if self.journal.durable >= end:
+            fut.set_result(None)
+        elif self._failed is not None:
+            fut.set_exception(self._error())
+        else:
+            self.journal.on_durable(end, lambda exc: _settle(fut, exc, self._error))
+            if self._want < end:
+                self.flush_soon()
+        return fut
+
+    def _error(self):
+        exc = self._failed
+        if isinstance(exc, OSError) and exc.errno == 28:
+            return ResourceExhausted("The server's disk is full.")
+        return Unavailable(f"The log is not writable: {exc}")
+
+    def _on_failed(self, exc: BaseException) -> None:
+        self._failed = exc
+        self.journal.failed(exc)
+
+    # --- the writer thread -----------------------------------------------------------------------
+    def _writer(self, cur_start: int, written: int) -> None:
+        disk, journal = self.disk, self.journal
+        always, batch_policy = self.policy is FsyncPolicy.always, self.policy is FsyncPolicy.batch
+        cursor = WriteCursor(cur_start, disk.open_append(journal.path(cur_start)), self.policy is not FsyncPolicy.never)
+        synced, last_sync = written, time.monotonic()  # synced: what fdatasync covers
+        try:
+            while True:
+                with self._cv:
+                    while not (journal.pending() or self._closing or self._want > synced):
+                        if batch_policy and written > synced:  # sync soon after the last write, even when idle
+                            self._cv.wait(BATCH_SYNC_S)
+                            if not (journal.pending() or self._closing or self._want > synced):
+                                disk.sync(cursor.handle)
+                                synced, last_sync = written, time.monotonic()
+                        else:
+                            self._cv.wait()
+                    if not journal.pending() and self._closing:
+                        break
+                    batch, nbytes = journal.take_pending()
+                    want = self._want
+                journal.write(cursor, batch)
+                written += nbytes
+                if always:
+                    if want <= synced:
+                        continue  # written for nobody waiting: the next group commit's fdatasync covers it
+                    disk.sync(cursor.handle)
+                    synced = written
+                elif batch_policy and time.monotonic() - last_sync >= BATCH_SYNC_S:
+                    disk.sync(cursor.handle)
+                    synced, last_sync = written, time.monotonic()
+                elif not batch_policy:
+                    synced = written  # never: the OS decides
+                journal.flushes += 1
+                self._loop.call_soon_threadsafe(journal.synced, synced if always else written)
+            if written > synced and cursor.sync:
+                disk.sync(cursor.handle)
+        except BaseException as exc:  # disk full, I/O error: fail every waiter, refuse new appends
+            log.error("journal writer failed: %s", exc)
+            try:
+                self._loop.call_soon_threadsafe(self._on_failed, exc)
+            except RuntimeError:
+                pass
+        finally:
+            try:
+                disk.close(cursor.handle)
+            except OSError:
+                pass
+
+    # --- reading ---------------------------------------------------------------------------------
+    def read(self, pos: int, n: int) -> bytes:
+        return self.journal.read(pos, n)
+
+    def read_into(self, pos: int, buf: memoryview) -> int:
+        """Fill `buf` with the bytes at journal position `pos`; how many were read (fewer only at the end of a
+        segment). No allocation: a reader that reuses its buffer spares the allocator and the page faults."""
+        return self.journal.read_into(pos, buf)
+
+    def read_ahead(self, pos: int) -> None:
+        """A reader is reading the journal from disk at `pos`: have the pages after it fetched ahead of it."""
+        if self._read_ahead is not None:
+            self._read_ahead.ahead_of(pos)
+
+    def delete_before(self, pos: int) -> list[int]:
+        """Remove whole segments that end at or before `pos` (never the active one)."""
+        return self.journal.delete_before(pos)
+
+
+def _settle(fut: asyncio.Future, exc: BaseException | None, error) -> None:
+    if fut.done():
+        return
+    if exc is None:
+        fut.set_result(None)
+    else:
+        fut.set_exception(error())

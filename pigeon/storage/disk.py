@@ -1,0 +1,58 @@
+"""The files storage works on, as an interface. Owns no rule of its own: it is how storage does I/O without doing
+it — the journal, recovery and checkpoints call these methods, pigeon.node passes the real files (node.disk.OsDisk)
+and the simulator a disk in memory that loses what was not synced and flips bits (testing.simdisk.SimDisk).
+
+Paths are '/'-joined strings. Every method may raise OSError (ENOSPC, EIO); a handle is what `open_append` gave."""
+
+from __future__ import annotations
+
+import posixpath
+from typing import Protocol
+
+join = posixpath.join
+
+
+class Disk(Protocol):
+    def makedirs(self, path: str) -> None: ...
+
+    def listdir(self, path: str) -> list[str]: ...
+
+    def exists(self, path: str) -> bool: ...
+
+    def size(self, path: str) -> int: ...
+
+    def read_file(self, path: str) -> bytes: ...
+
+    def pread_into(self, path: str, offset: int, buf: memoryview) -> int:
+        """Fill `buf` from `offset` of the file; how many bytes were read (fewer only at the end)."""
+        ...
+
+    def create(self, path: str) -> None:
+        """An empty file whose name is durable (the directory is synced)."""
+        ...
+
+    def open_append(self, path: str): ...
+
+    def writev(self, handle, chunks: list[bytes]) -> None:
+        """Append every byte of `chunks`, in order (the OS may take them in one call or several)."""
+        ...
+
+    def sync(self, handle) -> None:
+        """fdatasync: what was written through `handle` survives a crash of the machine."""
+        ...
+
+    def close(self, handle) -> None: ...
+
+    def truncate(self, path: str, size: int) -> None:
+        """Cut the file to `size` bytes, durably."""
+        ...
+
+    def remove(self, path: str) -> None:
+        """Delete the file (and let go of any cached handle to it); the caller syncs the directory."""
+        ...
+
+    def write_durably(self, path: str, data: bytes) -> None:
+        """Write a whole file: tmp → fsync → rename → fsync the directory (all or nothing after a crash)."""
+        ...
+
+    def sync_dir(self, path: str) -> None: ...

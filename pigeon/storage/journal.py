@@ -1,0 +1,317 @@
+"""The journal: the entries of many logs in one series of segment files, with one group commit. Owns the rules
+(DESIGN: storage log / group commit):
+- every entry carries (log, epoch, offset); offsets are dense and monotonic per log;
+- a log fenced at epoch e refuses appends from epochs below e (Fenced); the fence is an entry of the journal,
+  so it holds across restarts;
+- acknowledged ⇒ covered by fdatasync: the durable position moves only in `synced`, which the writer calls
+  after a sync that covers it; one sync serves every log and every waiter;
+- segments are files named by the journal position of their first byte, so a position maps to a file by
+  bisection and a segment's end is the next one's start; segments are deleted whole, never the active one.
+
+A truncation of a log (`truncate`) is a marker entry too: the entries it drops stay in the files until their
+segment is deleted, and every reader (`entries`, recovery) skips them.
+
+Not thread-aware: the node's writer thread calls `take_pending`, `write` and `synced`-side methods and serializes
+them with `append` (the event loop's) under its own lock. All I/O goes through a storage.disk.Disk."""
+
+from __future__ import annotations
+
+import bisect
+import struct
+from collections import deque
+from dataclasses import dataclass, field
+
+from pigeon.storage import record
+from pigeon.storage.disk import Disk, join
+
+SUFFIX = ".wal"
+FENCE, TRUNCATE = 30, 31  # marker entries: journal-level, never a broker record
+MARKERS = (FENCE, TRUNCATE)
+_MARK = struct.Struct("<Q")
+
+
+class Fenced(Exception):
+    """An append from an epoch below the log's fence: another owner took the log over."""
+
+    def __init__(self, log: int, epoch: int, fenced: int):
+        super().__init__(f"log {log} is fenced at epoch {fenced}; an append from epoch {epoch} is refused")
+        self.log, self.epoch, self.fenced = log, epoch, fenced
+
+
+def segment_name(start: int) -> str:
+    return f"{start:020d}{SUFFIX}"
+
+
+def list_segments(disk: Disk, directory: str) -> list[int]:
+    return sorted(int(f[:-len(SUFFIX)]) for f in disk.listdir(directory)
+                  if f.endswith(SUFFIX) and f[:-len(SUFFIX)].isdigit())
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    epoch: int
+    offset: int
+    rtype: int
+    body: bytes
+    at: int  # journal position of its record
+
+
+@dataclass(slots=True)
+class LogState:
+    """One log's bookkeeping: what recovery found, then what appends and syncs changed."""
+
+    log_id: int
+    next: int = 0  # offset of the next entry
+    epoch: int = 0  # epoch of the last append
+    fenced: int = 0  # appends from a lower epoch are refused
+    durable_next: int = 0  # entries below this offset are durable
+    unsynced: deque = field(default_factory=deque)  # (offset, end position) appended, not yet durable
+    samples: list = field(default_factory=list)  # (offset, position): the first entry in each segment
+    truncations: list = field(default_factory=list)  # (marker position, last offset kept)
+    entries: int = 0  # appended since start (statistics)
+    bytes: int = 0
+
+    def dropped(self, at: int, offset: int) -> bool:
+        """Whether the entry at journal position `at` with `offset` was dropped by a later truncation."""
+        return any(p > at and after < offset for p, after in self.truncations)
+
+
+class Journal:
+    def __init__(self, disk: Disk, directory: str, segment_bytes: int):
+        self.disk = disk
+        self.dir = directory
+        self.segment_bytes = segment_bytes
+        self.starts: list[int] = []  # segment starts, ascending
+        self.tail = 0  # position after the last appended record
+        self.durable = 0  # position up to which records are durable
+        self.logs: dict[int, LogState] = {}
+        self._pending: list[tuple[int, bytes]] = []  # (segment start, record) appended, not yet written
+        self._pending_bytes = 0
+        self._waiters: list[tuple[int, object]] = []  # (end position, callback(exc | None))
+        self.flushes = 0  # group commits that made records durable (statistics)
+        self.synced_bytes = 0
+
+    def path(self, start: int) -> str:
+        return join(self.dir, segment_name(start))
+
+    # --- opening -------------------------------------------------------------------------------------
+    def open(self, tail: int, logs: dict[int, LogState]) -> int:
+        """Start appending at `tail` (recovery cut the files there). Returns the start of the active segment."""
+        self.disk.makedirs(self.dir)
+        self.starts = list_segments(self.disk, self.dir)
+        assert not self.starts or self.starts[-1] <= tail, "recovery must remove segments past the tail"
+        last_end = self.starts[-1] + self.disk.size(self.path(self.starts[-1])) if self.starts else None
+        if last_end != tail:  # an empty journal, or a checkpoint past the files' end: a fresh segment there
+            self.disk.create(self.path(tail))
+            self.starts.append(tail)
+        self.tail = self.durable = tail
+        self.logs = logs
+        for st in logs.values():
+            st.durable_next = st.next
+        return self.starts[-1]
+
+    def log(self, log_id: int) -> LogState:
+        st = self.logs.get(log_id)
+        if st is None:
+            st = self.logs[log_id] = LogState(log_id)
+        return st
+
+    # --- appending -----------------------------------------------------------------------------------
+    def append(self, log_id: int, epoch: int, rtype: int, parts: list[bytes]) -> tuple[int, int]:
+        """Queue one entry of `log_id`; (its offset, its journal position). Durable once `durable` passes the
+        position after it (`self.tail` right after this call)."""
+        st = self.logs.get(log_id) or self.log(log_id)
+        if epoch < st.fenced:
+            raise Fenced(log_id, epoch, st.fenced)
+        offset = st.next
+        data = record.encode_entry(rtype, log_id, epoch, offset, parts)
+        pos = self._add(data)
+        st.next = offset + 1
+        st.epoch = epoch
+        st.unsynced.append((offset, self.tail))
+        if not st.samples or st.samples[-1][1] < self.starts[-1]:
+            st.samples.append((offset, pos))
+        st.entries += 1
+        st.bytes += len(data)
+        return offset, pos
+
+    def _add(self, data: bytes) -> int:
+        pos = self.tail
+        seg = self.starts[-1]
+        if pos - seg + len(data) > self.segment_bytes and pos > seg:
+            self.starts.append(pos)  # rotate: the writer opens a new file at this position
+            seg = pos
+        self.tail = pos + len(data)
+        self._pending.append((seg, data))
+        self._pending_bytes += len(data)
+        return pos
+
+    def _marker(self, st: LogState, kind: int, epoch: int, value: int) -> int:
+        data = record.encode_entry(kind, st.log_id, epoch, st.next, [_MARK.pack(value)])
+        return self._add(data)
+
+    def fence(self, log_id: int, epoch: int) -> int:
+        """From now on refuse appends to `log_id` from epochs below `epoch`; returns the log's next offset. The
+        fence is durable with the next group commit (wait for `tail` to rely on it after a crash)."""
+        st = self.log(log_id)
+        if epoch > st.fenced:
+            st.fenced = epoch
+            self._marker(st, FENCE, epoch, epoch)
+        return st.next
+
+    def truncate(self, log_id: int, after: int) -> None:
+        """Drop the entries of `log_id` with an offset above `after`; the next append gets offset after + 1."""
+        st = self.log(log_id)
+        if after + 1 >= st.next:
+            return
+        pos = self._marker(st, TRUNCATE, st.epoch, after)
+        st.truncations.append((pos, after))
+        st.next = after + 1
+        st.durable_next = min(st.durable_next, st.next)
+        st.unsynced = deque((o, e) for o, e in st.unsynced if o <= after)
+
+    # --- the writer's side -----------------------------------------------------------------------------
+    def pending(self) -> bool:
+        return bool(self._pending)
+
+    def take_pending(self) -> tuple[list[tuple[int, bytes]], int]:
+        batch, self._pending = self._pending, []
+        nbytes, self._pending_bytes = self._pending_bytes, 0
+        return batch, nbytes
+
+    def write(self, cursor: "WriteCursor", batch: list[tuple[int, bytes]]) -> None:
+        """Write a batch in order (writev, no joined copy), opening each new segment as the batch reaches it:
+        the one before is synced and closed first, the new name made durable."""
+        chunks: list[bytes] = []
+        disk = self.disk
+        for seg, data in batch:
+            if seg != cursor.start:
+                if chunks:
+                    disk.writev(cursor.handle, chunks)
+                    chunks = []
+                if cursor.sync:
+                    disk.sync(cursor.handle)
+                disk.close(cursor.handle)
+                cursor.start = seg
+                cursor.handle = disk.open_append(self.path(seg))
+                disk.sync_dir(self.dir)
+            chunks.append(data)
+        if chunks:
+            disk.writev(cursor.handle, chunks)
+
+    def on_durable(self, end: int, callback) -> None:
+        """Call `callback(None)` once the journal is durable up to `end` (at once when it is), or
+        `callback(exc)` if the writer fails first."""
+        if self.durable >= end:
+            callback(None)
+        else:
+            self._waiters.append((end, callback))
+
+    def synced(self, end: int) -> None:
+        """The writer made everything below `end` durable: move the durable positions, answer the waiters."""
+        if end <= self.durable:
+            return
+        self.synced_bytes += end - self.durable
+        self.durable = end
+        for st in self.logs.values():
+            q = st.unsynced
+            while q and q[0][1] <= end:
+                st.durable_next = q.popleft()[0] + 1
+        keep = []
+        for w in self._waiters:
+            if w[0] <= end:
+                w[1](None)
+            else:
+                keep.append(w)
+        self._waiters = keep
+
+    def failed(self, exc: BaseException) -> None:
+        """The writer cannot go on: every waiter hears why."""
+        waiters, self._waiters = self._waiters, []
+        for _, callback in waiters:
+            callback(exc)
+
+    # --- reading ---------------------------------------------------------------------------------------
+    def locate(self, pos: int) -> tuple[str, int]:
+        """(segment file, offset in it) of journal position `pos`."""
+        i = bisect.bisect_right(self.starts, pos) - 1
+        assert i >= 0, pos
+        return self.path(self.starts[i]), pos - self.starts[i]
+
+    def read_into(self, pos: int, buf: memoryview) -> int:
+        """Fill `buf` from journal position `pos` (it must be written); fewer bytes only at a segment's end."""
+        path, offset = self.locate(pos)
+        return self.disk.pread_into(path, offset, buf)
+
+    def read(self, pos: int, n: int) -> bytes:
+        buf = bytearray(n)
+        got = self.read_into(pos, memoryview(buf))
+        return bytes(buf[:got])
+
+    def read_record(self, pos: int) -> tuple[int, memoryview]:
+        """(type, payload) of the record at `pos`, checked."""
+        size = record.size_from_prefix(self.read(pos, record.PREFIX_BYTES))
+        buf = self.read(pos, size)
+        rtype, payload, _ = record.decode_at(buf, 0, size)
+        return rtype, payload
+
+    def entries(self, log_id: int, start: int, end: int):
+        """The durable entries of `log_id` with start <= offset < end (read back from the files), in order; a truncated entry is skipped, an entry the truncation replaced is read instead."""
+        st = self.logs.get(log_id)
+        if st is None or start >= end:
+            return
+        if not st.samples:
+            return
+        i = bisect.bisect_right([o for o, _ in st.samples], start) - 1
+        pos = st.samples[max(i, 0) if not st.truncations else 0][1]  # offsets repeat after a truncation
+        found: dict[int, Entry] = {}
+        while pos < self.durable:  # durable: written whole
+            rtype, payload = self.read_record(pos)
+            size = record.PREFIX_BYTES + 1 + len(payload)
+            log, epoch, offset, body = record.split_entry(payload)
+            if log == log_id and rtype not in MARKERS and start <= offset < end and not st.dropped(pos, offset):
+                found[offset] = Entry(epoch, offset, rtype, bytes(body), pos)
+            pos += size
+        for offset in sorted(found):
+            yield found[offset]
+
+    # --- trimming ----------------------------------------------------------------------------------------
+    def delete_before(self, pos: int) -> list[int]:
+        """Remove whole segments that end at or before `pos` (never the active one)."""
+        removed = []
+        while len(self.starts) > 1 and self.starts[1] <= pos:
+            start = self.starts.pop(0)
+            self.disk.remove(self.path(start))
+            removed.append(start)
+        if removed:
+            self.disk.sync_dir(self.dir)
+            first = self.starts[0]
+            for st in self.logs.values():
+                st.samples = [s for s in st.samples if s[1] >= first]
+                st.truncations = [t for t in st.truncations if t[0] >= first]
+        return removed
+
+    def statistics(self) -> "JournalStats":
+        return JournalStats(len(self.starts), self.tail - (self.starts[0] if self.starts else 0), self.tail,
+                            self.durable, self.tail - self.durable, self.flushes, self.synced_bytes, len(self.logs))
+
+
+@dataclass(slots=True)
+class WriteCursor:
+    """The writer's open segment."""
+
+    start: int
+    handle: object
+    sync: bool  # sync a segment before moving to the next one (not under fsync=never)
+
+
+@dataclass(frozen=True, slots=True)
+class JournalStats:
+    segments: int
+    bytes: int  # on disk, over every segment
+    tail: int
+    durable: int
+    unsynced_bytes: int
+    flushes: int
+    synced_bytes: int
+    logs: int

@@ -1,0 +1,137 @@
+"""A disk in memory for the simulator and the storage tests (storage.disk.Disk). It keeps what a real disk would
+after a power cut — `crash()` drops every byte written since the file's last sync, and the name of a file made
+since its directory's last sync — and injects faults on demand: a torn last write (part of the unsynced tail
+survives), a flipped bit, a failing operation (ENOSPC, EIO). Deterministic: every choice comes from the `rng`
+the caller passes."""
+
+from __future__ import annotations
+
+import errno
+import posixpath
+import random
+from dataclasses import dataclass, field
+
+
+@dataclass
+class _File:
+    data: bytearray = field(default_factory=bytearray)
+    synced: int = 0  # bytes of `data` that survive a crash
+    named: bool = False  # the directory entry survives a crash
+
+
+class SimDisk:
+    def __init__(self):
+        self.files: dict[str, _File] = {}
+        self.dirs: set[str] = set()
+        self._handles: dict[int, str] = {}
+        self._next = 1
+        self.fail: dict[str, int] = {}  # operation → errno of the next call to it (removed when used)
+        self.space: int | None = None  # bytes the disk holds in all (None: unbounded)
+        self.syncs = 0
+
+    # --- faults ------------------------------------------------------------------------------------------
+    def crash(self, rng: random.Random | None = None, torn: bool = False) -> None:
+        """A power cut: unsynced bytes are lost (with `torn`, a random part of each file's unsynced tail
+        survives), and so are files whose name was never made durable. Open handles are gone."""
+        for path in list(self.files):
+            f = self.files[path]
+            if not f.named:
+                del self.files[path]
+                continue
+            keep = f.synced
+            if torn and rng is not None and len(f.data) > f.synced:
+                keep = rng.randint(f.synced, len(f.data))
+            del f.data[keep:]
+            f.synced = len(f.data)
+        self._handles.clear()
+
+    def flip_bit(self, path: str, offset: int, bit: int) -> None:
+        f = self.files[path]
+        f.data[offset] ^= 1 << bit
+
+    def _check(self, op: str, grow: int = 0) -> None:
+        code = self.fail.pop(op, None)
+        if code is not None:
+            raise OSError(code, f"{errno.errorcode.get(code, code)} (simulated, {op})")
+        if grow and self.space is not None and sum(len(f.data) for f in self.files.values()) + grow > self.space:
+            raise OSError(errno.ENOSPC, "No space left on device (simulated)")
+
+    # --- the Disk interface --------------------------------------------------------------------------------
+    def makedirs(self, path: str) -> None:
+        self.dirs.add(path)
+
+    def listdir(self, path: str) -> list[str]:
+        prefix = path.rstrip("/") + "/"
+        return sorted(p[len(prefix):] for p in self.files if p.startswith(prefix) and "/" not in p[len(prefix):])
+
+    def exists(self, path: str) -> bool:
+        return path in self.files
+
+    def size(self, path: str) -> int:
+        return len(self._file(path).data)
+
+    def _file(self, path: str) -> _File:
+        f = self.files.get(path)
+        if f is None:
+            raise FileNotFoundError(errno.ENOENT, "No such file (simulated)", path)
+        return f
+
+    def read_file(self, path: str) -> bytes:
+        return bytes(self._file(path).data)
+
+    def pread_into(self, path: str, offset: int, buf: memoryview) -> int:
+        data = self._file(path).data
+        chunk = data[offset:offset + len(buf)]
+        buf[:len(chunk)] = chunk
+        return len(chunk)
+
+    def create(self, path: str) -> None:
+        self._check("create")
+        self.files.setdefault(path, _File()).named = True
+
+    def open_append(self, path: str) -> int:
+        self._check("open")
+        self.files.setdefault(path, _File())
+        h = self._next
+        self._next += 1
+        self._handles[h] = path
+        return h
+
+    def writev(self, handle: int, chunks: list[bytes]) -> None:
+        n = sum(map(len, chunks))
+        self._check("write", n)
+        self.files[self._handles[handle]].data += b"".join(chunks)
+
+    def sync(self, handle: int) -> None:
+        self._check("sync")
+        f = self.files[self._handles[handle]]
+        f.synced = len(f.data)
+        self.syncs += 1
+
+    def close(self, handle: int) -> None:
+        self._handles.pop(handle, None)
+
+    def truncate(self, path: str, size: int) -> None:
+        self._check("truncate")
+        f = self._file(path)
+        del f.data[size:]
+        f.synced = len(f.data)  # a truncation is durable (the real disk fsyncs it)
+
+    def remove(self, path: str) -> None:
+        self._check("remove")
+        self._file(path)
+        del self.files[path]
+
+    def write_durably(self, path: str, data: bytes) -> None:
+        self._check("write", len(data))
+        self.files[path] = _File(bytearray(data), len(data), True)
+
+    def sync_dir(self, path: str) -> None:
+        self._check("sync_dir")
+        prefix = path.rstrip("/") + "/"
+        for p, f in self.files.items():
+            if posixpath.dirname(p) == path.rstrip("/") or p.startswith(prefix) and "/" not in p[len(prefix):]:
+                f.named = True
+
+    def close_all(self) -> None:
+        self._handles.clear()
