@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from google.pubsub_v1 import types
 
 from pigeon.core import limits, names, rawproto
+from pigeon.core.bundles import META_LOG, bundle_log
 from pigeon.core.errors import NotFound
 from pigeon.broker.resources import Policy, Schema, Snapshot, Subscription, Topic
 from pigeon.broker.subscription import SubscriptionState
@@ -94,6 +95,24 @@ class BrokerState:
 
     def snapshot(self, name: str) -> SnapshotState:
         return _lookup(self.snapshots, name, "snapshots")
+
+    def log_of(self, rec: R.Record, bundles: int) -> int:
+        """The log a record goes to: metadata to the metadata log, a topic's data and its subscriptions' to the
+        log of the topic's bundle (core.bundles). A record of a subscription deleted meanwhile changes nothing;
+        it goes to the metadata log."""
+        if rec.META:
+            return META_LOG
+        if rec.TYPE == R.RecordType.PUBLISH:
+            owner = self.topics_by_uid[rec.topic]
+        else:
+            owner = self.subs_by_uid.get(rec.sub)
+            if owner is None:
+                return META_LOG
+        log_id = owner.log_id
+        if log_id is None:
+            name = owner.name if isinstance(owner, TopicState) or owner.topic is None else owner.topic.name
+            log_id = owner.log_id = bundle_log(name, bundles)
+        return log_id
 
     # --- the one way state changes ---------------------------------------------------------------
     def apply(self, rec: R.Record, at: int = 0, owner=None):

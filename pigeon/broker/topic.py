@@ -160,6 +160,7 @@ class TopicState:
         self.shards = [ShardIndex() for _ in range(shard_count)]
         self.subscriptions: set[int] = set()
         self.deleted = False
+        self.log_id: int | None = None  # the log its records go to (BrokerState.log_of)
         self.idempotency = IdempotencyWindow()
         self.schedule = Schedule()
         self._rr = itertools.cycle(range(shard_count))

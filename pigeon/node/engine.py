@@ -17,7 +17,6 @@ from pigeon.broker import commands
 from pigeon.broker import state as bs
 from pigeon.broker.state import BrokerState
 from pigeon.broker.subscription import SubscriptionState
-from pigeon.broker.topic import TopicState
 from pigeon.core import limits
 from pigeon.core.errors import AckIdFailure, InvalidArgument, NotFound, FailedPrecondition, PigeonError, Unavailable
 from pigeon.node import maintenance, push, recovery
@@ -29,8 +28,6 @@ from pigeon.node.schema_service import SchemaService
 from pigeon.node.streams import Signal, Stream, WallClock
 from pigeon.node.journal import JournalWriter
 from pigeon.ops.config import Config
-from pigeon.core.bundles import META_LOG, bundle_log
-from pigeon.storage import checkpoint as ck
 from pigeon.storage import records as R
 
 log = logging.getLogger("pigeon.engine")
@@ -116,7 +113,7 @@ class Engine:
     def commit(self, rec: R.Record, owner=None) -> int:
         """Append `rec` to its log and apply it (validated before: applying must not fail), then perform its
         effects. Returns the journal position after it: durable once the journal's durable position reaches it."""
-        log_id = self._log_of(rec)
+        log_id = self.state.log_of(rec, self.config.bundles)
         if log_id not in self._fenced:
             self.journal.fence(log_id, self.epoch)
             self._fenced.add(log_id)
@@ -125,22 +122,6 @@ class Engine:
         if effects:
             self._perform(effects)
         return self.journal.tail
-
-    def _log_of(self, rec: R.Record) -> int:
-        """Metadata goes to the metadata log, a topic's data and its subscriptions' to the log of its bundle."""
-        if rec.META:
-            return META_LOG
-        if rec.TYPE == R.RecordType.PUBLISH:
-            owner = self.state.topics_by_uid[rec.topic]
-        else:
-            owner = self.state.subs_by_uid.get(rec.sub)
-            if owner is None:  # deleted meanwhile: its records change nothing, any log takes them
-                return META_LOG
-        log_id = getattr(owner, "log_id", None)
-        if log_id is None:
-            name = owner.name if isinstance(owner, TopicState) or owner.topic is None else owner.topic.name
-            log_id = owner.log_id = bundle_log(name, self.config.bundles)
-        return log_id
 
     def _perform(self, effects) -> None:
         for kind, uid in effects:
