@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 SPARK_STAMP := $(VENV)/.installed-spark
 DATA ?= ./data
 
-.PHONY: run test lint bench bench-quick soak clean
+.PHONY: run test lint bench bench-quick soak sim clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -46,6 +46,13 @@ bench-quick: $(BENCH_STAMP)
 # Crash soak: kill -9 the server at random moments for many rounds (PIGEON_CRASH_SEED replays one run).
 soak: $(STAMP)
 	PIGEON_CRASH_ROUNDS=$${PIGEON_CRASH_ROUNDS:-100} $(BIN)/python -m pytest -q tests/e2e/test_crash.py
+
+# The deterministic simulator over many seeds (make test runs 300): SEEDS=N STEPS=M; a failure prints its seed,
+# `python -m pigeon.testing.simulator --seed N` replays it.
+SEEDS ?= 10000
+STEPS ?= 150
+sim: $(STAMP)
+	$(BIN)/python -m pigeon.testing.simulator --seeds $(SEEDS) --steps $(STEPS)
 
 clean:
 	rm -rf $(VENV) $(DATA) .pytest_cache

@@ -448,3 +448,34 @@ def check_topic_exists(state: BrokerState, name: str) -> TopicState:
     if t is None:
         raise NotFound(f"Resource not found (resource={name.split('/')[-1]}).")
     return t
+
+
+# --- upkeep -------------------------------------------------------------------------------------------
+def expired_snapshots(state: BrokerState, now: float) -> list[R.SnapDel]:
+    return [R.SnapDel(n) for n, sn in state.snapshots.items() if sn.config.expire_time.ToMilliseconds() <= now * 1000]
+
+
+def inactive_subscriptions(state: BrokerState, now: float) -> list[str]:
+    """Subscriptions inactive for longer than their expiration policy's ttl (to delete)."""
+    out = []
+    for s in state.subs_by_uid.values():
+        ep = s.config.expiration_policy
+        if s.config.HasField("expiration_policy") and ep.HasField("ttl"):
+            if now - s.last_activity > resources.duration_s(ep.ttl):
+                out.append(s.name)
+    return out
+
+
+def retention(state: BrokerState, now: float) -> list[R.Trim]:
+    """Unacked messages older than a subscription's retention are dropped for it."""
+    out = []
+    for s in state.subs_by_uid.values():
+        if s.topic is None:
+            continue
+        cutoff_ms = int((now - resources.duration_s(s.config.message_retention_duration)) * 1000)
+        for shard, ix in enumerate(s.topic.shards):
+            if s.shards[shard].floor < ix.durable:
+                offset = min(ix.offset_at_ms(cutoff_ms), ix.durable)
+                if offset > s.shards[shard].floor:
+                    out.append(R.Trim(s.uid, shard, offset))
+    return out

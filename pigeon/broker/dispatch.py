@@ -134,12 +134,19 @@ class Dispatch:
         return n
 
     def _fail(self, num: int, lease: Lease, now: float) -> None:
-        """A nack or an expired lease: the message goes back, after the retry backoff."""
+        """A nack or an expired lease: the message goes back, after the retry backoff. A keyed message takes the
+        later members of its key's outstanding batch back with it — the only leased later messages of its key,
+        which is how the rule reads without the dispatch state (recovery, a replica)."""
         self._end_lease(num, lease)
         self.versions[num] = lease[1]
-        if not self.dispatching:
-            return
         key = lease[3]
+        if not self.dispatching:
+            if key:
+                for m in [m for m, other in self.leases.items() if other[3] == key and m > num]:  # same key: same shard
+                    other = self.leases[m]
+                    self._end_lease(m, other)
+                    self.versions[m] = other[1]
+            return
         if not key:
             wait = self.backoff_s(lease[1])
             if wait <= 0:

@@ -22,6 +22,7 @@ from google.pubsub_v1 import types
 from pigeon.core import limits, names, rawproto
 from pigeon.core.bundles import META_LOG, bundle_log
 from pigeon.core.errors import NotFound
+from pigeon.broker import resources
 from pigeon.broker.resources import Policy, Schema, Snapshot, Subscription, Topic
 from pigeon.broker.subscription import SubscriptionState
 from pigeon.broker.topic import ShardIndex, TopicState
@@ -341,6 +342,42 @@ class BrokerState:
     def _policy_put(self, rec: R.PolicyPut):
         self.policies[rec.resource] = _parse(Policy, rec.policy)
         return None
+
+    # --- upkeep: pruning what no reader can see any more (not records: recovery may prune later) -------
+    def prune(self, now: float, idempotency_window_s: float) -> None:
+        """Forget idempotency keys older than the window and activation seconds every subscription walked past
+        and acked."""
+        cutoff = int((now - idempotency_window_s) * 1000)
+        for t in self.topics_by_uid.values():
+            t.idempotency.expire(cutoff)
+            if t.schedule.count:
+                subs = [self.subs_by_uid[u] for u in t.subscriptions]
+                low = min((s.sched_mark[0] for s in subs), default=int(now) + 1)
+                t.schedule.drop_seconds_before(low, lambda n, subs=subs: any(not s.is_acked(n) for s in subs))
+
+    def trim_indexes(self, now: float) -> int:
+        """Forget the index batches no subscription, snapshot or retention needs; return the lowest log position
+        a kept batch needs (a huge number when none does)."""
+        need = 1 << 62
+        for t in self.topics_by_uid.values():
+            for shard, ix in enumerate(t.shards):
+                keep = ix.next
+                if t.config.HasField("message_retention_duration"):
+                    ms = int((now - resources.duration_s(t.config.message_retention_duration)) * 1000)
+                    keep = min(keep, ix.offset_at_ms(ms))
+                for uid in t.subscriptions:
+                    s = self.subs_by_uid[uid]
+                    keep = min(keep, s.shards[shard].floor)
+                    if s.config.retain_acked_messages:
+                        ms = int((now - resources.duration_s(s.config.message_retention_duration)) * 1000)
+                        keep = min(keep, ix.offset_at_ms(ms))
+                for sn in self.snapshots.values():
+                    if sn.topic_uid == t.uid and shard < len(sn.floors):
+                        keep = min(keep, sn.floors[shard])
+                ix.trim_before(keep)
+                if ix.base:
+                    need = min(need, ix.pos[0])
+        return need
 
     # --- recovery --------------------------------------------------------------------------------
     def dispatch_off(self) -> None:

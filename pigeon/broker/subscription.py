@@ -198,9 +198,12 @@ class SubscriptionState(Dispatch):
         shards, leases_pop = self.shards, self.leases.pop
         n_shards = len(shards)
         owners: dict = {}
+        ends = self.topic.backlog_end() if self.topic is not None else [s.floor for s in shards]
         for num in nums:
             shard = num & SHARD_MASK
-            if shard >= n_shards or not shards[shard].mark(num >> _BITS):
+            # an ack id can name a message the log no longer holds (cut by recovery): it must not ack the
+            # message that gets its offset next
+            if shard >= n_shards or num >> _BITS >= ends[shard] or not shards[shard].mark(num >> _BITS):
                 continue
             changed.append(num)
             lease = leases_pop(num, None)
@@ -362,22 +365,28 @@ class SubscriptionState(Dispatch):
     def rebuild(self, now: float) -> None:
         """Derive the dispatch state from the durable state (after recovery, or when taking a subscription over)
         and start dispatching. Every cursor goes back to its floor: what is unacked and not locked goes out again
-        (with its delivery count), locked messages stay locked until their deadline — an ordered subscription's
-        excepted: they are released, so that each key's messages go out again in order."""
+        (with its delivery count); locked messages stay locked until their deadline, and an ordering key with
+        locked messages has them as its outstanding batch, so nothing later of the key goes out before they end.
+        Changes no durable state (only records do)."""
         self._clear_dispatch()
         self.dispatching = True
         for s in self.shards:
             s.cursor = s.floor
-        if self.ordered:
-            for num, lease in self.leases.items():
-                self.versions[num] = lease[1]
-            self.leases.clear()
+        for num, lease in sorted(self.leases.items()):
+            key = lease[3]
+            if key and self.ordered:
+                ks = self.keys.get(key)
+                if ks is None:
+                    ks = self.keys[key] = KeyState()
+                ks.live.add(num)
+                ks.batch.append(num)
+            else:
+                self.ahead.add(num)  # the walk from the floor must not hand it out again
         by_deadline: dict[float, list[int]] = {}
         for num, lease in self.leases.items():
             by_deadline.setdefault(lease[0], []).append(num)
         for deadline, nums in sorted(by_deadline.items()):
             self._schedule(deadline, tuple(nums))
-        self.ahead = set(self.leases)
         for num, at in self.parked.items():
             if at >= 0:
                 self._seq += 1

@@ -24,12 +24,29 @@ class _Collect:
 
 
 class SyncJournal:
-    def __init__(self, disk, data_dir: str, segment_bytes: int = 1 << 20):
+    def __init__(self, disk, data_dir: str, segment_bytes: int = 1 << 20, new_target=_Collect, type_name=str):
+        """`new_target` is what recovery rebuilds (storage.recovery.Target); the default keeps the entries."""
         self.disk, self.data_dir, self.segment_bytes = disk, data_dir, segment_bytes
-        self.recovered = recovery.recover(disk, data_dir, _Collect, repair=True)
+        self.new_target, self.type_name = new_target, type_name
+        self.recovered = recovery.recover(disk, data_dir, new_target, repair=True, type_name=type_name)
         self.journal = Journal(disk, data_dir + "/wal", segment_bytes)
         start = self.journal.open(self.recovered.tail, self.recovered.logs)
         self.cursor = WriteCursor(start, disk.open_append(self.journal.path(start)), True)
+
+    def fence(self, log_id: int, epoch: int) -> int:
+        return self.journal.fence(log_id, epoch)
+
+    def append(self, log_id: int, epoch: int, rtype: int, parts: list[bytes]) -> tuple[int, int]:
+        return self.journal.append(log_id, epoch, rtype, parts)
+
+    def read(self, pos: int, n: int) -> bytes:
+        return self.journal.read(pos, n)
+
+    def read_into(self, pos: int, buf) -> int:
+        return self.journal.read_into(pos, buf)
+
+    def read_ahead(self, pos: int) -> None:
+        """No thread here: reads go to the (simulated) files directly."""
 
     def log(self, log_id: int) -> JournalLog:
         return JournalLog(self.journal, log_id)
@@ -47,4 +64,4 @@ class SyncJournal:
 
     def reopen(self) -> "SyncJournal":
         self.disk.close(self.cursor.handle)
-        return SyncJournal(self.disk, self.data_dir, self.segment_bytes)
+        return SyncJournal(self.disk, self.data_dir, self.segment_bytes, self.new_target, self.type_name)

@@ -622,9 +622,9 @@ def test_rebuild_keeps_locks_and_redelivers_everything_else_not_acked():
     assert sorted(take(s, 10, 10.0, 10)) == [(num(0, 0), 2), (num(3, 0), 2)]
 
 
-def test_rebuild_releases_the_locks_of_an_ordered_subscription():
-    """Each key's messages must go out again in order: a lock kept across a restart could let a later message
-    of its key overtake it."""
+def test_rebuild_keeps_an_ordered_keys_locked_batch_outstanding():
+    """A lock kept across a restart is its key's outstanding batch: nothing later of the key goes out before it
+    ends, and when it fails, it goes out again first."""
     t = TopicState(1, "projects/p/topics/t", None, 1)
     s = SubscriptionState(2, "projects/p/subscriptions/s", t, Subscription(enable_message_ordering=True))
     t.shards[0].append(2, 0, 0, key=7)
@@ -632,7 +632,10 @@ def test_rebuild_releases_the_locks_of_an_ordered_subscription():
     assert take(s, 1, 0.0, 10) == [(num(0, 0), 1)]
     s.dispatching = False
     s.rebuild(1.0)
-    assert take(s, 10, 1.0, 10) == [(num(0, 0), 2), (num(1, 0), 1)]
+    assert take(s, 10, 1.0, 10) == []  # key 7 waits for its locked message
+    assert take(s, 10, 10.0, 10) == [(num(0, 0), 2)]  # which ran out: it goes out again, alone
+    s.ack([num(0, 0)])
+    assert take(s, 10, 10.0, 10) == [(num(1, 0), 1)]
 
 
 @pytest.mark.parametrize("shards", [1, 2, 3])

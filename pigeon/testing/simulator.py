@@ -1,0 +1,555 @@
+"""The deterministic simulator: one seed drives the whole broker — commands, records, the state machine, the
+journal and recovery, the same code the node runs — over a simulated disk and clock through a random workload
+(publish with ordering keys, attributes, delays and idempotency keys; pull with partial responses; ack, nack,
+modack; seek to a time or a snapshot; dead-letter policies; filters; streams dropped mid-delivery; checkpoints
+and segment deletion) with faults injected between steps: a crash (the unsynced tail is lost, sometimes torn), a
+bit flipped in a closed segment, clock jumps. After every step it checks:
+
+  * no publish acknowledged as durable is lost, and every stored message reads back as published;
+  * no ack acknowledged as durable is undone;
+  * per ordering key, a message goes out only after every earlier one of its key is acked (or goes out before
+    it in the same batch);
+  * delivery counts never pass a dead-letter policy's maximum; a message taken out for dead-lettering has
+    reached it;
+  * after a crash, the recovered state is what replaying the surviving log gives (recovery equals the live
+    path), and the log reaches at least as far as it was durable;
+  * at the end: once every lease and backoff ran out, everything unacked and not parked is delivered.
+
+A failure raises SimFailure naming the seed; `python -m pigeon.testing.simulator --seed N` replays it, `--seeds N`
+runs many (what `make sim SEEDS=N` does)."""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+
+from google.pubsub_v1 import types
+
+from pigeon.broker import commands
+from pigeon.broker.state import BrokerState
+from pigeon.core import limits
+from pigeon.core.errors import PigeonError
+from pigeon.node.reader import MessageReader
+from pigeon.node.recovery import BrokerTarget, type_name
+from pigeon.storage import checkpoint as ck
+from pigeon.storage import records as R
+from pigeon.testing.clock import SimClock
+from pigeon.testing.journal import SyncJournal
+from pigeon.testing.simdisk import SimDisk
+
+P = "projects/sim"
+KEYS = ["k1", "k2", "k3"]
+COLORS = ["red", "blue"]
+BUNDLES = 3
+_Topic, _Sub = types.Topic.pb(), types.Subscription.pb()
+_PublishRequest, _PubsubMessage = types.PublishRequest.pb(), types.PubsubMessage.pb()
+
+
+class SimFailure(AssertionError):
+    pass
+
+
+class Stream:
+    """A client's stream: the lease owner told when leases end."""
+
+    def __init__(self):
+        self.released: list[int] = []
+
+    def release(self, num: int) -> None:
+        self.released.append(num)
+
+    def release_all(self, nums) -> None:
+        self.released.extend(nums)
+
+
+@dataclass
+class Msg:
+    topic: int
+    num: int
+    data: bytes
+    key: str  # ordering key, "" when none (or when the message waits for an activation time)
+    end: int  # journal position after its record
+
+
+@dataclass
+class Oracle:
+    """What clients were told, as the simulator's own bookkeeping (never read from the broker)."""
+
+    msgs: dict[tuple[int, int], Msg] = field(default_factory=dict)  # (topic uid, num) → message
+    durable_msgs: set[tuple[int, int]] = field(default_factory=set)  # publishes answered OK (durable)
+    pending_acks: list[tuple[int, int, list[int]]] = field(default_factory=list)  # (end, sub, nums)
+    durable_acks: dict[int, set[int]] = field(default_factory=dict)  # sub uid → nums whose ack was durable
+    dead: dict[int, set[int]] = field(default_factory=dict)  # sub uid → nums taken out for dead-lettering
+
+
+class Simulator:
+    def __init__(self, seed: int, steps: int = 150, faults: bool = True):
+        self.seed, self.steps, self.faults = seed, steps, faults
+        self.rng = random.Random(seed)
+        self.clock = SimClock()
+        self.disk = SimDisk()
+        self.sj = SyncJournal(self.disk, "/data", segment_bytes=8 * 1024, new_target=BrokerTarget,
+                              type_name=type_name)
+        self.state: BrokerState = self.sj.recovered.target.state
+        self.state.rebuild(self.clock.now())
+        self.reader = MessageReader(self.sj, 1 << 20)
+        self.epoch = 1
+        self.fenced: set[int] = set()
+        self.history: list[tuple[R.Record, int, int]] = []  # every record appended: (record, at, end)
+        self.checkpoints: list[int] = []
+        self.oracle = Oracle()
+        self.held: dict[int, dict[int, str]] = {}  # sub uid → {num: ack id} a client holds
+        self.streams: list[Stream] = [Stream(), Stream()]
+        self.idem_keys: list[str] = []
+        self.step_no = 0
+        self.log: list[str] = []
+
+    # --- running -------------------------------------------------------------------------------------
+    def run(self) -> "Simulator":
+        ops = [(self.create_topic, 2), (self.create_sub, 2), (self.publish, 20), (self.take, 18), (self.ack, 14),
+               (self.modack, 6), (self.advance, 8), (self.commit, 10), (self.write_unsynced, 3), (self.seek, 2),
+               (self.snapshot, 1), (self.drop_stream, 2), (self.checkpoint, 2)]
+        if self.faults:
+            ops += [(self.crash, 3), (self.flip_bit, 1), (self.clock_jump, 1)]
+        funcs, weights = zip(*ops)
+        try:
+            for self.step_no in range(self.steps):
+                op = self.rng.choices(funcs, weights)[0]
+                self.log.append(op.__name__)
+                op()
+                self.check_states()
+            self.final_drain()
+        except SimFailure:
+            raise
+        except Exception as e:  # noqa: BLE001 — any crash of the code under test is a finding
+            raise SimFailure(f"seed {self.seed}, step {self.step_no} ({' '.join(self.log[-8:])}): "
+                             f"{type(e).__name__}: {e}") from e
+        return self
+
+    def fail(self, what: str) -> None:
+        raise SimFailure(f"seed {self.seed}, step {self.step_no} ({' '.join(self.log[-8:])}): {what}")
+
+    # --- the executor's one step (as node.engine.Engine.commit) ----------------------------------------
+    def commit_record(self, rec: R.Record, owner=None) -> int:
+        log_id = self.state.log_of(rec, BUNDLES)
+        if log_id not in self.fenced:
+            self.sj.fence(log_id, self.epoch)
+            self.fenced.add(log_id)
+        at = self.sj.append(log_id, self.epoch, rec.TYPE, rec.parts())[1]
+        effects = self.state.apply(rec, at, owner)
+        end = self.sj.journal.tail
+        self.history.append((rec, at, end))
+        for kind, uid in effects or ():
+            if kind == "dead_letters":
+                self.forward_dead_letters(uid)
+        return end
+
+    # --- workload ------------------------------------------------------------------------------------
+    def create_topic(self) -> None:
+        if len(self.state.topics) >= 3:
+            return
+        name = f"{P}/topics/topic{len(self.state.topics_by_uid)}"
+        self.commit_record(commands.create_topic(self.state, _Topic(name=name), self.rng.randint(1, 3)))
+
+    def create_sub(self) -> None:
+        if not self.state.topics or len(self.state.subs) >= 4:
+            return
+        r = self.rng
+        topic = r.choice(sorted(self.state.topics))
+        sub = _Sub(name=f"{P}/subscriptions/sub{len(self.state.subs_by_uid)}", topic=topic,
+                   ack_deadline_seconds=r.choice([10, 30]), enable_message_ordering=r.random() < 0.4)
+        if r.random() < 0.3:
+            dlt = r.choice(sorted(self.state.topics))
+            sub.dead_letter_policy.dead_letter_topic = dlt
+            sub.dead_letter_policy.max_delivery_attempts = 5
+        if r.random() < 0.2:
+            sub.filter = 'attributes.color = "red"'
+        if r.random() < 0.3:
+            sub.retry_policy.minimum_backoff.seconds = r.choice([1, 5])
+        rec = commands.create_subscription(self.state, sub, "unused")
+        self.commit_record(rec)
+        self.held[rec.uid] = {}
+        self.oracle.durable_acks[rec.uid] = set()
+        self.oracle.dead[rec.uid] = set()
+
+    def publish(self) -> None:
+        if not self.state.topics:
+            return
+        r = self.rng
+        t = self.state.topics[r.choice(sorted(self.state.topics))]
+        key = r.choice(KEYS) if r.random() < 0.5 else ""
+        msgs = []
+        for _ in range(r.randint(1, 4)):
+            m = _PubsubMessage(data=b"%d-%d" % (self.seed, r.getrandbits(40)), ordering_key=key)
+            m.attributes["color"] = r.choice(COLORS)
+            if r.random() < 0.1:
+                m.attributes["pigeon-delay"] = f"{r.randint(1, 20)}s"
+            if r.random() < 0.15:
+                k = r.choice(self.idem_keys) if self.idem_keys and r.random() < 0.5 else f"idem-{r.getrandbits(20)}"
+                self.idem_keys.append(k)
+                m.attributes["pigeon-idempotency-key"] = k
+            msgs.append(m)
+        cmd = commands.check_publish(_PublishRequest(topic=t.name, messages=msgs).SerializeToString())
+        request, count, keys, acts = cmd.request, cmd.count, cmd.idempotency_keys, cmd.activations
+        if keys:
+            t.idempotency.expire(int((self.clock.now() - limits.idempotency_window_s_default) * 1000))
+            fresh = commands.deduplicate(t, keys)
+            if not fresh:
+                return
+            if len(fresh) < count:
+                request = commands.keep_messages(request, fresh)
+                acts = [acts[i] for i in fresh] if acts else None
+                msgs = [msgs[i] for i in fresh]
+            keys, count = [keys[i] for i in fresh], len(fresh)
+        rec = commands.publish(t, request, count, cmd.ordering_key, int(self.clock.now() * 1000), keys, acts)
+        end = self.commit_record(rec)
+        for i, m in enumerate(msgs):
+            num = ((rec.base + i) << limits.shard_bits) | rec.shard
+            self.oracle.msgs[(t.uid, num)] = Msg(t.uid, num, m.data, "" if acts else key, end)
+
+    def take(self) -> None:
+        subs = [s for s in self.state.subs_by_uid.values() if not s.detached]
+        if not subs:
+            return
+        r = self.rng
+        s = r.choice(subs)
+        now = self.clock.now()
+        picks = s.take(r.randint(1, 12), now, 1 if r.random() < 0.1 else 0)
+        if not picks:
+            return
+        if picks.out and r.random() < 0.2:  # the response was full: the rest goes back unleased
+            s.untake(picks, r.randint(0, len(picks.out) - 1))
+        self.check_order(s, picks.out)
+        for num, version in picks.out:
+            if s.max_attempts and version > s.max_attempts:
+                self.fail(f"message {num} of {s.name} delivered a {version}th time, past the maximum {s.max_attempts}")
+        for num, attempts in picks.dead:
+            if attempts != s.max_attempts:
+                self.fail(f"message {num} of {s.name} dead-lettered after {attempts} deliveries, not {s.max_attempts}")
+        owner = r.choice([None, *self.streams])
+        self.commit_record(picks.record(s.uid, now + s.ack_deadline_s), owner)
+        if picks.out:
+            stored = self.reader.messages(s.topic, [n for n, _ in picks.out], s.overrides)
+            for (num, version), (body, _) in zip(picks.out, stored):
+                want = self.oracle.msgs.get((s.topic.uid, num))
+                if want is not None and _PubsubMessage.FromString(body).data != want.data:
+                    self.fail(f"message {num} of {s.topic.name} reads back different from what was published")
+                self.held[s.uid][num] = f"{s.uid}.{num}.{version}"
+        self.oracle.dead[s.uid].update(n for n, _ in picks.dead)
+
+    def check_order(self, s, out) -> None:
+        """Per key, nothing goes out before every earlier message of its key is acked or went out before it in
+        this batch (or was taken out for dead-lettering: the key moves on)."""
+        if not s.ordered:
+            return
+        before: set[int] = set()
+        for num, _ in out:
+            m = self.oracle.msgs.get((s.topic.uid, num))
+            if m is not None and m.key:
+                for other in self.oracle.msgs.values():
+                    if (other.topic == m.topic and other.key == m.key and other.num & 63 == num & 63
+                            and other.num < num and other.num not in before and not s.is_acked(other.num)
+                            and other.num not in self.oracle.dead[s.uid] and other.num not in s.parked):
+                        self.fail(f"ordering key {m.key!r} of {s.name}: {num} went out before {other.num}")
+            before.add(num)
+
+    def ack(self) -> None:
+        subs = [uid for uid, h in self.held.items() if h and uid in self.state.subs_by_uid]
+        if not subs:
+            return
+        uid = self.rng.choice(subs)
+        s = self.state.subs_by_uid[uid]
+        held = self.held[uid]
+        chosen = self.rng.sample(sorted(held), self.rng.randint(1, len(held)))
+        nums, _ = commands.acks(s, [held.pop(n) for n in chosen], self.clock.now())
+        if nums:
+            end = self.commit_record(R.Ack(uid, nums))
+            # an ack id of a message a damaged log lost changes nothing: only what took effect counts
+            self.oracle.pending_acks.append((end, uid, [n for n in nums if s.is_acked(n)]))
+
+    def modack(self) -> None:
+        subs = [uid for uid, h in self.held.items() if h and uid in self.state.subs_by_uid]
+        if not subs:
+            return
+        uid = self.rng.choice(subs)
+        s = self.state.subs_by_uid[uid]
+        held = self.held[uid]
+        chosen = self.rng.sample(sorted(held), self.rng.randint(1, len(held)))
+        seconds = self.rng.choice([0, 0, 15, 60])
+        ids = [held[n] for n in chosen]
+        if seconds == 0:
+            for n in chosen:
+                del held[n]
+        recs, _ = commands.modacks(s, ids, [seconds] * len(ids), self.clock.now())
+        for rec in recs:
+            self.commit_record(rec)
+
+    def seek(self) -> None:
+        subs = [s for s in self.state.subs_by_uid.values() if not s.detached and s.topic is not None]
+        if not subs:
+            return
+        s = self.rng.choice(subs)
+        snaps = [n for n, sn in self.state.snapshots.items() if sn.topic_uid == s.topic.uid]
+        if snaps and self.rng.random() < 0.5:
+            rec = commands.seek(self.state, s.name, None, self.rng.choice(snaps))
+        else:
+            rec = commands.seek(self.state, s.name, int((self.clock.now() - self.rng.randint(0, 60)) * 1000), None)
+        self.commit_record(rec)
+        self.held[s.uid] = {}
+        self.oracle.pending_acks.append((self.sj.journal.tail, s.uid, None))  # None: a seek, once durable
+
+    def snapshot(self) -> None:
+        subs = [s for s in self.state.subs_by_uid.values() if s.topic is not None and not s.topic.deleted]
+        if not subs or len(self.state.snapshots) >= 3:
+            return
+        s = self.rng.choice(subs)
+        name = f"{P}/snapshots/snap{len(self.state.snapshots)}-{self.step_no}"
+        try:
+            _, rec = commands.create_snapshot(self.state, name, s.name, {}, self.clock.now(), "unused")
+        except PigeonError:
+            return
+        self.commit_record(rec)
+
+    def drop_stream(self) -> None:
+        """A client's stream dies: its leases stay until their deadline; the client keeps its ack ids."""
+        gone = self.rng.choice(self.streams)
+        for s in self.state.subs_by_uid.values():
+            s.disown(gone, [n for n, lease in s.leases.items() if lease[2] is gone])
+        self.streams[self.streams.index(gone)] = Stream()
+
+    def advance(self) -> None:
+        self.clock.advance(self.rng.choice([0.5, 2.0, 5.0, 10.0, 31.0]))
+
+    def clock_jump(self) -> None:
+        self.clock.advance(self.rng.choice([700.0, 3600.0]))
+
+    def forward_dead_letters(self, uid: int) -> None:
+        """What the executor does with messages taken out for dead-lettering: publish them to the dead-letter
+        topic with the source attributes, then ack them on the source."""
+        s = self.state.subs_by_uid[uid]
+        nums, s.dead_letters = s.dead_letters, []
+        dlt = self.state.topics.get(s.config.dead_letter_policy.dead_letter_topic)
+        if dlt is None:
+            return  # the leases run out and the messages come back
+        for key, request, count in commands.dead_letter_batches(s, nums, self.reader.messages(s.topic, nums)):
+            self.commit_record(commands.publish(dlt, request, count, key, int(self.clock.now() * 1000)))
+        self.commit_record(R.Ack(uid, nums))
+
+    # --- durability ----------------------------------------------------------------------------------
+    def commit(self) -> None:
+        """One group commit: everything appended becomes durable; what clients were answered follows."""
+        self.sj.commit()
+        self.state.all_durable()  # as the executor: a batch becomes visible once durable
+        durable = self.sj.journal.durable
+        o = self.oracle
+        o.durable_msgs |= {k for k, m in o.msgs.items() if m.end <= durable}
+        keep = []
+        for end, uid, nums in o.pending_acks:
+            if end > durable:
+                keep.append((end, uid, nums))
+            elif uid in self.state.subs_by_uid:
+                s = self.state.subs_by_uid[uid]
+                if nums is None:  # a seek: only what it left acked stays acked
+                    o.durable_acks[uid] = {n for n in o.durable_acks[uid] if s.is_acked(n)}
+                else:
+                    o.durable_acks[uid].update(nums)
+        o.pending_acks = keep
+
+    def write_unsynced(self) -> None:
+        self.sj.write()
+
+    def checkpoint(self) -> None:
+        """As node.maintenance: a checkpoint at the current position once durable, then segment deletion."""
+        self.commit()
+        st = self.state
+        pos = self.sj.journal.tail
+        logs = {i: (lg.next, lg.epoch, lg.fenced) for i, lg in self.sj.journal.logs.items()}
+        recs = ck.encode(ck.Header(pos, st.next_uid, logs), st.meta_records(), st.images())
+        keep = self.checkpoints[-1:]
+        ck.write(self.disk, "/data/checkpoints", pos, recs, keep)
+        self.checkpoints = keep + [pos]
+        need = min(self.sj.journal.tail, st.trim_indexes(self.clock.now()))
+        if len(self.checkpoints) >= 2:
+            self.sj.journal.delete_before(min(need, self.checkpoints[-2]))
+
+    # --- faults --------------------------------------------------------------------------------------
+    def crash(self, flipped: bool = False) -> None:
+        durable = self.sj.journal.durable
+        self.disk.crash(self.rng, torn=self.rng.random() < 0.5)
+        self.recover(durable, flipped)
+
+    def flip_bit(self) -> None:
+        """A bit flips in a closed segment the recovery must read: it truncates there and says so."""
+        self.commit()
+        j = self.sj.journal
+        start = self.checkpoints[-1] if self.checkpoints else 0
+        closed = [s for s in j.starts[:-1] if s >= start or j.starts[j.starts.index(s) + 1] > start]
+        if not closed:
+            return
+        seg = self.rng.choice(closed)
+        path = j.path(seg)
+        size = self.disk.size(path)
+        if size == 0:
+            return
+        lo = max(0, start - seg)
+        if lo >= size:
+            return
+        self.disk.flip_bit(path, self.rng.randrange(lo, size), self.rng.randrange(8))
+        self.crash(flipped=True)
+
+    def recover(self, durable_before: int, flipped: bool) -> None:
+        self.sj = SyncJournal(self.disk, "/data", 8 * 1024, BrokerTarget, type_name)
+        found = self.sj.recovered
+        tail = found.tail
+        if flipped:
+            if not found.report.broken:
+                self.fail("a flipped bit in a closed segment went unnoticed")
+        elif tail < durable_before:
+            self.fail(f"recovery ended the journal at {tail}, below what was durable ({durable_before})")
+        recovered = found.target.state
+        recovered.all_durable()
+        # recovery equals the live path: replaying the records that survived gives the same state
+        shadow = BrokerState()
+        shadow.dispatch_off()
+        for rec, at, end in self.history:
+            if end <= tail:
+                shadow.apply(rec, at)
+        shadow.all_durable()
+        now = self.clock.now()
+        # compared once both dispatch again: a lease that ran out ends, with what its key's batch takes with it
+        recovered.rebuild(now)
+        shadow.rebuild(now)
+        if summary(recovered, now) != summary(shadow, now):
+            self.fail("the recovered state differs from a replay of the surviving records:\n"
+                      f"  recovered {summary(recovered, now)}\n  replayed  {summary(shadow, now)}")
+        for t in recovered.topics_by_uid.values():  # an index may have been trimmed before a checkpoint
+            for ix, full in zip(t.shards, shadow.topics_by_uid[t.uid].shards):
+                kept = len(ix.base)
+                if kept and (list(ix.base) != list(full.base[-kept:]) or list(ix.pos) != list(full.pos[-kept:])):
+                    self.fail(f"the recovered index of {t.name} is not the tail of the replayed one")
+        self.history = [h for h in self.history if h[2] <= tail]
+        self.state = recovered
+        self.reader = MessageReader(self.sj, 1 << 20)
+        self.epoch += 1
+        self.fenced = set()
+        self.checkpoints = found.checkpoints
+        o = self.oracle
+        if flipped:  # the damage cost what came after it: the oracle forgets it (nothing else may go)
+            o.durable_msgs = {k for k in o.durable_msgs if o.msgs[k].end <= tail}
+            for uid in o.durable_acks:  # (the state is checked above: it is the replay of what survived)
+                s = recovered.subs_by_uid.get(uid)
+                o.durable_acks[uid] = {n for n in o.durable_acks[uid] if s is not None and s.is_acked(n)}
+        o.msgs = {k: m for k, m in o.msgs.items() if m.end <= tail}
+        o.pending_acks = [p for p in o.pending_acks if p[0] <= tail]
+        self.commit()  # what survived is durable now: pending answers that made it count
+        self.check_durability()
+        self.streams = [Stream(), Stream()]  # every stream died with the process; clients keep their ack ids
+
+    # --- invariants ----------------------------------------------------------------------------------
+    def check_durability(self) -> None:
+        st = self.state
+        for key in self.oracle.durable_msgs:
+            t = st.topics_by_uid.get(key[0])
+            m = self.oracle.msgs.get(key)
+            if t is None or m is None:
+                self.fail(f"a durably acknowledged publish {key} is gone with its topic")
+            ix = t.shards[key[1] & 63]
+            if not key[1] >> limits.shard_bits < ix.next:
+                self.fail(f"a durably acknowledged publish {key} is lost (shard at {ix.next})")
+        for uid, nums in self.oracle.durable_acks.items():
+            s = st.subs_by_uid.get(uid)
+            for n in nums:
+                if s is not None and not s.is_acked(n):
+                    self.fail(f"a durably acknowledged ack of message {n} on subscription {uid} was undone")
+
+    def check_states(self) -> None:
+        for s in self.state.subs_by_uid.values():
+            for num, lease in s.leases.items():
+                if s.is_acked(num):
+                    self.fail(f"message {num} of {s.name} is both acked and locked")
+                if s.max_attempts and lease[1] > s.max_attempts:
+                    self.fail(f"message {num} of {s.name} locked at delivery {lease[1]} > {s.max_attempts}")
+            both = set(s.versions) & set(s.leases)
+            if both:
+                self.fail(f"{s.name}: {sorted(both)[:5]} counted as waiting and as locked")
+
+    def final_drain(self) -> None:
+        """Once every lease and backoff ran out, everything unacked and not parked goes out (liveness)."""
+        self.commit()
+        for s in self.state.subs_by_uid.values():
+            if s.detached or s.topic is None:
+                continue
+            got: set[int] = set()
+            for _ in range(3):  # leases run out into backoff (at most 600 s), backoff into redelivery
+                self.clock.advance(limits.modify_deadline_s_max + 60)
+                for _ in range(10_000):
+                    picks = s.take(1000, self.clock.now())
+                    if not picks:
+                        break
+                    self.commit_record(picks.record(s.uid, self.clock.now() + 600))
+                    got.update(n for n, _ in picks.out)
+                    self.commit_record(R.Ack(s.uid, [n for n, _ in picks.out]))
+                self.commit()  # dead letters forwarded meanwhile become visible
+            for ix_no, ix in enumerate(s.topic.shards):
+                for o in range(ix.first(), ix.next):
+                    num = (o << limits.shard_bits) | ix_no
+                    if not s.is_acked(num) and num not in s.parked and num not in got and num not in s.leases:
+                        self.fail(f"message {num} of {s.name} is unacked but never delivered again")
+
+
+def summary(st: BrokerState, now: float) -> dict:
+    """The durable state, as plain values (leases that ran out by `now` count as ended on both sides)."""
+    subs = {}
+    for uid, s in st.subs_by_uid.items():
+        leases = {n: (d, v, k) for n, (d, v, _, k) in s.leases.items() if d > now}
+        counts = dict(s.versions)
+        counts.update({n: v for n, (d, v, _, _) in s.leases.items() if d <= now})
+        subs[uid] = (s.name, s.export_state(), leases, counts, dict(s.parked), s.detached)
+    return {
+        "topics": {u: (t.name, t.deleted, [ix.next for ix in t.shards]) for u, t in st.topics_by_uid.items()},
+        "subs": subs,
+        "snaps": {n: (sn.topic_uid, sn.floors, sn.acked) for n, sn in st.snapshots.items()},
+        "next_uid": st.next_uid,
+    }
+
+
+def run_seeds(first: int, count: int, steps: int, out=sys.stdout) -> int:
+    """Run `count` seeds from `first`; print progress and the failures; return how many failed."""
+    failed = 0
+    t0 = time.monotonic()
+    for i, seed in enumerate(range(first, first + count)):
+        try:
+            Simulator(seed, steps).run()
+        except SimFailure as e:
+            failed += 1
+            print(f"FAIL {e}", file=out, flush=True)
+        if (i + 1) % 50 == 0 or i + 1 == count:
+            print(f"{i + 1}/{count} seeds, {failed} failed, {time.monotonic() - t0:.0f} s", file=out, flush=True)
+    return failed
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="Pigeon's deterministic simulator")
+    ap.add_argument("--seed", type=int, help="replay one seed (prints the steps it took)")
+    ap.add_argument("--seeds", type=int, default=1000, help="how many seeds to run")
+    ap.add_argument("--first", type=int, default=0, help="the first seed")
+    ap.add_argument("--steps", type=int, default=150, help="steps per seed")
+    a = ap.parse_args(argv)
+    if a.seed is not None:
+        sim = Simulator(a.seed, a.steps)
+        try:
+            sim.run()
+        finally:
+            print(" ".join(sim.log))
+        print(f"seed {a.seed}: clean")
+        return 0
+    failed = run_seeds(a.first, a.seeds, a.steps)
+    print(f"{a.seeds - failed} of {a.seeds} seeds ran clean")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
