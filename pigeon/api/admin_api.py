@@ -6,7 +6,8 @@ from __future__ import annotations
 import grpc
 from google.iam.v1 import iam_policy_pb2
 
-from pigeon.api.grpc_api import _translate, pb
+from pigeon.api.errors import translate
+from pigeon.api.grpc_api import pb
 from pigeon.core import names
 from pigeon.node.engine import Engine
 
@@ -18,47 +19,47 @@ class SchemaApi:
         self.engine = engine
         self.svc = engine.schemas
 
-    @_translate
+    @translate
     async def create_schema(self, req, context):
         return (await self.svc.create(req.parent, req.schema, req.schema_id)).SerializeToString()
 
-    @_translate
+    @translate
     async def get_schema(self, req, context):
         return self.svc.get(req.name, req.view).SerializeToString()
 
-    @_translate
+    @translate
     async def list_schemas(self, req, context):
         schemas, token = self.svc.list(names.project_of(req.parent), req.view, req.page_size, req.page_token)
         return pb["ListSchemasResponse"](schemas=schemas, next_page_token=token).SerializeToString()
 
-    @_translate
+    @translate
     async def list_schema_revisions(self, req, context):
         schemas, token = self.svc.list_revisions(req.name, req.view, req.page_size, req.page_token)
         return pb["ListSchemaRevisionsResponse"](schemas=schemas, next_page_token=token).SerializeToString()
 
-    @_translate
+    @translate
     async def commit_schema(self, req, context):
         return (await self.svc.commit(req.name, req.schema)).SerializeToString()
 
-    @_translate
+    @translate
     async def rollback_schema(self, req, context):
         return (await self.svc.rollback(req.name, req.revision_id)).SerializeToString()
 
-    @_translate
+    @translate
     async def delete_schema_revision(self, req, context):
         return (await self.svc.delete_revision(req.name, req.revision_id)).SerializeToString()
 
-    @_translate
+    @translate
     async def delete_schema(self, req, context):
         await self.svc.delete(req.name)
         return b""
 
-    @_translate
+    @translate
     async def validate_schema(self, req, context):
         await self.svc.validate_schema(req.parent, req.schema)
         return b""
 
-    @_translate
+    @translate
     async def validate_message(self, req, context):
         which = req.WhichOneof("schema_spec")
         await self.svc.validate_message(req.parent, req.name if which == "name" else "",
@@ -70,15 +71,15 @@ class IamApi:
     def __init__(self, engine: Engine):
         self.engine = engine
 
-    @_translate
+    @translate
     async def set_iam_policy(self, req, context):
         return (await self.engine.iam.set_policy(req.resource, req.policy)).SerializeToString()
 
-    @_translate
+    @translate
     async def get_iam_policy(self, req, context):
         return self.engine.iam.get_policy(req.resource).SerializeToString()
 
-    @_translate
+    @translate
     async def test_iam_permissions(self, req, context):
         principal = dict(context.invocation_metadata() or ()).get(PRINCIPAL_HEADER, "allUsers")
         granted = self.engine.iam.test_permissions(req.resource, list(req.permissions), principal)

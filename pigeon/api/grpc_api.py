@@ -1,5 +1,5 @@
 """The Pub/Sub v1 gRPC surface. Owns the rule: translation only — wire messages in, engine calls, wire
-messages out; a PigeonError becomes its gRPC status here and nowhere else.
+messages out; errors leave through api.errors, the one boundary.
 
 `google.pubsub_v1` ships message types but no servicers, so the services are generic handlers whose
 (de)serializers are the raw protobuf classes. Publish takes and Pull/StreamingPull return raw bytes so
@@ -16,10 +16,8 @@ from google.pubsub_v1 import types
 
 from pigeon.broker import commands
 from pigeon.core import limits, names, wire
-from google.protobuf import any_pb2
-from google.rpc import code_pb2, error_details_pb2, status_pb2
-
-from pigeon.core.errors import AckIdFailure, InvalidArgument, PigeonError
+from pigeon.api.errors import abort, translate
+from pigeon.core.errors import InvalidArgument
 from pigeon.node.engine import Engine
 
 log = logging.getLogger("pigeon.api")
@@ -27,60 +25,33 @@ log = logging.getLogger("pigeon.api")
 pb = {n: getattr(types, n).pb() for n in dir(types) if isinstance(getattr(types, n), type) and hasattr(getattr(types, n), "pb")}
 
 
-def _status(code_name: str) -> grpc.StatusCode:
-    return grpc.StatusCode[code_name]
-
-
-async def abort(context, e: PigeonError):
-    """The one place a PigeonError becomes a gRPC status (with google.rpc details where it has them)."""
-    trailers = ()
-    if isinstance(e, AckIdFailure):
-        info = error_details_pb2.ErrorInfo(reason=e.reason, domain=e.domain, metadata=e.failures)
-        detail = any_pb2.Any()
-        detail.Pack(info)
-        st = status_pb2.Status(code=code_pb2.Code.Value(e.code), message=e.message, details=[detail])
-        trailers = (("grpc-status-details-bin", st.SerializeToString()),)
-    await context.abort(_status(e.code), e.message, trailing_metadata=trailers)
-
-
-def _translate(fn):
-    @functools.wraps(fn)
-    async def handler(self, request, context):
-        try:
-            return await fn(self, request, context)
-        except PigeonError as e:
-            await abort(context, e)
-
-    return handler
-
-
 class PubSubApi:
     def __init__(self, engine: Engine):
         self.engine = engine
 
     # ---------------------------------------------------------------- Publisher
-    @_translate
+    @translate
     async def create_topic(self, req, context):
         return (await self.engine.create_topic(req)).SerializeToString()
 
-    @_translate
+    @translate
     async def update_topic(self, req, context):
         if not req.HasField("topic"):
             raise InvalidArgument("topic must be set.")
         return (await self.engine.update_topic(req.topic, req.update_mask)).SerializeToString()
 
-    @_translate
+    @translate
     async def publish(self, raw: bytes, context):
         cmd = commands.check_publish(raw)
         ids = await self.engine.publish(cmd.topic, cmd.request, cmd.count, cmd.ordering_key, cmd.idempotency_keys,
                                         cmd.activations)
         return pb["PublishResponse"](message_ids=ids).SerializeToString()
 
-    @_translate
+    @translate
     async def get_topic(self, req, context):
         return self.engine.get_topic(req.topic).SerializeToString()
 
-    @_translate
+    @translate
     async def list_topics(self, req, context):
         project = names.project_of(req.project)
         page, token = self.engine.list_topics(project, req.page_size, req.page_token)
@@ -88,66 +59,66 @@ class PubSubApi:
         resp = pb["ListTopicsResponse"](topics=[reg.topics[n].config for n in page], next_page_token=token)
         return resp.SerializeToString()
 
-    @_translate
+    @translate
     async def list_topic_subscriptions(self, req, context):
         page, token = self.engine.list_topic_subscriptions(req.topic, req.page_size, req.page_token)
         return pb["ListTopicSubscriptionsResponse"](subscriptions=page, next_page_token=token).SerializeToString()
 
-    @_translate
+    @translate
     async def list_topic_snapshots(self, req, context):
         page, token = self.engine.list_topic_snapshots(req.topic, req.page_size, req.page_token)
         return pb["ListTopicSnapshotsResponse"](snapshots=page, next_page_token=token).SerializeToString()
 
-    @_translate
+    @translate
     async def delete_topic(self, req, context):
         await self.engine.delete_topic(req.topic)
         return b""
 
-    @_translate
+    @translate
     async def detach_subscription(self, req, context):
         await self.engine.detach_subscription(req.subscription)
         return b""
 
     # ---------------------------------------------------------------- Subscriber
-    @_translate
+    @translate
     async def create_subscription(self, req, context):
         return (await self.engine.create_subscription(req)).SerializeToString()
 
-    @_translate
+    @translate
     async def get_subscription(self, req, context):
         return self.engine.get_subscription(req.subscription).SerializeToString()
 
-    @_translate
+    @translate
     async def update_subscription(self, req, context):
         if not req.HasField("subscription"):
             raise InvalidArgument("subscription must be set.")
         return (await self.engine.update_subscription(req.subscription, req.update_mask)).SerializeToString()
 
-    @_translate
+    @translate
     async def list_subscriptions(self, req, context):
         project = names.project_of(req.project)
         page, token = self.engine.list_subscriptions(project, req.page_size, req.page_token)
         subs = [self.engine.get_subscription(n) for n in page]
         return pb["ListSubscriptionsResponse"](subscriptions=subs, next_page_token=token).SerializeToString()
 
-    @_translate
+    @translate
     async def delete_subscription(self, req, context):
         await self.engine.delete_subscription(req.subscription)
         return b""
 
-    @_translate
+    @translate
     async def modify_ack_deadline(self, req, context):
         if not req.ack_ids:
             raise InvalidArgument("ack_ids must not be empty.")
         await self.engine.modify_ack_deadline(req.subscription, list(req.ack_ids), req.ack_deadline_seconds)
         return b""
 
-    @_translate
+    @translate
     async def acknowledge(self, req, context):
         await self.engine.acknowledge(req.subscription, list(req.ack_ids))
         return b""
 
-    @_translate
+    @translate
     async def pull(self, req, context):
         rms = await self.engine.pull(req.subscription, req.max_messages, req.return_immediately)
         return b"".join(rms)  # each is already an encoded received_messages entry
@@ -191,7 +162,7 @@ class PubSubApi:
                 if rms:
                     for resp in _responses(rms, props):
                         yield resp
-        except PigeonError as e:
+        except Exception as e:  # noqa: BLE001 — the boundary (api.errors): a PigeonError or a bug
             await abort(context, e)
         finally:
             if reader is not None:
@@ -224,15 +195,15 @@ class PubSubApi:
         try:
             async for req in request_iterator:
                 self._stream_requests(stream, req)
-        except PigeonError as e:
-            stream.error = e
         except (asyncio.CancelledError, grpc.RpcError):
             return
+        except Exception as e:  # noqa: BLE001 — a PigeonError or a bug: the stream ends with it (api.errors)
+            stream.error = e
         else:
             stream.ended = True
         stream.wake()
 
-    @_translate
+    @translate
     async def modify_push_config(self, req, context):
         s = self.engine.state.sub(req.subscription)
         sub = pb["Subscription"](name=s.name, push_config=req.push_config)
@@ -240,32 +211,32 @@ class PubSubApi:
         await self.engine.update_subscription(sub, mask)
         return b""
 
-    @_translate
+    @translate
     async def get_snapshot(self, req, context):
         return self.engine.get_snapshot(req.snapshot).SerializeToString()
 
-    @_translate
+    @translate
     async def list_snapshots(self, req, context):
         project = names.project_of(req.project)
         page, token = self.engine.list_snapshots(project, req.page_size, req.page_token)
         snaps = [self.engine.get_snapshot(n) for n in page]
         return pb["ListSnapshotsResponse"](snapshots=snaps, next_page_token=token).SerializeToString()
 
-    @_translate
+    @translate
     async def create_snapshot(self, req, context):
         snap = await self.engine.create_snapshot(req.name, req.subscription, dict(req.labels))
         return snap.SerializeToString()
 
-    @_translate
+    @translate
     async def update_snapshot(self, req, context):
         return (await self.engine.update_snapshot(req.snapshot, req.update_mask)).SerializeToString()
 
-    @_translate
+    @translate
     async def delete_snapshot(self, req, context):
         await self.engine.delete_snapshot(req.snapshot)
         return b""
 
-    @_translate
+    @translate
     async def seek(self, req, context):
         which = req.WhichOneof("target")
         if which == "time":

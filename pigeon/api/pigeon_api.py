@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import grpc
 
-from pigeon.api.grpc_api import _translate
+from pigeon.api.errors import translate
 from pigeon.api.proto import pigeon_ranges_pb2 as pb
 from pigeon.core import limits, wire
 from pigeon.node import ranges
@@ -24,7 +24,7 @@ class RangesApi:
     def __init__(self, engine: Engine):
         self.engine = engine
 
-    @_translate
+    @translate
     async def latest_offsets(self, req, context):
         at = req.at_time_ms if req.HasField("at_time_ms") else None
         t, shards = ranges.latest_offsets(self.engine, req.topic, at)
@@ -34,7 +34,7 @@ class RangesApi:
             out.shards.add(shard=i, earliest=s.earliest, latest=s.latest, at_time=s.at_time)
         return out.SerializeToString()
 
-    @_translate
+    @translate
     async def read_range(self, req, context):
         t, r = ranges.read_range(self.engine, req.topic, req.shard, req.start_offset, req.end_offset,
                                  req.max_messages, req.max_bytes, req.allow_data_loss, req.topic_uid)
@@ -47,15 +47,15 @@ class RangesApi:
             out += wire.length_delimited(4, r.lengths) + wire.length_delimited(5, r.messages)
         return out
 
-    @_translate
+    @translate
     async def create_cursor(self, req, context):
         return _cursor(await ranges.create_cursor(self.engine, req.name, req.topic, list(req.offsets)))
 
-    @_translate
+    @translate
     async def get_cursor(self, req, context):
         return _cursor(ranges.get_cursor(self.engine, req.name))
 
-    @_translate
+    @translate
     async def commit_cursor(self, req, context):
         return _cursor(await ranges.commit_cursor(self.engine, req.name, list(req.offsets)))
 

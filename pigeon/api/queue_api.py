@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import grpc
 
-from pigeon.api.grpc_api import _translate
+from pigeon.api.errors import translate
 from pigeon.api.proto import pigeon_queue_pb2 as q
 from pigeon.node.engine import Engine
 
@@ -14,16 +14,16 @@ class QueueApi:
         self.ops = engine.queue
         self.clock = engine.clock
 
-    @_translate
+    @translate
     async def take(self, req, context):
         entries = await self.ops.take(req.subscription, req.max_messages, req.lock_seconds)
         return b"".join(entries)  # received_messages entries are TakeResponse.messages entries on the wire
 
-    @_translate
+    @translate
     async def ack(self, req, context):
         return q.AckResponse(acked=await self.ops.ack(req.subscription, list(req.ack_ids))).SerializeToString()
 
-    @_translate
+    @translate
     async def reschedule(self, req, context):
         if req.WhichOneof("when") == "delay_seconds":
             at = int((self.clock.now() + max(0.0, req.delay_seconds)) * 1000)
@@ -32,26 +32,26 @@ class QueueApi:
         at = await self.ops.reschedule(req.subscription, list(req.ack_ids), at)
         return q.RescheduleResponse(activate_at_ms=at).SerializeToString()
 
-    @_translate
+    @translate
     async def bury(self, req, context):
         return q.BuryResponse(buried=await self.ops.bury(req.subscription, list(req.ack_ids))).SerializeToString()
 
-    @_translate
+    @translate
     async def kick(self, req, context):
         return q.KickResponse(kicked=await self.ops.kick(req.subscription, req.max_messages)).SerializeToString()
 
-    @_translate
+    @translate
     async def update(self, req, context):
         await self.ops.update(req.subscription, req.ack_id, req.data, dict(req.attributes), req.keep_attributes)
         return b""
 
-    @_translate
+    @translate
     async def peek(self, req, context):
         message, state, attempts, at = self.ops.peek(req.subscription, req.message_id)
         return q.PeekResponse(message=message, state=state, delivery_attempt=attempts,
                               activate_at_ms=at).SerializeToString()
 
-    @_translate
+    @translate
     async def delete(self, req, context):
         n = await self.ops.delete(req.subscription, list(req.message_ids))
         return q.DeleteResponse(deleted=n).SerializeToString()

@@ -117,6 +117,7 @@ class Dispatch:
                 if lease is not None and lease[0] <= now:
                     self._fail(num, lease, now)
                     n += 1
+        self.expired += n
         delayed = self._delayed
         while delayed and delayed[0][0] <= now:
             _, _, nums, key = heapq.heappop(delayed)

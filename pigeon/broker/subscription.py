@@ -21,6 +21,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import deque
+from dataclasses import dataclass
 from operator import itemgetter
 
 from pigeon.core import limits
@@ -31,6 +32,20 @@ from pigeon.storage.records import Deliver
 
 _BITS = limits.shard_bits
 _SCHED_START = (-(1 << 62), -1)
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriptionStats:
+    name: str
+    undelivered: int  # num_undelivered_messages: unacked (delivered or not)
+    outstanding: int  # num_outstanding_messages: locked now
+    waiting: int  # delivered before, waiting for redelivery
+    parked: int  # rescheduled or buried
+    oldest_unacked_age_s: float  # oldest_unacked_message_age
+    delivered: int  # counters since start
+    acked: int
+    expired: int  # expired_ack_deadlines
+    dead_lettered: int  # dead_letter_message
 
 
 class SubShard:
@@ -118,6 +133,9 @@ class SubscriptionState(Dispatch):
         self.late: list[tuple[int, int]] = []  # (activate ms, num) added behind the mark: a heap
         self.ahead: set[int] = set()  # leased or queued numbers at or past their shard's cursor (after rebuild)
         self.detached = False
+        # counters since start (statistics; not durable): deliveries leased, acks that changed something, leases
+        # that ran out, messages taken out for dead-lettering
+        self.delivered = self.acked_count = self.expired = self.dead_lettered = 0
         self.log_id: int | None = None  # the log its records go to (BrokerState.log_of)
         self.last_activity = 0.0
         self.configure(config)
@@ -159,6 +177,7 @@ class SubscriptionState(Dispatch):
         dead-lettering are held for nobody until then."""
         leases, versions, deadline = self.leases, self.versions, rec.deadline
         nums = rec.nums
+        self.delivered += len(nums)
         if rec.versions is None and rec.keys is None:  # first deliveries: one C-level pass
             leases.update(dict.fromkeys(nums, (deadline, 1, owner, 0)))
             if versions:
@@ -173,6 +192,7 @@ class SubscriptionState(Dispatch):
                 versions.pop(num, None)
                 leases[num] = (deadline, version, owner, key)
         if rec.dead:
+            self.dead_lettered += len(rec.dead)
             for num, attempts in rec.dead:
                 versions.pop(num, None)
                 leases[num] = (deadline, attempts, None, 0)
@@ -219,6 +239,7 @@ class SubscriptionState(Dispatch):
         for owner, mine in owners.items():
             owner.release_all(mine)
         self._forget(changed)
+        self.acked_count += len(changed)
         return changed
 
     def _ack_leased(self, nums) -> list[int] | None:
@@ -244,6 +265,7 @@ class SubscriptionState(Dispatch):
             for owner in owners:
                 owner.release_all([num for num, lease in zip(nums, popped) if lease[2] is owner])
         self._forget(nums)
+        self.acked_count += len(nums)
         return nums
 
     def _forget(self, acked: list[int]) -> None:
@@ -405,6 +427,19 @@ class SubscriptionState(Dispatch):
             self.leases[n] = (deadline, version, None, key)
 
     # --- reading ---------------------------------------------------------------------------------
+    def statistics(self, now: float) -> "SubscriptionStats":
+        """Plain values for metrics (named after Cloud Monitoring's Pub/Sub subscription metrics)."""
+        oldest_ms = None
+        if self.topic is not None:
+            for s, ix in zip(self.shards, self.topic.shards):
+                if s.floor < ix.durable and ix.base:
+                    ms = ix.publish_ms(max(s.floor, ix.first()))
+                    oldest_ms = ms if oldest_ms is None else min(oldest_ms, ms)
+        return SubscriptionStats(
+            self.name, self.backlog(), len(self.leases), len(self.versions), len(self.parked),
+            max(0.0, now - oldest_ms / 1000) if oldest_ms is not None else 0.0,
+            self.delivered, self.acked_count, self.expired, self.dead_lettered)
+
     def is_acked(self, num: int) -> bool:
         shard = num & SHARD_MASK
         return shard < len(self.shards) and self.shards[shard].is_acked(num >> _BITS)

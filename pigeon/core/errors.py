@@ -1,5 +1,5 @@
 """Operational errors. Owns the rule: every error a client can cause is a PigeonError carrying its
-gRPC status code name and HTTP status; the API boundary translates them once (api.status)."""
+gRPC status code name and HTTP status; the API boundary translates them once (api.errors)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,10 @@ class PigeonError(Exception):
     def __init__(self, message: str):
         super().__init__(message)
         self.message = message
+
+    def error_info(self) -> tuple[str, str, dict[str, str]] | None:
+        """(reason, domain, metadata) of a google.rpc.ErrorInfo detail the client is given, or None."""
+        return None
 
 
 class InvalidArgument(PigeonError):
@@ -57,3 +61,6 @@ class AckIdFailure(InvalidArgument):
     def __init__(self, failures: dict[str, str]):
         super().__init__(f"Some acknowledgement ids in the request were invalid ({len(failures)} of them).")
         self.failures = failures
+
+    def error_info(self) -> tuple[str, str, dict[str, str]]:
+        return self.reason, self.domain, self.failures

@@ -13,12 +13,13 @@ import enum
 import logging
 import threading
 import time
+from dataclasses import dataclass
 
 from pigeon.core.errors import ResourceExhausted, Unavailable
 from pigeon.node.disk import OsDisk
 from pigeon.node.readahead import ReadAhead
-from pigeon.storage.journal import Journal, LogState, WriteCursor
-from pigeon.storage.log import JournalLog
+from pigeon.storage.journal import Journal, JournalStats, LogState, WriteCursor
+from pigeon.storage.log import JournalLog, LogStats
 
 log = logging.getLogger("pigeon.journal")
 
@@ -30,6 +31,23 @@ class FsyncPolicy(str, enum.Enum):
     always = "always"  # fdatasync before any reply: nothing acknowledged is lost on power failure
     batch = "batch"  # reply after write(); fdatasync every few ms: a power failure may lose the last ms
     never = "never"  # leave it to the OS: a crash of the machine may lose recent acknowledged data
+
+
+SYNC_BUCKETS_MS = (0.5, 1, 2, 5, 10, 25, 50, 100, 250, 1000)  # fdatasync latency histogram bounds
+
+
+@dataclass(frozen=True, slots=True)
+class WriterStats:
+    journal: JournalStats
+    logs: tuple[LogStats, ...]
+    syncs: int  # fdatasync calls
+    sync_seconds: float  # their total time
+    sync_max_seconds: float
+    sync_buckets: tuple[int, ...]  # calls at or under each of SYNC_BUCKETS_MS (cumulative, as Prometheus wants)
+    group_commits: int  # batches written
+    group_commit_entries: int  # entries in them, in all
+    group_commit_bytes: int
+    failed: str  # why the writer stopped ("" while it works)
 
 
 class JournalWriter:
@@ -48,6 +66,11 @@ class JournalWriter:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._read_ahead: ReadAhead | None = None
         self._logs: dict[int, JournalLog] = {}
+        # statistics, written by the writer thread only
+        self._syncs = 0
+        self._sync_s = self._sync_max_s = 0.0
+        self._sync_hist = [0] * len(SYNC_BUCKETS_MS)
+        self._batches = self._batch_entries = self._batch_bytes = 0
 
     # --- lifecycle -------------------------------------------------------------------------------
     def open(self, tail: int, logs: dict[int, LogState]) -> None:
@@ -157,7 +180,7 @@ class JournalWriter:
                         if batch_policy and written > synced:  # sync soon after the last write, even when idle
                             self._cv.wait(BATCH_SYNC_S)
                             if not (journal.pending() or self._closing or self._want > synced):
-                                disk.sync(cursor.handle)
+                                self._sync(cursor.handle)
                                 synced, last_sync = written, time.monotonic()
                         else:
                             self._cv.wait()
@@ -167,13 +190,16 @@ class JournalWriter:
                     want = self._want
                 journal.write(cursor, batch)
                 written += nbytes
+                self._batches += 1
+                self._batch_entries += len(batch)
+                self._batch_bytes += nbytes
                 if always:
                     if want <= synced:
                         continue  # written for nobody waiting: the next group commit's fdatasync covers it
-                    disk.sync(cursor.handle)
+                    self._sync(cursor.handle)
                     synced = written
                 elif batch_policy and time.monotonic() - last_sync >= BATCH_SYNC_S:
-                    disk.sync(cursor.handle)
+                    self._sync(cursor.handle)
                     synced, last_sync = written, time.monotonic()
                 elif not batch_policy:
                     synced = written  # never: the OS decides
@@ -192,6 +218,24 @@ class JournalWriter:
                 disk.close(cursor.handle)
             except OSError:
                 pass
+
+    def _sync(self, handle) -> None:
+        t0 = time.monotonic()
+        self.disk.sync(handle)
+        dt = time.monotonic() - t0
+        self._syncs += 1
+        self._sync_s += dt
+        self._sync_max_s = max(self._sync_max_s, dt)
+        ms = dt * 1000
+        for i, bound in enumerate(SYNC_BUCKETS_MS):
+            if ms <= bound:
+                self._sync_hist[i] += 1
+
+    def statistics(self) -> WriterStats:
+        """Plain values for metrics; read from the loop thread while the writer counts (a moment's skew only)."""
+        return WriterStats(self.journal.statistics(), tuple(self.log(i).statistics() for i in sorted(self.journal.logs)),
+                           self._syncs, self._sync_s, self._sync_max_s, tuple(self._sync_hist), self._batches,
+                           self._batch_entries, self._batch_bytes, "" if self._failed is None else str(self._failed))
 
     # --- reading ---------------------------------------------------------------------------------
     def read(self, pos: int, n: int) -> bytes:

@@ -5,6 +5,7 @@ are appended as protobuf fields when a message is handed out."""
 from __future__ import annotations
 
 from collections import OrderedDict
+from dataclasses import dataclass
 
 from pigeon.broker.topic import SHARD_MASK, TopicState
 from pigeon.core import ackid, limits, rawproto, wire
@@ -24,6 +25,13 @@ def make_batch(messages: list[bytes], publish_ms: int, nbytes: int) -> Batch:
     return tuple(messages), time_field, nbytes
 
 
+@dataclass(frozen=True, slots=True)
+class ReaderStats:
+    disk_reads: int  # stored batches read from the journal (the rest came from the cache)
+    cached_batches: int
+    cached_bytes: int
+
+
 class MessageReader:
     def __init__(self, journal, cache_bytes_max: int):
         self.journal = journal  # node.journal.JournalWriter: read, read_into, read_ahead
@@ -32,6 +40,9 @@ class MessageReader:
         self._cache_bytes = 0
         self.disk_reads = 0
         self._buf = bytearray()  # reused for every record read from the log
+
+    def statistics(self) -> ReaderStats:
+        return ReaderStats(self.disk_reads, len(self._cache), self._cache_bytes)
 
     def remember(self, pos: int, batch: Batch) -> None:
         self._cache[pos] = batch

@@ -8,6 +8,7 @@ import collections
 import itertools
 import math
 import time
+from dataclasses import dataclass
 
 from pigeon.broker.subscription import SubscriptionState
 
@@ -104,6 +105,17 @@ def _resolve(fut: asyncio.Future, why=None) -> None:
         fut.set_result(why)
 
 
+@dataclass(frozen=True, slots=True)
+class StreamStats:
+    subscription: str
+    client_id: str
+    held: int  # messages leased to it and not yet acked or nacked
+    held_bytes: int
+    max_messages: int
+    max_bytes: int
+    delivered: int  # messages handed to it since it opened
+
+
 class Stream:
     """One StreamingPull stream's flow control: what it holds and how much more it may take."""
 
@@ -119,6 +131,7 @@ class Stream:
         self.ended = False  # the client half-closed
         self.outbox: list[bytes] = []  # encoded responses to send before more messages (confirmations)
         self.waiter: asyncio.Future | None = None  # set while the stream waits
+        self.delivered = 0
 
     def wake(self) -> None:
         """Something for this stream alone: a response in its outbox, an error, the client's half-close."""
@@ -129,6 +142,7 @@ class Stream:
         """Messages handed to this stream (number, bytes): they count against its flow control until released."""
         self.held.update(zip(nums, sizes))
         self.held_bytes += sum(sizes)
+        self.delivered += len(sizes)
 
     def release(self, num: int) -> None:
         self.release_all((num,))
@@ -141,6 +155,10 @@ class Stream:
     async def wait(self, timeout: float) -> None:
         """Until this stream alone is woken (room freed by its acks, its outbox, its end) or `timeout` passes."""
         await _until(asyncio.get_running_loop().create_future(), timeout, self)
+
+    def statistics(self) -> StreamStats:
+        return StreamStats(self.sub.name, self.client_id, len(self.held), self.held_bytes, self.max_messages,
+                           self.max_bytes, self.delivered)
 
     def room(self) -> int:
         if self.held_bytes >= self.max_bytes:

@@ -13,6 +13,7 @@ from google.pubsub_v1 import types
 from pigeon.core.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from pigeon.node.engine import Engine
 from pigeon.ops.config import Config
+from pigeon.storage import records as R
 from pigeon.testing.clock import SimClock
 
 PB = {n: getattr(types, n).pb() for n in ("Topic", "Subscription", "PublishRequest", "PubsubMessage", "ReceivedMessage",
@@ -343,6 +344,36 @@ def test_inactive_subscription_expires(tmp_path):
             e.get_subscription(S)
         assert e.get_subscription(S + "-busy").name == S + "-busy"
         assert e.get_subscription(S + "-forever").name == S + "-forever"
+        await e.stop()
+
+    run(go())
+
+
+def test_statistics_are_plain_values_of_every_part(tmp_path):
+    async def go():
+        clock = SimClock(1_700_000_000.0)
+        e = await started(config(tmp_path, fsync="always"), clock)
+        await setup(e, ack_deadline_seconds=10)
+        await publish(e, [b"a", b"b", b"c"])
+        clock.advance(5)
+        got = await pull_all(e, n=2)
+        await e.acknowledge(S, [got[0].ack_id])
+        clock.advance(11)  # the other pulled message's lease runs out
+        assert len(await pull_all(e)) == 2  # it and the third one
+        stream = e.open_stream(S, "client", 10, 100, 0)
+        st = e.statistics()
+        (sub,) = st.subscriptions
+        assert (sub.undelivered, sub.outstanding, sub.delivered, sub.acked, sub.expired) == (2, 2, 4, 1, 1)
+        assert sub.oldest_unacked_age_s == 16.0
+        assert [s.client_id for s in st.streams] == ["client"] and st.streams[0].held == 0
+        assert st.topics == 1
+        assert st.journal.syncs >= 1 and st.journal.group_commits >= 1 and st.journal.failed == ""
+        assert st.journal.sync_buckets[-1] <= st.journal.syncs
+        assert {lg.log_id for lg in st.journal.logs} == {0, e.state.log_of(R.Ack(e.state.sub(S).uid, []), 16)}
+        assert all(lg.durable <= lg.end for lg in st.journal.logs)
+        assert st.reader.cached_batches >= 1
+        e.close_stream(stream)
+        assert e.statistics().streams == ()
         await e.stop()
 
     run(go())

@@ -1,0 +1,83 @@
+"""The one error boundary. Owns the rule: an operational error (PigeonError) becomes a gRPC status — with
+google.rpc details where it carries them (ErrorInfo) — or Google's JSON error shape over HTTP here and nowhere
+else; any other exception is a bug: logged with its traceback, answered INTERNAL without internals, and the
+server keeps serving."""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+import grpc
+from google.protobuf import any_pb2
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+
+from pigeon.core.errors import PigeonError
+
+log = logging.getLogger("pigeon.api")
+
+INTERNAL_MESSAGE = "Internal error in the server (it is logged there); the request may be retried."
+
+
+def _info(e: PigeonError) -> error_details_pb2.ErrorInfo | None:
+    info = e.error_info()
+    if info is None:
+        return None
+    reason, domain, metadata = info
+    return error_details_pb2.ErrorInfo(reason=reason, domain=domain, metadata=metadata)
+
+
+def grpc_status(e: PigeonError) -> tuple[grpc.StatusCode, str, tuple]:
+    """(code, message, trailing metadata) of an operational error."""
+    trailers = ()
+    info = _info(e)
+    if info is not None:
+        detail = any_pb2.Any()
+        detail.Pack(info)
+        st = status_pb2.Status(code=code_pb2.Code.Value(e.code), message=e.message, details=[detail])
+        trailers = (("grpc-status-details-bin", st.SerializeToString()),)
+    return grpc.StatusCode[e.code], e.message, trailers
+
+
+async def abort(context, e: BaseException):
+    """End a call with the status of `e` (INTERNAL, logged, for anything but a PigeonError)."""
+    if not isinstance(e, PigeonError):
+        log.error("unexpected error in %s", _method(context), exc_info=e)
+        await context.abort(grpc.StatusCode.INTERNAL, INTERNAL_MESSAGE)
+    code, message, trailers = grpc_status(e)
+    await context.abort(code, message, trailing_metadata=trailers)
+
+
+def _method(context) -> str:
+    try:
+        return context.method() if hasattr(context, "method") else "a call"
+    except Exception:  # noqa: BLE001 — only for the log line
+        return "a call"
+
+
+def translate(fn):
+    """Wrap a unary gRPC handler: errors leave through `abort`."""
+    @functools.wraps(fn)
+    async def handler(self, request, context):
+        try:
+            return await fn(self, request, context)
+        except PigeonError as e:
+            await abort(context, e)
+        except Exception as e:  # noqa: BLE001 — the boundary: a bug becomes INTERNAL, the server goes on
+            await abort(context, e)
+
+    return handler
+
+
+def http_error(e: BaseException) -> tuple[int, dict]:
+    """(HTTP status, body) in Google's JSON error shape: {"error": {"code", "message", "status", "details"}}."""
+    if not isinstance(e, PigeonError):
+        log.error("unexpected error", exc_info=e)
+        return 500, {"error": {"code": 500, "message": INTERNAL_MESSAGE, "status": "INTERNAL", "details": []}}
+    details = []
+    info = e.error_info()
+    if info is not None:
+        reason, domain, metadata = info
+        details.append({"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": reason, "domain": domain,
+                        "metadata": dict(metadata)})
+    return e.http, {"error": {"code": e.http, "message": e.message, "status": e.code, "details": details}}
