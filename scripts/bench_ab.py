@@ -31,6 +31,8 @@ FIGURES = [
     ("publish 1 KiB × 1,000 msg/s", "publish_b1000", "msgs_per_s"),
     ("publish 1 KiB × 100 msg/s", "publish_b100", "msgs_per_s"),
     ("consume with acks msg/s", "consume", "msgs_per_s"),
+    ("publish + consume at once: publish msg/s", "mixed", "publish_msgs_per_s"),
+    ("publish + consume at once: consume msg/s", "mixed", "consume_msgs_per_s"),
     ("latency p50 ms", "latency", "p50_ms"),
     ("latency p99 ms", "latency", "p99_ms"),
     ("latency p999 ms", "latency", "p999_ms"),
