@@ -6,6 +6,7 @@ import os
 import time
 
 from pigeon.node import readahead
+from pigeon.storage.readahead import Window
 from pigeon.storage.journal import segment_name
 
 
@@ -51,8 +52,8 @@ def test_reads_ahead_across_segments_up_to_what_is_durable(tmp_path):
 
 
 def test_keeps_a_window_ahead_of_the_reader_and_starts_over_where_it_jumps(tmp_path, monkeypatch):
-    monkeypatch.setattr(readahead, "AHEAD_BYTES", SEG)
     ra = _read_ahead(tmp_path, _log(tmp_path, 4), lambda: 4 * SEG)
+    ra._window = Window(SEG)
     try:
         ra.ahead_of(0)
         _until(lambda: ra.warmed == SEG)
