@@ -21,6 +21,7 @@ runs many (what `make sim SEEDS=N` does)."""
 from __future__ import annotations
 
 import argparse
+import posixpath
 import random
 import sys
 import time
@@ -35,6 +36,7 @@ from pigeon.core.errors import PigeonError
 from pigeon.node.reader import MessageReader
 from pigeon.node.recovery import BrokerTarget, type_name
 from pigeon.storage import checkpoint as ck
+from pigeon.storage import recovery as storage_recovery
 from pigeon.storage import records as R
 from pigeon.testing.clock import SimClock
 from pigeon.testing.journal import SyncJournal
@@ -113,7 +115,7 @@ class Simulator:
                (self.modack, 6), (self.advance, 8), (self.commit, 10), (self.write_unsynced, 3), (self.seek, 2),
                (self.snapshot, 1), (self.drop_stream, 2), (self.checkpoint, 2)]
         if self.faults:
-            ops += [(self.crash, 3), (self.flip_bit, 1), (self.clock_jump, 1)]
+            ops += [(self.crash, 3), (self.flip_bit, 1), (self.clock_jump, 1), (self.unappliable, 1)]
         funcs, weights = zip(*ops)
         try:
             for self.step_no in range(self.steps):
@@ -399,6 +401,34 @@ class Simulator:
             return
         self.disk.flip_bit(path, self.rng.randrange(lo, size), self.rng.randrange(8))
         self.crash(flipped=True)
+
+    def unappliable(self) -> None:
+        """A bug writes a record that decodes but cannot be applied (a publish at an offset its shard is not at):
+        start-up must stop, naming it, and change no file; an explicit repair then cuts the log there."""
+        if not self.state.topics:
+            return
+        t = self.state.topics[self.rng.choice(sorted(self.state.topics))]
+        self.commit()
+        good_tail = self.sj.journal.tail
+        bad = R.Publish(t.uid, 0, t.shards[0].next + 1000, 0, 1, 0, b"")
+        self.sj.append(self.state.log_of(bad, BUNDLES), self.epoch, bad.TYPE, bad.parts())
+        self.sj.commit()
+        before = {p: bytes(f.data) for p, f in self.disk.files.items()}
+        try:
+            SyncJournal(self.disk, "/data", 8 * 1024, BrokerTarget, type_name)
+        except storage_recovery.Unappliable as e:
+            at = int(posixpath.basename(e.path).split(".")[0]) + e.at
+            if e.type_name != "PUBLISH" or at != good_tail:
+                self.fail(f"recovery stopped at the wrong place ({at}, the record is at {good_tail}): {e.describe()}")
+        else:
+            self.fail("recovery applied past a record that cannot be applied")
+        if {p: bytes(f.data) for p, f in self.disk.files.items()} != before:
+            self.fail("a start-up stopped by an unappliable record changed files")
+        storage_recovery.recover(self.disk, "/data", BrokerTarget, repair=True, drop_unappliable=True,
+                                 type_name=type_name)
+        self.recover(good_tail, flipped=False)
+        if self.sj.journal.tail != good_tail:
+            self.fail(f"the repair cut the log at {self.sj.journal.tail}, not before the bad record ({good_tail})")
 
     def recover(self, durable_before: int, flipped: bool) -> None:
         self.sj = SyncJournal(self.disk, "/data", 8 * 1024, BrokerTarget, type_name)
