@@ -83,6 +83,7 @@ def create_subscription(state: BrokerState, sub, generated_name: str) -> R.SubPu
     resources.check_subscription(sub, creating=True)
     if sub.detached:
         raise InvalidArgument("A subscription cannot be created detached.")
+    _check_dead_letter_topic(state, sub)
     return R.SubPut(state.next_uid, topic.uid, sub.SerializeToString(deterministic=True), topic.backlog_end())
 
 
@@ -99,7 +100,17 @@ def update_subscription(state: BrokerState, sub, mask) -> R.SubPut:
     s = state.sub(sub.name)
     merged = resources.apply_mask(s.config, sub, mask, resources.SUBSCRIPTION_MUTABLE, "subscription")
     resources.check_subscription(merged, creating=False)
+    _check_dead_letter_topic(state, merged)
     return R.SubPut(s.uid, 0, merged.SerializeToString(deterministic=True))
+
+
+def _check_dead_letter_topic(state: BrokerState, sub) -> None:
+    """The dead-letter topic must exist when a policy names it (deleting it later is allowed: forwarding then
+    fails, is logged, and the messages stay in the subscription, redelivered as their leases run out)."""
+    dlt = sub.dead_letter_policy.dead_letter_topic
+    if dlt and dlt not in state.topics:
+        raise NotFound(f"Dead-letter topic not found (resource={dlt}): create it before naming it in the "
+                       "subscription's dead_letter_policy.")
 
 
 def delete_subscription(state: BrokerState, name: str) -> R.SubDel:

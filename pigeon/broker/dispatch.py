@@ -230,7 +230,7 @@ class Dispatch:
         return picks
 
     def _pick(self, picks: Picks, num: int, version: int, key: int) -> None:
-        if self.max_attempts and version > self.max_attempts:
+        if self.max_attempts and version > self.max_attempts and self.dead_letter_open:
             picks.dead.append((num, version - 1))
             return
         picks.out.append((num, version))

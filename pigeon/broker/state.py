@@ -249,6 +249,7 @@ class BrokerState:
             t = TopicState(rec.uid, cfg.name, cfg, rec.shards)
             self.topics_by_uid[t.uid] = t
             self.topics[t.name] = t
+            self._dead_letter_topic_changed(t.name)
         t.config = cfg
         self.next_uid = max(self.next_uid, rec.uid + 1)
         return None
@@ -265,7 +266,15 @@ class BrokerState:
             self.subs_by_uid[uid].config.topic = names.DELETED_TOPIC
         if not t.subscriptions:
             del self.topics_by_uid[t.uid]
+        self._dead_letter_topic_changed(t.name)
         return None
+
+    def _dead_letter_topic_changed(self, name: str) -> None:
+        """A topic was created or deleted: subscriptions that name it as their dead-letter topic forward to it
+        only while it exists; without it their messages go on being delivered (as on the service)."""
+        for s in self.subs.values():
+            if s.config.dead_letter_policy.dead_letter_topic == name:
+                s.dead_letter_open = name in self.topics
 
     def _sub_put(self, rec: R.SubPut):
         cfg = _parse(Subscription, rec.config)
@@ -287,6 +296,7 @@ class BrokerState:
             self.subs_by_uid[s.uid] = s
             self.subs[s.name] = s
         s.configure(cfg)
+        s.dead_letter_open = cfg.dead_letter_policy.dead_letter_topic in self.topics
         s.detached = cfg.detached
         self.next_uid = max(self.next_uid, rec.uid + 1)
         return [(CHANGED, s.uid), (WAKE_ALL, s.uid)]

@@ -129,6 +129,7 @@ class SubscriptionState(Dispatch):
         self.keys: dict[int, KeyState] = {}
         self.ready_keys: deque[int] = deque()  # keys whose next batch may go out
         self.dead_letters: list[int] = []  # to forward to the dead-letter topic (drained by the executor)
+        self.dead_letter_open = False  # the dead-letter topic exists (kept by BrokerState)
         self.sched_mark: tuple[int, int] = _SCHED_START  # how far the topic's activation index was walked
         self.late: list[tuple[int, int]] = []  # (activate ms, num) added behind the mark: a heap
         self.ahead: set[int] = set()  # leased or queued numbers at or past their shard's cursor (after rebuild)

@@ -101,6 +101,8 @@ class Simulator:
         self.epoch = 1
         self.fenced: set[int] = set()
         self.history: list[tuple[R.Record, int, int]] = []  # every record appended: (record, at, end)
+        self.topic_count = 0
+        self.orphaned: set[int] = set()  # subscriptions whose dead-letter topic was missing at some point
         self.checkpoints: list[int] = []
         self.oracle = Oracle()
         self.held: dict[int, dict[int, str]] = {}  # sub uid → {num: ack id} a client holds
@@ -113,7 +115,7 @@ class Simulator:
     def run(self) -> "Simulator":
         ops = [(self.create_topic, 2), (self.create_sub, 2), (self.publish, 20), (self.take, 18), (self.ack, 14),
                (self.modack, 6), (self.advance, 8), (self.commit, 10), (self.write_unsynced, 3), (self.seek, 2),
-               (self.snapshot, 1), (self.drop_stream, 2), (self.checkpoint, 2)]
+               (self.snapshot, 1), (self.drop_stream, 2), (self.checkpoint, 2), (self.delete_topic, 1)]
         if self.faults:
             ops += [(self.crash, 3), (self.flip_bit, 1), (self.clock_jump, 1), (self.unappliable, 1)]
         funcs, weights = zip(*ops)
@@ -144,6 +146,7 @@ class Simulator:
         effects = self.state.apply(rec, at, owner)
         end = self.sj.journal.tail
         self.history.append((rec, at, end))
+        self.orphaned.update(s.uid for s in self.state.subs.values() if s.max_attempts and not s.dead_letter_open)
         for kind, uid in effects or ():
             if kind == "dead_letters":
                 self.forward_dead_letters(uid)
@@ -153,8 +156,21 @@ class Simulator:
     def create_topic(self) -> None:
         if len(self.state.topics) >= 3:
             return
-        name = f"{P}/topics/topic{len(self.state.topics_by_uid)}"
+        self.topic_count += 1
+        name = f"{P}/topics/topic{self.topic_count}"
         self.commit_record(commands.create_topic(self.state, _Topic(name=name), self.rng.randint(1, 3)))
+
+    def delete_topic(self) -> None:
+        """Its subscriptions keep their backlog; one whose dead-letter topic it was goes on delivering."""
+        if len(self.state.topics) < 2:
+            return
+        t = self.state.topics[self.rng.choice(sorted(self.state.topics))]
+        self.commit_record(commands.delete_topic(self.state, t.name))
+        self.commit()  # the client is answered once the deletion is durable
+        if t.uid not in self.state.topics_by_uid:  # no subscription kept it: its messages are gone for good
+            o = self.oracle
+            o.msgs = {k: m for k, m in o.msgs.items() if k[0] != t.uid}
+            o.durable_msgs = {k for k in o.durable_msgs if k[0] != t.uid}
 
     def create_sub(self) -> None:
         if not self.state.topics or len(self.state.subs) >= 4:
@@ -226,10 +242,10 @@ class Simulator:
             s.untake(picks, r.randint(0, len(picks.out) - 1))
         self.check_order(s, picks.out)
         for num, version in picks.out:
-            if s.max_attempts and version > s.max_attempts:
+            if s.max_attempts and s.dead_letter_open and version > s.max_attempts:
                 self.fail(f"message {num} of {s.name} delivered a {version}th time, past the maximum {s.max_attempts}")
         for num, attempts in picks.dead:
-            if attempts != s.max_attempts:
+            if attempts != s.max_attempts and not (attempts > s.max_attempts and s.uid in self.orphaned):
                 self.fail(f"message {num} of {s.name} dead-lettered after {attempts} deliveries, not {s.max_attempts}")
         owner = r.choice([None, *self.streams])
         self.commit_record(picks.record(s.uid, now + s.ack_deadline_s), owner)
@@ -500,33 +516,38 @@ class Simulator:
             for num, lease in s.leases.items():
                 if s.is_acked(num):
                     self.fail(f"message {num} of {s.name} is both acked and locked")
-                if s.max_attempts and lease[1] > s.max_attempts:
+                if s.max_attempts and lease[1] > s.max_attempts and s.uid not in self.orphaned:
                     self.fail(f"message {num} of {s.name} locked at delivery {lease[1]} > {s.max_attempts}")
             both = set(s.versions) & set(s.leases)
             if both:
                 self.fail(f"{s.name}: {sorted(both)[:5]} counted as waiting and as locked")
 
     def final_drain(self) -> None:
-        """Once every lease and backoff ran out, everything unacked and not parked goes out (liveness)."""
+        """Once every lease and backoff ran out, everything unacked and not parked goes out (liveness) — also
+        after a consumer failed it more often than a dead-letter policy allows: the first rounds let every
+        lease run out (a message past its attempts is forwarded and acked, or, when its dead-letter topic is
+        gone, delivered again), the last rounds ack."""
         self.commit()
+        failing, acking = 6, 3
         for s in self.state.subs_by_uid.values():
             if s.detached or s.topic is None:
                 continue
             got: set[int] = set()
-            for _ in range(3):  # leases run out into backoff (at most 600 s), backoff into redelivery
+            for rnd in range(failing + acking):  # leases run out into backoff (≤ 600 s), backoff into redelivery
                 self.clock.advance(limits.modify_deadline_s_max + 60)
                 for _ in range(10_000):
                     picks = s.take(1000, self.clock.now())
                     if not picks:
                         break
                     self.commit_record(picks.record(s.uid, self.clock.now() + 600))
-                    got.update(n for n, _ in picks.out)
-                    self.commit_record(R.Ack(s.uid, [n for n, _ in picks.out]))
+                    if rnd >= failing:
+                        got.update(n for n, _ in picks.out)
+                        self.commit_record(R.Ack(s.uid, [n for n, _ in picks.out]))
                 self.commit()  # dead letters forwarded meanwhile become visible
             for ix_no, ix in enumerate(s.topic.shards):
                 for o in range(ix.first(), ix.next):
                     num = (o << limits.shard_bits) | ix_no
-                    if not s.is_acked(num) and num not in s.parked and num not in got and num not in s.leases:
+                    if not s.is_acked(num) and num not in s.parked and num not in got:
                         self.fail(f"message {num} of {s.name} is unacked but never delivered again")
 
 
@@ -537,7 +558,7 @@ def summary(st: BrokerState, now: float) -> dict:
         leases = {n: (d, v, k) for n, (d, v, _, k) in s.leases.items() if d > now}
         counts = dict(s.versions)
         counts.update({n: v for n, (d, v, _, _) in s.leases.items() if d <= now})
-        subs[uid] = (s.name, s.export_state(), leases, counts, dict(s.parked), s.detached)
+        subs[uid] = (s.name, s.export_state(), leases, counts, dict(s.parked), s.detached, s.dead_letter_open)
     return {
         "topics": {u: (t.name, t.deleted, [ix.next for ix in t.shards]) for u, t in st.topics_by_uid.items()},
         "subs": subs,

@@ -145,3 +145,40 @@ def test_filter_delivers_only_matching_messages(clients):
     with pytest.raises(Exception, match="position"):
         sub.create_subscription(request={"name": subscription + "-bad", "topic": topic,
                                          "filter": "attributes:a AND attributes:b OR attributes:c"})
+
+
+def test_dead_letter_topic_must_exist_and_its_deletion_keeps_the_messages(clients):
+    from google.api_core import exceptions as gexc
+
+    pub, sub = clients
+    topic, dlt = pub.topic_path("proj", "dl-src"), pub.topic_path("proj", "dl-missing")
+    subscription = sub.subscription_path("proj", "dl-src-sub")
+    pub.create_topic(name=topic)
+    policy = {"dead_letter_topic": dlt, "max_delivery_attempts": 5}
+    with pytest.raises(gexc.NotFound, match="dl-missing"):
+        sub.create_subscription(request={"name": subscription, "topic": topic, "dead_letter_policy": policy})
+    with pytest.raises(gexc.NotFound):
+        sub.get_subscription(subscription=subscription)  # nothing was created
+    sub.create_subscription(name=subscription, topic=topic)
+    with pytest.raises(gexc.NotFound, match="dl-missing"):
+        sub.update_subscription(request={"subscription": {"name": subscription, "dead_letter_policy": policy},
+                                         "update_mask": {"paths": ["dead_letter_policy"]}})
+    assert not sub.get_subscription(subscription=subscription).dead_letter_policy.dead_letter_topic
+
+    # With the topic there the policy is taken; deleting the topic afterwards is allowed, as on the service:
+    # forwarding then fails and the message stays in the subscription, delivered again and again.
+    pub.create_topic(name=dlt)
+    sub.update_subscription(request={"subscription": {"name": subscription, "dead_letter_policy": policy},
+                                     "update_mask": {"paths": ["dead_letter_policy"]}})
+    pub.delete_topic(topic=dlt)
+    assert sub.get_subscription(subscription=subscription).dead_letter_policy.dead_letter_topic == dlt
+    pub.publish(topic, b"poison").result(timeout=10)
+    attempts = []
+    deadline = time.monotonic() + 30
+    while len(attempts) < 7 and time.monotonic() < deadline:
+        got = sub.pull(subscription=subscription, max_messages=1, timeout=10).received_messages
+        for m in got:
+            assert m.message.data == b"poison"
+            attempts.append(m.delivery_attempt)
+            sub.modify_ack_deadline(subscription=subscription, ack_ids=[m.ack_id], ack_deadline_seconds=0)
+    assert len(attempts) == 7 and attempts[:5] == [1, 2, 3, 4, 5]  # past max_delivery_attempts, still here

@@ -87,3 +87,11 @@ def test_it_notices_a_recovery_that_applies_past_an_unappliable_record(monkeypat
 
     monkeypatch.setattr(recovery.BrokerTarget, "apply", swallow)
     assert _first_failure(about="applied past a record that cannot be applied")
+
+
+def test_it_notices_messages_stuck_for_a_dead_letter_topic_that_is_gone(monkeypatch):
+    """Dead-lettering to a deleted topic as it once was: taken out for forwarding, the forward fails, the
+    lease runs out, taken out again — never delivered."""
+    monkeypatch.setattr(subscription.SubscriptionState, "dead_letter_open",
+                        property(lambda self: True, lambda self, value: None), raising=False)
+    assert _first_failure(about="never delivered again")
