@@ -120,7 +120,8 @@ class PubSubApi:
 
     @translate
     async def pull(self, req, context):
-        rms = await self.engine.pull(req.subscription, req.max_messages, req.return_immediately)
+        rms = await self.engine.pull(req.subscription, req.max_messages, req.return_immediately,
+                                     context.time_remaining())
         return b"".join(rms)  # each is already an encoded received_messages entry
 
     async def streaming_pull(self, request_iterator, context):

@@ -91,6 +91,7 @@ def subscription_view(s: SubscriptionState):
     """The Subscription proto as Get returns it (with output-only fields filled in)."""
     out = resources.Subscription()
     out.CopyFrom(s.config)
+    out.push_config.SetInParent()  # a pull subscription has an empty PushConfig, never none (clients read it)
     if s.topic is not None and s.topic.config.HasField("message_retention_duration"):
         out.topic_message_retention_duration.CopyFrom(s.topic.config.message_retention_duration)
     return out

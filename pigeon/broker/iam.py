@@ -1,12 +1,14 @@
 """IAM policies on Pub/Sub resources. Owns the rules: which permissions each predefined role grants, how a
 policy answers "may this principal do that" (the check that authentication will plug into), and etags.
 
-Until authentication exists every caller is the principal `allUsers` (or whatever the caller names in the
-`x-pigeon-principal` metadata); a resource without a policy is open, as on an emulator."""
+Until authentication exists the caller is nobody in particular (principal None) and may do everything: policies
+are stored and returned, and `granted` answers for a principal, but nothing enforces them yet."""
 
 from __future__ import annotations
 
 import crc32c
+
+from pigeon.core.errors import InvalidArgument
 
 _TOPIC = ["pubsub.topics.attachSubscription", "pubsub.topics.delete", "pubsub.topics.detachSubscription",
           "pubsub.topics.get", "pubsub.topics.getIamPolicy", "pubsub.topics.publish", "pubsub.topics.setIamPolicy",
@@ -53,10 +55,17 @@ def granted(policy, principal: str) -> set[str]:
     return out
 
 
-def test_permissions(policy, principal: str, resource: str, requested: list[str]) -> list[str]:
-    """The subset of `requested` that the caller holds on `resource` (no policy: all that apply)."""
+def test_permissions(policy, principal: str | None, resource: str, requested: list[str]) -> list[str]:
+    """The subset of `requested` that the caller holds on `resource`, in the order asked. `principal` None (no
+    authentication): every permission that applies to the resource's kind; without a policy: the same (open).
+    A string that is not a Pub/Sub permission is refused, as the service refuses it."""
+    for p in requested:
+        if "*" in p:
+            raise InvalidArgument(f"Permissions with wildcards ({p}) are not allowed.")
+        if p not in ALL:
+            raise InvalidArgument(f"Permission {p} is not valid for this resource.")
     applicable = kind_permissions(resource)
-    allowed = applicable if policy is None else granted(policy, principal) & applicable
+    allowed = applicable if principal is None or policy is None else granted(policy, principal) & applicable
     return [p for p in requested if p in allowed]
 
 

@@ -334,13 +334,20 @@ class Engine:
             self.ack(s, nums)
             await self.durable()
 
-    async def pull(self, name: str, max_messages: int, return_immediately: bool) -> list[bytes]:
+    async def pull(self, name: str, max_messages: int, return_immediately: bool,
+                   time_left_s: float | None = None) -> list[bytes]:
+        """Messages to hand out, waiting for some while there are none: until shortly before the caller's
+        deadline (`time_left_s`), at most limits.pull_wait_s_max. With nothing by then the answer is an empty
+        list, which the caller sees as "no messages" rather than DEADLINE_EXCEEDED."""
         if max_messages <= 0:
             raise InvalidArgument("max_messages must be greater than 0.")
         s = self._live_sub(name)
         s.last_activity = self.clock.now()
         max_messages = min(max_messages, limits.pull_messages_max)
-        give_up = time.monotonic() + limits.pull_wait_s_max
+        wait = limits.pull_wait_s_max
+        if time_left_s is not None:
+            wait = min(wait, time_left_s - limits.pull_answer_before_deadline_s)
+        give_up = time.monotonic() + wait
         while True:
             out = self.deliver(s, max_messages, limits.response_bytes_max, None, s.ack_deadline_s)
             if out:

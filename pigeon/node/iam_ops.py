@@ -47,9 +47,6 @@ class IamOps:
         await self.engine._change(R.PolicyPut(resource, stored.SerializeToString(deterministic=True)))
         return stored
 
-    def test_permissions(self, resource: str, permissions: list[str], principal: str) -> list[str]:
+    def test_permissions(self, resource: str, permissions: list[str], principal: str | None) -> list[str]:
         self._resource(resource)
-        for p in permissions:
-            if "*" in p:
-                raise InvalidArgument(f"Permissions with wildcards ({p}) are not allowed.")
         return iam.test_permissions(self.engine.state.policies.get(resource), principal, resource, permissions)

@@ -153,6 +153,18 @@ def test_pull_waits_for_a_message(clients):
         pool.shutdown()
 
 
+def test_pull_with_nothing_to_deliver_answers_empty_before_the_deadline(clients):
+    """Not DEADLINE_EXCEEDED as on Google's service: an empty answer shortly before the caller's deadline."""
+    pub, sub = clients
+    _, subscription = _setup(pub, sub, "empty-pull")
+    for timeout in (1.5, 3):
+        t0 = time.monotonic()
+        resp = sub.pull(subscription=subscription, max_messages=10, timeout=timeout)
+        waited = time.monotonic() - t0
+        assert list(resp.received_messages) == []
+        assert timeout / 2 < waited < timeout  # it did wait for messages, and answered in time
+
+
 def test_pull_invalid_arguments(clients):
     pub, sub = clients
     topic, subscription = _setup(pub, sub, "pullbad")

@@ -168,6 +168,27 @@ def test_subscription_create_get_defaults_and_labels(clients):
     assert custom.message_retention_duration.total_seconds() == 600
 
 
+def test_pull_subscription_has_an_empty_push_config_in_every_answer(clients):
+    """Google's service answers pushConfig {} for a pull subscription (clients read pushConfig.pushEndpoint)."""
+    from google.pubsub_v1 import types
+
+    def present(s):
+        return types.Subscription.pb(s).HasField("push_config")
+
+    pub, sub = clients
+    topic = _topic(pub, "push-cfg-topic")
+    pub.create_topic(name=topic)
+    name = _sub(sub, "push-cfg-sub")
+    assert present(sub.create_subscription(name=name, topic=topic))
+    assert present(sub.get_subscription(subscription=name))
+    assert all(present(s) for s in sub.list_subscriptions(request={"project": f"projects/{P}"}))
+    updated = sub.update_subscription(request={"subscription": {"name": name, "push_config": {}},
+                                               "update_mask": {"paths": ["push_config"]}})
+    assert present(updated) and updated.push_config.push_endpoint == ""
+    assert present(sub.update_subscription(request={"subscription": {"name": name, "ack_deadline_seconds": 30},
+                                                    "update_mask": {"paths": ["ack_deadline_seconds"]}}))
+
+
 def test_server_named_subscription(clients):
     pub, sub = clients
     topic = _topic(pub, "srv-named-topic")

@@ -94,9 +94,15 @@ def test_iam_policy_round_trip_and_test_permissions(clients):
     got = pub.get_iam_policy(request={"resource": topic})
     assert got.etag == stored.etag
     assert [(b.role, list(b.members)) for b in got.bindings] == [("roles/pubsub.viewer", ["allUsers"])]
+    # Authentication is off: the caller may do everything, whatever the stored policy names (Google's samples
+    # check_topic_permissions / check_subscription_permissions ask exactly this).
     granted = pub.test_iam_permissions(request={"resource": topic, "permissions": [
-        "pubsub.topics.get", "pubsub.topics.publish"]}).permissions
-    assert list(granted) == ["pubsub.topics.get"]
+        "pubsub.topics.publish", "pubsub.topics.update"]}).permissions
+    assert list(granted) == ["pubsub.topics.publish", "pubsub.topics.update"]
+    with pytest.raises(exceptions.InvalidArgument, match="pubsub.topics.fly is not valid"):
+        pub.test_iam_permissions(request={"resource": topic, "permissions": ["pubsub.topics.fly"]})
+    with pytest.raises(exceptions.InvalidArgument, match="wildcards"):
+        pub.test_iam_permissions(request={"resource": topic, "permissions": ["pubsub.topics.*"]})
     stale = policy_pb2.Policy(bindings=policy.bindings, etag=b"\x00\x00\x00\x01")
     with pytest.raises(exceptions.Aborted):
         pub.set_iam_policy(request={"resource": topic, "policy": stale})

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from e2e_helpers import E2E_MARKS, collect, raw_publish, topic_and_subscription
+from e2e_helpers import E2E_MARKS, collect, pull_now, raw_publish, topic_and_subscription
 
 pytestmark = E2E_MARKS
 
@@ -59,3 +59,51 @@ def test_messages_of_a_killed_streaming_subscriber_are_redelivered(clients, serv
         assert {r.delivery_attempt for r in again.values()} == {2}
     else:
         assert {r.delivery_attempt for r in again.values()} == {0}  # not counted without a dead-letter policy
+
+
+def test_graceful_shutdown_hands_back_what_it_did_not_process(clients, server):
+    """A subscriber with FlowControl(max_messages=5) and three callback threads is cancelled while three
+    callbacks run; it waits for them (they ack) and nacks what it held but had not started. A second subscriber
+    then receives exactly the 7 unprocessed messages, long before the 60 s ack deadline would free them."""
+    import concurrent.futures
+    import threading
+
+    from google.cloud import pubsub_v1
+    from google.cloud.pubsub_v1.subscriber.scheduler import ThreadScheduler
+
+    pub, sub = clients
+    topic, subscription = topic_and_subscription(pub, sub, "graceful", project=P, ack_deadline_seconds=60)
+    ids = raw_publish(pub, topic, [{"data": f"m{i}".encode()} for i in range(10)])
+
+    running, acked, release = [], [], threading.Event()
+    lock = threading.Lock()
+
+    def callback(message):
+        with lock:
+            running.append(message.message_id)
+        release.wait(30)
+        message.ack()
+        with lock:
+            acked.append(message.message_id)
+
+    first = pubsub_v1.SubscriberClient()
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=3)
+    future = first.subscribe(subscription, callback, flow_control=pubsub_v1.types.FlowControl(max_messages=5),
+                             scheduler=ThreadScheduler(pool), await_callbacks_on_shutdown=True)
+    deadline = time.monotonic() + 15
+    while len(running) < 3:
+        assert time.monotonic() < deadline, f"{len(running)} callbacks started"
+        time.sleep(0.05)
+    time.sleep(0.5)  # the two messages beyond the three threads arrive and wait in the scheduler's queue
+    assert len(running) == 3  # three threads: the rest waits
+    future.cancel()  # stops the stream; the shutdown waits for the running callbacks
+    time.sleep(0.3)
+    release.set()
+    future.result(timeout=30)
+    first.close()
+    assert len(acked) == 3
+
+    again = collect(sub, subscription, 7, timeout=10)
+    assert set(again) == set(ids) - set(acked)
+    time.sleep(1)  # nothing else comes: the acked three stay acked
+    assert not [r for r in pull_now(sub, subscription) if r.message.message_id in acked]
