@@ -274,14 +274,20 @@ class Simulator:
                         self.fail(f"ordering key {m.key!r} of {s.name}: {num} went out before {other.num}")
             before.add(num)
 
-    def ack(self) -> None:
+    def _some_held(self):
+        """A subscription with ack ids a client holds, and some of its held message numbers (or None)."""
         subs = [uid for uid, h in self.held.items() if h and uid in self.state.subs_by_uid]
         if not subs:
-            return
+            return None
         uid = self.rng.choice(subs)
-        s = self.state.subs_by_uid[uid]
         held = self.held[uid]
-        chosen = self.rng.sample(sorted(held), self.rng.randint(1, len(held)))
+        return uid, self.state.subs_by_uid[uid], held, self.rng.sample(sorted(held), self.rng.randint(1, len(held)))
+
+    def ack(self) -> None:
+        some = self._some_held()
+        if some is None:
+            return
+        uid, s, held, chosen = some
         nums, _ = commands.acks(s, [held.pop(n) for n in chosen], self.clock.now())
         if nums:
             end = self.commit_record(R.Ack(uid, nums))
@@ -289,13 +295,10 @@ class Simulator:
             self.oracle.pending_acks.append((end, uid, [n for n in nums if s.is_acked(n)]))
 
     def modack(self) -> None:
-        subs = [uid for uid, h in self.held.items() if h and uid in self.state.subs_by_uid]
-        if not subs:
+        some = self._some_held()
+        if some is None:
             return
-        uid = self.rng.choice(subs)
-        s = self.state.subs_by_uid[uid]
-        held = self.held[uid]
-        chosen = self.rng.sample(sorted(held), self.rng.randint(1, len(held)))
+        uid, s, held, chosen = some
         seconds = self.rng.choice([0, 0, 15, 60])
         ids = [held[n] for n in chosen]
         if seconds == 0:
