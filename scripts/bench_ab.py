@@ -42,6 +42,8 @@ FIGURES = [
     ("many clients publish msg/s", "connections", "publish_msgs_per_s"),
     ("many clients receive msg/s", "connections", "receive_msgs_per_s"),
     ("streams that received", "connections", "subscribers_active"),
+    ("few clients, same request size: publish msg/s", "connections_few", "publish_msgs_per_s"),
+    ("few clients, same request size: consume msg/s", "connections_few", "consume_msgs_per_s"),
     ("RAM per backlogged message B", "backlog", "bytes_per_msg"),
     ("restart s", "restart", "seconds"),
 ]

@@ -39,6 +39,8 @@ class Plan:
     conn_outstanding: int = 100  # StreamingPull flow control of each subscriber stream
     conn_batch: int = 10  # messages per publish request
     conn_s: float = 10.0
+    # the like-for-like reference: few clients (publish + consume at once) with requests of conn_batch messages
+    conn_reference_inflight: int = 64  # requests in flight per publisher process (small requests need many)
     backlog_messages: int = 1_000_000
     backlog_bytes: int = 100
     backlog_big_messages: int = 0  # a second, larger backlog reading for Pigeon alone (0: skipped)
@@ -65,7 +67,7 @@ class Plan:
         """The most time the workloads may take against one server (each is bounded by its own limit)."""
         bound = {"publish": len(self.publish_batches) * len(self.publish_inflight) * self.publish_s,
                  "consume": self.consume_s_max, "mixed": self.mixed_s, "latency": self.latency_runs * self.latency_s,
-                 "ordered": 2 * self.ordered_s_max, "connections": self.conn_s, "backlog": self.backlog_s_max,
+                 "ordered": 2 * self.ordered_s_max, "connections": 2 * self.conn_s, "backlog": self.backlog_s_max,
                  "restart": self.restart_s_max}
         return self.peer_start_s_max + sum(bound[w] for w in self.workloads) + 30 * len(self.workloads)
 

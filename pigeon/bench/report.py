@@ -28,6 +28,8 @@ FIGURES = [
     ("ordered consume with acks, order checked", "ordered", "consume_msgs_per_s", "msg/s", "higher"),
     ("many clients: publish", "connections", "publish_msgs_per_s", "msg/s", "higher"),
     ("many clients: receive", "connections", "receive_msgs_per_s", "msg/s", "higher"),
+    ("few clients, the same request size: publish", "connections_few", "publish_msgs_per_s", "msg/s", "higher"),
+    ("few clients, the same request size: consume", "connections_few", "consume_msgs_per_s", "msg/s", "higher"),
     ("big backlog (Pigeon only)", "backlog_big", "messages", "msgs", "higher"),
     ("RAM per backlogged message, big backlog", "backlog_big", "bytes_per_msg", "B", "lower"),
     ("restart with the big backlog", "restart_big", "seconds", "s", "lower"),
@@ -160,7 +162,10 @@ def markdown(doc: dict) -> str:
               f"* **Many clients**: {s['conn_publishers']:,} publisher tasks (requests of {s['conn_batch']} × 1 KiB) "
               f"and {s['conn_subscribers']:,} subscriber tasks (each its own StreamingPull stream on one "
               "subscription), asyncio tasks in one process per side, spread over "
-              f"{s['conn_channels']} TCP connections per side, for {s['conn_s']:.0f} s. gRPC targets only.", ""]
+              f"{s['conn_channels']} TCP connections per side, for {s['conn_s']:.0f} s. gRPC targets only. "
+              "Beside it, for comparison, *few clients* publish and consume at once with the same request size "
+              f"({s['publish_procs']} publisher processes with {s.get('conn_reference_inflight', '?')} requests "
+              f"in flight each, {s['consume_procs']} consumers).", ""]
     notes = [(t, k, r["note"]) for t, e in doc["targets"].items() for k, r in (e.get("results") or {}).items()
              if isinstance(r, dict) and r.get("note")]
     if notes:
@@ -209,8 +214,10 @@ PANELS = [
     ("restart (kill -9) to serving the backlog", "s", "lower", False, [("restart", "restart", "seconds")]),
     ("ordering keys (100 B messages)", "msg/s", "higher", False,
      [("publish", "ordered", "publish_msgs_per_s"), ("consume", "ordered", "consume_msgs_per_s")]),
-    ("many clients at once", "msg/s", "higher", False,
-     [("publish", "connections", "publish_msgs_per_s"), ("receive", "connections", "receive_msgs_per_s")]),
+    ("many clients at once (beside: few clients, the same request size)", "msg/s", "higher", False,
+     [("publish", "connections", "publish_msgs_per_s"), ("receive", "connections", "receive_msgs_per_s"),
+      ("few: publish", "connections_few", "publish_msgs_per_s"),
+      ("few: consume", "connections_few", "consume_msgs_per_s")]),
 ]
 
 

@@ -147,8 +147,14 @@ def run_target(server, plan: Plan, bars: Bars, workloads: tuple[str, ...]) -> di
     if "ordered" in todo:
         attempt("ordered", f"ordered, {plan.ordered_keys:,} keys", w.ordered, d, plan, "ordered")
     if "connections" in todo:
-        attempt("connections", f"{plan.conn_publishers:,} pubs + {plan.conn_subscribers:,} subs",
-                w.connections, d, plan, "conns")
+        r = attempt("connections", f"{plan.conn_publishers:,} pubs + {plan.conn_subscribers:,} subs",
+                    w.connections, d, plan, "conns")
+        if r and "mixed" in d.supports and fresh("fresh_start_3"):
+            # the same request size from few clients: what the many-client figures are to be compared with
+            few = plan.scaled(publish_batches=(plan.conn_batch,), publish_inflight=(plan.conn_reference_inflight,),
+                              mixed_s=plan.conn_s)
+            attempt("connections_few", f"few clients, {plan.conn_batch}/request, {plan.conn_s:g} s", w.mixed, d, few,
+                    "conns_few")
     if "backlog" in todo:
         # memory is read from an idle server on an empty data directory, nothing left over from the runs above
         ok = len(todo) == 1 or attempt("fresh_start_2", "stop, start on an empty data dir", _fresh, server) is not None
