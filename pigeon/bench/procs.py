@@ -14,6 +14,7 @@ import atexit
 import multiprocessing as mp
 import os
 import queue
+import random
 import signal
 import socket
 import subprocess
@@ -26,10 +27,29 @@ from typing import Callable
 _live: set["Daemon"] = set()
 
 
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port nobody listens on, for a server to start on — chosen below the ephemeral range. A port
+    the kernel hands out (bind to 0) is one it may also hand to a client's outgoing connection before the server
+    binds it, or while a killed server restarts on it; below the range only servers take ports."""
+    low = _ephemeral_low()
+    rng = random.SystemRandom()
+    for _ in range(200):
+        port = rng.randrange(max(1024, low - 16384), low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free loopback port below {low}")
 
 
 def port_open(port: int, host: str = "127.0.0.1") -> bool:

@@ -9,11 +9,7 @@ import subprocess
 import sys
 import time
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from pigeon.bench.procs import free_port  # noqa: F401  (one rule for choosing a server's port)
 
 
 class ServerProcess:
