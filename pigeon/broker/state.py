@@ -11,7 +11,8 @@ record that cannot be applied.
 `apply` returns effects for the executor to perform, or None: (WAKE, uid) something became deliverable on the
 subscription; (WAKE_ALL, uid) every waiter must look again (configuration, seek, deletion); (CHANGED, uid) the
 subscription's configuration changed (push delivery looks again); (DEAD_LETTERS, uid) messages wait to be
-forwarded to its dead-letter topic."""
+forwarded to its dead-letter topic; (DEADLINE, uid) a lease's deadline moved: the timer that wakes a waiter when
+the earliest lease runs out must look again."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from pigeon.broker.topic import ShardIndex, TopicState
 from pigeon.storage import checkpoint as CK
 from pigeon.storage import records as R
 
-WAKE, WAKE_ALL, CHANGED, DEAD_LETTERS = "wake", "wake_all", "changed", "dead_letters"
+WAKE, WAKE_ALL, CHANGED, DEAD_LETTERS, DEADLINE = "wake", "wake_all", "changed", "dead_letters", "deadline"
 _PublishRequest = types.PublishRequest.pb()
 
 
@@ -194,10 +195,9 @@ class BrokerState:
 
     def _modack(self, rec: R.Modack):
         s = self.subs_by_uid.get(rec.sub)
-        if s is not None and s.modify_deadlines(list(zip(rec.nums, rec.versions)), rec.seconds, rec.now) \
-                and rec.seconds == 0:
-            return [(WAKE, s.uid)]  # nacked: ready again
-        return None
+        if s is None or not s.modify_deadlines(list(zip(rec.nums, rec.versions)), rec.seconds, rec.now):
+            return None
+        return [(WAKE, s.uid)] if rec.seconds == 0 else [(DEADLINE, s.uid)]  # nacked: ready again
 
     def _seek(self, rec: R.Seek):
         s = self.subs_by_uid.get(rec.sub)

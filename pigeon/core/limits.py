@@ -50,6 +50,7 @@ pull_wait_s_max = 10.0  # a Pull with nothing to deliver answers empty after thi
 pull_answer_before_deadline_s = 0.5  # … or this long before the caller's deadline, so it sees no error
 stream_outstanding_messages_default = 1_000
 stream_response_messages_max = 1_000
+stream_idle_wake_s = 10.0  # a waiting stream looks again at least this often (every change wakes it at once)
 lease_tick_s = 0.05
 idempotency_window_s_default = 15 * 60.0
 idempotency_key_bytes_max = 1_024

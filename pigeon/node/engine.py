@@ -149,6 +149,10 @@ class Engine:
                 self.push.subscription_changed(uid)
             elif kind == bs.DEAD_LETTERS:
                 self._forward_dead_letters(self.state.subs_by_uid[uid])
+            elif kind == bs.DEADLINE:
+                sig = self.signals.get(uid)
+                if sig is not None:
+                    self._arm(self.state.subs_by_uid[uid], sig)
 
     async def durable(self, end: int | None = None) -> None:
         """Until everything committed so far (or up to `end`) is durable."""
@@ -363,11 +367,14 @@ class Engine:
         """Wait for `s`'s messages (or `stream`'s own events), at most `cap` seconds; the subscription's
         timer wakes one waiter when something becomes ready by itself."""
         sig = self.signal(s.uid)
+        self._arm(s, sig)
+        await sig.wait(cap, stream)
+
+    def _arm(self, s: SubscriptionState, sig: Signal) -> None:
+        """Keep `sig`'s timer at the earliest time something of `s` becomes ready by itself."""
         d = s.next_deadline()
         if d is not None:
-            loop = asyncio.get_running_loop()
-            sig.wake_at(loop.time() + max(0.001, d - self.clock.now()))
-        await sig.wait(cap, stream)
+            sig.wake_at(asyncio.get_running_loop().time() + max(0.001, d - self.clock.now()))
 
     def _pass_on(self, s: SubscriptionState) -> None:
         """A waiter took messages: if more are ready, wake the next one (the chain that replaces waking all)."""
@@ -413,9 +420,9 @@ class Engine:
                 if out:
                     self._pass_on(s)
                     return out
-                await self._wait(s, 1.0, stream)
+                await self._wait(s, limits.stream_idle_wake_s, stream)
             else:  # flow control: only this stream's acks (or its own events) can change that
-                await stream.wait(1.0)
+                await stream.wait(limits.stream_idle_wake_s)
 
     def close_stream(self, stream: Stream) -> None:
         """Messages it still holds stay leased until their deadline (the client may still ack them)."""
