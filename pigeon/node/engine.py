@@ -456,8 +456,11 @@ class Engine:
             raise AckIdFailure(failures)
 
     async def modify_ack_deadline(self, name: str, ack_ids, seconds: int) -> None:
+        """Answered once durable, as an ack is: a nack or an extension the client was told of survives a crash
+        (delivery counts and lease deadlines after a restart are what the client saw)."""
         s = self._live_sub(name)
         failures = self.modify_deadlines(s, ack_ids, [seconds] * len(ack_ids))
+        await self.durable()
         if failures:
             raise AckIdFailure(failures)
 
