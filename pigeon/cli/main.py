@@ -7,9 +7,9 @@ from typing import Optional
 
 import typer
 
-from pigeon.cli import verbs
+from pigeon.cli import errors, verbs
 
-app = typer.Typer(add_completion=False, help="Pigeon: a durable Pub/Sub-compatible message server.")
+app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
 
 
 @app.command()
@@ -96,8 +96,16 @@ def export(
     typer.echo(f"pigeon export: {n} subscription(s) exported")
 
 
+@app.callback()
+def _options(
+    debug: bool = typer.Option(False, "--debug", help="show the traceback of a failure (also PIGEON_DEBUG=1)"),
+):
+    """Pigeon: a durable Pub/Sub-compatible message server. Errors print one line and exit with 1 (the server
+    refused: status and its message), 2 (the command line is wrong) or 3 (no server at the address)."""
+
+
 def main() -> None:
-    app()
+    sys.exit(errors.run(app, sys.argv[1:]))
 
 
 if __name__ == "__main__":

@@ -8,16 +8,19 @@ import os
 from typing import Optional
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
-console = Console()
+from pigeon.cli.errors import check_reachable
+from pigeon.cli.output import FORMAT, RECEIVED, Format, console, show
+
+DEFAULT_ADDRESS = "localhost:8085"
 ADDRESS = typer.Option(None, "--address", "-a", envvar="PUBSUB_EMULATOR_HOST", help="server host:port")
 PROJECT = typer.Option("default", "--project", "-p", help="project of the names given without one")
 
 
 def _clients(address: str | None):
-    os.environ["PUBSUB_EMULATOR_HOST"] = address or "localhost:8085"
+    address = address or DEFAULT_ADDRESS
+    check_reachable(address)
+    os.environ["PUBSUB_EMULATOR_HOST"] = address
     from google.cloud import pubsub_v1
 
     return pubsub_v1.PublisherClient(), pubsub_v1.SubscriberClient()
@@ -40,11 +43,11 @@ def topics_create(name: str, address: Optional[str] = ADDRESS, project: str = PR
 
 
 @topics.command("list")
-def topics_list(address: Optional[str] = ADDRESS, project: str = PROJECT):
+def topics_list(address: Optional[str] = ADDRESS, project: str = PROJECT, fmt: Format = FORMAT):
     """List the project's topics."""
     pub, _ = _clients(address)
-    for t in pub.list_topics(project=f"projects/{project}"):
-        console.print(t.name)
+    show(fmt, "topics", list(pub.list_topics(project=f"projects/{project}")), [
+        ("topic", lambda t: t.name), ("labels", lambda t: ", ".join(f"{k}={v}" for k, v in sorted(t.labels.items())))])
 
 
 @topics.command("delete")
@@ -73,18 +76,12 @@ def subscriptions_create(
 
 
 @subscriptions.command("list")
-def subscriptions_list(address: Optional[str] = ADDRESS, project: str = PROJECT):
+def subscriptions_list(address: Optional[str] = ADDRESS, project: str = PROJECT, fmt: Format = FORMAT):
     """List the project's subscriptions."""
     _, sub = _clients(address)
-    subs = list(sub.list_subscriptions(project=f"projects/{project}"))
-    if not console.is_terminal:  # pipes get one tab-separated line each
-        for s in subs:
-            print(f"{s.name}\t{s.topic}\t{s.ack_deadline_seconds}")
-        return
-    table = Table("subscription", "topic", "ack deadline")
-    for s in subs:
-        table.add_row(s.name, s.topic, str(s.ack_deadline_seconds))
-    console.print(table)
+    show(fmt, "subscriptions", list(sub.list_subscriptions(project=f"projects/{project}")), [
+        ("subscription", lambda s: s.name), ("topic", lambda s: s.topic),
+        ("ack deadline", lambda s: s.ack_deadline_seconds)])
 
 
 @subscriptions.command("delete")
@@ -106,6 +103,9 @@ def publish(
     project: str = PROJECT,
 ):
     """Publish one message; prints its id."""
+    bad = [a for a in attribute if "=" not in a]
+    if bad:
+        raise typer.BadParameter(f"{bad[0]!r} is not key=value", param_hint="--attribute")
     pub, _ = _clients(address)
     attrs = dict(a.split("=", 1) for a in attribute)
     if delay:
@@ -129,14 +129,13 @@ def pull(
     ack: bool = typer.Option(False, help="acknowledge what was pulled"),
     address: Optional[str] = ADDRESS,
     project: str = PROJECT,
+    fmt: Format = FORMAT,
 ):
-    """Pull messages and print them as JSON lines."""
+    """Pull messages (waiting up to 10 s for some) and print them."""
     _, sub = _clients(address)
     name = _full(subscription, project, "subscriptions")
-    resp = sub.pull(subscription=name, max_messages=max_messages, timeout=30)
-    for m in resp.received_messages:
-        print(json.dumps({"message_id": m.message.message_id, "data": m.message.data.decode(errors="replace"),
-                          "attributes": dict(m.message.attributes), "ack_id": m.ack_id}))
+    resp = sub.pull(subscription=name, max_messages=max_messages, timeout=10)
+    show(fmt, "receivedMessages", list(resp.received_messages), RECEIVED)
     if ack and resp.received_messages:
         sub.acknowledge(subscription=name, ack_ids=[m.ack_id for m in resp.received_messages])
 
@@ -144,17 +143,21 @@ def pull(
 def _pigeon(address):
     from pigeon.client import PigeonClient
 
-    return PigeonClient(address or "localhost:8085")
+    address = address or DEFAULT_ADDRESS
+    check_reachable(address)
+    return PigeonClient(address)
 
 
 @queue.command("take")
 def queue_take(subscription: str, max_messages: int = typer.Option(10, "--max", "-n"),
                lock: float = typer.Option(0, help="lock seconds (0: the ack deadline)"),
-               address: Optional[str] = ADDRESS, project: str = PROJECT):
-    """Lock up to N ready messages (scheduled ones in activation order); print them as JSON lines."""
-    for t in _pigeon(address).take(_full(subscription, project, "subscriptions"), max_messages, lock):
-        print(json.dumps({"ack_id": t.ack_id, "message_id": t.message.message_id,
-                          "data": t.data.decode(errors="replace"), "attributes": t.attributes}))
+               address: Optional[str] = ADDRESS, project: str = PROJECT, fmt: Format = FORMAT):
+    """Lock up to N ready messages (scheduled ones in activation order) and print them."""
+    from google.pubsub_v1 import types
+
+    taken = _pigeon(address).take(_full(subscription, project, "subscriptions"), max_messages, lock)
+    show(fmt, "receivedMessages", [types.ReceivedMessage(ack_id=t.ack_id, message=t.message,
+                                                         delivery_attempt=t.delivery_attempt) for t in taken], RECEIVED)
 
 
 @queue.command("ack")

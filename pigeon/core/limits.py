@@ -57,6 +57,8 @@ idempotency_key_bytes_max = 1_024
 lock_s_max = 31 * 86_400.0  # queue extension: Take may lock for this long
 retention_tick_s = 5.0
 
+cli_connect_s_max = 3.0  # the command line says "cannot reach" when no server answers within this long
+
 # push delivery
 push_window_start = 1
 push_window_max = 100  # requests in flight per subscription
