@@ -57,6 +57,13 @@ idempotency_key_bytes_max = 1_024
 lock_s_max = 31 * 86_400.0  # queue extension: Take may lock for this long
 retention_tick_s = 5.0
 
+# a full disk: publishes are refused while less than the reserve is free, so deliveries, acks and checkpoints
+# (which let consumers drain the backlog and old segments go) can still be written
+disk_reserve_fraction = 0.02  # of the filesystem…
+disk_reserve_bytes_min = 8 * 1024 * 1024  # … but at least this
+disk_reserve_bytes_max = 1024 * 1024 * 1024  # … and at most this
+disk_free_check_s = 0.1  # free space is looked up at most this often (one statvfs)
+disk_full_retry_s = 0.5  # after ENOSPC the writer tries again this often, keeping what it could not write
 cli_connect_s_max = 3.0  # the command line says "cannot reach" when no server answers within this long
 
 # push delivery

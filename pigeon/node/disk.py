@@ -80,12 +80,23 @@ class OsDisk:
 
     def write_durably(self, path: str, data: bytes) -> None:
         tmp = path + ".tmp"
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError:  # a full disk: the partial file goes, the previous one stays
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
         os.rename(tmp, path)
         self.sync_dir(os.path.dirname(path))
+
+    def free_space(self, path: str) -> tuple[int, int]:
+        st = os.statvfs(path)
+        return st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
 
     def sync_dir(self, path: str) -> None:
         fd = os.open(path, os.O_RDONLY)

@@ -242,6 +242,7 @@ class Engine:
         when some message carries one: the batch then waits in the topic's activation index."""
         self._check_open()
         t = self.state.topic(topic_name)
+        self.journal.check_publish()  # a full disk refuses publishes, keeps room for deliveries and acks
         if not idem_keys:
             return await self._store(t, request, count, ordering_key, None, sched)
         t.idempotency.expire(int((self.clock.now() - self.config.idempotency_window_s) * 1000))

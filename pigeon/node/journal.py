@@ -10,16 +10,19 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import errno
 import logging
 import threading
 import time
 from dataclasses import dataclass
 
+from pigeon.core import limits
 from pigeon.core.errors import ResourceExhausted, Unavailable
 from pigeon.node.disk import OsDisk
 from pigeon.node.readahead import ReadAhead
 from pigeon.storage.journal import Journal, JournalStats, LogState, WriteCursor
 from pigeon.storage.log import JournalLog, LogStats
+from pigeon.storage.space import SpaceStats, SpaceWatch
 
 log = logging.getLogger("pigeon.journal")
 
@@ -48,6 +51,8 @@ class WriterStats:
     group_commit_entries: int  # entries in them, in all
     group_commit_bytes: int
     failed: str  # why the writer stopped ("" while it works)
+    space: SpaceStats  # free space, the reserve, whether publishes are refused
+    enospc: int  # writes or syncs that failed with a full disk (each kept and tried again)
 
 
 class JournalWriter:
@@ -71,6 +76,9 @@ class JournalWriter:
         self._sync_s = self._sync_max_s = 0.0
         self._sync_hist = [0] * len(SYNC_BUCKETS_MS)
         self._batches = self._batch_entries = self._batch_bytes = 0
+        self._enospc = 0  # writes or syncs that failed with a full disk (writer thread)
+        self._stuck = False  # the last write failed with a full disk and nothing was written since (loop thread)
+        self.space = SpaceWatch(self.disk, directory)
 
     # --- lifecycle -------------------------------------------------------------------------------
     def open(self, tail: int, logs: dict[int, LogState]) -> None:
@@ -135,6 +143,13 @@ class JournalWriter:
             self._cv.notify()
         return out
 
+    def mark(self, log_id: int) -> int:
+        """A marker entry that changes nothing (storage.journal.Journal.mark); its journal position."""
+        with self._cv:
+            out = self.journal.mark(log_id)
+            self._cv.notify()
+        return out
+
     def flush_soon(self) -> None:
         """Ask the writer for everything appended so far."""
         if self._lazy_timer is not None:
@@ -173,41 +188,63 @@ class JournalWriter:
         always, batch_policy = self.policy is FsyncPolicy.always, self.policy is FsyncPolicy.batch
         cursor = WriteCursor(cur_start, disk.open_append(journal.path(cur_start)), self.policy is not FsyncPolicy.never)
         synced, last_sync = written, time.monotonic()  # synced: what fdatasync covers
+        posted = written  # what the loop was told is written (always: durable); never cut back below it
+        kept: list = []  # batches written since `posted`: written again if the disk fills up before their sync
         try:
             while True:
-                with self._cv:
-                    while not (journal.pending() or self._closing or self._want > synced):
-                        if batch_policy and written > synced:  # sync soon after the last write, even when idle
-                            self._cv.wait(BATCH_SYNC_S)
-                            if not (journal.pending() or self._closing or self._want > synced):
-                                self._sync(cursor.handle)
-                                synced, last_sync = written, time.monotonic()
-                        else:
-                            self._cv.wait()
-                    if not journal.pending() and self._closing:
-                        break
-                    batch, nbytes = journal.take_pending()
-                    want = self._want
-                journal.write(cursor, batch)
-                written += nbytes
-                self._batches += 1
-                self._batch_entries += len(batch)
-                self._batch_bytes += nbytes
-                if always:
-                    if want <= synced:
-                        continue  # written for nobody waiting: the next group commit's fdatasync covers it
-                    self._sync(cursor.handle)
-                    synced = written
-                elif batch_policy and time.monotonic() - last_sync >= BATCH_SYNC_S:
-                    self._sync(cursor.handle)
-                    synced, last_sync = written, time.monotonic()
-                elif not batch_policy:
-                    synced = written  # never: the OS decides
-                journal.flushes += 1
-                self._loop.call_soon_threadsafe(journal.synced, synced if always else written)
+                batch = None
+                try:
+                    with self._cv:
+                        while not (journal.pending() or self._closing or self._want > synced):
+                            if batch_policy and written > synced:  # sync soon after the last write, even when idle
+                                self._cv.wait(BATCH_SYNC_S)
+                                if not (journal.pending() or self._closing or self._want > synced):
+                                    self._sync(cursor.handle)
+                                    synced, last_sync = written, time.monotonic()
+                            else:
+                                self._cv.wait()
+                        if not journal.pending() and self._closing:
+                            break
+                        batch, nbytes = journal.take_pending()
+                        want = self._want
+                    journal.write(cursor, batch)
+                    written += nbytes
+                    self._batches += 1
+                    self._batch_entries += len(batch)
+                    self._batch_bytes += nbytes
+                    if always:
+                        kept.append(batch)
+                        if want <= synced:
+                            continue  # written for nobody waiting: the next group commit's fdatasync covers it
+                        self._sync(cursor.handle)
+                        synced = written
+                    elif batch_policy and time.monotonic() - last_sync >= BATCH_SYNC_S:
+                        self._sync(cursor.handle)
+                        synced, last_sync = written, time.monotonic()
+                    elif not batch_policy:
+                        synced = written  # never: the OS decides
+                    posted = synced if always else written
+                    kept.clear()
+                    journal.flushes += 1
+                    self._loop.call_soon_threadsafe(self._written, posted)
+                except OSError as exc:
+                    if exc.errno != errno.ENOSPC:
+                        raise
+                    # the disk is full: cut the files back to what the loop was told, keep every entry since
+                    # (nothing is lost, nobody waiting is answered yet) and try again in a moment
+                    with self._cv:
+                        journal.requeue(kept + ([batch] if batch is not None else []))
+                    kept = []
+                    cursor = journal.rewind(cursor, posted)
+                    written = synced = posted
+                    self._enospc += 1
+                    self._loop.call_soon_threadsafe(self._disk_full, exc)
+                    with self._cv:
+                        if not self._closing:
+                            self._cv.wait(limits.disk_full_retry_s)
             if written > synced and cursor.sync:
                 disk.sync(cursor.handle)
-        except BaseException as exc:  # disk full, I/O error: fail every waiter, refuse new appends
+        except BaseException as exc:  # an I/O error: fail every waiter, refuse new appends
             log.error("journal writer failed: %s", exc)
             try:
                 self._loop.call_soon_threadsafe(self._on_failed, exc)
@@ -218,6 +255,37 @@ class JournalWriter:
                 disk.close(cursor.handle)
             except OSError:
                 pass
+
+    # --- a full disk (loop thread) ---------------------------------------------------------------
+    def _written(self, end: int) -> None:
+        if self._stuck:
+            self._stuck = False
+            log.warning("journal: writing again after the disk was full (%d attempts failed with ENOSPC)",
+                        self._enospc)
+        self.journal.synced(end)
+
+    def _disk_full(self, exc: OSError) -> None:
+        if not self._stuck:
+            self._stuck = True
+            log.error("journal: the disk is full (%s); keeping what is not written and trying again every %g s",
+                      exc, limits.disk_full_retry_s)
+        self.space.stale()  # the next publish looks again
+
+    def check_publish(self) -> None:
+        """Refuse a publish (ResourceExhausted) while the disk is at its high-water mark."""
+        change = self.space.look(time.monotonic(), self.journal.tail)
+        if change is not None:
+            sp = self.space
+            if change:
+                log.error("disk of %s is full: %d bytes free, %d in reserve; refusing publishes", sp.dir, sp.free,
+                          sp.reserve)
+            else:
+                log.warning("disk of %s has room again (%d bytes free): publishes are accepted", sp.dir, sp.free)
+        if self._stuck:
+            self.space.refused += 1
+            raise ResourceExhausted(f"The disk of {self.space.dir} is full: the journal cannot be written now "
+                                    "(it tries again every moment); publishing resumes when space is freed.")
+        self.space.check_publish(self.journal.tail)
 
     def _sync(self, handle) -> None:
         t0 = time.monotonic()
@@ -235,7 +303,8 @@ class JournalWriter:
         """Plain values for metrics; read from the loop thread while the writer counts (a moment's skew only)."""
         return WriterStats(self.journal.statistics(), tuple(self.log(i).statistics() for i in sorted(self.journal.logs)),
                            self._syncs, self._sync_s, self._sync_max_s, tuple(self._sync_hist), self._batches,
-                           self._batch_entries, self._batch_bytes, "" if self._failed is None else str(self._failed))
+                           self._batch_entries, self._batch_bytes, "" if self._failed is None else str(self._failed), self.space.statistics(),
+                           self._enospc)
 
     # --- reading ---------------------------------------------------------------------------------
     def read(self, pos: int, n: int) -> bytes:

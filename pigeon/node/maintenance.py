@@ -9,6 +9,7 @@ import asyncio
 import logging
 
 from pigeon.broker import commands
+from pigeon.core.bundles import META_LOG
 from pigeon.storage import checkpoint as ck
 
 log = logging.getLogger("pigeon.maintenance")
@@ -32,6 +33,16 @@ async def maintain_once(engine) -> None:
         grown > 0 and now - engine._last_ck_time >= engine.config.checkpoint_interval_s
     ):
         await checkpoint(engine)
+    cks = engine._checkpoints
+    if cks and grown == 0:
+        older = cks[-2] if len(cks) >= 2 else 0
+        if engine.journal.journal.deletable(min(need_pos, cks[-1])) > engine.journal.journal.deletable(
+                min(need_pos, older)):
+            # segments wait only for a second checkpoint while nothing is written (a drained backlog, a disk
+            # that filled up): a marker entry that changes nothing gives a new checkpoint a position of its own
+            engine.journal.mark(META_LOG)
+            await engine.durable()
+            await checkpoint(engine)
     # recovery needs the journal from the older of the two newest checkpoints
     if len(engine._checkpoints) >= 2:
         removed = engine.journal.delete_before(min(need_pos, engine._checkpoints[-2]))

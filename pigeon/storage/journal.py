@@ -159,6 +159,12 @@ class Journal:
             self._marker(st, FENCE, epoch, epoch)
         return st.next
 
+    def mark(self, log_id: int) -> int:
+        """Append an entry that changes nothing — a fence at the log's current fence — and return its position:
+        a position of its own for a checkpoint when no other entry moved the journal."""
+        st = self.log(log_id)
+        return self._marker(st, FENCE, st.fenced, st.fenced)
+
     def truncate(self, log_id: int, after: int) -> None:
         """Drop the entries of `log_id` with an offset above `after`; the next append gets offset after + 1."""
         st = self.log(log_id)
@@ -198,6 +204,27 @@ class Journal:
             chunks.append(data)
         if chunks:
             disk.writev(cursor.handle, chunks)
+
+    def rewind(self, cursor: "WriteCursor", to: int) -> "WriteCursor":
+        """After a write or sync failed (a full disk): cut the files back to journal position `to` — what was
+        acknowledged as written — so no partly written entry stays, and return a cursor appending there. The
+        segments past it go (their names stay in `starts`: the entries placed in them are written again)."""
+        try:
+            self.disk.close(cursor.handle)
+        except OSError:
+            pass
+        i = bisect.bisect_right(self.starts, to) - 1
+        for start in self.starts[i + 1:]:
+            if self.disk.exists(self.path(start)):
+                self.disk.remove(self.path(start))
+        self.disk.truncate(self.path(self.starts[i]), to - self.starts[i])
+        return WriteCursor(self.starts[i], self.disk.open_append(self.path(self.starts[i])), cursor.sync)
+
+    def requeue(self, batches: list[list[tuple[int, bytes]]]) -> None:
+        """Put entries taken for writing back in front of the pending ones, in order (to write them again)."""
+        again = [e for batch in batches for e in batch]
+        self._pending[:0] = again
+        self._pending_bytes += sum(len(d) for _, d in again)
 
     def on_durable(self, end: int, callback) -> None:
         """Call `callback(None)` once the journal is durable up to `end` (at once when it is), or
@@ -276,6 +303,10 @@ class Journal:
             yield found[offset]
 
     # --- trimming ----------------------------------------------------------------------------------------
+    def deletable(self, pos: int) -> int:
+        """How many segments `delete_before(pos)` would remove."""
+        return sum(1 for s in self.starts[1:] if s <= pos)
+
     def delete_before(self, pos: int) -> list[int]:
         """Remove whole segments that end at or before `pos` (never the active one)."""
         removed = []

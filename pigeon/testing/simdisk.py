@@ -98,9 +98,16 @@ class SimDisk:
         return h
 
     def writev(self, handle: int, chunks: list[bytes]) -> None:
-        n = sum(map(len, chunks))
-        self._check("write", n)
-        self.files[self._handles[handle]].data += b"".join(chunks)
+        """As a real disk: when the space runs out, what fits is written, then ENOSPC."""
+        data = b"".join(chunks)
+        self._check("write")
+        f = self.files[self._handles[handle]]
+        if self.space is not None:
+            room = max(0, self.space - sum(len(x.data) for x in self.files.values()))
+            if len(data) > room:
+                f.data += data[:room]
+                raise OSError(errno.ENOSPC, "No space left on device (simulated)")
+        f.data += data
 
     def sync(self, handle: int) -> None:
         self._check("sync")
@@ -125,6 +132,11 @@ class SimDisk:
     def write_durably(self, path: str, data: bytes) -> None:
         self._check("write", len(data))
         self.files[path] = _File(bytearray(data), len(data), True)
+
+    def free_space(self, path: str) -> tuple[int, int]:
+        if self.space is None:
+            return 1 << 50, 1 << 50
+        return max(0, self.space - sum(len(f.data) for f in self.files.values())), self.space
 
     def sync_dir(self, path: str) -> None:
         self._check("sync_dir")
