@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 SPARK_STAMP := $(VENV)/.installed-spark
 DATA ?= ./data
 
-.PHONY: run test lint bench bench-quick soak sim clean
+.PHONY: run test lint bench bench-quick soak sim fuzz clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -53,6 +53,12 @@ SEEDS ?= 10000
 STEPS ?= 150
 sim: $(STAMP)
 	$(BIN)/python -m pigeon.testing.simulator --seeds $(SEEDS) --steps $(STEPS)
+
+# Hostile input, long: every gRPC method with FUZZ_EXAMPLES random, garbled and mutated requests (make test runs
+# 12 each); prints the calls made and the status codes seen per method.
+FUZZ_EXAMPLES ?= 2000
+fuzz: $(STAMP)
+	FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) FUZZ_REPORT=1 $(BIN)/python -m pytest -q -s tests/e2e/test_fuzz.py
 
 clean:
 	rm -rf $(VENV) $(DATA) .pytest_cache

@@ -6,6 +6,7 @@ from __future__ import annotations
 import grpc
 from google.iam.v1 import iam_policy_pb2
 
+from pigeon.api import errors
 from pigeon.api.errors import translate
 from pigeon.api.grpc_api import pb
 from pigeon.core import names
@@ -86,28 +87,24 @@ class IamApi:
 
 
 def handlers(engine: Engine) -> list[grpc.GenericRpcHandler]:
-    def unary(fn, request_cls):
-        return grpc.unary_unary_rpc_method_handler(fn, request_deserializer=request_cls.FromString,
-                                                   response_serializer=None)
-
     s = SchemaApi(engine)
     schema = {
-        "CreateSchema": unary(s.create_schema, pb["CreateSchemaRequest"]),
-        "GetSchema": unary(s.get_schema, pb["GetSchemaRequest"]),
-        "ListSchemas": unary(s.list_schemas, pb["ListSchemasRequest"]),
-        "ListSchemaRevisions": unary(s.list_schema_revisions, pb["ListSchemaRevisionsRequest"]),
-        "CommitSchema": unary(s.commit_schema, pb["CommitSchemaRequest"]),
-        "RollbackSchema": unary(s.rollback_schema, pb["RollbackSchemaRequest"]),
-        "DeleteSchemaRevision": unary(s.delete_schema_revision, pb["DeleteSchemaRevisionRequest"]),
-        "DeleteSchema": unary(s.delete_schema, pb["DeleteSchemaRequest"]),
-        "ValidateSchema": unary(s.validate_schema, pb["ValidateSchemaRequest"]),
-        "ValidateMessage": unary(s.validate_message, pb["ValidateMessageRequest"]),
+        "CreateSchema": errors.unary(s.create_schema, pb["CreateSchemaRequest"]),
+        "GetSchema": errors.unary(s.get_schema, pb["GetSchemaRequest"]),
+        "ListSchemas": errors.unary(s.list_schemas, pb["ListSchemasRequest"]),
+        "ListSchemaRevisions": errors.unary(s.list_schema_revisions, pb["ListSchemaRevisionsRequest"]),
+        "CommitSchema": errors.unary(s.commit_schema, pb["CommitSchemaRequest"]),
+        "RollbackSchema": errors.unary(s.rollback_schema, pb["RollbackSchemaRequest"]),
+        "DeleteSchemaRevision": errors.unary(s.delete_schema_revision, pb["DeleteSchemaRevisionRequest"]),
+        "DeleteSchema": errors.unary(s.delete_schema, pb["DeleteSchemaRequest"]),
+        "ValidateSchema": errors.unary(s.validate_schema, pb["ValidateSchemaRequest"]),
+        "ValidateMessage": errors.unary(s.validate_message, pb["ValidateMessageRequest"]),
     }
     i = IamApi(engine)
     policy = {
-        "SetIamPolicy": unary(i.set_iam_policy, iam_policy_pb2.SetIamPolicyRequest),
-        "GetIamPolicy": unary(i.get_iam_policy, iam_policy_pb2.GetIamPolicyRequest),
-        "TestIamPermissions": unary(i.test_iam_permissions, iam_policy_pb2.TestIamPermissionsRequest),
+        "SetIamPolicy": errors.unary(i.set_iam_policy, iam_policy_pb2.SetIamPolicyRequest),
+        "GetIamPolicy": errors.unary(i.get_iam_policy, iam_policy_pb2.GetIamPolicyRequest),
+        "TestIamPermissions": errors.unary(i.test_iam_permissions, iam_policy_pb2.TestIamPermissionsRequest),
     }
     return [
         grpc.method_handlers_generic_handler("google.pubsub.v1.SchemaService", schema),

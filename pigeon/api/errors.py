@@ -12,7 +12,7 @@ import grpc
 from google.protobuf import any_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 
-from pigeon.core.errors import PigeonError
+from pigeon.core.errors import InvalidArgument, PigeonError
 
 log = logging.getLogger("pigeon.api")
 
@@ -55,11 +55,46 @@ def _method(context) -> str:
         return "a call"
 
 
+class Unparsable:
+    """Stands in for a request whose bytes are not the message its method takes: grpc would answer a parser's
+    exception INTERNAL, but the mistake is the client's (INVALID_ARGUMENT, through `refused`)."""
+
+    __slots__ = ("kind", "why")
+
+    def __init__(self, kind: str, why: str):
+        self.kind, self.why = kind, why
+
+    def refused(self) -> InvalidArgument:
+        return InvalidArgument(f"The request is not a valid {self.kind}: {self.why}.")
+
+
+def parser(request_cls):
+    """A request deserializer that never raises: the message, or an Unparsable."""
+    kind = request_cls.DESCRIPTOR.full_name
+
+    def parse(data: bytes):
+        try:
+            return request_cls.FromString(data)
+        except Exception as e:  # noqa: BLE001 — DecodeError, or what the runtime raises for nonsense
+            return Unparsable(kind, str(e) or type(e).__name__)
+
+    return parse
+
+
+def unary(fn, request_cls):
+    """A unary method handler whose request is parsed by `parser` (None: the handler takes the raw bytes);
+    `fn` goes through `translate`, which refuses an Unparsable."""
+    return grpc.unary_unary_rpc_method_handler(
+        fn, request_deserializer=parser(request_cls) if request_cls is not None else None, response_serializer=None)
+
+
 def translate(fn):
     """Wrap a unary gRPC handler: errors leave through `abort`."""
     @functools.wraps(fn)
     async def handler(self, request, context):
         try:
+            if type(request) is Unparsable:
+                raise request.refused()
             return await fn(self, request, context)
         except PigeonError as e:
             await abort(context, e)

@@ -8,7 +8,6 @@ stored messages are spliced, not re-encoded."""
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 
 import grpc
@@ -16,6 +15,7 @@ from google.pubsub_v1 import types
 
 from pigeon.broker import commands
 from pigeon.core import limits, names, wire
+from pigeon.api import errors
 from pigeon.api.errors import abort, translate
 from pigeon.core.errors import InvalidArgument
 from pigeon.node.engine import Engine
@@ -133,6 +133,8 @@ class PubSubApi:
                 first = await request_iterator.__anext__()
             except StopAsyncIteration:
                 return
+            if type(first) is errors.Unparsable:
+                raise first.refused()
             if not first.subscription:
                 raise InvalidArgument("The first StreamingPullRequest must set subscription.")
             if first.modify_deadline_seconds or first.modify_deadline_ack_ids:
@@ -195,6 +197,8 @@ class PubSubApi:
     async def _read_requests(self, stream, request_iterator) -> None:
         try:
             async for req in request_iterator:
+                if type(req) is errors.Unparsable:
+                    raise req.refused()
                 self._stream_requests(stream, req)
         except (asyncio.CancelledError, grpc.RpcError):
             return
@@ -251,10 +255,7 @@ class PubSubApi:
     # ---------------------------------------------------------------- wiring
     def handlers(self) -> list[grpc.GenericRpcHandler]:
         def unary(fn, request_type):
-            de = pb[request_type].FromString if request_type else None
-            return grpc.unary_unary_rpc_method_handler(
-                functools.partial(fn), request_deserializer=de, response_serializer=None
-            )
+            return errors.unary(fn, pb[request_type] if request_type else None)
 
         publisher = {
             "CreateTopic": unary(self.create_topic, "Topic"),
@@ -278,7 +279,7 @@ class PubSubApi:
             "Pull": unary(self.pull, "PullRequest"),
             "StreamingPull": grpc.stream_stream_rpc_method_handler(
                 self.streaming_pull,
-                request_deserializer=pb["StreamingPullRequest"].FromString,
+                request_deserializer=errors.parser(pb["StreamingPullRequest"]),
                 response_serializer=None,
             ),
             "ModifyPushConfig": unary(self.modify_push_config, "ModifyPushConfigRequest"),

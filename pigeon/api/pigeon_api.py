@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import grpc
 
+from pigeon.api import errors
 from pigeon.api.errors import translate
 from pigeon.api.proto import pigeon_ranges_pb2 as pb
 from pigeon.core import limits, wire
@@ -63,15 +64,11 @@ class RangesApi:
 def handlers(engine: Engine) -> list[grpc.GenericRpcHandler]:
     api = RangesApi(engine)
 
-    def unary(fn, request_cls):
-        return grpc.unary_unary_rpc_method_handler(fn, request_deserializer=request_cls.FromString,
-                                                   response_serializer=None)
-
     methods = {
-        "LatestOffsets": unary(api.latest_offsets, pb.LatestOffsetsRequest),
-        "ReadRange": unary(api.read_range, pb.ReadRangeRequest),
-        "CreateCursor": unary(api.create_cursor, pb.CreateCursorRequest),
-        "GetCursor": unary(api.get_cursor, pb.GetCursorRequest),
-        "CommitCursor": unary(api.commit_cursor, pb.CommitCursorRequest),
+        "LatestOffsets": errors.unary(api.latest_offsets, pb.LatestOffsetsRequest),
+        "ReadRange": errors.unary(api.read_range, pb.ReadRangeRequest),
+        "CreateCursor": errors.unary(api.create_cursor, pb.CreateCursorRequest),
+        "GetCursor": errors.unary(api.get_cursor, pb.GetCursorRequest),
+        "CommitCursor": errors.unary(api.commit_cursor, pb.CommitCursorRequest),
     }
     return [grpc.method_handlers_generic_handler(SERVICE, methods)]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import grpc
 
+from pigeon.api import errors
 from pigeon.api.errors import translate
 from pigeon.api.proto import pigeon_queue_pb2 as q
 from pigeon.node.engine import Engine
@@ -60,17 +61,13 @@ class QueueApi:
 def handlers(engine: Engine) -> list[grpc.GenericRpcHandler]:
     api = QueueApi(engine)
 
-    def unary(fn, request_cls):
-        return grpc.unary_unary_rpc_method_handler(fn, request_deserializer=request_cls.FromString,
-                                                   response_serializer=None)
-
     return [grpc.method_handlers_generic_handler("pigeon.v1.Queue", {
-        "Take": unary(api.take, q.TakeRequest),
-        "Ack": unary(api.ack, q.AckRequest),
-        "Reschedule": unary(api.reschedule, q.RescheduleRequest),
-        "Bury": unary(api.bury, q.BuryRequest),
-        "Kick": unary(api.kick, q.KickRequest),
-        "Update": unary(api.update, q.UpdateRequest),
-        "Peek": unary(api.peek, q.PeekRequest),
-        "Delete": unary(api.delete, q.DeleteRequest),
+        "Take": errors.unary(api.take, q.TakeRequest),
+        "Ack": errors.unary(api.ack, q.AckRequest),
+        "Reschedule": errors.unary(api.reschedule, q.RescheduleRequest),
+        "Bury": errors.unary(api.bury, q.BuryRequest),
+        "Kick": errors.unary(api.kick, q.KickRequest),
+        "Update": errors.unary(api.update, q.UpdateRequest),
+        "Peek": errors.unary(api.peek, q.PeekRequest),
+        "Delete": errors.unary(api.delete, q.DeleteRequest),
     })]

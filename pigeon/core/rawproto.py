@@ -9,6 +9,9 @@ server-owned fields, without touching messages one by one."""
 from __future__ import annotations
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from google.protobuf.message import DecodeError
+
+from pigeon.core.errors import InvalidArgument
 
 _POOL = descriptor_pool.DescriptorPool()
 
@@ -45,8 +48,11 @@ PublishRequestRaw, PublishProbe = _build()
 
 
 def split_publish(raw: bytes | memoryview) -> tuple[str, list[bytes]]:
-    """(topic, serialized messages) of a PublishRequest."""
-    r = PublishRequestRaw.FromString(raw)
+    """(topic, serialized messages) of a PublishRequest; InvalidArgument when the bytes are not one."""
+    try:
+        r = PublishRequestRaw.FromString(raw)
+    except DecodeError as e:
+        raise InvalidArgument(f"The request is not a valid google.pubsub.v1.PublishRequest: {e}.") from None
     return r.topic, list(r.messages)
 
 
