@@ -75,7 +75,10 @@ def run(app, argv: list[str]) -> int:
     try:
         app(args, prog_name="pigeon", standalone_mode=True)
     except SystemExit as e:
-        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if e.code is None or isinstance(e.code, int):
+            return e.code or 0
+        print(e.code, file=sys.stderr)  # a sentence (as `serve` gives when recovery stops): say it, as Python would
+        return 1
     except KeyboardInterrupt:
         return 130
     except Exception as e:  # noqa: BLE001 — the one boundary of the command line
