@@ -156,15 +156,23 @@ class PubSubApi:
                 (b"\x08\x01" if cfg.enable_exactly_once_delivery else b"")
                 + (b"\x10\x01" if cfg.enable_message_ordering else b""),
             )
+            admission, clock = engine.admission, engine.clock
             while True:
                 rms = await engine.stream_next(stream)
                 if rms is None:
                     return
-                while stream.outbox:
-                    yield stream.outbox.pop(0)
+                out, stream.outbox = stream.outbox, []
                 if rms:
-                    for resp in _responses(rms, props):
+                    out.extend(_responses(rms, props))
+                for resp in out:  # each is held against the budget until the client has taken it
+                    n = len(resp)
+                    admission.sending(n)
+                    stream.sending_since, stream.sending_bytes = clock.now(), n
+                    try:
                         yield resp
+                    finally:
+                        admission.sent(n)
+                        stream.sending_since = None
         except Exception as e:  # noqa: BLE001 — the boundary (api.errors): a PigeonError or a bug
             await abort(context, e)
         finally:

@@ -40,6 +40,10 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
             ("grpc.max_receive_message_length", limits.grpc_receive_bytes_max),
             ("grpc.max_send_message_length", limits.grpc_receive_bytes_max),
             ("grpc.so_reuseport", 0),
+            # a peer that vanished (killed, cut off) is found and its connection closed, freeing its streams
+            ("grpc.keepalive_time_ms", int(limits.keepalive_s * 1000)),
+            ("grpc.keepalive_timeout_ms", int(limits.keepalive_timeout_s * 1000)),
+            ("grpc.keepalive_permit_without_calls", 1),
         ]
     )
     api = PubSubApi(engine)
@@ -68,8 +72,18 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
     log.info("stopped")
 
 
+def _client_went_away(record: logging.LogRecord) -> bool:
+    """gRPC logs a traceback at ERROR when a client disconnects while a response to it is being written (its
+    cancellation races the failed write): that is a client leaving, which is normal, so it is kept at DEBUG."""
+    if record.levelno >= logging.ERROR and record.getMessage().startswith("ExecuteBatchError raised in core"):
+        record.levelno, record.levelname, record.exc_info, record.exc_text = logging.DEBUG, "DEBUG", None, None
+        return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+    return True
+
+
 def run(config: Config) -> None:
     logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("grpc._cython.cygrpc").addFilter(_client_went_away)
     allocator.tune()
     try:
         import uvloop

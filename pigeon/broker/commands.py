@@ -51,6 +51,7 @@ def create_topic(state: BrokerState, topic, shards: int) -> R.TopicPut:
     resources.check_topic(topic)
     if topic.name in state.topics:
         raise _exists(topic.name)
+    state.check_room(topic.name, "topics")
     return R.TopicPut(state.next_uid, shards, topic.SerializeToString(deterministic=True))
 
 
@@ -84,6 +85,7 @@ def create_subscription(state: BrokerState, sub, generated_name: str) -> R.SubPu
     if sub.detached:
         raise InvalidArgument("A subscription cannot be created detached.")
     _check_dead_letter_topic(state, sub)
+    state.check_room(sub.name, "subscriptions")
     return R.SubPut(state.next_uid, topic.uid, sub.SerializeToString(deterministic=True), topic.backlog_end())
 
 
@@ -362,6 +364,7 @@ def create_snapshot(state: BrokerState, name: str, sub_name: str, labels: dict, 
     names.split(name, "snapshots")
     if name in state.snapshots:
         raise _exists(name)
+    state.check_room(name, "snapshots")
     if s.topic is None or s.topic.deleted:
         raise FailedPrecondition("Cannot create a snapshot of a subscription whose topic was deleted.")
     oldest_ms = None

@@ -16,13 +16,14 @@ the earliest lease runs out must look again."""
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 from google.pubsub_v1 import types
 
 from pigeon.core import limits, names, rawproto
 from pigeon.core.bundles import META_LOG, bundle_log
-from pigeon.core.errors import NotFound
+from pigeon.core.errors import NotFound, ResourceExhausted
 from pigeon.broker import resources
 from pigeon.broker.resources import Policy, Schema, Snapshot, Subscription, Topic
 from pigeon.broker.subscription import SubscriptionState
@@ -46,6 +47,21 @@ _APPLY = {
 
 class Contradiction(Exception):
     """A record that does not fit the state it is applied to."""
+
+
+@dataclass(frozen=True)
+class Quotas:
+    """How many resources of each kind a project may hold (Pub/Sub's quotas) and the server may hold in all (so
+    that projects made up by the dozen cannot fill its memory either). Commands refuse what would pass one."""
+    topics: int = limits.topics_per_project_max
+    subscriptions: int = limits.subscriptions_per_project_max
+    snapshots: int = limits.snapshots_per_project_max
+    schemas: int = limits.schemas_per_project_max
+    server: int = limits.resources_per_server_max
+
+
+def _project(name: str) -> str:
+    return name.split("/", 2)[1]
 
 
 @dataclass
@@ -82,6 +98,8 @@ class BrokerState:
         self.schemas: dict[str, list] = {}  # name → revisions (Schema protos), oldest first
         self.policies: dict[str, object] = {}  # resource name → google.iam.v1.Policy
         self.next_uid = 1
+        self.quotas = Quotas()
+        self.census: Counter = Counter()  # (project, kind) → how many it holds; (None, None) → the server's total
         self.dispatching = True  # off while a log tail is applied (recovery, a replica): see dispatch_off
 
     # --- look-ups ------------------------------------------------------------------------------
@@ -97,6 +115,20 @@ class BrokerState:
 
     def snapshot(self, name: str) -> SnapshotState:
         return _lookup(self.snapshots, name, "snapshots")
+
+    def check_room(self, name: str, kind: str) -> None:
+        """Raise ResourceExhausted when creating `name` (of `kind`: "topics", "subscriptions", …) would pass its
+        project's quota or the server's, in the words Pub/Sub uses."""
+        for key, maximum, what in ((( _project(name), kind), getattr(self.quotas, kind), f"{kind}-per-project"),
+                                   ((None, None), self.quotas.server, "resources-per-server")):
+            current = self.census[key]
+            if current >= maximum:
+                raise ResourceExhausted(f'Your project has exceeded a limit: (type="{what}", current={current}, '
+                                        f'maximum={maximum}).')
+
+    def _count(self, name: str, kind: str, n: int) -> None:
+        self.census[(_project(name), kind)] += n
+        self.census[(None, None)] += n
 
     def log_of(self, rec: R.Record, bundles: int) -> int:
         """The log a record goes to: metadata to the metadata log, a topic's data and its subscriptions' to the
@@ -249,6 +281,7 @@ class BrokerState:
             t = TopicState(rec.uid, cfg.name, cfg, rec.shards)
             self.topics_by_uid[t.uid] = t
             self.topics[t.name] = t
+            self._count(t.name, "topics", 1)
             self._dead_letter_topic_changed(t.name)
         t.config = cfg
         self.next_uid = max(self.next_uid, rec.uid + 1)
@@ -262,6 +295,7 @@ class BrokerState:
         if self.topics.get(t.name) is t:
             del self.topics[t.name]
             self.policies.pop(t.name, None)
+            self._count(t.name, "topics", -1)
         for uid in t.subscriptions:
             self.subs_by_uid[uid].config.topic = names.DELETED_TOPIC
         if not t.subscriptions:
@@ -295,6 +329,7 @@ class BrokerState:
                 topic.subscriptions.add(s.uid)
             self.subs_by_uid[s.uid] = s
             self.subs[s.name] = s
+            self._count(s.name, "subscriptions", 1)
         s.configure(cfg)
         s.dead_letter_open = cfg.dead_letter_policy.dead_letter_topic in self.topics
         s.detached = cfg.detached
@@ -307,6 +342,7 @@ class BrokerState:
             raise Contradiction(f"deletion of subscription {rec.uid}, which does not exist")
         self.subs.pop(s.name, None)
         self.policies.pop(s.name, None)
+        self._count(s.name, "subscriptions", -1)
         t = s.topic
         if t is not None:
             t.subscriptions.discard(s.uid)
@@ -321,21 +357,27 @@ class BrokerState:
             raise Contradiction(f"update of snapshot {cfg.name}, which does not exist")
         floors = rec.floors if rec.floors is not None else old.floors
         acked = rec.acked if rec.acked is not None else old.acked
+        if old is None:
+            self._count(cfg.name, "snapshots", 1)
         self.snapshots[cfg.name] = SnapshotState(cfg.name, rec.topic, cfg, floors, acked)
         return None
 
     def _snap_del(self, rec):
-        self.snapshots.pop(rec.name, None)
+        if self.snapshots.pop(rec.name, None) is not None:
+            self._count(rec.name, "snapshots", -1)
         self.policies.pop(rec.name, None)
         return None
 
     def _schema_put(self, rec: R.SchemaPut):
         cfg = _parse(Schema, rec.config)
+        if cfg.name not in self.schemas:
+            self._count(cfg.name, "schemas", 1)
         self.schemas.setdefault(cfg.name, []).append(cfg)
         return None
 
     def _schema_del(self, rec):
-        self.schemas.pop(rec.name, None)
+        if self.schemas.pop(rec.name, None) is not None:
+            self._count(rec.name, "schemas", -1)
         self.policies.pop(rec.name, None)
         for t in self.topics.values():
             if t.config.schema_settings.schema == rec.name:

@@ -30,6 +30,11 @@ labels_max = 64
 label_chars_max = 63
 list_page_size_max = 1_000
 list_page_size_default = 100
+# quotas (Pub/Sub's defaults): a create past one is RESOURCE_EXHAUSTED naming it
+topics_per_project_max = 10_000
+subscriptions_per_project_max = 10_000
+snapshots_per_project_max = 5_000
+schemas_per_project_max = 10_000
 
 # --- Pigeon's own -----------------------------------------------------------------------------
 response_bytes_max = 4 * 1024 * 1024 - 64 * 1024  # stay under the client's default 4 MiB receive limit
@@ -50,6 +55,12 @@ pull_wait_s_max = 10.0  # a Pull with nothing to deliver answers empty after thi
 pull_answer_before_deadline_s = 0.5  # … or this long before the caller's deadline, so it sees no error
 stream_outstanding_messages_default = 1_000
 stream_response_messages_max = 1_000
+streams_max = 20_000  # StreamingPull streams open at once on a server
+stream_unsent_bytes_max = 256 * 1024 * 1024  # responses on their way to clients, shared fairly by open streams
+stream_write_stall_s = 60.0  # a response its client leaves untaken this long is logged (the client may be stuck)
+keepalive_s = 60.0  # the server pings an idle connection this often…
+keepalive_timeout_s = 20.0  # … and closes it (with its streams) when the ping is not answered within this long
+publish_pending_bytes_max = 256 * 1024 * 1024  # publishes accepted and not yet durable, in all
 stream_idle_wake_s = 10.0  # a waiting stream looks again at least this often (every change wakes it at once)
 lease_tick_s = 0.05
 idempotency_window_s_default = 15 * 60.0
@@ -64,6 +75,7 @@ disk_reserve_bytes_min = 8 * 1024 * 1024  # … but at least this
 disk_reserve_bytes_max = 1024 * 1024 * 1024  # … and at most this
 disk_free_check_s = 0.1  # free space is looked up at most this often (one statvfs)
 disk_full_retry_s = 0.5  # after ENOSPC the writer tries again this often, keeping what it could not write
+resources_per_server_max = 200_000  # topics, subscriptions, snapshots and schemas of every project together
 cli_connect_s_max = 3.0  # the command line says "cannot reach" when no server answers within this long
 
 # push delivery

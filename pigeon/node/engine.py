@@ -21,6 +21,7 @@ from pigeon.broker.subscription import SubscriptionState, SubscriptionStats
 from pigeon.core import limits
 from pigeon.core.errors import AckIdFailure, InvalidArgument, NotFound, FailedPrecondition, PigeonError, Unavailable
 from pigeon.node import maintenance, push, recovery
+from pigeon.node.admission import Admission, AdmissionStats
 from pigeon.node.iam_ops import IamOps
 from pigeon.node.push import PushManager
 from pigeon.node.queue_ops import QueueOps
@@ -41,6 +42,7 @@ class NodeStats:
     subscriptions: tuple[SubscriptionStats, ...]
     streams: tuple[StreamStats, ...]
     topics: int
+    admission: AdmissionStats
 
 
 class Engine:
@@ -53,6 +55,9 @@ class Engine:
         self.epoch = 0  # this process's epoch: it fences every log it writes at it
         self.signals: dict[int, Signal] = {}
         self.streams: set[Stream] = set()  # open StreamingPull streams
+        c = config
+        self.admission = Admission(c.publish_pending_bytes, c.streams_max, c.stream_unsent_bytes,
+                                   c.stream_write_stall_s)
         self.closing = False
         self.report: recovery.Report | None = None
         self._fenced: set[int] = set()  # logs fenced at self.epoch
@@ -81,6 +86,9 @@ class Engine:
         self._checkpoints = found.checkpoints
         self._last_ck_time = self.clock.now()
         self.state.rebuild(self._last_ck_time)
+        c = self.config
+        self.state.quotas = bs.Quotas(c.topics_per_project, c.subscriptions_per_project, c.snapshots_per_project,
+                                      c.schemas_per_project, c.resources_per_server)
         log.info(
             "recovered %d topics, %d subscriptions, %d records replayed in %.3fs",
             len(self.state.topics),
@@ -262,7 +270,8 @@ class Engine:
         if t.config.schema_settings.schema:
             request = self.schemas.check_publish(t.config, request)
         rec = commands.publish(t, request, count, ordering_key, int(self.clock.now() * 1000), keys, sched)
-        await self.durable(self.commit(rec))
+        with self.admission.publishing(len(request)):
+            await self.durable(self.commit(rec))
         ix = t.shards[rec.shard]
         end = rec.base + rec.count
         if ix.durable < end:
@@ -387,6 +396,7 @@ class Engine:
     def open_stream(self, name: str, client_id: str, deadline_s: int, max_messages: int, max_bytes: int) -> Stream:
         s = self._live_sub(name)
         commands.check_stream(deadline_s)
+        self.admission.open_stream()
         stream = Stream(s, client_id, deadline_s, max_messages, max_bytes)
         self.streams.add(stream)
         return stream
@@ -414,7 +424,7 @@ class Engine:
                 out = self.deliver(
                     s,
                     min(room, limits.stream_response_messages_max),
-                    max(1, stream.max_bytes - stream.held_bytes),
+                    max(1, min(stream.max_bytes - stream.held_bytes, self.admission.share())),
                     stream,
                     stream.deadline_s,
                 )
@@ -429,14 +439,33 @@ class Engine:
         """Messages it still holds stay leased until their deadline (the client may still ack them)."""
         stream.sub.disown(stream, list(stream.held))
         stream.held.clear()
-        self.streams.discard(stream)
+        if stream in self.streams:
+            self.streams.discard(stream)
+            self.admission.close_stream()
+
+    def note_stalled_streams(self) -> int:
+        """Log (once each) the streams whose client has left a response untaken past the stall limit: they hold
+        that response until the client reads or goes (the server's keepalive closes a connection whose peer
+        vanished; a live client that does not read keeps it). Their leases run out as any other's, so the
+        messages go to other subscribers. Returns how many were found this time."""
+        now = self.clock.now()
+        stalled = [st for st in self.streams if st.sending_since is not None and not st.stall_noted
+                   and now - st.sending_since > self.admission.stall_s]
+        for st in stalled:
+            st.stall_noted = True
+            log.warning("a StreamingPull client of %s (client id %r) has left a response of %d bytes untaken for "
+                        "%.1f s; its stream holds it until the client reads or disconnects",
+                        st.sub.name, st.client_id, st.sending_bytes, now - st.sending_since)
+        self.admission.stalled += len(stalled)
+        return len(stalled)
 
     def statistics(self) -> "NodeStats":
         """Plain values of every part, for the metrics endpoint (nothing reaches inside for them)."""
         now = self.clock.now()
         return NodeStats(self.journal.statistics(), self.reader.statistics(),
                          tuple(s.statistics(now) for s in self.state.subs_by_uid.values()),
-                         tuple(st.statistics() for st in self.streams), len(self.state.topics))
+                         tuple(st.statistics() for st in self.streams), len(self.state.topics),
+                         self.admission.statistics())
 
     def ack_nowait(self, s: SubscriptionState, ack_ids) -> dict[str, str]:
         """Apply acks (logged, not yet durable). Returns exactly-once failures {ack_id: code}: with

@@ -18,6 +18,7 @@ log = logging.getLogger("pigeon.maintenance")
 async def maintain_once(engine) -> None:
     """Retention, expirations, index trimming, checkpoints and WAL segment deletion: one pass."""
     now = engine.clock.now()
+    engine.note_stalled_streams()
     st = engine.state
     for rec in commands.expired_snapshots(st, now):
         await engine._change(rec)

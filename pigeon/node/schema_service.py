@@ -90,6 +90,7 @@ class SchemaService:
         name = names.join(project, "schemas", schema_id)
         if name in self.registry.schemas:
             raise AlreadyExists(f"Resource already exists in the project (resource={schema_id}).")
+        self.registry.check_room(name, "schemas")
         await self._compile(schema.type_, schema.definition)
         rev = self._revision(name, schema.type_, schema.definition)
         await self.engine._change(R.SchemaPut(rev.SerializeToString(deterministic=True)))

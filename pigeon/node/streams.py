@@ -132,6 +132,9 @@ class Stream:
         self.outbox: list[bytes] = []  # encoded responses to send before more messages (confirmations)
         self.waiter: asyncio.Future | None = None  # set while the stream waits
         self.delivered = 0
+        self.sending_since: float | None = None  # when the response gRPC is writing now was handed over
+        self.sending_bytes = 0  # … and its size
+        self.stall_noted = False  # logged as a client that left a response untaken (once)
 
     def wake(self) -> None:
         """Something for this stream alone: a response in its outbox, an error, the client's half-close."""

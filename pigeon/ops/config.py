@@ -26,6 +26,17 @@ class Config:
     log_level: str = "INFO"
     idempotency_window_s: float = limits.idempotency_window_s_default
     push_allowed_endpoints: str = ""  # comma-separated URL prefixes push may reach; empty: any http(s) URL
+    # quotas: what one project may hold, and every project together (README, "Limits")
+    topics_per_project: int = limits.topics_per_project_max
+    subscriptions_per_project: int = limits.subscriptions_per_project_max
+    snapshots_per_project: int = limits.snapshots_per_project_max
+    schemas_per_project: int = limits.schemas_per_project_max
+    resources_per_server: int = limits.resources_per_server_max
+    # what clients may hold of the server's memory at once (README, "Limits")
+    streams_max: int = limits.streams_max
+    stream_unsent_bytes: int = limits.stream_unsent_bytes_max
+    stream_write_stall_s: float = limits.stream_write_stall_s
+    publish_pending_bytes: int = limits.publish_pending_bytes_max
 
     def __post_init__(self):
         if self.fsync not in ("always", "batch", "never"):

@@ -52,6 +52,7 @@ def summary(r: BrokerState) -> dict:
                      s.detached) for n, s in r.subs.items()},
         "subs_by_uid": sorted(r.subs_by_uid),
         "snaps": {n: (s.topic_uid, s.floors, s.acked, dict(s.config.labels)) for n, s in r.snapshots.items()},
+        "census": {k: v for k, v in r.census.items() if v},
     }
 
 
@@ -280,6 +281,10 @@ class StateMachine(RuleBasedStateMachine):
                 assert s.config.topic == names.DELETED_TOPIC
         used = set(r.topics_by_uid) | set(r.subs_by_uid)
         assert all(u < r.next_uid for u in used)
+        # the census the quotas read counts what exists, however it came to be
+        counted = {("p", "topics"): len(r.topics), ("p", "subscriptions"): len(r.subs),
+                   ("p", "snapshots"): len(r.snapshots), (None, None): len(r.topics) + len(r.subs) + len(r.snapshots)}
+        assert {k: v for k, v in r.census.items() if v} == {k: v for k, v in counted.items() if v}
 
     @invariant()
     def checkpoint_round_trip(self):
