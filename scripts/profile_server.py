@@ -5,6 +5,7 @@ functions by inclusive time, and writes a speedscope file (open it at https://ww
     python scripts/profile_server.py consume          # drains a 1M backlog published first (not profiled)
     python scripts/profile_server.py latency          # 1,000 msg/s open loop, durable
     python scripts/profile_server.py publish --plan quick
+    python scripts/profile_server.py idle             # publish + consume while 10,000 idle streams are held
 
 Sizes come from the benchmark's plans (`--plan full` by default); loopback only; bounded like the benchmark.
 """
@@ -28,6 +29,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from pigeon.bench import workloads as w  # noqa: E402
 from pigeon.bench.peers import PigeonServer  # noqa: E402
 from pigeon.bench.plan import PLANS  # noqa: E402
+from pigeon.bench.procs import Background  # noqa: E402
 
 console = Console(width=150)
 
@@ -52,6 +54,22 @@ def run_workload(name: str, server, plan) -> tuple[dict, callable]:
         return lambda: w.latency(d, plan, "latency", _tick)
     if name == "connections":
         return lambda: w.connections(d, plan, "conns", _tick)
+    if name == "idle":  # publish + consume at once while `idle_streams` streams are held open (not profiled)
+        opened, release = w._CTX.Value("i", 0), w._CTX.Event()
+        w.setup(d, "idle")
+        holder = Background(d.hold_idle, ("idle", plan.idle_streams, plan.idle_channels, opened, release))
+        while opened.value < plan.idle_streams and holder.alive() and plan.idle_streams:
+            time.sleep(0.2)
+        time.sleep(3 * plan.settle_s)
+        console.print(f"{opened.value:,} idle streams open")
+
+        def probe():
+            try:
+                return w.mixed(d, plan.scaled(mixed_s=plan.idle_probe_s), "idle_probe", _tick)
+            finally:
+                release.set()
+                holder.result(plan.idle_open_s_max)
+        return probe
     raise SystemExit(f"unknown workload {name}")
 
 
@@ -98,13 +116,16 @@ def summarize(path: str, top: int) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("workload", choices=("publish", "consume", "latency", "connections"))
+    ap.add_argument("workload", choices=("publish", "consume", "latency", "connections", "idle"))
     ap.add_argument("--plan", default="full", choices=sorted(PLANS))
     ap.add_argument("--rate", type=int, default=200, help="py-spy samples per second")
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--idle-streams", type=int, default=None, help="idle: how many streams (default: the plan's)")
     ap.add_argument("--out", default=None, help="speedscope file (default: a temporary file, printed)")
     args = ap.parse_args()
     plan = PLANS[args.plan]
+    if args.idle_streams is not None:
+        plan = plan.scaled(idle_streams=args.idle_streams)
     root = tempfile.mkdtemp(prefix="pigeon-profile-")
     out = args.out or os.path.join(root, f"{args.workload}.speedscope.json")
     server = PigeonServer(root, plan)

@@ -130,7 +130,8 @@ async def _stop_when(gate, stream: StreamingPull, extra_s: float = 0.0) -> None:
 class GrpcDriver:
     """Drives a Pub/Sub v1 gRPC server (Pigeon, Google's emulator)."""
 
-    supports = frozenset({"publish", "consume", "mixed", "latency", "ordered", "connections", "backlog", "restart"})
+    supports = frozenset({"publish", "consume", "mixed", "latency", "ordered", "connections", "idle", "backlog",
+                          "restart"})
 
     def __init__(self, address: str, client: str = "raw grpc.aio, pre-serialized requests, raw protobuf views"):
         self.address = address
@@ -326,6 +327,50 @@ class GrpcDriver:
         for c in chans:
             await c.close()
         return {"count": sum(per_task), "active": sum(1 for n in per_task if n), "errors": errors}
+
+    async def hold_idle(self, key: str, streams: int, channels: int, opened, release) -> dict:
+        """Open `streams` StreamingPull streams on a subscription nobody publishes to, over `channels` TCP
+        connections; count them in `opened` (a shared Value) once sent, hold them until `release` (an Event) is set,
+        reopening any that fails (as the client libraries do); report how many were open then and what ended
+        the others."""
+        chans = [channel(self.address, own_connection=True) for _ in range(channels)]
+        for c in chans:
+            await c.channel_ready()
+        ended: dict[str, int] = {}
+        first: dict[str, str] = {}
+        held: list[StreamingPull | None] = [None] * streams
+
+        async def hold(i: int):
+            while not release.is_set():
+                s = held[i] = StreamingPull(chans[i % channels], self.subscription(key), 100)
+                try:
+                    async for _ in s.responses():
+                        pass
+                    if release.is_set():
+                        return
+                    why = "CANCELLED"  # responses() ends quietly on that
+                except grpc.aio.AioRpcError as e:
+                    why = e.code().name
+                    first.setdefault(why, e.details())
+                ended[why] = ended.get(why, 0) + 1
+                await asyncio.sleep(0.1)
+
+        tasks = []
+        for i in range(streams):
+            tasks.append(asyncio.create_task(hold(i)))
+            if i % 200 == 199:
+                await asyncio.sleep(0)  # let the first requests leave
+                opened.value = i + 1
+        await asyncio.sleep(0.5)
+        opened.value = streams
+        while not release.is_set():
+            await asyncio.sleep(0.1)
+        still_open = sum(1 for t in tasks if not t.done())
+        await asyncio.gather(*[s.stop(0) for s in held if s is not None])
+        await asyncio.gather(*tasks)
+        for c in chans:
+            await c.close()
+        return {"still_open": still_open, "ended": ended, "first_errors": first}
 
     async def many_subscribers(self, key: str, tasks: int, channels: int, outstanding: int, gate) -> dict:
         chans = [channel(self.address, own_connection=True) for _ in range(channels)]

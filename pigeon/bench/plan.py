@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-WORKLOADS = ("publish", "consume", "mixed", "latency", "ordered", "connections", "backlog", "restart")
+WORKLOADS = ("publish", "consume", "mixed", "latency", "ordered", "connections", "idle", "backlog", "restart")
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,10 @@ class Plan:
     conn_s: float = 10.0
     # the like-for-like reference: few clients (publish + consume at once) with requests of conn_batch messages
     conn_reference_inflight: int = 64  # requests in flight per publisher process (small requests need many)
+    idle_streams: int = 10_000  # StreamingPull streams held open on a subscription with nothing to deliver
+    idle_channels: int = 100  # TCP connections they are spread over
+    idle_probe_s: float = 5.0  # publish + consume at once, before and while they are held
+    idle_open_s_max: float = 120.0  # opening them stops here
     backlog_messages: int = 1_000_000
     backlog_bytes: int = 100
     backlog_big_messages: int = 0  # a second, larger backlog reading for Pigeon alone (0: skipped)
@@ -67,7 +71,8 @@ class Plan:
         """The most time the workloads may take against one server (each is bounded by its own limit)."""
         bound = {"publish": len(self.publish_batches) * len(self.publish_inflight) * self.publish_s,
                  "consume": self.consume_s_max, "mixed": self.mixed_s, "latency": self.latency_runs * self.latency_s,
-                 "ordered": 2 * self.ordered_s_max, "connections": 2 * self.conn_s, "backlog": self.backlog_s_max,
+                 "ordered": 2 * self.ordered_s_max, "connections": 2 * self.conn_s,
+                 "idle": 2 * self.idle_probe_s + 2 * self.idle_open_s_max, "backlog": self.backlog_s_max,
                  "restart": self.restart_s_max}
         return self.peer_start_s_max + sum(bound[w] for w in self.workloads) + 30 * len(self.workloads)
 
@@ -79,7 +84,8 @@ FULL = Plan("full", latency_runs=3, backlog_big_messages=10_000_000, backlog_s_m
 QUICK = Plan(
     "quick", publish_batches=(1000,), publish_inflight=(4,), publish_s=1.5, consume_messages=200_000,
     consume_s_max=2.0, mixed_s=1.5, latency_s=2.0, ordered_keys=100, ordered_messages=50_000, ordered_s_max=3.0,
-    conn_publishers=100, conn_subscribers=100, conn_channels=4, conn_s=1.5, backlog_messages=100_000,
+    conn_publishers=100, conn_subscribers=100, conn_channels=4, conn_s=1.5, idle_streams=1_000, idle_channels=10,
+    idle_probe_s=1.5, idle_open_s_max=30.0, backlog_messages=100_000,
     backlog_s_max=30.0, restart_s_max=30.0, peer_start_s_max=60.0, peer_wall_s_max=600.0, settle_s=0.5,
 )
 SMOKE = Plan(

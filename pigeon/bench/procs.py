@@ -399,6 +399,33 @@ def _worker_main(i, fn, args, out) -> None:
         out.put((i, "error", f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=6)}"))
 
 
+class Background:
+    """One job (an async function and its args) in a forked process while the caller does other work."""
+
+    def __init__(self, fn: Callable, args: tuple):
+        ctx = mp.get_context("fork")
+        self._out = ctx.Queue()
+        self._proc = ctx.Process(target=_worker_main, args=(0, fn, args, self._out), daemon=True)
+        self._proc.start()
+
+    def alive(self) -> bool:
+        return self._proc.is_alive()
+
+    def result(self, wall_s: float):
+        """Its result, once it ends within `wall_s` (else it is killed and TimeoutError raised)."""
+        try:
+            _, status, value = self._out.get(timeout=wall_s)
+        except queue.Empty:
+            raise TimeoutError(f"a background worker still running after {wall_s:.0f} s") from None
+        finally:
+            if self._proc.is_alive():
+                self._proc.kill()
+            self._proc.join(5)
+        if status == "error":
+            raise RuntimeError(f"background worker failed: {value}")
+        return value
+
+
 def run_workers(jobs: list[tuple[Callable, tuple]], gate: Gate | None, wall_s: float,
                 tick: Callable[[], None] = lambda: None) -> list:
     """Fork one process per job (an async function and its args), open the gate once all are ready (every job

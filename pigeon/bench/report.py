@@ -30,6 +30,10 @@ FIGURES = [
     ("many clients: receive", "connections", "receive_msgs_per_s", "msg/s", "higher"),
     ("few clients, the same request size: publish", "connections_few", "publish_msgs_per_s", "msg/s", "higher"),
     ("few clients, the same request size: consume", "connections_few", "consume_msgs_per_s", "msg/s", "higher"),
+    ("idle StreamingPull streams held open", "idle", "streams", "msgs", "higher"),
+    ("RAM per idle stream", "idle", "bytes_per_stream", "B", "lower"),
+    ("publish + consume while they are held / without: publish", "idle", "publish_ratio", "×", "higher"),
+    ("publish + consume while they are held / without: consume", "idle", "consume_ratio", "×", "higher"),
     ("big backlog (Pigeon only)", "backlog_big", "messages", "msgs", "higher"),
     ("RAM per backlogged message, big backlog", "backlog_big", "bytes_per_msg", "B", "lower"),
     ("restart with the big backlog", "restart_big", "seconds", "s", "lower"),
@@ -165,7 +169,13 @@ def markdown(doc: dict) -> str:
               f"{s['conn_channels']} TCP connections per side, for {s['conn_s']:.0f} s. gRPC targets only. "
               "Beside it, for comparison, *few clients* publish and consume at once with the same request size "
               f"({s['publish_procs']} publisher processes with {s.get('conn_reference_inflight', '?')} requests "
-              f"in flight each, {s['consume_procs']} consumers).", ""]
+              f"in flight each, {s['consume_procs']} consumers).",
+              f"* **Idle streams**: {s.get('idle_streams', 0):,} StreamingPull streams held open on a subscription "
+              f"nobody publishes to, over {s.get('idle_channels', 0)} TCP connections from a process of their own "
+              "(a stream that fails is reopened, as the client libraries do); the server's resident memory before "
+              "and with them, divided by their count; and publish + consume at once (as above, for "
+              f"{s.get('idle_probe_s', 0):.0f} s) while they are held, against the mean of the same run before and "
+              "after. gRPC targets only.", ""]
     notes = [(t, k, r["note"]) for t, e in doc["targets"].items() for k, r in (e.get("results") or {}).items()
              if isinstance(r, dict) and r.get("note")]
     if notes:

@@ -155,6 +155,8 @@ def run_target(server, plan: Plan, bars: Bars, workloads: tuple[str, ...]) -> di
                               mixed_s=plan.conn_s)
             attempt("connections_few", f"few clients, {plan.conn_batch}/request, {plan.conn_s:g} s", w.mixed, d, few,
                     "conns_few")
+    if "idle" in todo:
+        attempt("idle", f"{plan.idle_streams:,} idle streams held open", w.idle, server, plan, "idle")
     if "backlog" in todo:
         # memory is read from an idle server on an empty data directory, nothing left over from the runs above
         ok = len(todo) == 1 or attempt("fresh_start_2", "stop, start on an empty data dir", _fresh, server) is not None

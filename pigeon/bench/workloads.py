@@ -12,7 +12,7 @@ import multiprocessing as mp
 import time
 from typing import Callable
 
-from pigeon.bench.procs import DiskProbe, Gate, run_one, run_workers
+from pigeon.bench.procs import Background, DiskProbe, Gate, run_one, run_workers
 
 Tick = Callable[[float, int], None]  # (fraction done, messages so far)
 
@@ -152,6 +152,58 @@ def _latency_once(driver, plan, key: str, tick: Tick) -> dict:
             "p50_ms": ms(0.50), "p99_ms": ms(0.99), "p999_ms": ms(0.999), "max_ms": round(lat[-1] / 1000, 3)
             if lat else None, "message_bytes": plan.message_bytes,
             **{k: v for k, v in pub.items() if k != "sent"}, **disk}
+
+
+def idle(server, plan, key: str, tick: Tick) -> dict:
+    """`idle_streams` StreamingPull streams held open on a subscription nobody publishes to (over `idle_channels`
+    TCP connections, from a process of their own): the server's memory per stream, and publish + consume at once
+    (as `mixed`, for `idle_probe_s`) while they are held, against the mean of the same before and after."""
+    driver = server.driver
+    setup(driver, key)
+    probe = plan.scaled(mixed_s=plan.idle_probe_s)
+    before = mixed(driver, probe, f"{key}_before", lambda f, n: tick(0.2 * f, n))
+    time.sleep(plan.settle_s)
+    rss0 = server.rss()
+    opened, release = _CTX.Value("i", 0), _CTX.Event()
+    holder = Background(driver.hold_idle, (key, plan.idle_streams, plan.idle_channels, opened, release))
+    try:
+        until = time.monotonic() + plan.idle_open_s_max
+        while opened.value < plan.idle_streams and time.monotonic() < until and holder.alive():
+            tick(0.2 + 0.4 * opened.value / plan.idle_streams, 0)
+            time.sleep(0.2)
+        time.sleep(plan.settle_s)
+        rss1 = _settled_rss(server, plan.settle_s)
+        during = mixed(driver, probe, f"{key}_during", lambda f, n: tick(0.6 + 0.2 * f, n))
+    finally:
+        release.set()
+    held = holder.result(plan.idle_open_s_max)
+    after = mixed(driver, probe, f"{key}_after", lambda f, n: tick(0.8 + 0.2 * f, n))
+    n = opened.value
+    out = {"streams": n, "channels": plan.idle_channels, "open_at_end": held["still_open"],
+           "reopened": held["ended"], "reopen_reasons": held["first_errors"], "rss_before_bytes": rss0,
+           "rss_with_bytes": rss1,
+           "publish_before": before["publish_msgs_per_s"], "consume_before": before["consume_msgs_per_s"],
+           "publish_with": during["publish_msgs_per_s"], "consume_with": during["consume_msgs_per_s"],
+           "publish_after": after["publish_msgs_per_s"], "consume_after": after["consume_msgs_per_s"]}
+    if n and rss0:
+        out["bytes_per_stream"] = round((rss1 - rss0) / n)
+    for side in ("publish", "consume"):  # against the mean of the runs before and after, so drift cancels
+        without = (out[f"{side}_before"] + out[f"{side}_after"]) / 2
+        if without:
+            out[f"{side}_ratio"] = round(out[f"{side}_with"] / without, 3)
+    return out
+
+
+def _settled_rss(server, settle_s: float) -> int:
+    """The server's memory once two readings `settle_s` apart differ by less than 1 % (at most ten tries)."""
+    last = server.rss()
+    for _ in range(10):
+        time.sleep(settle_s)
+        now = server.rss()
+        if abs(now - last) < 0.01 * max(last, 1):
+            return now
+        last = now
+    return last
 
 
 def backlog(server, plan, key: str, messages: int, tick: Tick) -> dict:

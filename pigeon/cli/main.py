@@ -52,7 +52,7 @@ def fsck(
 def bench(
     plan: str = typer.Option("quick", help="smoke | quick | full"),
     workloads: Optional[str] = typer.Option(None, help="comma-separated subset of the plan's workloads (publish, "
-                                                       "consume, latency, ordered, connections, backlog, restart)"),
+                                                       "consume, latency, ordered, connections, idle, backlog, restart)"),
     peers: str = typer.Option("none", help="none | all | comma-separated peers (rabbitmq-classic, rabbitmq-quorum, "
                                             "nats-js, nats-js-sync-always, redis-streams, pubsub-emulator)"),
     address: Optional[str] = typer.Option(None, help="benchmark a Pigeon already serving here (default: start one "

@@ -1,9 +1,10 @@
 """Admission: how much of the node's memory clients may hold at once. Owns the rules: publishes waiting to become
-durable hold at most `publish_pending_bytes`; at most `streams_max` StreamingPull streams are open; and a
-stream's next response is at most its fair share of `stream_unsent_bytes` (the budget divided by the open
-streams, and no more than it has left; one message at least), so streams whose clients stop reading — each
-holds the one response gRPC is writing — hold at most the budget and one message each, and streams that read
-are never made to wait for them (with the budget spent, their responses carry a message each). What passes a
+durable hold at most `publish_pending_bytes`; at most `streams_max` StreamingPull streams are open; and
+responses on their way to StreamingPull clients share `stream_unsent_bytes`: a stream's next response carries
+at most what the budget has left or, once that is spent, its fair part (the budget over the open streams; one
+message at least). Streams whose clients stop reading — each holds the one response gRPC is writing — so hold
+at most twice the budget and a message each, streams that read are never made to wait for them, and while
+clients read (their responses leave at once) every response is full size. What passes a
 limit is refused with RESOURCE_EXHAUSTED naming it (the official clients retry that with backoff), never
 queued without bound."""
 
@@ -70,9 +71,9 @@ class Admission:
 
     def share(self) -> int:
         """The most bytes of messages a stream's next response may carry (the caller sends one message at least):
-        its fair part of the budget, and no more than the budget has left."""
-        return max(0, min(limits.response_bytes_max, self.unsent_max // max(1, self.streams),
-                          self.unsent_max - self.unsent))
+        what the budget has left, and once that is spent (by clients that do not read), a fair part of it."""
+        fair = self.unsent_max // max(1, self.streams)
+        return min(limits.response_bytes_max, max(self.unsent_max - self.unsent, fair))
 
     def sending(self, n: int) -> None:
         self.unsent += n
