@@ -5,6 +5,8 @@ does and opens a new journal at the recovered tail."""
 
 from __future__ import annotations
 
+import errno
+
 from pigeon.storage import recovery
 from pigeon.storage.journal import Journal, WriteCursor
 from pigeon.storage.log import JournalLog
@@ -32,6 +34,7 @@ class SyncJournal:
         self.journal = Journal(disk, data_dir + "/wal", segment_bytes)
         start = self.journal.open(self.recovered.tail, self.recovered.logs)
         self.cursor = WriteCursor(start, disk.open_append(self.journal.path(start)), True)
+        self.kept: list = []  # batches written since the last sync: written again if the disk fills up first
 
     def fence(self, log_id: int, epoch: int) -> int:
         return self.journal.fence(log_id, epoch)
@@ -51,16 +54,31 @@ class SyncJournal:
     def log(self, log_id: int) -> JournalLog:
         return JournalLog(self.journal, log_id)
 
-    def write(self) -> None:
-        """Write what is pending without syncing it (a crash may lose it)."""
+    def write(self) -> bool:
+        """Write what is pending without syncing it (a crash may lose it). On a full disk, as the node's writer:
+        cut the files back to what is durable, keep every entry since for the next try, return False."""
         batch, _ = self.journal.take_pending()
-        self.journal.write(self.cursor, batch)
+        try:
+            self.journal.write(self.cursor, batch)
+        except OSError as e:
+            if e.errno != errno.ENOSPC:
+                raise
+            self.journal.requeue(self.kept + [batch])
+            self.kept = []
+            self.cursor = self.journal.rewind(self.cursor, self.journal.durable)
+            return False
+        self.kept.append(batch)
+        return True
 
-    def commit(self) -> None:
-        """One group commit: everything appended so far becomes durable."""
-        self.write()
+    def commit(self) -> bool:
+        """One group commit: everything appended so far becomes durable (False: the disk was full, nothing
+        more is durable, and everything is kept for the next commit)."""
+        if not self.write():
+            return False
         self.disk.sync(self.cursor.handle)
+        self.kept = []
         self.journal.synced(self.journal.tail)
+        return True
 
     def reopen(self) -> "SyncJournal":
         self.disk.close(self.cursor.handle)

@@ -3,7 +3,8 @@ journal and recovery, the same code the node runs — over a simulated disk and 
 (publish with ordering keys, attributes, delays and idempotency keys; pull with partial responses; ack, nack,
 modack; seek to a time or a snapshot; dead-letter policies; filters; streams dropped mid-delivery; checkpoints
 and segment deletion) with faults injected between steps: a crash (the unsynced tail is lost, sometimes torn), a
-bit flipped in a closed segment, clock jumps. After every step it checks:
+bit flipped in a closed segment, clock jumps, a disk that fills up (publishes refused at the reserve, writes
+that meet ENOSPC cut back and kept, checkpoints skipped) and frees again. After every step it checks:
 
   * no publish acknowledged as durable is lost, and every stored message reads back as published;
   * no ack acknowledged as durable is undone;
@@ -21,6 +22,7 @@ runs many (what `make sim SEEDS=N` does)."""
 from __future__ import annotations
 
 import argparse
+import errno
 import posixpath
 import random
 import sys
@@ -38,6 +40,7 @@ from pigeon.node.recovery import BrokerTarget, type_name
 from pigeon.storage import checkpoint as ck
 from pigeon.storage import recovery as storage_recovery
 from pigeon.storage import records as R
+from pigeon.storage.space import SpaceWatch
 from pigeon.testing.clock import SimClock
 from pigeon.testing.journal import SyncJournal
 from pigeon.testing.simdisk import SimDisk
@@ -98,6 +101,8 @@ class Simulator:
         self.state: BrokerState = self.sj.recovered.target.state
         self.state.rebuild(self.clock.now())
         self.reader = MessageReader(self.sj, 1 << 20)
+        self.space = SpaceWatch(self.disk, "/data/wal")
+        self.refused = self.enospc = 0  # publishes refused for a full disk; commits that met ENOSPC
         self.epoch = 1
         self.fenced: set[int] = set()
         self.history: list[tuple[R.Record, int, int]] = []  # every record appended: (record, at, end)
@@ -117,7 +122,8 @@ class Simulator:
                (self.modack, 6), (self.advance, 8), (self.commit, 10), (self.write_unsynced, 3), (self.seek, 2),
                (self.snapshot, 1), (self.drop_stream, 2), (self.checkpoint, 2), (self.delete_topic, 1)]
         if self.faults:
-            ops += [(self.crash, 3), (self.flip_bit, 1), (self.clock_jump, 1), (self.unappliable, 1)]
+            ops += [(self.crash, 3), (self.flip_bit, 1), (self.clock_jump, 1), (self.unappliable, 1),
+                    (self.fill_disk, 1), (self.free_disk, 2)]
         funcs, weights = zip(*ops)
         try:
             for self.step_no in range(self.steps):
@@ -198,6 +204,13 @@ class Simulator:
             return
         r = self.rng
         t = self.state.topics[r.choice(sorted(self.state.topics))]
+        self.space.stale()  # as the node's journal writer: a publish is refused while the disk is at its reserve
+        self.space.look(self.clock.now(), self.sj.journal.tail)
+        try:
+            self.space.check_publish(self.sj.journal.tail)
+        except PigeonError:
+            self.refused += 1
+            return
         key = r.choice(KEYS) if r.random() < 0.5 else ""
         msgs = []
         for _ in range(r.randint(1, 4)):
@@ -361,8 +374,13 @@ class Simulator:
 
     # --- durability ----------------------------------------------------------------------------------
     def commit(self) -> None:
-        """One group commit: everything appended becomes durable; what clients were answered follows."""
-        self.sj.commit()
+        """One group commit: everything appended becomes durable; what clients were answered follows. On a
+        full disk nothing more becomes durable, and nothing appended may be lost: it is written with the next."""
+        if not self.sj.commit():
+            self.enospc += 1
+            return
+        if self.sj.journal.durable != self.sj.journal.tail:
+            self.fail(f"a commit left {self.sj.journal.tail - self.sj.journal.durable} bytes behind")
         self.state.all_durable()  # as the executor: a batch becomes visible once durable
         durable = self.sj.journal.durable
         o = self.oracle
@@ -383,20 +401,39 @@ class Simulator:
         self.sj.write()
 
     def checkpoint(self) -> None:
-        """As node.maintenance: a checkpoint at the current position once durable, then segment deletion."""
+        """As node.maintenance: a checkpoint at the current position once durable, then segment deletion. On a
+        full disk it is skipped (the log still holds everything; the next one catches up)."""
         self.commit()
         st = self.state
         pos = self.sj.journal.tail
+        if self.sj.journal.durable < pos:
+            return
         logs = {i: (lg.next, lg.epoch, lg.fenced) for i, lg in self.sj.journal.logs.items()}
         recs = ck.encode(ck.Header(pos, st.next_uid, logs), st.meta_records(), st.images())
         keep = self.checkpoints[-1:]
-        ck.write(self.disk, "/data/checkpoints", pos, recs, keep)
+        try:
+            ck.write(self.disk, "/data/checkpoints", pos, recs, keep)
+        except OSError as e:
+            if e.errno != errno.ENOSPC:
+                raise
+            return
         self.checkpoints = keep + [pos]
         need = min(self.sj.journal.tail, st.trim_indexes(self.clock.now()))
         if len(self.checkpoints) >= 2:
             self.sj.journal.delete_before(min(need, self.checkpoints[-2]))
 
     # --- faults --------------------------------------------------------------------------------------
+    def fill_disk(self) -> None:
+        """The disk fills up: a few KiB left (writes soon meet ENOSPC), or the reserve and a little more."""
+        used = sum(len(f.data) for f in self.disk.files.values())
+        left = self.rng.randint(0, 4096)
+        if self.rng.random() < 0.5:
+            left += limits.disk_reserve_bytes_min
+        self.disk.space = used + left
+
+    def free_disk(self) -> None:
+        self.disk.space = None
+
     def crash(self, flipped: bool = False) -> None:
         durable = self.sj.journal.durable
         self.disk.crash(self.rng, torn=self.rng.random() < 0.5)
@@ -424,7 +461,7 @@ class Simulator:
     def unappliable(self) -> None:
         """A bug writes a record that decodes but cannot be applied (a publish at an offset its shard is not at):
         start-up must stop, naming it, and change no file; an explicit repair then cuts the log there."""
-        if not self.state.topics:
+        if not self.state.topics or self.disk.space is not None:  # (the bad record must reach the disk)
             return
         t = self.state.topics[self.rng.choice(sorted(self.state.topics))]
         self.commit()
@@ -530,6 +567,7 @@ class Simulator:
         after a consumer failed it more often than a dead-letter policy allows: the first rounds let every
         lease run out (a message past its attempts is forwarded and acked, or, when its dead-letter topic is
         gone, delivered again), the last rounds ack."""
+        self.free_disk()
         self.commit()
         failing, acking = 6, 3
         for s in self.state.subs_by_uid.values():

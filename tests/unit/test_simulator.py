@@ -7,6 +7,7 @@ import pytest
 
 from pigeon.broker import subscription
 from pigeon.node import recovery
+from pigeon.storage.journal import Journal
 from pigeon.testing.simulator import SimFailure, Simulator, run_seeds
 
 SEEDS = 300
@@ -95,3 +96,17 @@ def test_it_notices_messages_stuck_for_a_dead_letter_topic_that_is_gone(monkeypa
     monkeypatch.setattr(subscription.SubscriptionState, "dead_letter_open",
                         property(lambda self: True, lambda self, value: None), raising=False)
     assert _first_failure(about="never delivered again")
+
+
+def test_seeds_meet_a_full_disk():
+    """The full-disk fault is not vacuous: publishes are refused at the reserve and commits meet ENOSPC."""
+    runs = [Simulator(seed, 150).run() for seed in range(100)]
+    assert sum(s.refused for s in runs) > 0 and sum(s.enospc for s in runs) > 0
+
+
+def test_it_notices_a_full_disk_dropping_what_it_could_not_write(monkeypatch):
+    """A writer that, after ENOSPC, cuts the files back but forgets the entries it had taken: they were never
+    durable, yet the next commit reports them so."""
+    monkeypatch.setattr(Journal, "requeue", lambda self, batches: None)
+    found = _first_failure()
+    assert "lost" in found or "below what was durable" in found or "differs from a replay" in found, found
