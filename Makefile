@@ -24,7 +24,13 @@ $(SPARK_STAMP): pyproject.toml | $(STAMP)
 run: $(STAMP)
 	$(BIN)/pigeon serve --host 127.0.0.1 --port 8085 --data-dir $(DATA)
 
-test: $(STAMP) $(SPARK_STAMP)
+# cluster tests start real etcd members: Debian's etcd-server, installed when missing (needs root, as CI has)
+ETCD_BIN := /usr/bin/etcd
+$(ETCD_BIN):
+	command -v etcd >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+		--no-install-recommends etcd-server; }
+
+test: $(STAMP) $(SPARK_STAMP) $(ETCD_BIN)
 	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q
 

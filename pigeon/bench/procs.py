@@ -60,6 +60,22 @@ def port_open(port: int, host: str = "127.0.0.1") -> bool:
         return False
 
 
+def await_listening(proc: subprocess.Popen, port: int, timeout: float, what: str, log_path: str,
+                    tail: Callable[[], str] = lambda: "") -> None:
+    """Wait until the child `proc` accepts connections on `port`; raise RuntimeError (naming its log, and with
+    what `tail` gives of it) if it exits first or does not within `timeout` (it is then killed)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode}; see {log_path}:\n{tail()}")
+        if port_open(port):
+            return
+        time.sleep(0.05)
+    proc.kill()
+    proc.wait(10)
+    raise RuntimeError(f"{what} did not start within {timeout}s; see {log_path}")
+
+
 def _children() -> dict[int, list[int]]:
     kids: dict[int, list[int]] = {}
     for name in os.listdir("/proc"):

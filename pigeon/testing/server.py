@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 
-from pigeon.bench.procs import free_port  # noqa: F401  (one rule for choosing a server's port)
+from pigeon.bench.procs import await_listening, free_port  # noqa: F401  (one rule for choosing a server's port)
 
 
 class ServerProcess:
@@ -34,17 +32,8 @@ class ServerProcess:
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         log.close()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"pigeon exited with {self.proc.returncode}; see {self.log_path}:\n{self.log()}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
-                    return self
-            except OSError:
-                time.sleep(0.05)
-        self.kill()
-        raise RuntimeError(f"pigeon did not start within {timeout}s; see {self.log_path}")
+        await_listening(self.proc, self.port, timeout, "pigeon", self.log_path, self.log)
+        return self
 
     def log(self) -> str:
         try:

@@ -1,0 +1,126 @@
+"""The metadata contract (pigeon.testing.meta_contract) against both stores: the embedded one and a real etcd
+process (Debian's etcd-server, started on free loopback ports). Plus what only one of them has: the embedded
+store's file across a restart, and etcd's endpoints failing over and being unreachable."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+
+import pytest
+
+from pigeon.cluster.metadata import StoreUnavailable
+from pigeon.node.meta_etcd import EtcdMetadata
+from pigeon.node.meta_local import LocalMetadata
+from pigeon.testing import meta_contract
+from pigeon.testing.etcd import EtcdProcess
+from pigeon.bench.procs import free_port
+
+_prefixes = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def etcd(tmp_path_factory):
+    e = EtcdProcess(str(tmp_path_factory.mktemp("etcd") / "data")).start()
+    yield e
+    e.kill()
+
+
+@pytest.fixture(params=["embedded", "etcd"])
+def store_factory(request, tmp_path):
+    if request.param == "embedded":
+        return lambda: LocalMetadata(str(tmp_path / "meta.json"))
+    endpoint = request.getfixturevalue("etcd").endpoint
+    return lambda: EtcdMetadata(endpoint)
+
+
+class _Scoped:
+    """One etcd serves every check: each sees the store under a prefix of its own (revisions are shared, which
+    the checks allow for: they compare revisions they read, never absolute ones)."""
+
+    def __init__(self, inner, prefix: str):
+        self.inner, self.p = inner, prefix
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def _k(self, key):
+        return self.p + key
+
+    async def get(self, key):
+        kv = await self.inner.get(self._k(key))
+        return kv and type(kv)(key, kv.value, kv.create_revision, kv.mod_revision, kv.lease)
+
+    async def list(self, prefix):
+        return [type(kv)(kv.key[len(self.p):], kv.value, kv.create_revision, kv.mod_revision, kv.lease)
+                for kv in await self.inner.list(self._k(prefix))]
+
+    async def put(self, key, value, lease=0):
+        return await self.inner.put(self._k(key), value, lease)
+
+    async def delete(self, key):
+        return await self.inner.delete(self._k(key))
+
+    async def txn(self, compares, success, failure=()):
+        from dataclasses import replace
+        return await self.inner.txn([replace(c, key=self._k(c.key)) for c in compares],
+                                    [replace(o, key=self._k(o.key)) for o in success],
+                                    [replace(o, key=self._k(o.key)) for o in failure])
+
+    async def watch(self, prefix, start_revision):
+        from dataclasses import replace
+        async for e in self.inner.watch(self._k(prefix), start_revision):
+            yield replace(e, kv=replace(e.kv, key=e.kv.key[len(self.p):]))
+
+
+@pytest.mark.parametrize("check", meta_contract.CHECKS, ids=lambda c: c.__name__)
+def test_contract(store_factory, check):
+    async def run():
+        store = store_factory()
+        try:
+            if isinstance(store, EtcdMetadata):
+                # revisions are the whole store's: a check's "one more" holds only while nobody else writes
+                await check(_Scoped(store, f"/contract-{next(_prefixes)}"))
+            else:
+                await check(store)
+        finally:
+            await store.close()
+
+    asyncio.run(run())
+
+
+def test_the_embedded_store_keeps_its_keys_across_a_restart_but_not_a_sessions(tmp_path):
+    path = str(tmp_path / "meta.json")
+
+    async def first():
+        m = LocalMetadata(path)
+        await m.put("/keep", b"1")
+        lease = await m.grant(30)
+        await m.put("/session", b"1", lease=lease)
+        return await m.revision()
+
+    async def second(rev):
+        m = LocalMetadata(path)
+        kv = await m.get("/keep")
+        assert kv is not None and kv.value == b"1"
+        assert await m.get("/session") is None
+        assert await m.revision() >= rev - 1
+        assert await m.put("/more", b"2") > kv.mod_revision
+
+    asyncio.run(second(asyncio.run(first())))
+
+
+def test_etcd_endpoints_fail_over_and_an_unreachable_store_says_so(etcd):
+    dead = f"127.0.0.1:{free_port()}"
+
+    async def run():
+        m = EtcdMetadata(f"http://{dead},http://{etcd.endpoint}")
+        await m.put("/failover/k", b"v")
+        assert (await m.get("/failover/k")).value == b"v"
+        await m.close()
+        gone = EtcdMetadata(dead)
+        with pytest.raises(StoreUnavailable, match=f"etcd cannot be reached at {dead}"):
+            await gone.get("/x")
+        await gone.close()
+
+    asyncio.run(run())
