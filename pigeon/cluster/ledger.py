@@ -1,0 +1,151 @@
+"""Recovery of a ledger whose writer is gone, as a state machine: events in (answers of the ensemble's members),
+actions out (what to send, and finally where to close the ledger). Owns the rules of docs/cluster.md's steps 1–3:
+
+  * fence every member; decide once Qa have answered with the end they hold — at least the recovery quorum
+    `E − Qa + 1` (Qa is a majority), so the old writer can no longer reach Qa and every entry it had acknowledged
+    is below the highest end heard; members answering after that are left alone;
+  * copy each entry between the lowest and the highest end from a member that has it to the answering members
+    that do not, in offset order (members hold prefixes), one entry at a time — so on close every entry below
+    the end is on at least Qa members;
+  * close at the highest end — never lower: if no reachable member holds an entry below it, or fewer than Qa
+    answering members remain, recovery fails (and is tried again later) rather than drop what may have been
+    acknowledged.
+
+Pure: the node sends what the actions say and feeds back what comes; the simulator and the tests drive it with
+members that answer late, in any order, or never."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pigeon.cluster.quorum import Replication
+
+
+@dataclass(frozen=True, slots=True)
+class Fence:
+    members: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Read:
+    member: str
+    offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class Write:
+    members: tuple[str, ...]
+    offset: int
+    entry: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Close:
+    end: int
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    reason: str
+
+
+Action = Fence | Read | Write | Close | Failed
+
+
+class Recovery:
+    def __init__(self, first: int, ensemble: list[str], replication: Replication):
+        if len(set(ensemble)) != len(ensemble) or len(ensemble) != replication.ensemble:
+            raise ValueError(f"an ensemble of {replication.ensemble} distinct members is needed, got {ensemble}")
+        self.first, self.ensemble, self.rep = first, list(ensemble), replication
+        self.ends: dict[str, int] = {}  # answered members → the end they hold (moves up as entries are copied)
+        self.gone: set[str] = set()  # members that failed
+        self.end: int | None = None  # the recovered end, once decided
+        self.offset = first  # the entry being copied
+        self.reading: str | None = None
+        self.writing: set[str] = set()
+        self.done = False
+
+    def start(self) -> list[Action]:
+        return [Fence(tuple(self.ensemble))]
+
+    # --- events --------------------------------------------------------------------------------------------
+    def fenced(self, member: str, end: int) -> list[Action]:
+        """`member` fenced the ledger; it holds the entries [first, end)."""
+        if self.done or self.end is not None or member in self.gone or member in self.ends \
+                or member not in self.ensemble:
+            return []
+        if end < self.first:
+            return self._fail(f"{member} answered an end ({end}) below the ledger's first entry ({self.first})")
+        self.ends[member] = end
+        if len(self.ends) >= self._needed():
+            self.end = max(self.ends.values())
+            self.offset = min(self.ends.values())
+            return self._next()
+        return []
+
+    def unreachable(self, member: str) -> list[Action]:
+        if self.done or member in self.gone or member not in self.ensemble:
+            return []
+        self.gone.add(member)
+        self.ends.pop(member, None)
+        if self.end is None:
+            if len(self.ensemble) - len(self.gone) < self._needed():
+                return self._fail(f"only {len(self.ensemble) - len(self.gone)} of the ensemble can still answer; "
+                                  f"recovery needs {self._needed()}")
+            return []
+        if len(self.ends) < self.rep.ack_quorum:
+            return self._fail(f"only {len(self.ends)} members remain to hold the recovered entries; "
+                              f"{self.rep.ack_quorum} are needed")
+        if member == self.reading:
+            self.reading = None
+            return self._next()
+        if member in self.writing:
+            self.writing.discard(member)
+            if not self.writing:
+                return self._advance()
+        return []
+
+    def read(self, member: str, offset: int, entry: bytes | None) -> list[Action]:
+        """The answer to Read(member, offset): the entry, or None when the member does not have it after all."""
+        if self.done or member != self.reading or offset != self.offset:
+            return []
+        self.reading = None
+        if entry is None:
+            self.ends[member] = min(self.ends[member], offset)
+            return self._next()
+        targets = tuple(m for m in self.ensemble if m in self.ends and self.ends[m] <= offset)
+        self.writing = set(targets)
+        return [Write(targets, offset, entry)]
+
+    def written(self, member: str, offset: int) -> list[Action]:
+        if self.done or offset != self.offset or member not in self.writing:
+            return []
+        self.writing.discard(member)
+        self.ends[member] = max(self.ends[member], offset + 1)
+        return self._advance() if not self.writing else []
+
+    # --- steps ---------------------------------------------------------------------------------------------
+    def _needed(self) -> int:
+        return max(self.rep.recovery_quorum, self.rep.ack_quorum)
+
+    def _advance(self) -> list[Action]:
+        self.offset += 1
+        return self._next()
+
+    def _next(self) -> list[Action]:
+        """Copy the next entry some answering member lacks, or close."""
+        while self.offset < self.end and all(e > self.offset for e in self.ends.values()):
+            self.offset += 1
+        if self.offset >= self.end:
+            self.done = True
+            return [Close(self.end)]
+        sources = [m for m in self.ensemble if self.ends.get(m, -1) > self.offset]
+        if not sources:
+            return self._fail(f"no reachable member holds entry {self.offset} (below the recovered end "
+                              f"{self.end}): it may have been acknowledged, so recovery must wait for its holders")
+        self.reading = sources[0]
+        return [Read(self.reading, self.offset)]
+
+    def _fail(self, why: str) -> list[Action]:
+        self.done = True
+        return [Failed(why)]

@@ -1,0 +1,120 @@
+"""cluster.ledger.Recovery driven through random schedules: members hold prefixes of a ledger, answer in any order,
+and some fail at any moment. Whatever happens, recovery closes at or past every acknowledged entry with every
+entry below the end on at least Qa members, never writes a gap into a member, copies the right bytes — or fails
+(and is retried later), which it may only do when members failed."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pigeon.cluster.ledger import Close, Failed, Fence, Read, Recovery, Write
+from pigeon.cluster.quorum import Replication
+
+
+def data(offset: int) -> bytes:
+    return b"entry-%d" % offset
+
+
+@st.composite
+def scenarios(draw):
+    e = draw(st.integers(1, 5))
+    a = draw(st.integers(e // 2 + 1, e))
+    first = draw(st.integers(0, 5))
+    ends = draw(st.lists(st.integers(first, first + 8), min_size=e, max_size=e))
+    failing = draw(st.sets(st.integers(0, e - 1), max_size=e))
+    return Replication(e, e, a), first, ends, failing
+
+
+@settings(max_examples=400, deadline=None)
+@given(scenario=scenarios(), data_=st.data())
+def test_recovery_keeps_every_acknowledged_entry(scenario, data_):
+    rep, first, ends, failing = scenario
+    members = [f"m{i}" for i in range(rep.ensemble)]
+    held = dict(zip(members, ends))  # what each member really holds: [first, end)
+    acked = max((x for x in range(first, first + 9) if sum(end >= x for end in ends) >= rep.ack_quorum),
+                default=first)
+    down: set[str] = set()
+    r = Recovery(first, members, rep)
+    pending: list = []  # answers on their way: (callable, args)
+    outcome = None
+
+    def store(member: str, offset: int):
+        """The member writes the entry, then says so."""
+        held[member] = max(held[member], offset + 1)
+        return r.written(member, offset)
+
+    def perform(actions):
+        nonlocal outcome
+        for act in actions:
+            if isinstance(act, Fence):
+                pending.extend((r.fenced, (m, held[m])) for m in act.members)
+            elif isinstance(act, Read):
+                e = data(act.offset) if act.offset < held[act.member] else None
+                pending.append((r.read, (act.member, act.offset, e)))
+            elif isinstance(act, Write):
+                assert act.entry == data(act.offset), "recovery copied the wrong bytes"
+                for m in act.members:
+                    assert held[m] >= act.offset, f"a write at {act.offset} would leave a gap in {m} (holds {held[m]})"
+                    pending.append((store, (m, act.offset)))
+            else:
+                assert outcome is None, "recovery ended twice"
+                outcome = act
+
+    perform(r.start())
+    to_fail = sorted(failing)
+    steps = 0
+    while outcome is None:
+        steps += 1
+        assert steps < 500, "recovery neither closed nor failed"
+        if to_fail and data_.draw(st.booleans()):
+            m = members[to_fail.pop(0)]
+            down.add(m)
+            perform(r.unreachable(m))
+            continue
+        live = [p for p in pending if p[1][0] not in down]
+        assert live or to_fail, "recovery waits for answers that will never come"
+        if not live:
+            continue
+        i = data_.draw(st.integers(0, len(live) - 1))
+        pending.remove(live[i])
+        fn, args = live[i]
+        perform(fn(*args))
+
+    if isinstance(outcome, Failed):
+        assert down, f"recovery failed with every member up: {outcome.reason}"
+        return
+    assert isinstance(outcome, Close)
+    assert outcome.end >= acked, f"closed at {outcome.end}, below the acknowledged {acked}"
+    assert outcome.end <= max(ends), "closed past anything any member held"
+    holders = [m for m in members if m not in down and held[m] >= outcome.end]
+    assert len(holders) >= rep.ack_quorum, f"after the close only {holders} hold every entry"
+
+
+def test_late_answers_and_stale_events_are_ignored():
+    r = Recovery(10, ["a", "b", "c"], Replication())
+    assert r.start() == [Fence(("a", "b", "c"))]
+    assert r.fenced("a", 12) == []
+    assert r.fenced("a", 15) == [], "a second answer from a member changes nothing"
+    assert r.fenced("b", 14) == [Read("b", 12)]  # decided at Qa = 2 answers: end 14, a lacks 12 and 13
+    assert r.fenced("c", 20) == [], "a member answering after the decision is left alone"
+    assert r.written("a", 12) == [], "a write nobody asked for"
+    assert r.read("b", 12, b"x12") == [Write(("a",), 12, b"x12")]
+    assert r.written("a", 12) == [Read("b", 13)]
+    assert r.read("b", 13, b"x13") == [Write(("a",), 13, b"x13")]
+    assert r.written("a", 13) == [Close(14)]
+
+
+def test_it_fails_rather_than_close_below_what_may_be_acknowledged():
+    r = Recovery(0, ["a", "b", "c"], Replication())
+    r.start()
+    r.fenced("a", 0)
+    assert r.fenced("b", 3) == [Read("b", 0)]
+    out = r.unreachable("b")
+    assert isinstance(out[0], Failed) and "2 are needed" in out[0].reason
+
+
+def test_the_ensemble_must_fit_the_settings():
+    with pytest.raises(ValueError, match="3 distinct members"):
+        Recovery(0, ["a", "a", "b"], Replication())
