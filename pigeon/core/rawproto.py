@@ -57,7 +57,11 @@ def split_publish(raw: bytes | memoryview) -> tuple[str, list[bytes]]:
 
 
 def only_data(raw: bytes, count: int) -> bool:
-    """True when no message of the PublishRequest has attributes, ordering key, id or publish time."""
-    p = PublishProbe.FromString(raw)
+    """True when no message of the PublishRequest has attributes, ordering key, id or publish time;
+    InvalidArgument when a message's bytes are not a PubsubMessage."""
+    try:
+        p = PublishProbe.FromString(raw)
+    except DecodeError as e:
+        raise InvalidArgument(f"The request is not a valid google.pubsub.v1.PublishRequest: {e}.") from None
     p.DiscardUnknownFields()
     return p.ByteSize() == 2 * count  # each message then serializes as an empty entry: tag + zero length
