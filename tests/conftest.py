@@ -36,3 +36,13 @@ def clients(server, monkeypatch):
     yield pub, sub
     sub.close()
     pub.stop()
+
+
+@pytest.fixture(scope="session")
+def etcd(tmp_path_factory):
+    """One real etcd member for the tests that need a coordination store (each keeps to keys of its own)."""
+    from pigeon.testing.etcd import EtcdProcess
+
+    e = EtcdProcess(str(tmp_path_factory.mktemp("etcd") / "data")).start()
+    yield e
+    e.kill()

@@ -148,6 +148,11 @@ def owner_key(bundle: int) -> str:
     return f"{ROOT}/owners/{bundle:05d}"
 
 
+def epoch_key(bundle: int) -> str:
+    """The last ownership epoch of a bundle (no lease: it outlives owners, so a new owner's epoch is higher)."""
+    return f"{ROOT}/epochs/{bundle:05d}"
+
+
 def ledgers_key(log: int) -> str:
     """A log's ledger list (with each ledger's ensemble, epoch and, once closed, its last entry)."""
     return f"{ROOT}/ledgers/{log:05d}"

@@ -13,17 +13,9 @@ from pigeon.cluster.metadata import StoreUnavailable
 from pigeon.node.meta_etcd import EtcdMetadata
 from pigeon.node.meta_local import LocalMetadata
 from pigeon.testing import meta_contract
-from pigeon.testing.etcd import EtcdProcess
 from pigeon.bench.procs import free_port
 
 _prefixes = itertools.count()
-
-
-@pytest.fixture(scope="module")
-def etcd(tmp_path_factory):
-    e = EtcdProcess(str(tmp_path_factory.mktemp("etcd") / "data")).start()
-    yield e
-    e.kill()
 
 
 @pytest.fixture(params=["embedded", "etcd"])

@@ -1,0 +1,141 @@
+"""Membership and ownership on the metadata store (docs/cluster.md, "Metadata" and "Placement"): a node joins
+under a session lease it keeps alive — its `nodes/<id>` key and every `owners/<bundle>` key it holds go when the
+session ends — and takes or gives up bundles by compare-and-swap. Owns the rules: one live node per node id (a
+second with the same id is refused); one cluster per data directory; a bundle has at most one owner key, and a
+new owner's epoch is above every earlier one's."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import uuid
+from dataclasses import dataclass
+
+from pigeon.cluster import metadata as M
+from pigeon.cluster.placement import assign
+
+log = logging.getLogger("pigeon.membership")
+
+
+class NodeIdTaken(Exception):
+    pass
+
+
+class OtherCluster(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    node_id: str
+    address: str
+    zone: str = ""
+    draining: bool = False
+
+    def encode(self) -> bytes:
+        return json.dumps({"address": self.address, "zone": self.zone, "draining": self.draining}).encode()
+
+    @staticmethod
+    def decode(node_id: str, raw: bytes) -> "NodeInfo":
+        d = json.loads(raw)
+        return NodeInfo(node_id, d["address"], d.get("zone", ""), d.get("draining", False))
+
+
+async def cluster_id(meta, data_dir_id: str | None) -> str:
+    """The cluster's id: created by the first node, compared by every other. `data_dir_id`: the id recorded in
+    this node's data directory (None for a fresh one). Raises OtherCluster when they differ."""
+    proposed = data_dir_id or uuid.uuid4().hex
+    await meta.txn([M.absent(M.CLUSTER_ID_KEY)], [M.Put(M.CLUSTER_ID_KEY, proposed.encode())])
+    actual = (await meta.get(M.CLUSTER_ID_KEY)).value.decode()
+    if data_dir_id is not None and actual != data_dir_id:
+        raise OtherCluster(f"this data directory belongs to cluster {data_dir_id}, but etcd holds cluster {actual}: "
+                           "start the node with an empty data directory or point it at its own cluster's etcd")
+    return actual
+
+
+class Membership:
+    def __init__(self, meta, info: NodeInfo, session_ttl_s: int = 10):
+        self.meta, self.info, self.ttl = meta, info, session_ttl_s
+        self.lease = 0
+        self.owned: dict[int, int] = {}  # bundle → the epoch this node holds it under
+        self.lost = asyncio.Event()  # the session ended under us: everything owned must be given up
+        self._keeper: asyncio.Task | None = None
+
+    async def join(self) -> None:
+        """Register under a new session; NodeIdTaken when a live node has this id."""
+        self.lease = await self.meta.grant(self.ttl)
+        key = M.node_key(self.info.node_id)
+        ok, _ = await self.meta.txn([M.absent(key)], [M.Put(key, self.info.encode(), self.lease)])
+        if not ok:
+            await self.meta.revoke(self.lease)
+            other = await self.meta.get(key)
+            where = NodeInfo.decode(self.info.node_id, other.value).address if other else "?"
+            raise NodeIdTaken(f"node id {self.info.node_id} is in use by a live node at {where}; if that node is "
+                              f"gone, its session ends within {self.ttl} s")
+        self._keeper = asyncio.create_task(self._keep())
+
+    async def _keep(self) -> None:
+        while True:
+            await asyncio.sleep(self.ttl / 3)
+            try:
+                await self.meta.keepalive(self.lease)
+            except M.LeaseGone:
+                log.error("the session of node %s ended: giving up its %d bundles", self.info.node_id,
+                          len(self.owned))
+                self.owned.clear()
+                self.lost.set()
+                return
+            except M.StoreUnavailable as e:  # owners keep serving through an outage (fencing keeps data safe)
+                log.warning("cannot keep the session alive: %s", e)
+
+    async def leave(self) -> None:
+        if self._keeper is not None:
+            self._keeper.cancel()
+            self._keeper = None
+        if self.lease:
+            await self.meta.revoke(self.lease)
+            self.lease = 0
+        self.owned.clear()
+
+    async def members(self) -> dict[str, NodeInfo]:
+        prefix = M.node_key("")
+        return {kv.key[len(prefix):]: NodeInfo.decode(kv.key[len(prefix):], kv.value)
+                for kv in await self.meta.list(prefix)}
+
+    async def placement(self, bundles: int) -> dict[int, str]:
+        """Who should own each bundle, from the live nodes that are not draining (every node computes the same)."""
+        live = [n for n, i in (await self.members()).items() if not i.draining]
+        return assign(bundles, live) if live else {}
+
+    # --- ownership -----------------------------------------------------------------------------------------
+    async def claim(self, bundle: int) -> int | None:
+        """Take `bundle` if nobody holds it: its new ownership epoch, or None when another node holds it."""
+        key, ekey = M.owner_key(bundle), M.epoch_key(bundle)
+        if await self.meta.get(key) is not None:
+            return None
+        last = await self.meta.get(ekey)  # the epoch key outlives owners: epochs only go up
+        epoch = (int(last.value) if last else 0) + 1
+        value = json.dumps({"node": self.info.node_id, "epoch": epoch}).encode()
+        ok, _ = await self.meta.txn([M.absent(key), M.unchanged_since(last) if last else M.absent(ekey)],
+                                    [M.Put(key, value, self.lease), M.Put(ekey, str(epoch).encode())])
+        if not ok:
+            return None
+        self.owned[bundle] = epoch
+        return epoch
+
+    async def release(self, bundle: int) -> bool:
+        """Give `bundle` up (after its log was closed): delete the owner key if it is still this node's."""
+        epoch = self.owned.pop(bundle, None)
+        if epoch is None:
+            return False
+        value = json.dumps({"node": self.info.node_id, "epoch": epoch}).encode()
+        ok, _ = await self.meta.txn([M.holds(M.owner_key(bundle), value)], [M.Delete(M.owner_key(bundle))])
+        return ok
+
+    async def owner(self, bundle: int) -> tuple[str, int] | None:
+        kv = await self.meta.get(M.owner_key(bundle))
+        if kv is None:
+            return None
+        d = json.loads(kv.value)
+        return d["node"], d["epoch"]

@@ -1,0 +1,109 @@
+"""Membership and ownership (pigeon.node.membership) on both metadata stores — the embedded one and a real etcd:
+one live node per id, one cluster per data directory, every node computes the same placement, a bundle has one
+owner at a time with epochs that only go up, and a node's keys go when its session ends."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+
+import pytest
+
+from pigeon.cluster import metadata as M
+from pigeon.node.membership import Membership, NodeIdTaken, NodeInfo, OtherCluster, cluster_id
+from pigeon.node.meta_etcd import EtcdMetadata
+from pigeon.node.meta_local import LocalMetadata
+
+TTL = 2
+_runs = itertools.count()
+
+
+@pytest.fixture(params=["embedded", "etcd"])
+def make_store(request):
+    """Stores that see one another (one etcd; one embedded store shared by the 'nodes' of a test); each etcd test
+    gets a fresh key space by wiping /pigeon/ first."""
+    if request.param == "embedded":
+        shared = LocalMetadata()
+        return lambda: shared
+    endpoint = request.getfixturevalue("etcd").endpoint
+
+    async def wipe():
+        m = EtcdMetadata(endpoint)
+        for kv in await m.list(M.ROOT + "/"):
+            await m.delete(kv.key)
+        await m.close()
+
+    asyncio.run(wipe())
+    return lambda: EtcdMetadata(endpoint)
+
+
+def node(make_store, node_id: str, zone: str = "") -> Membership:
+    return Membership(make_store(), NodeInfo(node_id, f"127.0.0.1:{9000 + int(node_id[1:])}", zone), TTL)
+
+
+def test_a_second_node_with_the_same_id_is_refused(make_store):
+    async def run():
+        a, twin = node(make_store, "n1"), node(make_store, "n1")
+        await a.join()
+        with pytest.raises(NodeIdTaken, match="node id n1 is in use by a live node at 127.0.0.1:9001"):
+            await twin.join()
+        await a.leave()
+        await twin.join()  # once the first has left, the id is free
+        await twin.leave()
+
+    asyncio.run(run())
+
+
+def test_a_data_directory_of_another_cluster_is_refused(make_store):
+    async def run():
+        meta = make_store()
+        first = await cluster_id(meta, None)
+        assert await cluster_id(meta, first) == first
+        assert await cluster_id(meta, None) == first, "a fresh data directory joins the cluster there is"
+        with pytest.raises(OtherCluster, match="belongs to cluster elsewhere"):
+            await cluster_id(meta, "elsewhere")
+
+    asyncio.run(run())
+
+
+def test_every_node_computes_the_same_placement_and_one_owner_per_bundle(make_store):
+    async def run():
+        nodes = [node(make_store, f"n{i}") for i in range(3)]
+        for n in nodes:
+            await n.join()
+        maps = [await n.placement(16) for n in nodes]
+        assert maps[0] == maps[1] == maps[2] and set(maps[0].values()) == {"n0", "n1", "n2"}
+        # every node races for every bundle: each bundle gets exactly one owner, at epoch 1
+        results = await asyncio.gather(*[n.claim(b) for b in range(16) for n in nodes])
+        won = [r for r in results if r is not None]
+        assert len(won) == 16 and set(won) == {1}
+        owners = {b: (await nodes[0].owner(b))[0] for b in range(16)}
+        assert all(b in next(n for n in nodes if n.info.node_id == owners[b]).owned for b in range(16))
+        # giving a bundle up lets another take it, at a higher epoch
+        holder = next(n for n in nodes if 5 in n.owned)
+        other = next(n for n in nodes if n is not holder)
+        assert await holder.release(5)
+        assert await other.claim(5) == 2
+        for n in nodes:
+            await n.leave()
+
+    asyncio.run(run())
+
+
+def test_a_node_whose_session_ends_loses_its_keys_and_its_bundles_are_free(make_store):
+    async def run():
+        a, b = node(make_store, "n1"), node(make_store, "n2")
+        await a.join()
+        await b.join()
+        assert await a.claim(3) == 1
+        a._keeper.cancel()  # a stops keeping its session alive (as if paused or cut off)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 10
+        while await b.owner(3) is not None:
+            assert loop.time() < deadline, "the owner key outlived its session"
+            await asyncio.sleep(0.2)
+        assert set(await b.members()) == {"n2"}
+        assert await b.claim(3) == 2, "the next owner's epoch is above the last one's"
+        await b.leave()
+
+    asyncio.run(run())
