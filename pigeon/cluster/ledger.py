@@ -1,5 +1,17 @@
-"""Recovery of a ledger whose writer is gone, as a state machine: events in (answers of the ensemble's members),
-actions out (what to send, and finally where to close the ledger). Owns the rules of docs/cluster.md's steps 1–3:
+"""A ledger's writer and the recovery of a ledger whose writer is gone, as state machines: events in (answers of
+the ensemble's members), actions out (what to send, what became durable, where to close the ledger).
+
+The writer (docs/cluster.md, "A log is a sequence of ledgers") owns the rules:
+
+  * every entry goes to every member of the ensemble, in offset order; a member answers once it has the entry
+    durable, and answers in order, so what it has answered is a prefix;
+  * the last-add-confirmed position (LAC) is the end of the prefix that at least Qa members have answered; only
+    entries below it are reported durable (then their publishes and acks are answered), and it never goes back;
+  * when a member fails, the writer stops: the ledger is to be closed at the LAC, and the entries at and above
+    it — sent, not yet confirmed — are to be appended again, in order, to the next ledger. Nothing confirmed is
+    lost, nothing unconfirmed is reported durable, no member is waited for.
+
+Recovery owns the rules of docs/cluster.md's steps 1–3:
 
   * fence every member; decide once Qa have answered with the end they hold — at least the recovery quorum
     `E − Qa + 1` (Qa is a majority), so the old writer can no longer reach Qa and every entry it had acknowledged
@@ -49,7 +61,64 @@ class Failed:
     reason: str
 
 
-Action = Fence | Read | Write | Close | Failed
+@dataclass(frozen=True, slots=True)
+class Send:
+    members: tuple[str, ...]
+    offset: int
+    entry: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Confirmed:
+    lac: int  # every entry below is durable on at least Qa members
+
+
+@dataclass(frozen=True, slots=True)
+class Roll:
+    close_at: int  # close the ledger here (its LAC) …
+    resend: tuple[bytes, ...]  # … and append these again, in order, to the next ledger (offsets close_at, …)
+    why: str
+
+
+Action = Fence | Read | Write | Close | Failed | Send | Confirmed | Roll
+
+
+class Writer:
+    def __init__(self, first: int, ensemble: list[str], replication: Replication):
+        if len(set(ensemble)) != len(ensemble) or len(ensemble) != replication.ensemble:
+            raise ValueError(f"an ensemble of {replication.ensemble} distinct members is needed, got {ensemble}")
+        self.first, self.ensemble, self.rep = first, tuple(ensemble), replication
+        self.next = first  # the offset the next entry gets
+        self.lac = first
+        self.answered = {m: first for m in ensemble}  # the end of what each member has answered
+        self.unconfirmed: list[bytes] = []  # entries [lac, next)
+        self.stopped = False
+
+    def append(self, entry: bytes) -> list[Action]:
+        if self.stopped:
+            raise RuntimeError("this ledger is being closed: append to the next one")
+        offset = self.next
+        self.next += 1
+        self.unconfirmed.append(entry)
+        return [Send(self.ensemble, offset, entry)]
+
+    def acked(self, member: str, offset: int) -> list[Action]:
+        """`member` has the entry at `offset` durable (and, answering in order, every entry before it)."""
+        if self.stopped or member not in self.answered or offset != self.answered[member] or offset >= self.next:
+            return []
+        self.answered[member] = offset + 1
+        lac = sorted(self.answered.values(), reverse=True)[self.rep.ack_quorum - 1]
+        if lac <= self.lac:
+            return []
+        del self.unconfirmed[:lac - self.lac]
+        self.lac = lac
+        return [Confirmed(lac)]
+
+    def failed(self, member: str, why: str = "") -> list[Action]:
+        if self.stopped or member not in self.answered:
+            return []
+        self.stopped = True
+        return [Roll(self.lac, tuple(self.unconfirmed), f"{member} failed{': ' + why if why else ''}")]
 
 
 class Recovery:

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pigeon.cluster.ledger import Close, Failed, Fence, Read, Recovery, Write
+from pigeon.cluster.ledger import Close, Confirmed, Failed, Fence, Read, Recovery, Roll, Send, Write, Writer
 from pigeon.cluster.quorum import Replication
 
 
@@ -118,3 +118,47 @@ def test_it_fails_rather_than_close_below_what_may_be_acknowledged():
 def test_the_ensemble_must_fit_the_settings():
     with pytest.raises(ValueError, match="3 distinct members"):
         Recovery(0, ["a", "a", "b"], Replication())
+
+
+# --- the writer ---------------------------------------------------------------------------------------------------
+@settings(max_examples=300, deadline=None)
+@given(e=st.integers(1, 5), data_=st.data())
+def test_the_writer_confirms_only_what_qa_members_have_and_rolls_without_losing_any(e, data_):
+    a = data_.draw(st.integers(e // 2 + 1, e))
+    first = data_.draw(st.integers(0, 100))
+    members = [f"m{i}" for i in range(e)]
+    w = Writer(first, members, Replication(e, e, a))
+    sent: dict[str, list[int]] = {m: [] for m in members}  # offsets on their way to each member, in order
+    durable: dict[str, int] = {m: first for m in members}  # what each member has (and answered)
+    entries: dict[int, bytes] = {}
+    lac = first
+    rolled = None
+    for _ in range(data_.draw(st.integers(1, 60))):
+        step = data_.draw(st.sampled_from(["append", "append", "ack", "ack", "ack", "fail"]))
+        if step == "append" and not w.stopped:
+            entry = b"e%d" % w.next
+            (act,) = w.append(entry)
+            assert act == Send(tuple(members), w.next - 1, entry)
+            entries[act.offset] = entry
+            for m in members:
+                sent[m].append(act.offset)
+        elif step == "ack":
+            m = data_.draw(st.sampled_from(members))
+            if not sent[m]:
+                continue
+            offset = sent[m].pop(0)  # a member answers in order
+            durable[m] = offset + 1
+            for act in w.acked(m, offset):
+                assert isinstance(act, Confirmed) and act.lac > lac, "the LAC only goes forward"
+                assert rolled is None, "nothing is confirmed after the writer stopped"
+                lac = act.lac
+                holders = sum(durable[x] >= lac for x in members)
+                assert holders >= a, f"confirmed {lac} while only {holders} members have it"
+        elif step == "fail" and not w.stopped:
+            (rolled,) = w.failed(data_.draw(st.sampled_from(members)))
+    assert w.lac == lac
+    if rolled is not None:
+        assert isinstance(rolled, Roll) and rolled.close_at == lac
+        assert list(rolled.resend) == [entries[o] for o in range(lac, w.next)], "exactly the unconfirmed, in order"
+        with pytest.raises(RuntimeError):
+            w.append(b"late")
