@@ -201,7 +201,7 @@ def check_message(m) -> None:
 
 
 def _check_publish_messages(topic: str, raw: bytes) -> PublishCommand:
-    req = _PublishRequest.FromString(raw)
+    req = rawproto.parse_request(_PublishRequest, raw)
     key = req.messages[0].ordering_key
     server_fields = False
     idem = [m.attributes.get(names.ATTR_IDEMPOTENCY_KEY, "") for m in req.messages]

@@ -47,21 +47,25 @@ def _build():
 PublishRequestRaw, PublishProbe = _build()
 
 
-def split_publish(raw: bytes | memoryview) -> tuple[str, list[bytes]]:
-    """(topic, serialized messages) of a PublishRequest; InvalidArgument when the bytes are not one."""
+def parse_request(cls, raw: bytes | memoryview):
+    """`cls.FromString(raw)` for bytes a client sent (a PublishRequest or one of its views): InvalidArgument when
+    they are not one — the request-level parse passes messages whose own bytes are broken, so every parse of
+    client bytes goes through here."""
     try:
-        r = PublishRequestRaw.FromString(raw)
+        return cls.FromString(raw)
     except DecodeError as e:
         raise InvalidArgument(f"The request is not a valid google.pubsub.v1.PublishRequest: {e}.") from None
+
+
+def split_publish(raw: bytes | memoryview) -> tuple[str, list[bytes]]:
+    """(topic, serialized messages) of a PublishRequest; InvalidArgument when the bytes are not one."""
+    r = parse_request(PublishRequestRaw, raw)
     return r.topic, list(r.messages)
 
 
 def only_data(raw: bytes, count: int) -> bool:
     """True when no message of the PublishRequest has attributes, ordering key, id or publish time;
     InvalidArgument when a message's bytes are not a PubsubMessage."""
-    try:
-        p = PublishProbe.FromString(raw)
-    except DecodeError as e:
-        raise InvalidArgument(f"The request is not a valid google.pubsub.v1.PublishRequest: {e}.") from None
+    p = parse_request(PublishProbe, raw)
     p.DiscardUnknownFields()
     return p.ByteSize() == 2 * count  # each message then serializes as an empty entry: tag + zero length
