@@ -21,7 +21,7 @@ from pigeon.core.errors import FailedPrecondition
 from pigeon.node.disk import OsDisk
 from pigeon.node.journal import FsyncPolicy, JournalWriter
 from pigeon.storage import recovery
-from pigeon.storage.journal import Entry, Fenced
+from pigeon.storage.journal import Entry
 
 FENCE_EPOCH = 0xFFFF_FFFF  # above every writer's epoch (epochs are 32-bit): recovery writes at it
 
@@ -69,17 +69,21 @@ class LedgerStore:
         st = self.writer.journal.logs.get(ledger)
         return st.next if st is not None else 0
 
-    async def append(self, ledger: int, epoch: int, index: int, rtype: int, body: bytes) -> None:
-        """Store entry `index` of `ledger` from a writer at `epoch`; return once it is durable."""
+    def submit(self, ledger: int, epoch: int, index: int, rtype: int, body: bytes) -> asyncio.Future:
+        """Store entry `index` of `ledger` from a writer at `epoch`: a future done once it is durable (entries
+        submitted together share a group commit). FailedPrecondition at once for a gap or a fenced ledger."""
+        st = self.writer.journal.logs.get(ledger)
+        if st is not None and epoch < st.fenced:  # also a retry: the writer was replaced, recovery decides
+            raise FailedPrecondition(f"ledger {ledger} is fenced: its writer was replaced")
         held = self.held(ledger)
         if index > held:
             raise FailedPrecondition(f"ledger {ledger}: entry {index} would leave a gap (entries below {held} held)")
         if index == held:
-            try:
-                self.writer.append(ledger, epoch, rtype, [body])
-            except Fenced:
-                raise FailedPrecondition(f"ledger {ledger} is fenced: its writer was replaced") from None
-        await self.writer.wait_durable(self.writer.tail)
+            self.writer.append(ledger, epoch, rtype, [body])
+        return self.writer.wait_durable(self.writer.tail)
+
+    async def append(self, ledger: int, epoch: int, index: int, rtype: int, body: bytes) -> None:
+        await self.submit(ledger, epoch, index, rtype, body)
 
     async def fence(self, ledger: int) -> int:
         """Refuse the ledger's writer from now on (durably); the number of entries held."""

@@ -67,6 +67,8 @@ def test_a_fence_is_durable_refuses_the_old_writer_and_takes_recoverys_copies(tm
         assert await s.fence(5) == 3
         with pytest.raises(FailedPrecondition, match="ledger 5 is fenced"):
             await s.append(5, 1, 3, 3, b"late")
+        with pytest.raises(FailedPrecondition, match="ledger 5 is fenced"):
+            await s.append(5, 1, 2, 3, b"e2")  # a retry too: the writer was replaced
         await s.append(6, 1, 0, 3, b"other ledgers go on")
         await s.append(5, FENCE_EPOCH, 3, 3, b"copied by recovery")
         await s.close()

@@ -1,0 +1,222 @@
+"""Replication, performed: the pure ledger machines of pigeon.cluster.ledger driven over the storage service
+(pigeon.v1.Storage) of the ensemble's members. `StorageClient` is one member seen from an owner; `LedgerWriter`
+writes one ledger through `Writer` (an append's future is done once Qa members have it durable; a member that
+fails or refuses rolls the ledger); `recover_ledger` runs `Recovery` (fence, copy the tail, decide the end).
+The metadata steps around them (closing and opening ledgers by CAS) are the caller's (docs/cluster.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+
+import grpc
+
+from pigeon.node.proto import pigeon_storage_pb2 as pb
+from pigeon.cluster.ledger import (Close, Confirmed, Failed, Fence, Read, Recovery, Roll, Send, Write, Writer)
+from pigeon.cluster.quorum import Replication
+from pigeon.node.ledger_store import FENCE_EPOCH
+
+_TYPE = struct.Struct("<I")
+_CALL_S = 10.0
+
+
+class LedgerRolled(Exception):
+    """The ledger stopped taking appends (a member failed or refused): close it at `roll.close_at` and append the
+    unconfirmed entries again to the next ledger."""
+
+    def __init__(self, roll: Roll):
+        super().__init__(roll.why)
+        self.roll = roll
+
+
+class RecoveryFailed(Exception):
+    pass
+
+
+class StorageClient:
+    def __init__(self, address: str):
+        self.address = address
+        self.channel = grpc.aio.insecure_channel(address)
+        self._append = self.channel.stream_stream("/pigeon.v1.Storage/Append",
+                                                  request_serializer=pb.AppendRequest.SerializeToString,
+                                                  response_deserializer=pb.AppendResponse.FromString)
+        self._fence = self.channel.unary_unary("/pigeon.v1.Storage/Fence",
+                                               request_serializer=pb.FenceRequest.SerializeToString,
+                                               response_deserializer=pb.FenceResponse.FromString)
+        self._read = self.channel.unary_unary("/pigeon.v1.Storage/Read",
+                                              request_serializer=pb.ReadRequest.SerializeToString,
+                                              response_deserializer=pb.ReadResponse.FromString)
+
+    def open_append(self) -> "AppendStream":
+        return AppendStream(self)
+
+    async def fence(self, ledger: int) -> int:
+        return (await self._fence(pb.FenceRequest(ledger=ledger), timeout=_CALL_S)).held
+
+    async def read(self, ledger: int, start: int, end: int) -> list[tuple[int, bytes]]:
+        r = await self._read(pb.ReadRequest(ledger=ledger, start=start, end=end), timeout=_CALL_S)
+        return list(zip(r.types, r.entries))
+
+    async def close(self) -> None:
+        await self.channel.close()
+
+
+class AppendStream:
+    """One Append stream to a member: `send` entries in order; `answers()` yields (index, error) in order."""
+
+    def __init__(self, client: StorageClient):
+        self._q: asyncio.Queue = asyncio.Queue()
+        self.call = client._append(self._requests())
+
+    async def _requests(self):
+        while (r := await self._q.get()) is not None:
+            yield r
+
+    def send(self, ledger: int, epoch: int, index: int, rtype: int, entry: bytes) -> None:
+        self._q.put_nowait(pb.AppendRequest(ledger=ledger, epoch=epoch, index=index, type=rtype, entry=entry))
+
+    async def answers(self):
+        async for r in self.call:
+            yield r.index, r.error
+
+    def close(self) -> None:
+        self._q.put_nowait(None)
+        self.call.cancel()
+
+
+class LedgerWriter:
+    def __init__(self, ledger: int, epoch: int, members: dict[str, StorageClient], replication: Replication):
+        self.ledger, self.epoch = ledger, epoch
+        self.machine = Writer(0, list(members), replication)
+        self.types: dict[int, int] = {}  # index → record type of the entries not yet confirmed
+        self.waiters: dict[int, asyncio.Future] = {}
+        self.rolled: Roll | None = None
+        self.streams = {m: c.open_append() for m, c in members.items()}
+        self._readers = [asyncio.create_task(self._follow(m, s)) for m, s in self.streams.items()]
+
+    def append(self, rtype: int, body: bytes) -> asyncio.Future:
+        """Append one entry; the future is done (with its index) once Qa members have it durable, or fails with
+        LedgerRolled."""
+        if self.rolled is not None:
+            raise LedgerRolled(self.rolled)
+        actions = self.machine.append(body)
+        index = self.machine.next - 1
+        fut = asyncio.get_running_loop().create_future()
+        self.waiters[index] = fut
+        self.types[index] = rtype
+        self._perform(actions)
+        return fut
+
+    def _perform(self, actions) -> None:
+        for act in actions:
+            if isinstance(act, Send):
+                for m in act.members:
+                    self.streams[m].send(self.ledger, self.epoch, act.offset, self.types[act.offset], act.entry)
+            elif isinstance(act, Confirmed):
+                for i in [i for i in self.waiters if i < act.lac]:
+                    fut = self.waiters.pop(i)
+                    self.types.pop(i, None)
+                    if not fut.done():
+                        fut.set_result(i)
+            elif isinstance(act, Roll):
+                self.rolled = act
+                for fut in self.waiters.values():
+                    if not fut.done():
+                        fut.set_exception(LedgerRolled(act))
+                self.waiters.clear()
+
+    async def _follow(self, member: str, stream: AppendStream) -> None:
+        try:
+            async for index, error in stream.answers():
+                if error:
+                    self._perform(self.machine.failed(member, error))
+                    return
+                self._perform(self.machine.acked(member, index))
+        except grpc.aio.AioRpcError as e:
+            if e.code() != grpc.StatusCode.CANCELLED:
+                self._perform(self.machine.failed(member, f"{e.code().name}: {e.details()}"))
+        except asyncio.CancelledError:
+            return
+
+    def resend(self) -> list[tuple[int, bytes]]:
+        """After a roll: the (type, body) of the entries to append again, in order."""
+        r = self.rolled
+        return [] if r is None else [(self.types.get(r.close_at + i, 0), b) for i, b in enumerate(r.resend)]
+
+    async def close(self) -> None:
+        for s in self.streams.values():
+            s.close()
+        for t in self._readers:
+            t.cancel()
+        await asyncio.gather(*self._readers, return_exceptions=True)
+
+
+async def recover_ledger(ledger: int, members: dict[str, StorageClient], replication: Replication) -> int:
+    """Fence `ledger` on its ensemble, copy its tail to the members that lack it, and return where it is to be
+    closed; RecoveryFailed when that cannot be decided safely now (retry later)."""
+    machine = Recovery(0, list(members), replication)
+    events: asyncio.Queue = asyncio.Queue()
+    tasks: list[asyncio.Task] = []
+
+    def spawn(coro) -> None:
+        tasks.append(asyncio.create_task(coro))
+
+    async def fence(m):
+        try:
+            events.put_nowait(("fenced", m, await members[m].fence(ledger)))
+        except grpc.aio.AioRpcError:
+            events.put_nowait(("gone", m, None))
+
+    async def read(m, offset):
+        try:
+            got = await members[m].read(ledger, offset, offset + 1)
+            events.put_nowait(("read", m, (offset, _TYPE.pack(got[0][0]) + got[0][1] if got else None)))
+        except grpc.aio.AioRpcError:
+            events.put_nowait(("gone", m, None))
+
+    async def copy(m, offset, entry):
+        stream = members[m].open_append()
+        try:
+            (rtype,), body = _TYPE.unpack_from(entry), entry[_TYPE.size:]
+            stream.send(ledger, FENCE_EPOCH, offset, rtype, body)
+            async for index, error in stream.answers():
+                events.put_nowait(("gone", m, None) if error else ("written", m, index))
+                return
+        except grpc.aio.AioRpcError:
+            events.put_nowait(("gone", m, None))
+        finally:
+            stream.close()
+
+    def perform(actions) -> int | None:
+        for act in actions:
+            if isinstance(act, Fence):
+                for m in act.members:
+                    spawn(fence(m))
+            elif isinstance(act, Read):
+                spawn(read(act.member, act.offset))
+            elif isinstance(act, Write):
+                for m in act.members:
+                    spawn(copy(m, act.offset, act.entry))
+            elif isinstance(act, Close):
+                return act.end
+            elif isinstance(act, Failed):
+                raise RecoveryFailed(f"ledger {ledger}: {act.reason}")
+        return None
+
+    try:
+        end = perform(machine.start())
+        while end is None:
+            kind, m, value = await events.get()
+            if kind == "fenced":
+                end = perform(machine.fenced(m, value))
+            elif kind == "read":
+                end = perform(machine.read(m, *value))
+            elif kind == "written":
+                end = perform(machine.written(m, value))
+            else:
+                end = perform(machine.unreachable(m))
+        return end
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
