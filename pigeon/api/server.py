@@ -12,10 +12,11 @@ import signal
 
 import grpc
 
-from pigeon.api import admin_api, pigeon_api, queue_api
+from pigeon.api import admin_api, pigeon_api, queue_api, storage_api
 from pigeon.api.grpc_api import PubSubApi
 from pigeon.core import limits
 from pigeon.node import recovery
+from pigeon.node.cluster_node import ClusterNode, JoinRefused
 from pigeon.node.engine import Engine
 from pigeon.ops import allocator
 from pigeon.ops.config import Config
@@ -35,6 +36,18 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
         log.error("recovery stopped: %s", e.describe())
         raise SystemExit(f"pigeon: recovery stopped: {e.describe()}.\nNothing was deleted. `pigeon fsck "
                          f"{config.data_dir}` explains it; {e.repair_plan()}.")
+    cluster = None
+    if config.etcd:  # a cluster node serves nothing before it has joined (docs/cluster.md)
+        cluster = ClusterNode(config)
+        try:
+            joined = await cluster.join(stop)
+        except JoinRefused as e:
+            log.error("cannot join the cluster: %s", e)
+            await engine.stop()
+            raise SystemExit(f"pigeon: cannot join the cluster: {e}")
+        if not joined:
+            await engine.stop()
+            return
     server = grpc.aio.server(
         options=[
             ("grpc.max_receive_message_length", limits.grpc_receive_bytes_max),
@@ -49,6 +62,8 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
     api = PubSubApi(engine)
     server.add_generic_rpc_handlers(api.handlers() + admin_api.handlers(engine) + queue_api.handlers(engine))
     server.add_generic_rpc_handlers(pigeon_api.handlers(engine))  # pigeon.v1.Ranges (data pipelines)
+    if cluster is not None:
+        server.add_generic_rpc_handlers(storage_api.handlers(cluster.store))  # pigeon.v1.Storage (node to node)
     address = f"{config.host}:{config.port}"
     port = server.add_insecure_port(address)
     if port == 0:
@@ -58,7 +73,8 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
     gc.collect()
     gc.freeze()
     await server.start()
-    log.info("pigeon serving on %s:%d (data %s, fsync=%s)", config.host, port, config.data_dir, config.fsync)
+    log.info("pigeon serving on %s:%d (data %s, fsync=%s%s)", config.host, port, config.data_dir, config.fsync,
+             f", node {config.node_id} of cluster {cluster.cluster_id}" if cluster else "")
     print(f"pigeon: listening on {config.host}:{port}", flush=True)
     if ready is not None:
         ready.set()
@@ -68,6 +84,8 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
     for s in engine.signals.values():
         s.notify_all()
     await server.stop(grace=2.0)
+    if cluster is not None:
+        await cluster.leave()
     await engine.stop()
     log.info("stopped")
 

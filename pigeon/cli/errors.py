@@ -14,7 +14,7 @@ import grpc
 from pigeon.core import limits
 
 SERVER_REFUSED, USAGE, UNREACHABLE = 1, 2, 3
-_GROUPS = ("topics", "subscriptions", "queue")
+_GROUPS = ("topics", "subscriptions", "queue", "cluster")
 
 
 class Unreachable(Exception):

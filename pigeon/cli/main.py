@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from pigeon.cli import errors, verbs
+from pigeon.cli import cluster as cluster_cli, errors, verbs
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
 
@@ -21,14 +21,23 @@ def serve(
     shards_per_topic: Optional[int] = typer.Option(None, help="shards of each new topic"),
     config: Optional[str] = typer.Option(None, help="TOML settings file"),
     log_level: Optional[str] = typer.Option(None, help="DEBUG, INFO, WARNING, ERROR"),
+    etcd: Optional[str] = typer.Option(None, help="join a cluster: comma-separated etcd endpoints "
+                                                   "(http://127.0.0.1:2379)"),
+    node_id: Optional[str] = typer.Option(None, "--node-id", help="this node's id in the cluster"),
+    advertise: Optional[str] = typer.Option(None, help="HOST:PORT peers reach this node at (default --host:--port)"),
+    zone: Optional[str] = typer.Option(None, help="the node's zone: ledger ensembles span distinct zones"),
+    bundles: Optional[int] = typer.Option(None, help="hash ranges topics are spread over (fixed per data "
+                                                     "directory and cluster)"),
 ):
-    """Start a node on its embedded defaults: one process, one data directory."""
+    """Start a node: on its embedded defaults one process with one data directory; with --etcd a member of a
+    cluster (docs/cluster.md)."""
     from pigeon.api.server import run
     from pigeon.ops.config import load
 
     try:
         cfg = load(config, host=host, port=port, data_dir=data_dir, fsync=fsync,
-                   shards_per_topic=shards_per_topic, log_level=log_level)
+                   shards_per_topic=shards_per_topic, log_level=log_level, etcd=etcd, node_id=node_id,
+                   advertise=advertise, zone=zone, bundles=bundles)
     except (ValueError, OSError) as e:
         typer.echo(f"pigeon: {e}", err=True)
         raise typer.Exit(2)
@@ -74,6 +83,7 @@ def bench(
 
 
 verbs.register(app)
+app.add_typer(cluster_cli.cluster, name="cluster")
 
 
 @app.command()

@@ -158,4 +158,11 @@ def ledgers_key(log: int) -> str:
     return f"{ROOT}/ledgers/{log:05d}"
 
 
+def drain_key(node_id: str) -> str:
+    """A node an operator drains (`pigeon cluster drain`): placement leaves it out; no lease, so it stays
+    through the node's restarts until `pigeon cluster undrain`."""
+    return f"{ROOT}/draining/{node_id}"
+
+
 CLUSTER_ID_KEY = f"{ROOT}/cluster-id"
+BUNDLES_KEY = f"{ROOT}/bundles"  # the number of bundles, fixed when the cluster is created

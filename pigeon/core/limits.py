@@ -109,3 +109,10 @@ assert record_bytes_max <= segment_bytes_max
 assert publish_request_bytes_max <= grpc_receive_bytes_max
 assert ack_deadline_s_min <= ack_deadline_s_default <= ack_deadline_s_max
 assert snapshot_lifetime_s_min < snapshot_lifetime_s_max
+
+# --- cluster (docs/cluster.md) -------------------------------------------------------------------------
+session_ttl_s_default = 5  # a node whose session lease is not renewed this long is gone: its bundles move
+session_ttl_s_min = 2
+session_ttl_s_max = 60
+etcd_retry_s_max = 5.0  # an unreachable etcd is tried again at most this far apart
+placement_check_s = 1.0  # a node compares what it owns with placement at least this often

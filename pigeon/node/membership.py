@@ -103,10 +103,21 @@ class Membership:
         return {kv.key[len(prefix):]: NodeInfo.decode(kv.key[len(prefix):], kv.value)
                 for kv in await self.meta.list(prefix)}
 
+    async def draining(self) -> set[str]:
+        prefix = M.drain_key("")
+        return {kv.key[len(prefix):] for kv in await self.meta.list(prefix)}
+
     async def placement(self, bundles: int) -> dict[int, str]:
         """Who should own each bundle, from the live nodes that are not draining (every node computes the same)."""
-        live = [n for n, i in (await self.members()).items() if not i.draining]
+        drained = await self.draining()
+        live = [n for n, i in (await self.members()).items() if not i.draining and n not in drained]
         return assign(bundles, live) if live else {}
+
+    async def owners(self) -> dict[int, tuple[str, int]]:
+        """bundle → (owner node, epoch) for every bundle that has an owner."""
+        prefix = M.owner_key(0)[:-5]
+        return {int(kv.key[len(prefix):]): (d["node"], d["epoch"])
+                for kv in await self.meta.list(prefix) for d in [json.loads(kv.value)]}
 
     # --- ownership -----------------------------------------------------------------------------------------
     async def claim(self, bundle: int) -> int | None:
@@ -139,3 +150,24 @@ class Membership:
             return None
         d = json.loads(kv.value)
         return d["node"], d["epoch"]
+
+
+async def status_of(meta) -> dict:
+    """The cluster as `pigeon cluster status` shows it: its id, bundle count, bundles without an owner, and each
+    node (up, draining, or down while it still holds owner keys) with how many bundles it owns."""
+    members = Membership(meta, NodeInfo("-", "-"))
+    nodes, drained, owners = await members.members(), await members.draining(), await members.owners()
+    bundles_kv = await meta.get(M.BUNDLES_KEY)
+    cid = await meta.get(M.CLUSTER_ID_KEY)
+    bundles = int(bundles_kv.value) if bundles_kv else 0
+    held: dict[str, list[int]] = {}
+    for b, (node, _) in owners.items():
+        held.setdefault(node, []).append(b)
+    rows = []
+    for node in sorted(set(nodes) | drained | set(held)):
+        info = nodes.get(node)
+        state = "down" if info is None else "draining" if node in drained else "up"
+        rows.append({"node": node, "address": info.address if info else "", "zone": info.zone if info else "",
+                     "state": state, "bundles": len(held.get(node, []))})
+    return {"cluster": cid.value.decode() if cid else "", "bundles": bundles,
+            "unowned": bundles - len(owners), "nodes": rows}

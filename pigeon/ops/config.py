@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import tomllib
 from dataclasses import dataclass
 
@@ -37,6 +38,12 @@ class Config:
     stream_unsent_bytes: int = limits.stream_unsent_bytes_max
     stream_write_stall_s: float = limits.stream_write_stall_s
     publish_pending_bytes: int = limits.publish_pending_bytes_max
+    # cluster (docs/cluster.md): without `etcd` the node is the embedded single node
+    etcd: str = ""  # comma-separated etcd endpoints (host:port or http://host:port)
+    node_id: str = ""  # this node's id in the cluster (one live node per id)
+    advertise: str = ""  # host:port peers and routed clients reach this node at (default host:port)
+    zone: str = ""  # ensembles span distinct zones when nodes carry them
+    session_ttl_s: int = limits.session_ttl_s_default  # a node silent this long is gone: its bundles move
 
     def __post_init__(self):
         if self.fsync not in ("always", "batch", "never"):
@@ -47,6 +54,20 @@ class Config:
             raise ValueError(f"bundles must be in 1..{limits.bundles_max}")
         if not limits.record_bytes_max <= self.segment_bytes:
             raise ValueError(f"segment_bytes must be at least {limits.record_bytes_max}")
+        if self.etcd and not self.node_id:
+            raise ValueError("a cluster node needs --node-id (its name in the cluster) along with --etcd")
+        if self.node_id and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}", self.node_id):
+            raise ValueError(f"node id {self.node_id!r}: 1 to 63 letters, digits, '.', '_' or '-', starting with a "
+                             "letter or digit")
+        if self.etcd and self.port == 0 and not self.advertise:
+            raise ValueError("a cluster node on a port chosen by the system needs --advertise HOST:PORT")
+        if not limits.session_ttl_s_min <= self.session_ttl_s <= limits.session_ttl_s_max:
+            raise ValueError(f"session_ttl_s must be in {limits.session_ttl_s_min}..{limits.session_ttl_s_max}")
+
+    @property
+    def address(self) -> str:
+        """Where peers reach this node."""
+        return self.advertise or f"{self.host}:{self.port}"
 
 
 def load(file: str | None = None, env: dict[str, str] | None = None, **flags) -> Config:

@@ -1,0 +1,196 @@
+"""A node's part in its cluster (docs/cluster.md): joining, the storage role, and keeping the bundles it owns in
+line with placement. Owns the rules of a node's life in the cluster:
+
+  * nothing is served before the node has joined: an unreachable etcd is tried again (a log line each time,
+    at most limits.etcd_retry_s_max apart) until it answers or the node is stopped;
+  * a data directory belongs to one cluster (its id is written there on the first join and compared at every
+    start), and a cluster has one bundle count (fixed by the first node);
+  * a second live node with the same id is refused (membership), and a node whose session ended joins again
+    under a new one, giving up what it owned;
+  * ownership follows placement: a node takes the free bundles placement gives it and gives up (releases) the
+    ones placement gives another node, so a join, a leave or a drain moves about one node's share; while etcd
+    is unreachable a node keeps what it owns (fencing keeps data safe, not the lease's timing)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+
+from pigeon.cluster import metadata as M
+from pigeon.core import limits
+from pigeon.node.ledger_store import LedgerStore
+from pigeon.node.membership import Membership, NodeIdTaken, NodeInfo, OtherCluster, cluster_id
+from pigeon.node.meta_etcd import EtcdMetadata
+from pigeon.ops.config import Config
+
+log = logging.getLogger("pigeon.cluster")
+
+__all__ = ["ClusterNode", "JoinRefused"]
+
+CLUSTER_ID_FILE = "cluster-id"
+
+
+class JoinRefused(Exception):
+    """The node must not start: the sentence says why and what to do."""
+
+
+class ClusterNode:
+    def __init__(self, config: Config, meta=None):
+        self.config = config
+        self.meta = meta or EtcdMetadata(config.etcd)
+        self.info = NodeInfo(config.node_id, config.address, config.zone)
+        self.membership = Membership(self.meta, self.info, config.session_ttl_s)
+        self.store = LedgerStore(config.data_dir, config.fsync)
+        self.cluster_id = ""
+        self.changed = asyncio.Event()  # something placement depends on may have changed
+        self._tasks: list[asyncio.Task] = []
+
+    @property
+    def owned(self) -> dict[int, int]:
+        """bundle → ownership epoch, for the bundles this node holds now."""
+        return self.membership.owned
+
+    # --- joining -------------------------------------------------------------------------------------------
+    async def join(self, stop: asyncio.Event) -> bool:
+        """Join the cluster, retrying while etcd cannot be reached; False when `stop` came first. Raises
+        JoinRefused when this node must not start."""
+        delay = 0.25
+        while True:
+            try:
+                await self._join_once()
+                break
+            except M.StoreUnavailable as e:
+                log.warning("%s; trying again in %.1f s (this node serves nothing until it has joined)", e, delay)
+            try:
+                await asyncio.wait_for(stop.wait(), delay)
+                return False
+            except asyncio.TimeoutError:
+                delay = min(limits.etcd_retry_s_max, delay * 2)
+        await self.store.open()
+        self._tasks = [asyncio.create_task(self._watch(), name="pigeon-cluster-watch"),
+                       asyncio.create_task(self._follow_placement(), name="pigeon-cluster-placement")]
+        log.info("node %s joined cluster %s at %s (zone %s)", self.info.node_id, self.cluster_id, self.info.address,
+                 self.info.zone or "-")
+        return True
+
+    async def _join_once(self) -> None:
+        path = os.path.join(self.config.data_dir, CLUSTER_ID_FILE)
+        recorded = None
+        if os.path.exists(path):
+            with open(path) as f:
+                recorded = f.read().strip() or None
+        try:
+            self.cluster_id = await cluster_id(self.meta, recorded)
+        except OtherCluster as e:
+            raise JoinRefused(str(e)) from None
+        await self._same_bundles()
+        if recorded is None:
+            tmp = path + ".tmp"
+            with open(tmp, "w") as f:
+                f.write(self.cluster_id + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        try:
+            await self.membership.join()
+        except NodeIdTaken as e:
+            raise JoinRefused(str(e)) from None
+
+    async def _same_bundles(self) -> None:
+        mine = str(self.config.bundles).encode()
+        await self.meta.txn([M.absent(M.BUNDLES_KEY)], [M.Put(M.BUNDLES_KEY, mine)])
+        theirs = (await self.meta.get(M.BUNDLES_KEY)).value
+        if theirs != mine:
+            raise JoinRefused(f"cluster {self.cluster_id} has {theirs.decode()} bundles and this node is set to "
+                              f"{self.config.bundles}: start it with --bundles {theirs.decode()} (or none)")
+
+    async def leave(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        try:
+            await self.membership.leave()  # its owner keys go with its session: the others take them at once
+        except M.StoreUnavailable as e:
+            log.warning("could not leave cleanly (%s): the session ends by itself within %d s", e,
+                        self.config.session_ttl_s)
+        await self.store.close()
+        await self.meta.close()
+
+    # --- ownership follows placement -----------------------------------------------------------------------
+    async def _watch(self) -> None:
+        """Wake the placement loop whenever a node, a drain mark or an owner changes."""
+        while True:
+            try:
+                rev = await self.meta.revision()
+                self.changed.set()
+                async for _ in self.meta.watch(M.ROOT + "/", rev):
+                    self.changed.set()
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 — the periodic check covers the gap; watch again shortly
+                log.debug("watch ended (%s); watching again", e)
+                await asyncio.sleep(limits.placement_check_s)
+
+    async def _follow_placement(self) -> None:
+        unavailable = False
+        while True:
+            try:
+                await asyncio.wait_for(self.changed.wait(), limits.placement_check_s)
+            except asyncio.TimeoutError:
+                pass
+            self.changed.clear()
+            try:
+                if self.membership.lost.is_set():
+                    await self._rejoin()
+                await self.rebalance()
+                if unavailable:
+                    log.info("etcd answers again")
+                unavailable = False
+            except M.StoreUnavailable as e:
+                if not unavailable:
+                    log.warning("%s: keeping the %d bundles this node owns until it answers", e, len(self.owned))
+                unavailable = True
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("following placement failed; trying again")
+
+    async def _rejoin(self) -> None:
+        log.warning("node %s lost its session: joining again under a new one", self.info.node_id)
+        self.membership.lost.clear()
+        await self.membership.join()
+
+    async def rebalance(self) -> tuple[list[int], list[int]]:
+        """Take the free bundles placement gives this node, give up the ones it gives another: (taken, released)."""
+        want = await self.membership.placement(self.config.bundles)
+        owners = await self.membership.owners()
+        me = self.info.node_id
+        released = []
+        for b in sorted(self.owned):
+            if want.get(b) != me and await self.membership.release(b):
+                released.append(b)
+        taken = []
+        for b, node in sorted(want.items()):
+            if node == me and b not in self.owned and b not in owners:
+                epoch = await self.membership.claim(b)
+                if epoch is not None:
+                    taken.append(b)
+        if taken or released:
+            log.info("node %s took bundles %s, gave up %s; owns %d of %d", me, _ranges(taken), _ranges(released),
+                     len(self.owned), self.config.bundles)
+        return taken, released
+
+
+def _ranges(bundles: list[int]) -> str:
+    if not bundles:
+        return "none"
+    out, start, prev = [], bundles[0], bundles[0]
+    for b in bundles[1:] + [None]:
+        if b is not None and b == prev + 1:
+            prev = b
+            continue
+        out.append(str(start) if start == prev else f"{start}-{prev}")
+        if b is not None:
+            start = prev = b
+    return ",".join(out)

@@ -1,0 +1,61 @@
+"""A cluster of real `pigeon serve --etcd …` processes on loopback (tests, `make cluster`, fault runs), and a
+reader of its state straight from etcd."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+from pigeon.cluster import metadata as M
+from pigeon.testing.server import ServerProcess
+
+
+def node_process(root: str, etcd: str, node_id: str, zone: str = "", extra: list[str] | None = None,
+                 port: int | None = None) -> ServerProcess:
+    flags = ["--etcd", etcd, "--node-id", node_id, *(["--zone", zone] if zone else []), *(extra or [])]
+    return ServerProcess(os.path.join(root, node_id), port=port, extra=flags,
+                         log_path=os.path.join(root, f"{node_id}.log"))
+
+
+async def _status(endpoint: str) -> dict:
+    from pigeon.node.membership import status_of
+    from pigeon.node.meta_etcd import EtcdMetadata
+
+    meta = EtcdMetadata(endpoint)
+    try:
+        return await status_of(meta)
+    finally:
+        await meta.close()
+
+
+def status(endpoint: str) -> dict:
+    """What `pigeon cluster status --format json` prints."""
+    return asyncio.run(_status(endpoint))
+
+
+def await_status(endpoint: str, ok, timeout: float = 30.0, what: str = "the cluster to settle") -> dict:
+    """Poll the cluster's status until `ok(status)`; AssertionError (with the last status) after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        st = status(endpoint)
+        if ok(st):
+            return st
+        if time.monotonic() > deadline:
+            raise AssertionError(f"waited {timeout:g} s for {what}; the cluster is at {st}")
+        time.sleep(0.1)
+
+
+def wipe(endpoint: str) -> None:
+    """Delete every key of Pigeon in etcd (a test's fresh start on a shared etcd)."""
+    from pigeon.node.meta_etcd import EtcdMetadata
+
+    async def go():
+        meta = EtcdMetadata(endpoint)
+        try:
+            for kv in await meta.list(M.ROOT + "/"):
+                await meta.delete(kv.key)
+        finally:
+            await meta.close()
+
+    asyncio.run(go())
