@@ -17,7 +17,7 @@ from pigeon.api.grpc_api import PubSubApi
 from pigeon.core import limits
 from pigeon.node import recovery
 from pigeon.node.cluster_node import ClusterNode, JoinRefused
-from pigeon.node.engine import Engine
+from pigeon.node.engine import DataDirInUse, Engine
 from pigeon.ops import allocator
 from pigeon.ops.config import Config
 
@@ -32,13 +32,15 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
     engine = Engine(config)
     try:
         await engine.start()
+    except DataDirInUse as e:
+        raise SystemExit(f"pigeon: {e}")
     except recovery.Unappliable as e:
         log.error("recovery stopped: %s", e.describe())
         raise SystemExit(f"pigeon: recovery stopped: {e.describe()}.\nNothing was deleted. `pigeon fsck "
                          f"{config.data_dir}` explains it; {e.repair_plan()}.")
     cluster = None
     if config.etcd:  # a cluster node serves nothing before it has joined (docs/cluster.md)
-        cluster = ClusterNode(config)
+        cluster = ClusterNode(config, engine)
         try:
             joined = await cluster.join(stop)
         except JoinRefused as e:

@@ -148,6 +148,12 @@ class BrokerState:
             log_id = owner.log_id = bundle_log(name, bundles)
         return log_id
 
+    def log_of_sub(self, name: str, bundles: int) -> int:
+        """The log that holds a subscription's state (its topic's bundle; the metadata log once the topic is
+        gone)."""
+        s = self.subs[name]
+        return META_LOG if s.topic is None else bundle_log(s.topic.name, bundles)
+
     # --- the one way state changes ---------------------------------------------------------------
     def apply(self, rec: R.Record, at: int = 0, owner=None):
         """Apply one record (`at`: where the log stored it, for a publish batch; `owner`: the stream or push

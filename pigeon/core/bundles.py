@@ -16,3 +16,8 @@ def bundle_of(topic_name: str, bundles: int) -> int:
 
 def bundle_log(topic_name: str, bundles: int) -> int:
     return 1 + bundle_of(topic_name, bundles)
+
+
+def bundle_of_log(log_id: int) -> int:
+    """The bundle whose log `log_id` is (-1 for the metadata log)."""
+    return log_id - 1

@@ -16,10 +16,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import uuid
 
 from pigeon.cluster import metadata as M
 from pigeon.core import limits
 from pigeon.node.ledger_store import LedgerStore
+from pigeon.core.bundles import bundle_of_log
+from pigeon.node.meta_log import Diverged, MetaLog
 from pigeon.node.membership import Membership, NodeIdTaken, NodeInfo, OtherCluster, cluster_id
 from pigeon.node.meta_etcd import EtcdMetadata
 from pigeon.ops.config import Config
@@ -29,6 +32,7 @@ log = logging.getLogger("pigeon.cluster")
 __all__ = ["ClusterNode", "JoinRefused"]
 
 CLUSTER_ID_FILE = "cluster-id"
+HOME_FILE = "home-id"
 
 
 class JoinRefused(Exception):
@@ -36,13 +40,14 @@ class JoinRefused(Exception):
 
 
 class ClusterNode:
-    def __init__(self, config: Config, meta=None):
-        self.config = config
+    def __init__(self, config: Config, engine, meta=None):
+        self.config, self.engine = config, engine
         self.meta = meta or EtcdMetadata(config.etcd)
-        self.info = NodeInfo(config.node_id, config.address, config.zone)
+        self.info = NodeInfo(config.node_id, config.address, config.zone, home=_home(config.data_dir))
         self.membership = Membership(self.meta, self.info, config.session_ttl_s)
         self.store = LedgerStore(config.data_dir, config.fsync)
         self.cluster_id = ""
+        self.meta_log = MetaLog(self.meta, engine)
         self.changed = asyncio.Event()  # something placement depends on may have changed
         self._tasks: list[asyncio.Task] = []
 
@@ -67,6 +72,13 @@ class ClusterNode:
                 return False
             except asyncio.TimeoutError:
                 delay = min(limits.etcd_retry_s_max, delay * 2)
+        try:
+            await self.meta_log.start()
+        except Diverged as e:
+            await self.membership.leave()
+            raise JoinRefused(str(e)) from None
+        self.engine.meta_log = self.meta_log
+        self.engine.owns = lambda log_id: bundle_of_log(log_id) in self.owned
         await self.store.open()
         self._tasks = [asyncio.create_task(self._watch(), name="pigeon-cluster-watch"),
                        asyncio.create_task(self._follow_placement(), name="pigeon-cluster-placement")]
@@ -80,6 +92,9 @@ class ClusterNode:
         if os.path.exists(path):
             with open(path) as f:
                 recorded = f.read().strip() or None
+        if recorded is None and self.meta_log.end() > 0:
+            raise JoinRefused(f"the data directory {self.config.data_dir} holds a single node's data "
+                              f"({self.meta_log.end()} metadata records): a cluster node starts with an empty one")
         try:
             self.cluster_id = await cluster_id(self.meta, recorded)
         except OtherCluster as e:
@@ -106,6 +121,8 @@ class ClusterNode:
                               f"{self.config.bundles}: start it with --bundles {theirs.decode()} (or none)")
 
     async def leave(self) -> None:
+        self.engine.meta_log = None
+        await self.meta_log.stop()
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -180,6 +197,20 @@ class ClusterNode:
             log.info("node %s took bundles %s, gave up %s; owns %d of %d", me, _ranges(taken), _ranges(released),
                      len(self.owned), self.config.bundles)
         return taken, released
+
+
+def _home(data_dir: str) -> str:
+    """The id of this data directory (made on first use): a restart of the same node carries the same."""
+    path = os.path.join(data_dir, HOME_FILE)
+    if not os.path.exists(path):
+        tmp = path + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(uuid.uuid4().hex + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    with open(path) as f:
+        return f.read().strip()
 
 
 def _ranges(bundles: list[int]) -> str:

@@ -7,6 +7,7 @@ letters) are performed here. Every public coroutine here is one API call; the de
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import logging
 import os
 import time
@@ -45,6 +46,22 @@ class NodeStats:
     admission: AdmissionStats
 
 
+class DataDirInUse(Exception):
+    pass
+
+
+def hold_data_dir(data_dir: str):
+    """Take the data directory for this process (an exclusive lock on <data dir>/LOCK, released when the process
+    ends, however it ends): two processes on one directory would corrupt it. DataDirInUse when another has it."""
+    f = open(os.path.join(data_dir, "LOCK"), "a+")
+    try:
+        fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a POSIX lock: per process, as the rule is
+    except OSError:
+        f.close()
+        raise DataDirInUse(f"the data directory {data_dir} is in use by another process") from None
+    return f
+
+
 class Engine:
     def __init__(self, config: Config, clock=None):
         self.config = config
@@ -59,6 +76,9 @@ class Engine:
         self.admission = Admission(c.publish_pending_bytes, c.streams_max, c.stream_unsent_bytes,
                                    c.stream_write_stall_s)
         self.closing = False
+        self._dir_lock = None
+        self.meta_log = None  # a cluster node's metadata log (node.meta_log): metadata changes go through it
+        self.owns = lambda log_id: True  # whether this node owns a log (a cluster node owns some bundles)
         self.report: recovery.Report | None = None
         self._fenced: set[int] = set()  # logs fenced at self.epoch
         self._checkpoints: list[int] = []
@@ -74,6 +94,7 @@ class Engine:
     # --- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:
         os.makedirs(os.path.join(self.config.data_dir, "checkpoints"), exist_ok=True)
+        self._dir_lock = hold_data_dir(self.config.data_dir)
         loop = asyncio.get_running_loop()
         t0 = time.monotonic()
         self.state, found = await loop.run_in_executor(None, lambda: recovery.recover(self.config.data_dir,
@@ -113,6 +134,9 @@ class Engine:
         except Exception:  # the WAL still holds everything; a checkpoint only speeds up the next start
             log.exception("final checkpoint failed")
         await self.journal.close()
+        if self._dir_lock is not None:
+            self._dir_lock.close()
+            self._dir_lock = None
 
     @property
     def _ck_dir(self) -> str:
@@ -169,8 +193,11 @@ class Engine:
     async def _change(self, *recs: R.Record) -> None:
         """Commit administrative records and answer once they are durable."""
         self._check_open()
-        for rec in recs:
-            self.commit(rec)
+        if self.meta_log is not None and any(rec.META for rec in recs):
+            await self.meta_log.commit(recs)  # validated against this state: no await may come before
+        else:
+            for rec in recs:
+                self.commit(rec)
         await self.durable()
 
     # --- topics ----------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ import logging
 
 from pigeon.broker import commands
 from pigeon.core.bundles import META_LOG
+from pigeon.core.errors import Unavailable
 from pigeon.storage import checkpoint as ck
 
 log = logging.getLogger("pigeon.maintenance")
@@ -20,11 +21,15 @@ async def maintain_once(engine) -> None:
     now = engine.clock.now()
     engine.note_stalled_streams()
     st = engine.state
-    for rec in commands.expired_snapshots(st, now):
-        await engine._change(rec)
-    for name in commands.inactive_subscriptions(st, now):
-        log.info("deleting %s: inactive for longer than its expiration ttl", name)
-        await engine.delete_subscription(name)
+    try:
+        for rec in commands.expired_snapshots(st, now):
+            await engine._change(rec)
+        for name in commands.inactive_subscriptions(st, now):
+            if engine.owns(st.log_of_sub(name, engine.config.bundles)):  # only its owner sees its clients
+                log.info("deleting %s: inactive for longer than its expiration ttl", name)
+                await engine.delete_subscription(name)
+    except Unavailable as e:  # a cluster node whose change met another node's (or etcd is away): next time
+        log.info("expirations wait: %s", e.message)
     for rec in commands.retention(st, now):
         engine.commit(rec)
     st.prune(now, engine.config.idempotency_window_s)

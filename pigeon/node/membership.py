@@ -32,14 +32,16 @@ class NodeInfo:
     address: str
     zone: str = ""
     draining: bool = False
+    home: str = ""  # the id of the node's data directory: the same on a restart, different on any other node
 
     def encode(self) -> bytes:
-        return json.dumps({"address": self.address, "zone": self.zone, "draining": self.draining}).encode()
+        return json.dumps({"address": self.address, "zone": self.zone, "draining": self.draining,
+                           "home": self.home}).encode()
 
     @staticmethod
     def decode(node_id: str, raw: bytes) -> "NodeInfo":
         d = json.loads(raw)
-        return NodeInfo(node_id, d["address"], d.get("zone", ""), d.get("draining", False))
+        return NodeInfo(node_id, d["address"], d.get("zone", ""), d.get("draining", False), d.get("home", ""))
 
 
 async def cluster_id(meta, data_dir_id: str | None) -> str:
@@ -63,10 +65,18 @@ class Membership:
         self._keeper: asyncio.Task | None = None
 
     async def join(self) -> None:
-        """Register under a new session; NodeIdTaken when a live node has this id."""
+        """Register under a new session; NodeIdTaken when a live node has this id. A session of this node's
+        earlier life (the same data directory, which one process at a time holds) is ended first: a node killed
+        and restarted at once does not wait for its old session to run out, and its bundles move at once."""
         self.lease = await self.meta.grant(self.ttl)
         key = M.node_key(self.info.node_id)
         ok, _ = await self.meta.txn([M.absent(key)], [M.Put(key, self.info.encode(), self.lease)])
+        if not ok and self.info.home:
+            other = await self.meta.get(key)
+            if other is not None and NodeInfo.decode(self.info.node_id, other.value).home == self.info.home:
+                log.info("node %s restarts: ending the session of its earlier life", self.info.node_id)
+                await self.meta.revoke(other.lease)
+                ok, _ = await self.meta.txn([M.absent(key)], [M.Put(key, self.info.encode(), self.lease)])
         if not ok:
             await self.meta.revoke(self.lease)
             other = await self.meta.get(key)

@@ -124,3 +124,13 @@ def test_every_verb_says_within_seconds_when_no_server_answers():
         assert p.returncode == 3, (args, err)
         assert address in line and "PUBSUB_EMULATOR_HOST" in line and "make run" in line, line
     assert time.monotonic() - t0 < limits.cli_connect_s_max + 30  # bounded, not the client's minute of retries
+
+
+def test_a_second_server_on_the_same_data_directory_is_refused(server):
+    from pigeon.bench.procs import free_port
+
+    out = subprocess.run([sys.executable, "-m", "pigeon", "serve", "--port", str(free_port()), "--data-dir",
+                          server.data_dir], capture_output=True, text=True, timeout=60)
+    assert (out.returncode, out.stderr.strip().splitlines()[-1]) == (
+        1, f"pigeon: the data directory {server.data_dir} is in use by another process")
+    assert server.proc.poll() is None
