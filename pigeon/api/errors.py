@@ -39,8 +39,18 @@ def grpc_status(e: PigeonError) -> tuple[grpc.StatusCode, str, tuple]:
     return grpc.StatusCode[e.code], e.message, trailers
 
 
+class Relayed(Exception):
+    """The status another node ended a forwarded call with, passed on to the client as it came."""
+
+    def __init__(self, code: grpc.StatusCode, details: str, trailers=()):
+        super().__init__(details)
+        self.code, self.details, self.trailers = code, details, tuple(trailers or ())
+
+
 async def abort(context, e: BaseException):
-    """End a call with the status of `e` (INTERNAL, logged, for anything but a PigeonError)."""
+    """End a call with the status of `e` (INTERNAL, logged, for anything but a PigeonError or a Relayed one)."""
+    if isinstance(e, Relayed):
+        await context.abort(e.code, e.details, trailing_metadata=e.trailers)
     if not isinstance(e, PigeonError):
         log.error("unexpected error in %s", _method(context), exc_info=e)
         await context.abort(grpc.StatusCode.INTERNAL, INTERNAL_MESSAGE)

@@ -8,6 +8,7 @@ stored messages are spliced, not re-encoded."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 
 import grpc
@@ -17,7 +18,7 @@ from pigeon.broker import commands
 from pigeon.core import limits, names, wire
 from pigeon.api import errors
 from pigeon.api.errors import abort, translate
-from pigeon.core.errors import InvalidArgument
+from pigeon.core.errors import InvalidArgument, NotFound
 from pigeon.node.engine import Engine
 
 log = logging.getLogger("pigeon.api")
@@ -25,33 +26,64 @@ log = logging.getLogger("pigeon.api")
 pb = {n: getattr(types, n).pb() for n in dir(types) if isinstance(getattr(types, n), type) and hasattr(getattr(types, n), "pb")}
 
 
+PUBLISH = "/google.pubsub.v1.Publisher/Publish"
+PULL = "/google.pubsub.v1.Subscriber/Pull"
+ACKNOWLEDGE = "/google.pubsub.v1.Subscriber/Acknowledge"
+MODIFY_ACK_DEADLINE = "/google.pubsub.v1.Subscriber/ModifyAckDeadline"
+STREAMING_PULL = "/google.pubsub.v1.Subscriber/StreamingPull"
+
+
+def fresh(fn):
+    """A cluster node answers NOT_FOUND only after catching up with the cluster's metadata: a resource made
+    through another node a moment ago is found (read-your-writes across nodes)."""
+    @functools.wraps(fn)
+    async def handler(self, request, context):
+        try:
+            return await fn(self, request, context)
+        except NotFound:
+            if self.engine.meta_log is None:
+                raise
+            await self.engine.meta_log.catch_up()
+            return await fn(self, request, context)
+
+    return handler
+
+
 class PubSubApi:
-    def __init__(self, engine: Engine):
+    def __init__(self, engine: Engine, router=None):
         self.engine = engine
+        self.router = router  # a cluster node's (api.router): calls about other nodes' bundles go there
 
     # ---------------------------------------------------------------- Publisher
     @translate
+    @fresh
     async def create_topic(self, req, context):
         return (await self.engine.create_topic(req)).SerializeToString()
 
     @translate
+    @fresh
     async def update_topic(self, req, context):
         if not req.HasField("topic"):
             raise InvalidArgument("topic must be set.")
         return (await self.engine.update_topic(req.topic, req.update_mask)).SerializeToString()
 
     @translate
+    @fresh
     async def publish(self, raw: bytes, context):
         cmd = commands.check_publish(raw)
+        if self.router is not None and (owner := self.router.for_topic(cmd.topic, context)):
+            return await self.router.unary(owner, PUBLISH, raw, context)
         ids = await self.engine.publish(cmd.topic, cmd.request, cmd.count, cmd.ordering_key, cmd.idempotency_keys,
                                         cmd.activations)
         return pb["PublishResponse"](message_ids=ids).SerializeToString()
 
     @translate
+    @fresh
     async def get_topic(self, req, context):
         return self.engine.get_topic(req.topic).SerializeToString()
 
     @translate
+    @fresh
     async def list_topics(self, req, context):
         project = names.project_of(req.project)
         page, token = self.engine.list_topics(project, req.page_size, req.page_token)
@@ -60,41 +92,49 @@ class PubSubApi:
         return resp.SerializeToString()
 
     @translate
+    @fresh
     async def list_topic_subscriptions(self, req, context):
         page, token = self.engine.list_topic_subscriptions(req.topic, req.page_size, req.page_token)
         return pb["ListTopicSubscriptionsResponse"](subscriptions=page, next_page_token=token).SerializeToString()
 
     @translate
+    @fresh
     async def list_topic_snapshots(self, req, context):
         page, token = self.engine.list_topic_snapshots(req.topic, req.page_size, req.page_token)
         return pb["ListTopicSnapshotsResponse"](snapshots=page, next_page_token=token).SerializeToString()
 
     @translate
+    @fresh
     async def delete_topic(self, req, context):
         await self.engine.delete_topic(req.topic)
         return b""
 
     @translate
+    @fresh
     async def detach_subscription(self, req, context):
         await self.engine.detach_subscription(req.subscription)
         return b""
 
     # ---------------------------------------------------------------- Subscriber
     @translate
+    @fresh
     async def create_subscription(self, req, context):
         return (await self.engine.create_subscription(req)).SerializeToString()
 
     @translate
+    @fresh
     async def get_subscription(self, req, context):
         return self.engine.get_subscription(req.subscription).SerializeToString()
 
     @translate
+    @fresh
     async def update_subscription(self, req, context):
         if not req.HasField("subscription"):
             raise InvalidArgument("subscription must be set.")
         return (await self.engine.update_subscription(req.subscription, req.update_mask)).SerializeToString()
 
     @translate
+    @fresh
     async def list_subscriptions(self, req, context):
         project = names.project_of(req.project)
         page, token = self.engine.list_subscriptions(project, req.page_size, req.page_token)
@@ -102,24 +142,34 @@ class PubSubApi:
         return pb["ListSubscriptionsResponse"](subscriptions=subs, next_page_token=token).SerializeToString()
 
     @translate
+    @fresh
     async def delete_subscription(self, req, context):
         await self.engine.delete_subscription(req.subscription)
         return b""
 
     @translate
+    @fresh
     async def modify_ack_deadline(self, req, context):
         if not req.ack_ids:
             raise InvalidArgument("ack_ids must not be empty.")
+        if self.router is not None and (owner := await self.router.for_subscription(req.subscription, context)):
+            return await self.router.unary(owner, MODIFY_ACK_DEADLINE, req.SerializeToString(), context)
         await self.engine.modify_ack_deadline(req.subscription, list(req.ack_ids), req.ack_deadline_seconds)
         return b""
 
     @translate
+    @fresh
     async def acknowledge(self, req, context):
+        if self.router is not None and (owner := await self.router.for_subscription(req.subscription, context)):
+            return await self.router.unary(owner, ACKNOWLEDGE, req.SerializeToString(), context)
         await self.engine.acknowledge(req.subscription, list(req.ack_ids))
         return b""
 
     @translate
+    @fresh
     async def pull(self, req, context):
+        if self.router is not None and (owner := await self.router.for_subscription(req.subscription, context)):
+            return await self.router.unary(owner, PULL, req.SerializeToString(), context)
         rms = await self.engine.pull(req.subscription, req.max_messages, req.return_immediately,
                                      context.time_remaining())
         return b"".join(rms)  # each is already an encoded received_messages entry
@@ -141,6 +191,12 @@ class PubSubApi:
                 if len(first.modify_deadline_seconds) != len(first.modify_deadline_ack_ids):
                     raise InvalidArgument(
                         "modify_deadline_seconds and modify_deadline_ack_ids must have the same length.")
+            if self.router is not None and (owner := await self.router.for_subscription(first.subscription,
+                                                                                       context)):
+                async for resp in self.router.stream(owner, STREAMING_PULL, first.SerializeToString(),
+                                                     request_iterator, context):
+                    yield resp
+                return
             stream = engine.open_stream(
                 first.subscription,
                 first.client_id,
@@ -217,6 +273,7 @@ class PubSubApi:
         stream.wake()
 
     @translate
+    @fresh
     async def modify_push_config(self, req, context):
         s = self.engine.state.sub(req.subscription)
         sub = pb["Subscription"](name=s.name, push_config=req.push_config)
@@ -225,10 +282,12 @@ class PubSubApi:
         return b""
 
     @translate
+    @fresh
     async def get_snapshot(self, req, context):
         return self.engine.get_snapshot(req.snapshot).SerializeToString()
 
     @translate
+    @fresh
     async def list_snapshots(self, req, context):
         project = names.project_of(req.project)
         page, token = self.engine.list_snapshots(project, req.page_size, req.page_token)
@@ -236,20 +295,24 @@ class PubSubApi:
         return pb["ListSnapshotsResponse"](snapshots=snaps, next_page_token=token).SerializeToString()
 
     @translate
+    @fresh
     async def create_snapshot(self, req, context):
         snap = await self.engine.create_snapshot(req.name, req.subscription, dict(req.labels))
         return snap.SerializeToString()
 
     @translate
+    @fresh
     async def update_snapshot(self, req, context):
         return (await self.engine.update_snapshot(req.snapshot, req.update_mask)).SerializeToString()
 
     @translate
+    @fresh
     async def delete_snapshot(self, req, context):
         await self.engine.delete_snapshot(req.snapshot)
         return b""
 
     @translate
+    @fresh
     async def seek(self, req, context):
         which = req.WhichOneof("target")
         if which == "time":

@@ -14,6 +14,7 @@ import grpc
 
 from pigeon.api import admin_api, pigeon_api, queue_api, storage_api
 from pigeon.api.grpc_api import PubSubApi
+from pigeon.api.router import Router
 from pigeon.core import limits
 from pigeon.node import recovery
 from pigeon.node.cluster_node import ClusterNode, JoinRefused
@@ -61,7 +62,8 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
             ("grpc.keepalive_permit_without_calls", 1),
         ]
     )
-    api = PubSubApi(engine)
+    router = Router(engine, cluster) if cluster is not None else None
+    api = PubSubApi(engine, router)
     server.add_generic_rpc_handlers(api.handlers() + admin_api.handlers(engine) + queue_api.handlers(engine))
     server.add_generic_rpc_handlers(pigeon_api.handlers(engine))  # pigeon.v1.Ranges (data pipelines)
     if cluster is not None:
@@ -87,6 +89,7 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
         s.notify_all()
     await server.stop(grace=2.0)
     if cluster is not None:
+        await router.close()
         await cluster.leave()
     await engine.stop()
     log.info("stopped")

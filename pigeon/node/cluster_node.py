@@ -48,6 +48,7 @@ class ClusterNode:
         self.store = LedgerStore(config.data_dir, config.fsync)
         self.cluster_id = ""
         self.meta_log = MetaLog(self.meta, engine)
+        self.routes: dict[int, str] = {}  # bundle → its owner's address, as last read (the router's map)
         self.changed = asyncio.Event()  # something placement depends on may have changed
         self._tasks: list[asyncio.Task] = []
 
@@ -55,6 +56,10 @@ class ClusterNode:
     def owned(self) -> dict[int, int]:
         """bundle → ownership epoch, for the bundles this node holds now."""
         return self.membership.owned
+
+    def address_of(self, log_id: int) -> str | None:
+        """The address of the node that owns the bundle of `log_id`, as last read; None when it has no owner."""
+        return self.routes.get(bundle_of_log(log_id))
 
     # --- joining -------------------------------------------------------------------------------------------
     async def join(self, stop: asyncio.Event) -> bool:
@@ -180,8 +185,10 @@ class ClusterNode:
 
     async def rebalance(self) -> tuple[list[int], list[int]]:
         """Take the free bundles placement gives this node, give up the ones it gives another: (taken, released)."""
-        want = await self.membership.placement(self.config.bundles)
+        members = await self.membership.members()
+        want = await self.membership.placement(self.config.bundles, members)
         owners = await self.membership.owners()
+        self.routes = {b: members[n].address for b, (n, _) in owners.items() if n in members}
         me = self.info.node_id
         released = []
         for b in sorted(self.owned):
@@ -193,6 +200,9 @@ class ClusterNode:
                 epoch = await self.membership.claim(b)
                 if epoch is not None:
                     taken.append(b)
+                    self.routes[b] = self.info.address
+        for b in released:
+            self.routes.pop(b, None)
         if taken or released:
             log.info("node %s took bundles %s, gave up %s; owns %d of %d", me, _ranges(taken), _ranges(released),
                      len(self.owned), self.config.bundles)

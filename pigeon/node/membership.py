@@ -117,10 +117,11 @@ class Membership:
         prefix = M.drain_key("")
         return {kv.key[len(prefix):] for kv in await self.meta.list(prefix)}
 
-    async def placement(self, bundles: int) -> dict[int, str]:
+    async def placement(self, bundles: int, members: dict[str, NodeInfo] | None = None) -> dict[int, str]:
         """Who should own each bundle, from the live nodes that are not draining (every node computes the same)."""
         drained = await self.draining()
-        live = [n for n, i in (await self.members()).items() if not i.draining and n not in drained]
+        members = await self.members() if members is None else members
+        live = [n for n, i in members.items() if not i.draining and n not in drained]
         return assign(bundles, live) if live else {}
 
     async def owners(self) -> dict[int, tuple[str, int]]:

@@ -59,3 +59,18 @@ def wipe(endpoint: str) -> None:
             await meta.close()
 
     asyncio.run(go())
+
+
+def owners(endpoint: str) -> dict[int, str]:
+    """bundle → the node that owns it now."""
+    from pigeon.node.membership import Membership, NodeInfo
+    from pigeon.node.meta_etcd import EtcdMetadata
+
+    async def go():
+        meta = EtcdMetadata(endpoint)
+        try:
+            return {b: n for b, (n, _) in (await Membership(meta, NodeInfo("-", "-")).owners()).items()}
+        finally:
+            await meta.close()
+
+    return asyncio.run(go())

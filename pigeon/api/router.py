@@ -1,0 +1,106 @@
+"""The router role of a cluster node (docs/cluster.md, "Parties"): a call about a topic or subscription whose
+bundle another node owns is forwarded to that node, bytes as they came, and its answer (or its status, with its
+details) passed back as it came — so a client may use any node. Owns the rules:
+
+  * a topic's bundle is known from its name alone; a subscription's is its topic's, from the metadata every node
+    holds (caught up from etcd first when the name is not known here yet);
+  * a call is forwarded at most once: a node that receives a forwarded call for a bundle it does not own (the
+    ownership moved meanwhile) answers UNAVAILABLE, which the clients retry, rather than forwarding again;
+  * a bundle with no owner (moving between nodes) answers UNAVAILABLE as well."""
+
+from __future__ import annotations
+
+import logging
+
+import grpc
+
+from pigeon.api.errors import Relayed
+from pigeon.core.bundles import META_LOG, bundle_log
+from pigeon.core.errors import Unavailable
+
+log = logging.getLogger("pigeon.router")
+
+FORWARDED = "x-pigeon-forwarded"
+_same = lambda b: b  # noqa: E731 — bytes pass through unparsed
+_RETRYABLE = "The topic's bundle is moving between nodes; retry."
+
+
+class Router:
+    def __init__(self, engine, cluster):
+        self.engine, self.cluster = engine, cluster
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self.forwarded = 0  # calls passed to another node
+
+    # --- where a call goes ---------------------------------------------------------------------------------
+    def _owner(self, log_id: int, context) -> str | None:
+        """None to serve here; else the owner's address."""
+        if log_id == META_LOG or self.engine.owns(log_id):
+            return None
+        if any(k == FORWARDED for k, _ in (context.invocation_metadata() or ())):
+            raise Unavailable(_RETRYABLE)
+        address = self.cluster.address_of(log_id)
+        if address is None:
+            raise Unavailable(_RETRYABLE)
+        return address
+
+    def for_topic(self, topic: str, context) -> str | None:
+        return self._owner(bundle_log(topic, self.engine.config.bundles), context)
+
+    async def for_subscription(self, name: str, context) -> str | None:
+        state = self.engine.state
+        if name not in state.subs and self.engine.meta_log is not None:
+            await self.engine.meta_log.catch_up()
+        if name not in state.subs:
+            return None  # answered here: NOT_FOUND
+        return self._owner(state.log_of_sub(name, self.engine.config.bundles), context)
+
+    # --- forwarding ----------------------------------------------------------------------------------------
+    def _channel(self, address: str) -> grpc.aio.Channel:
+        ch = self._channels.get(address)
+        if ch is None:
+            ch = self._channels[address] = grpc.aio.insecure_channel(address, options=[
+                ("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)])
+        return ch
+
+    def _metadata(self, context):
+        return tuple((k, v) for k, v in (context.invocation_metadata() or ()) if not k.startswith("grpc-")) + (
+            (FORWARDED, self.cluster.info.node_id),)
+
+    async def unary(self, address: str, method: str, request: bytes, context) -> bytes:
+        call = self._channel(address).unary_unary(method, request_serializer=_same, response_deserializer=_same)
+        self.forwarded += 1
+        try:
+            return await call(request, timeout=context.time_remaining(), metadata=self._metadata(context))
+        except grpc.aio.AioRpcError as e:
+            raise _relayed(e, address) from None
+
+    async def stream(self, address: str, method: str, first: bytes, requests, context):
+        """Forward a bidirectional stream: `first` then every later request (parsed: re-encoded) up, every
+        response down."""
+        async def up():
+            yield first
+            async for req in requests:
+                yield req.SerializeToString()
+
+        call = self._channel(address).stream_stream(method, request_serializer=_same, response_deserializer=_same)
+        self.forwarded += 1
+        it = call(up(), metadata=self._metadata(context))
+        try:
+            async for resp in it:
+                yield resp
+        except grpc.aio.AioRpcError as e:
+            raise _relayed(e, address) from None
+        finally:
+            it.cancel()
+
+    async def close(self) -> None:
+        for ch in self._channels.values():
+            await ch.close()
+        self._channels.clear()
+
+
+def _relayed(e: grpc.aio.AioRpcError, address: str) -> Relayed:
+    if e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) and not e.details():
+        return Relayed(grpc.StatusCode.UNAVAILABLE, f"The node that owns this topic ({address}) cannot be reached; "
+                                                     "retry.")
+    return Relayed(e.code(), e.details() or "", e.trailing_metadata())

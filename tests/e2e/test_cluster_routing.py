@@ -1,0 +1,114 @@
+"""Any node answers for every topic: with three real nodes, the official clients publish through one node,
+pull and stream through others, and every call about a bundle another node owns is forwarded to it — messages
+arrive once, acks stick, errors come back as the owner gave them."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import pytest
+from google.api_core import exceptions as gexc
+from google.cloud import pubsub_v1
+
+from pigeon.core.bundles import bundle_of
+from pigeon.testing.cluster import await_status, node_process, owners, wipe
+
+pytestmark = pytest.mark.e2e
+
+P = "projects/route"
+BUNDLES = 16
+
+
+@pytest.fixture
+def nodes(etcd, tmp_path):
+    wipe(etcd.endpoint)
+    started = {i: node_process(str(tmp_path), etcd.endpoint, i).start() for i in ("n1", "n2", "n3")}
+    await_status(etcd.endpoint, lambda st: st["unowned"] == 0 and all(r["bundles"] for r in st["nodes"])
+                 and len(st["nodes"]) == 3)
+    yield started
+    for n in started.values():
+        n.kill()
+
+
+def clients(node):
+    saved = os.environ.get("PUBSUB_EMULATOR_HOST")
+    os.environ["PUBSUB_EMULATOR_HOST"] = node.address
+    try:
+        return pubsub_v1.PublisherClient(), pubsub_v1.SubscriberClient()
+    finally:
+        if saved is None:
+            del os.environ["PUBSUB_EMULATOR_HOST"]
+        else:
+            os.environ["PUBSUB_EMULATOR_HOST"] = saved
+
+
+def topic_owned_by(owner_of: dict[int, str], node: str, prefix: str) -> str:
+    """A topic name whose bundle `node` owns."""
+    for i in range(10_000):
+        name = f"{P}/topics/{prefix}-{i}"
+        if owner_of[bundle_of(name, BUNDLES)] == node:
+            return name
+    raise AssertionError(f"no topic name found for {node}")
+
+
+def test_publish_pull_stream_and_ack_through_nodes_that_do_not_own_the_topic(nodes, etcd):
+    owner_of = owners(etcd.endpoint)
+    topic = topic_owned_by(owner_of, "n1", "routed")  # owned by n1; used through n2 and n3
+    (pub1, sub1), (pub2, sub2), (pub3, sub3) = (clients(nodes[i]) for i in ("n1", "n2", "n3"))
+    pub2.create_topic(name=topic)
+    sub3.create_subscription(name=f"{P}/subscriptions/pulled", topic=topic)
+    sub3.create_subscription(name=f"{P}/subscriptions/streamed", topic=topic)
+
+    sent = {pub2.publish(topic, f"m{i}".encode(), k=str(i)).result(timeout=30): f"m{i}" for i in range(100)}
+    assert len(sent) == 100
+
+    got: dict[str, str] = {}
+    deadline = time.monotonic() + 30
+    while len(got) < 100 and time.monotonic() < deadline:  # unary pull and ack through n3
+        r = sub3.pull(subscription=f"{P}/subscriptions/pulled", max_messages=50, timeout=10)
+        got.update({m.message.message_id: m.message.data.decode() for m in r.received_messages})
+        if r.received_messages:
+            sub3.acknowledge(subscription=f"{P}/subscriptions/pulled", ack_ids=[m.ack_id for m in r.received_messages])
+    assert got == sent
+
+    streamed: dict[str, str] = {}
+    done = threading.Event()
+
+    def callback(msg):
+        streamed[msg.message_id] = msg.data.decode()
+        msg.ack()
+        if len(streamed) == 100:
+            done.set()
+
+    future = sub2.subscribe(f"{P}/subscriptions/streamed", callback)  # StreamingPull through n2
+    try:
+        assert done.wait(30), f"{len(streamed)} of 100 streamed"
+    finally:
+        future.cancel()
+        future.result(timeout=30) if not future.done() else None
+    assert streamed == sent
+
+    time.sleep(1)  # acks sent on the stream reach the owner; then nothing comes back
+    for sub in ("pulled", "streamed"):
+        r = sub1.pull(subscription=f"{P}/subscriptions/{sub}", max_messages=10, return_immediately=True, timeout=10)
+        assert list(r.received_messages) == [], sub
+
+
+def test_the_owners_errors_come_back_as_it_gave_them(nodes, etcd):
+    owner_of = owners(etcd.endpoint)
+    topic = topic_owned_by(owner_of, "n2", "errors")
+    (pub1, sub1), (pub2, sub2) = clients(nodes["n1"]), clients(nodes["n2"])
+    with pytest.raises(gexc.NotFound, match="Resource not found"):  # published through n1, answered by n2
+        pub1.publish(topic, b"x").result(timeout=30)
+    pub2.create_topic(name=topic)
+    sub1.create_subscription(request={"name": f"{P}/subscriptions/eod", "topic": topic,
+                                      "enable_exactly_once_delivery": True})
+    errors = []
+    for sub in (sub1, sub2):  # forwarded by n1; answered by n2 itself
+        with pytest.raises(gexc.InvalidArgument) as e:
+            sub.acknowledge(subscription=f"{P}/subscriptions/eod", ack_ids=["not-an-ack-id"])
+        errors.append((e.value.message, e.value.reason, e.value.domain, dict(e.value.metadata or {})))
+    assert errors[0] == errors[1]
+    assert errors[0][1] and errors[0][2] == "pubsub.googleapis.com"  # the ErrorInfo came along
