@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 SPARK_STAMP := $(VENV)/.installed-spark
 DATA ?= ./data
 
-.PHONY: run test lint bench bench-quick soak sim fuzz clean
+.PHONY: run cluster test lint bench bench-quick soak sim fuzz clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -29,6 +29,10 @@ ETCD_BIN := /usr/bin/etcd
 $(ETCD_BIN):
 	command -v etcd >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
 		--no-install-recommends etcd-server; }
+
+# three etcd members and three nodes on loopback in the foreground, one coloured log; Ctrl-C stops everything
+cluster: $(STAMP) $(ETCD_BIN)
+	$(BIN)/python scripts/cluster.py --dir ./cluster
 
 test: $(STAMP) $(SPARK_STAMP) $(ETCD_BIN)
 	$(BIN)/lint-imports

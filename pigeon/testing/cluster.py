@@ -74,3 +74,19 @@ def owners(endpoint: str) -> dict[int, str]:
             await meta.close()
 
     return asyncio.run(go())
+
+
+def clients_of(node):
+    """(publisher, subscriber) official clients of one node (each reads PUBSUB_EMULATOR_HOST when made; the
+    variable is left as it was)."""
+    from google.cloud import pubsub_v1
+
+    saved = os.environ.get("PUBSUB_EMULATOR_HOST")
+    os.environ["PUBSUB_EMULATOR_HOST"] = node.address
+    try:
+        return pubsub_v1.PublisherClient(), pubsub_v1.SubscriberClient()
+    finally:
+        if saved is None:
+            del os.environ["PUBSUB_EMULATOR_HOST"]
+        else:
+            os.environ["PUBSUB_EMULATOR_HOST"] = saved

@@ -23,11 +23,12 @@ class EtcdProcess:
     """One etcd member. `start()` waits until it answers on its client port."""
 
     def __init__(self, data_dir: str, name: str = "e0", client_port: int | None = None,
-                 peer_port: int | None = None, initial_cluster: str | None = None):
+                 peer_port: int | None = None, initial_cluster: str | None = None, token: str | None = None):
         self.data_dir, self.name = data_dir, name
         self.client_port = client_port or free_port()
         self.peer_port = peer_port or free_port()
         self.initial_cluster = initial_cluster or f"{name}=http://127.0.0.1:{self.peer_port}"
+        self.token = token or f"pigeon-test-{self.peer_port}"  # the members of one cluster share it
         self.log_path = os.path.join(os.path.dirname(os.path.abspath(data_dir)), f"etcd-{name}.log")
         self.proc: subprocess.Popen | None = None
 
@@ -41,7 +42,7 @@ class EtcdProcess:
                "--listen-client-urls", client, "--advertise-client-urls", client,
                "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
                "--initial-cluster", self.initial_cluster, "--initial-cluster-state", "new",
-               "--initial-cluster-token", f"pigeon-test-{self.peer_port}"]
+               "--initial-cluster-token", self.token]
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         await_listening(self.proc, self.client_port, timeout, "etcd", self.log_path)

@@ -5,15 +5,13 @@ others change metadata comes back with its copy completed from etcd."""
 from __future__ import annotations
 
 import concurrent.futures
-import os
 import time
 
 import pytest
 from google.api_core import exceptions as gexc
 from google.api_core.retry import Retry
-from google.cloud import pubsub_v1
 
-from pigeon.testing.cluster import await_status, node_process, wipe
+from pigeon.testing.cluster import clients_of, await_status, node_process, wipe
 
 pytestmark = pytest.mark.e2e
 
@@ -28,19 +26,6 @@ def nodes(etcd, tmp_path):
     yield started
     for n in started.values():
         n.kill()
-
-
-def admin(node):
-    """(publisher, subscriber) official clients of one node (each reads PUBSUB_EMULATOR_HOST when made)."""
-    saved = os.environ.get("PUBSUB_EMULATOR_HOST")
-    os.environ["PUBSUB_EMULATOR_HOST"] = node.address
-    try:
-        return pubsub_v1.PublisherClient(), pubsub_v1.SubscriberClient()
-    finally:
-        if saved is None:
-            del os.environ["PUBSUB_EMULATOR_HOST"]
-        else:
-            os.environ["PUBSUB_EMULATOR_HOST"] = saved
 
 
 def eventually(fn, timeout: float = 10.0):
@@ -59,7 +44,7 @@ def names(pub) -> set[str]:
 
 
 def test_metadata_made_through_one_node_is_on_every_node(nodes):
-    (pub1, sub1), (pub2, sub2) = admin(nodes["n1"]), admin(nodes["n2"])
+    (pub1, sub1), (pub2, sub2) = clients_of(nodes["n1"]), clients_of(nodes["n2"])
     pub1.create_topic(request={"name": f"{P}/topics/tp1", "labels": {"team": "a"}})
     sub2.create_subscription(name=f"{P}/subscriptions/sb1", topic=f"{P}/topics/tp1", ack_deadline_seconds=42)
     assert eventually(lambda: pub2.get_topic(topic=f"{P}/topics/tp1")).labels == {"team": "a"}
@@ -77,7 +62,7 @@ def assert_gone(pub, name):
 
 
 def test_the_same_topic_created_through_two_nodes_at_once_is_created_once(nodes):
-    pubs = [admin(nodes["n1"])[0], admin(nodes["n2"])[0]]
+    pubs = [clients_of(nodes["n1"])[0], clients_of(nodes["n2"])[0]]
     no_retry = Retry(predicate=lambda e: False)
     for round_ in range(10):
         name = f"{P}/topics/race-{round_}"
@@ -100,10 +85,10 @@ def test_the_same_topic_created_through_two_nodes_at_once_is_created_once(nodes)
 
 
 def test_a_node_killed_while_others_change_metadata_comes_back_complete(nodes, etcd):
-    pub1, _ = admin(nodes["n1"])
+    pub1, _ = clients_of(nodes["n1"])
     for i in range(5):
         pub1.create_topic(name=f"{P}/topics/before-{i}")
-    pub2, _ = admin(nodes["n2"])
+    pub2, _ = clients_of(nodes["n2"])
     def has_them():
         assert names(pub2) >= {f"{P}/topics/before-{i}" for i in range(5)}
     eventually(has_them)
@@ -113,4 +98,4 @@ def test_a_node_killed_while_others_change_metadata_comes_back_complete(nodes, e
     pub1.delete_topic(topic=f"{P}/topics/before-0")
     nodes["n2"].start()
     want = {f"{P}/topics/before-{i}" for i in range(1, 5)} | {f"{P}/topics/after-{i}" for i in range(5)}
-    assert names(admin(nodes["n2"])[0]) == want  # caught up before it listened
+    assert names(clients_of(nodes["n2"])[0]) == want  # caught up before it listened

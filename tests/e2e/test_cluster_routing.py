@@ -4,16 +4,14 @@ arrive once, acks stick, errors come back as the owner gave them."""
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 
 import pytest
 from google.api_core import exceptions as gexc
-from google.cloud import pubsub_v1
 
 from pigeon.core.bundles import bundle_of
-from pigeon.testing.cluster import await_status, node_process, owners, wipe
+from pigeon.testing.cluster import clients_of, await_status, node_process, owners, wipe
 
 pytestmark = pytest.mark.e2e
 
@@ -32,18 +30,6 @@ def nodes(etcd, tmp_path):
         n.kill()
 
 
-def clients(node):
-    saved = os.environ.get("PUBSUB_EMULATOR_HOST")
-    os.environ["PUBSUB_EMULATOR_HOST"] = node.address
-    try:
-        return pubsub_v1.PublisherClient(), pubsub_v1.SubscriberClient()
-    finally:
-        if saved is None:
-            del os.environ["PUBSUB_EMULATOR_HOST"]
-        else:
-            os.environ["PUBSUB_EMULATOR_HOST"] = saved
-
-
 def topic_owned_by(owner_of: dict[int, str], node: str, prefix: str) -> str:
     """A topic name whose bundle `node` owns."""
     for i in range(10_000):
@@ -56,7 +42,7 @@ def topic_owned_by(owner_of: dict[int, str], node: str, prefix: str) -> str:
 def test_publish_pull_stream_and_ack_through_nodes_that_do_not_own_the_topic(nodes, etcd):
     owner_of = owners(etcd.endpoint)
     topic = topic_owned_by(owner_of, "n1", "routed")  # owned by n1; used through n2 and n3
-    (pub1, sub1), (pub2, sub2), (pub3, sub3) = (clients(nodes[i]) for i in ("n1", "n2", "n3"))
+    (pub1, sub1), (pub2, sub2), (pub3, sub3) = (clients_of(nodes[i]) for i in ("n1", "n2", "n3"))
     pub2.create_topic(name=topic)
     sub3.create_subscription(name=f"{P}/subscriptions/pulled", topic=topic)
     sub3.create_subscription(name=f"{P}/subscriptions/streamed", topic=topic)
@@ -99,7 +85,7 @@ def test_publish_pull_stream_and_ack_through_nodes_that_do_not_own_the_topic(nod
 def test_the_owners_errors_come_back_as_it_gave_them(nodes, etcd):
     owner_of = owners(etcd.endpoint)
     topic = topic_owned_by(owner_of, "n2", "errors")
-    (pub1, sub1), (pub2, sub2) = clients(nodes["n1"]), clients(nodes["n2"])
+    (pub1, sub1), (pub2, sub2) = clients_of(nodes["n1"]), clients_of(nodes["n2"])
     with pytest.raises(gexc.NotFound, match="Resource not found"):  # published through n1, answered by n2
         pub1.publish(topic, b"x").result(timeout=30)
     pub2.create_topic(name=topic)
