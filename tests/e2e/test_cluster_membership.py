@@ -61,9 +61,9 @@ def test_nodes_share_the_bundles_and_a_killed_nodes_share_moves(cluster, etcd):
     t0 = time.monotonic()
     nodes["n2"].kill()  # kill -9: its session lease runs out, and with it its node and owner keys
     await_status(etcd.endpoint, settled({"n1", "n3"}), timeout=20, what="n2's bundles to move")
-    moved_s = time.monotonic() - t0
-    assert moved_s < 5 + 5  # the session's time to live (5 s by default) and the placement check
-    print(f"bundles of a killed node owned again after {moved_s:.1f} s")
+    # how long it took is reported (the session's time to live, 5 s by default, and the placement check), not
+    # asserted: a test does not time a shared machine
+    print(f"bundles of a killed node owned again after {time.monotonic() - t0:.1f} s")
 
     back = cluster("n2")  # the same id joins again (a new session) and takes its share back
     await_status(etcd.endpoint, settled({"n1", "n2", "n3"}), what="n2 to take its share back")
