@@ -46,3 +46,15 @@ def etcd(tmp_path_factory):
     e = EtcdProcess(str(tmp_path_factory.mktemp("etcd") / "data")).start()
     yield e
     e.kill()
+
+
+@pytest.fixture
+def three_nodes(etcd, tmp_path):
+    """Three real cluster nodes n1, n2, n3 over the shared etcd (its Pigeon keys wiped first), each owning a share
+    of the bundles; all killed at the end."""
+    from pigeon.testing.cluster import start_nodes
+
+    started = start_nodes(str(tmp_path), etcd.endpoint)
+    yield started
+    for n in started.values():
+        n.kill()

@@ -39,7 +39,7 @@ class Router:
         if any(k == FORWARDED for k, _ in (context.invocation_metadata() or ())):
             raise Unavailable(_RETRYABLE)
         address = self.cluster.address_of(log_id)
-        if address is None:
+        if address is None or address == self.cluster.info.address:  # no owner, or this node is taking it over
             raise Unavailable(_RETRYABLE)
         return address
 

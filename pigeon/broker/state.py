@@ -38,6 +38,7 @@ _PublishRequest = types.PublishRequest.pb()
 _APPLY = {
     R.RecordType.MODACK: "_modack", R.RecordType.SEEK: "_seek", R.RecordType.TRIM: "_trim",
     R.RecordType.PARK: "_park", R.RecordType.KICK: "_kick", R.RecordType.UPDATE: "_update",
+    R.RecordType.RESET: "_reset",
     R.RecordType.TOPIC_PUT: "_topic_put", R.RecordType.TOPIC_DEL: "_topic_del", R.RecordType.SUB_PUT: "_sub_put",
     R.RecordType.SUB_DEL: "_sub_del", R.RecordType.SNAP_PUT: "_snap_put", R.RecordType.SNAP_DEL: "_snap_del",
     R.RecordType.SCHEMA_PUT: "_schema_put", R.RecordType.SCHEMA_DEL: "_schema_del",
@@ -136,6 +137,8 @@ class BrokerState:
         it goes to the metadata log."""
         if rec.META:
             return META_LOG
+        if rec.TYPE == R.RecordType.RESET:
+            return rec.log
         if rec.TYPE == R.RecordType.PUBLISH:
             owner = self.topics_by_uid[rec.topic]
         else:
@@ -268,6 +271,33 @@ class BrokerState:
             return None
         s.kick(rec.nums)
         return [(WAKE, s.uid)]
+
+    def _reset(self, rec: R.Reset):
+        """The node's copy of a bundle log starts over (it takes the bundle over and reads the log back from its
+        ledgers): the bundle's topics and their subscriptions go back to their state as created. Their dispatch
+        stays off until `resume_log`, after the log was applied again."""
+        effects = []
+        for t in self.topics_by_uid.values():
+            if bundle_log(t.name, rec.bundles) != rec.log:
+                continue
+            t.clear_data()
+            for uid in t.subscriptions:
+                s = self.subs_by_uid[uid]
+                s.clear_data()
+                s.dispatching = False
+                effects.append((WAKE_ALL, uid))
+        return effects or None
+
+    def resume_log(self, log: int, bundles: int, now: float) -> None:
+        """After a bundle log was applied again from its start (`_reset`): everything in it is durable, and its
+        subscriptions dispatch again."""
+        for t in self.topics_by_uid.values():
+            if bundle_log(t.name, bundles) != log:
+                continue
+            for ix in t.shards:
+                ix.durable = ix.next
+            for uid in t.subscriptions:
+                self.subs_by_uid[uid].rebuild(now)
 
     def _update(self, rec: R.Update):
         s = self.subs_by_uid.get(rec.sub)

@@ -358,6 +358,11 @@ class SubscriptionState(Dispatch):
         self.parked.clear()
         self._clear_dispatch()
 
+    def clear_data(self) -> None:
+        """Back to its state as created (its bundle log is applied again from the start)."""
+        self.reset(self.start, [[] for _ in self.start])
+        self.overrides.clear()
+
     def _clear_dispatch(self) -> None:
         self._heap.clear()
         self._delayed.clear()

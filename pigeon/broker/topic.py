@@ -165,6 +165,12 @@ class TopicState:
         self.schedule = Schedule()
         self._rr = itertools.cycle(range(shard_count))
 
+    def clear_data(self) -> None:
+        """Back to no messages (its bundle log is applied again from the start): configuration stays."""
+        self.shards = [ShardIndex() for _ in self.shards]
+        self.idempotency = IdempotencyWindow()
+        self.schedule = Schedule()
+
     def shard_for(self, ordering_key: str) -> int:
         """Per-key order is shard order: a key always maps to the same shard (stable hash)."""
         if ordering_key:

@@ -28,6 +28,9 @@ def serve(
     zone: Optional[str] = typer.Option(None, help="the node's zone: ledger ensembles span distinct zones"),
     bundles: Optional[int] = typer.Option(None, help="hash ranges topics are spread over (fixed per data "
                                                      "directory and cluster)"),
+    replicas: Optional[int] = typer.Option(None, help="cluster: storage nodes that hold each ledger (default 3)"),
+    ack_quorum: Optional[int] = typer.Option(None, "--ack-quorum", help="cluster: how many of them hold a "
+                                             "record before it is answered (default 2, a majority)"),
 ):
     """Start a node: on its embedded defaults one process with one data directory; with --etcd a member of a
     cluster (docs/cluster.md)."""
@@ -37,7 +40,7 @@ def serve(
     try:
         cfg = load(config, host=host, port=port, data_dir=data_dir, fsync=fsync,
                    shards_per_topic=shards_per_topic, log_level=log_level, etcd=etcd, node_id=node_id,
-                   advertise=advertise, zone=zone, bundles=bundles)
+                   advertise=advertise, zone=zone, bundles=bundles, replicas=replicas, ack_quorum=ack_quorum)
     except (ValueError, OSError) as e:
         typer.echo(f"pigeon: {e}", err=True)
         raise typer.Exit(2)

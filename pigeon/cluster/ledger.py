@@ -15,12 +15,14 @@ Recovery owns the rules of docs/cluster.md's steps 1–3:
 
   * fence every member; decide once Qa have answered with the end they hold — at least the recovery quorum
     `E − Qa + 1` (Qa is a majority), so the old writer can no longer reach Qa and every entry it had acknowledged
-    is below the highest end heard; members answering after that are left alone;
+    is below the highest end heard; members answering after that are left alone. When members are known to be
+    gone and Qa can no longer answer, the recovery quorum alone decides (it still sees every acknowledged
+    entry); the ledger then closes under-replicated, on the members that remain, for repair to complete;
   * copy each entry between the lowest and the highest end from a member that has it to the answering members
     that do not, in offset order (members hold prefixes), one entry at a time — so on close every entry below
     the end is on at least Qa members;
-  * close at the highest end — never lower: if no reachable member holds an entry below it, or fewer than Qa
-    answering members remain, recovery fails (and is tried again later) rather than drop what may have been
+  * close at the highest end — never lower: if no reachable member holds an entry below it, or fewer than the
+    recovery quorum can answer, recovery fails (and is tried again later) rather than drop what may have been
     acknowledged.
 
 Pure: the node sends what the actions say and feeds back what comes; the simulator and the tests drive it with
@@ -146,7 +148,12 @@ class Recovery:
         if end < self.first:
             return self._fail(f"{member} answered an end ({end}) below the ledger's first entry ({self.first})")
         self.ends[member] = end
-        if len(self.ends) >= self._needed():
+        return self._decide()
+
+    def _decide(self) -> list[Action]:
+        """Decide the end once Qa answered — or the recovery quorum, when every other member is gone."""
+        answered, silent = len(self.ends), len(self.ensemble) - len(self.gone) - len(self.ends)
+        if answered >= self.rep.ack_quorum or (answered >= self.rep.recovery_quorum and silent == 0):
             self.end = max(self.ends.values())
             self.offset = min(self.ends.values())
             return self._next()
@@ -158,13 +165,14 @@ class Recovery:
         self.gone.add(member)
         self.ends.pop(member, None)
         if self.end is None:
-            if len(self.ensemble) - len(self.gone) < self._needed():
+            if len(self.ensemble) - len(self.gone) < self.rep.recovery_quorum:
                 return self._fail(f"only {len(self.ensemble) - len(self.gone)} of the ensemble can still answer; "
-                                  f"recovery needs {self._needed()}")
-            return []
-        if len(self.ends) < self.rep.ack_quorum:
+                                  f"recovery needs {self.rep.recovery_quorum}")
+            return self._decide()
+        remain = min(self.rep.ack_quorum, len(self.ensemble) - len(self.gone))
+        if len(self.ends) < max(1, remain):  # a fresh attempt hears from the members still up and copies to them
             return self._fail(f"only {len(self.ends)} members remain to hold the recovered entries; "
-                              f"{self.rep.ack_quorum} are needed")
+                              f"{max(1, remain)} are needed")
         if member == self.reading:
             self.reading = None
             return self._next()
@@ -183,6 +191,8 @@ class Recovery:
             self.ends[member] = min(self.ends[member], offset)
             return self._next()
         targets = tuple(m for m in self.ensemble if m in self.ends and self.ends[m] <= offset)
+        if not targets:  # the members that lacked it are gone
+            return self._advance()
         self.writing = set(targets)
         return [Write(targets, offset, entry)]
 
@@ -194,9 +204,6 @@ class Recovery:
         return self._advance() if not self.writing else []
 
     # --- steps ---------------------------------------------------------------------------------------------
-    def _needed(self) -> int:
-        return max(self.rep.recovery_quorum, self.rep.ack_quorum)
-
     def _advance(self) -> list[Action]:
         self.offset += 1
         return self._next()

@@ -20,6 +20,8 @@ import uuid
 
 from pigeon.cluster import metadata as M
 from pigeon.core import limits
+from pigeon.cluster.quorum import Replication
+from pigeon.node.bundle_logs import BundleLogs
 from pigeon.node.ledger_store import LedgerStore
 from pigeon.core.bundles import bundle_of_log
 from pigeon.node.meta_log import Diverged, MetaLog
@@ -48,9 +50,11 @@ class ClusterNode:
         self.store = LedgerStore(config.data_dir, config.fsync)
         self.cluster_id = ""
         self.meta_log = MetaLog(self.meta, engine)
+        self.logs = BundleLogs(self, Replication(config.replicas, config.replicas, config.ack_quorum))
         self.routes: dict[int, str] = {}  # bundle → its owner's address, as last read (the router's map)
         self.changed = asyncio.Event()  # something placement depends on may have changed
         self._tasks: list[asyncio.Task] = []
+        self._taking: set[int] = set()  # bundles claimed whose takeover runs
 
     @property
     def owned(self) -> dict[int, int]:
@@ -83,7 +87,8 @@ class ClusterNode:
             await self.membership.leave()
             raise JoinRefused(str(e)) from None
         self.engine.meta_log = self.meta_log
-        self.engine.owns = lambda log_id: bundle_of_log(log_id) in self.owned
+        self.engine.owns = self.logs.serving  # owned, taken over, and a ledger open
+        self.engine.replicas = self.logs
         await self.store.open()
         self._tasks = [asyncio.create_task(self._watch(), name="pigeon-cluster-watch"),
                        asyncio.create_task(self._follow_placement(), name="pigeon-cluster-placement")]
@@ -136,6 +141,7 @@ class ClusterNode:
         except M.StoreUnavailable as e:
             log.warning("could not leave cleanly (%s): the session ends by itself within %d s", e,
                         self.config.session_ttl_s)
+        await self.logs.close()
         await self.store.close()
         await self.meta.close()
 
@@ -181,6 +187,8 @@ class ClusterNode:
     async def _rejoin(self) -> None:
         log.warning("node %s lost its session: joining again under a new one", self.info.node_id)
         self.membership.lost.clear()
+        for log_id in list(self.logs.logs):  # another node may own them now: fencing refuses what we would write
+            self.logs.lose(log_id, "this node's session ended")
         await self.membership.join()
 
     async def rebalance(self) -> tuple[list[int], list[int]]:
@@ -192,21 +200,37 @@ class ClusterNode:
         me = self.info.node_id
         released = []
         for b in sorted(self.owned):
-            if want.get(b) != me and await self.membership.release(b):
-                released.append(b)
-        taken = []
+            if want.get(b) != me:
+                await self.logs.release(b)  # its ledger closed first: the next owner has nothing to recover
+                if await self.membership.release(b):
+                    released.append(b)
+        for b in [b for b in self.owned if not self.logs.serving(b + 1) and b not in self._taking]:
+            self.owned.pop(b)  # lost while being served (a roll found another owner): the key is not ours
+        claimed = []
         for b, node in sorted(want.items()):
             if node == me and b not in self.owned and b not in owners:
                 epoch = await self.membership.claim(b)
                 if epoch is not None:
-                    taken.append(b)
+                    claimed.append((b, epoch))
                     self.routes[b] = self.info.address
+        taken = [b for b, ok in zip([b for b, _ in claimed], await self._take(claimed)) if ok]
         for b in released:
             self.routes.pop(b, None)
+        for b in {b for b, _ in claimed} - set(taken):
+            self.owned.pop(b, None)
         if taken or released:
             log.info("node %s took bundles %s, gave up %s; owns %d of %d", me, _ranges(taken), _ranges(released),
                      len(self.owned), self.config.bundles)
         return taken, released
+
+
+    async def _take(self, claimed: list[tuple[int, int]]) -> list[bool]:
+        """Take the claimed bundles over (fence, recover, rebuild, open), all at once."""
+        self._taking.update(b for b, _ in claimed)
+        try:
+            return await asyncio.gather(*(self.logs.take(b, e) for b, e in claimed))
+        finally:
+            self._taking.difference_update(b for b, _ in claimed)
 
 
 def _home(data_dir: str) -> str:

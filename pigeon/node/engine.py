@@ -31,6 +31,7 @@ from pigeon.node.schema_service import SchemaService
 from pigeon.node.streams import Signal, Stream, StreamStats, WallClock
 from pigeon.node.journal import JournalWriter, WriterStats
 from pigeon.ops.config import Config
+from pigeon.core.bundles import META_LOG, bundle_log
 from pigeon.storage import records as R
 
 log = logging.getLogger("pigeon.engine")
@@ -79,6 +80,8 @@ class Engine:
         self._dir_lock = None
         self.meta_log = None  # a cluster node's metadata log (node.meta_log): metadata changes go through it
         self.owns = lambda log_id: True  # whether this node owns a log (a cluster node owns some bundles)
+        self.replicas = None  # a cluster node's bundle logs (node.bundle_logs): data records are replicated
+        self._replicated: dict[int, asyncio.Future] = {}  # log → the replication of its latest record
         self.report: recovery.Report | None = None
         self._fenced: set[int] = set()  # logs fenced at self.epoch
         self._checkpoints: list[int] = []
@@ -160,7 +163,10 @@ class Engine:
         if log_id not in self._fenced:
             self.journal.fence(log_id, self.epoch)
             self._fenced.add(log_id)
-        at = self.journal.append(log_id, self.epoch, rec.TYPE, rec.parts())[1]
+        parts = rec.parts()
+        at = self.journal.append(log_id, self.epoch, rec.TYPE, parts)[1]
+        if self.replicas is not None and log_id != META_LOG and rec.TYPE != R.RecordType.RESET:
+            self._replicated[log_id] = self.replicas.append(log_id, rec.TYPE, b"".join(parts))
         effects = self.state.apply(rec, at, owner)
         if effects:
             self._perform(effects)
@@ -186,9 +192,13 @@ class Engine:
                 if sig is not None:
                     self._arm(self.state.subs_by_uid[uid], sig)
 
-    async def durable(self, end: int | None = None) -> None:
-        """Until everything committed so far (or up to `end`) is durable."""
+    async def durable(self, end: int | None = None, log_id: int | None = None) -> None:
+        """Until everything committed so far (or up to `end`) is durable — and in a cluster, everything committed
+        so far to `log_id` is held by Qa members of its ensemble (Unavailable when the log moved meanwhile)."""
+        replicated = self._replicated.get(log_id) if log_id is not None else None
         await self.journal.wait_durable(self.journal.tail if end is None else end)
+        if replicated is not None:
+            await replicated
 
     async def _change(self, *recs: R.Record) -> None:
         """Commit administrative records and answer once they are durable."""
@@ -266,7 +276,40 @@ class Engine:
 
     def _live_sub(self, name: str) -> SubscriptionState:
         self._check_open()
-        return commands.live_sub(self.state, name)
+        s = commands.live_sub(self.state, name)
+        if self.replicas is not None and not self.owns(self.state.log_of_sub(name, self.config.bundles)):
+            raise Unavailable("The subscription's bundle moved to another node; retry.")
+        return s
+
+    # --- a cluster node's bundles ----------------------------------------------------------------
+    def rebuild_log(self, log_id: int, entries) -> None:
+        """Take a bundle over: its state starts over as created and the log, read back from its ledgers
+        ((type, body) in log order), is applied again — kept in this node's journal too, behind a Reset record,
+        so a restart rebuilds the same. The new owner's first step in serving it (node.bundle_logs)."""
+        self.commit(R.Reset(log_id, self.config.bundles))
+        apply, append, epoch = self.state.apply, self.journal.append, self.epoch
+        topics = self.state.topics_by_uid
+        for rtype, body in entries:
+            rec = R.decode(rtype, body)
+            if rtype == R.RecordType.PUBLISH and rec.topic not in topics:
+                continue  # its topic was deleted since (the metadata log runs ahead of this one): nothing to keep
+            apply(rec, append(log_id, epoch, rtype, [body])[1])
+        self.state.resume_log(log_id, self.config.bundles, self.clock.now())
+        for t in self.state.topics_by_uid.values():
+            for uid in t.subscriptions:
+                sig = self.signals.get(uid)
+                if sig is not None:
+                    sig.notify_all()
+
+    def log_moved(self, log_id: int) -> None:
+        """A bundle is no longer this node's: its streams end with UNAVAILABLE (their clients reconnect, and are
+        routed to the new owner); their leases are the new owner's business."""
+        gone = Unavailable("The subscription's bundle moved to another node; reconnect.")
+        for st in self.streams:
+            if st.sub.topic is not None and bundle_log(st.sub.topic.name, self.config.bundles) == log_id:
+                st.error = gone
+                st.wake()
+        self._replicated.pop(log_id, None)
 
     # --- publish ---------------------------------------------------------------------------------
     async def publish(self, topic_name: str, request: bytes, count: int, ordering_key: str,
@@ -298,7 +341,7 @@ class Engine:
             request = self.schemas.check_publish(t.config, request)
         rec = commands.publish(t, request, count, ordering_key, int(self.clock.now() * 1000), keys, sched)
         with self.admission.publishing(len(request)):
-            await self.durable(self.commit(rec))
+            await self.durable(self.commit(rec), t.log_id)
         ix = t.shards[rec.shard]
         end = rec.base + rec.count
         if ix.durable < end:
@@ -508,7 +551,7 @@ class Engine:
         if not ack_ids:
             raise InvalidArgument("ack_ids must not be empty.")
         failures = self.ack_nowait(s, ack_ids)
-        await self.durable()  # also covers an equal ack still in flight
+        await self.durable(log_id=s.log_id)  # also covers an equal ack still in flight
         if failures:
             raise AckIdFailure(failures)
 
@@ -517,7 +560,7 @@ class Engine:
         (delivery counts and lease deadlines after a restart are what the client saw)."""
         s = self._live_sub(name)
         failures = self.modify_deadlines(s, ack_ids, [seconds] * len(ack_ids))
-        await self.durable()
+        await self.durable(log_id=s.log_id)
         if failures:
             raise AckIdFailure(failures)
 
@@ -536,6 +579,8 @@ class Engine:
         failures = self.ack_nowait(stream.sub, ack_ids)
         if not stream.sub.config.enable_exactly_once_delivery:
             return None, failures
+        if self.replicas is not None:
+            return asyncio.ensure_future(self.durable(log_id=stream.sub.log_id)), failures
         return self.journal.wait_durable(self.journal.tail), failures
 
     # --- snapshots and seek ----------------------------------------------------------------------

@@ -11,6 +11,7 @@ import struct
 
 import grpc
 
+from pigeon.core.errors import PigeonError
 from pigeon.node.proto import pigeon_storage_pb2 as pb
 from pigeon.cluster.ledger import (Close, Confirmed, Failed, Fence, Read, Recovery, Roll, Send, Write, Writer)
 from pigeon.cluster.quorum import Replication
@@ -36,7 +37,8 @@ class RecoveryFailed(Exception):
 class StorageClient:
     def __init__(self, address: str):
         self.address = address
-        self.channel = grpc.aio.insecure_channel(address)
+        self.channel = grpc.aio.insecure_channel(address, options=[
+            ("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)])
         self._append = self.channel.stream_stream("/pigeon.v1.Storage/Append",
                                                   request_serializer=pb.AppendRequest.SerializeToString,
                                                   response_deserializer=pb.AppendResponse.FromString)
@@ -84,6 +86,52 @@ class AppendStream:
         self.call.cancel()
 
 
+class LocalMember:
+    """This node's own ledger store as a member of an ensemble: the calls of StorageClient, without a network
+    hop (and usable before the node's server listens)."""
+
+    def __init__(self, store):
+        self.store = store
+        self.address = "local"
+
+    def open_append(self) -> "LocalAppend":
+        return LocalAppend(self.store)
+
+    async def fence(self, ledger: int) -> int:
+        return await self.store.fence(ledger)
+
+    async def read(self, ledger: int, start: int, end: int) -> list[tuple[int, bytes]]:
+        return [(e.rtype, bytes(e.body)) for e in self.store.read(ledger, start, end)]
+
+    async def close(self) -> None:
+        pass
+
+
+class LocalAppend:
+    """An Append stream to this node's own ledger store: answers in order, once durable."""
+
+    def __init__(self, store):
+        self.store = store
+        self._q: asyncio.Queue = asyncio.Queue()
+
+    def send(self, ledger: int, epoch: int, index: int, rtype: int, entry: bytes) -> None:
+        try:
+            done, why = self.store.submit(ledger, epoch, index, rtype, entry), ""
+        except PigeonError as e:
+            done, why = None, str(e)
+        self._q.put_nowait((index, done, why))
+
+    async def answers(self):
+        while (item := await self._q.get()) is not None:
+            index, done, why = item
+            if done is not None:
+                await done
+            yield index, why
+
+    def close(self) -> None:
+        self._q.put_nowait(None)
+
+
 class LedgerWriter:
     def __init__(self, ledger: int, epoch: int, members: dict[str, StorageClient], replication: Replication):
         self.ledger, self.epoch = ledger, epoch
@@ -91,6 +139,7 @@ class LedgerWriter:
         self.types: dict[int, int] = {}  # index → record type of the entries not yet confirmed
         self.waiters: dict[int, asyncio.Future] = {}
         self.rolled: Roll | None = None
+        self.failed: set[str] = set()  # members that failed or refused (the next ensemble leaves them out)
         self.streams = {m: c.open_append() for m, c in members.items()}
         self._readers = [asyncio.create_task(self._follow(m, s)) for m, s in self.streams.items()]
 
@@ -129,11 +178,15 @@ class LedgerWriter:
         try:
             async for index, error in stream.answers():
                 if error:
+                    self.failed.add(member)
                     self._perform(self.machine.failed(member, error))
                     return
                 self._perform(self.machine.acked(member, index))
+            self.failed.add(member)  # the member ended the stream (it is stopping): it takes no more entries
+            self._perform(self.machine.failed(member, "the member ended its stream"))
         except grpc.aio.AioRpcError as e:
             if e.code() != grpc.StatusCode.CANCELLED:
+                self.failed.add(member)
                 self._perform(self.machine.failed(member, f"{e.code().name}: {e.details()}"))
         except asyncio.CancelledError:
             return

@@ -44,6 +44,8 @@ class Config:
     advertise: str = ""  # host:port peers and routed clients reach this node at (default host:port)
     zone: str = ""  # ensembles span distinct zones when nodes carry them
     session_ttl_s: int = limits.session_ttl_s_default  # a node silent this long is gone: its bundles move
+    replicas: int = 3  # E = Qw: the storage nodes that hold each ledger of a bundle log
+    ack_quorum: int = 2  # Qa: how many of them hold a record durably before it is answered
 
     def __post_init__(self):
         if self.fsync not in ("always", "batch", "never"):
@@ -61,6 +63,9 @@ class Config:
                              "letter or digit")
         if self.etcd and self.port == 0 and not self.advertise:
             raise ValueError("a cluster node on a port chosen by the system needs --advertise HOST:PORT")
+        if not 1 <= self.ack_quorum <= self.replicas or 2 * self.ack_quorum <= self.replicas:
+            raise ValueError(f"the ack quorum must be a majority of the replicas and at most all of them (got "
+                             f"replicas={self.replicas}, ack_quorum={self.ack_quorum})")
         if not limits.session_ttl_s_min <= self.session_ttl_s <= limits.session_ttl_s_max:
             raise ValueError(f"session_ttl_s must be in {limits.session_ttl_s_min}..{limits.session_ttl_s_max}")
 

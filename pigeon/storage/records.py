@@ -51,6 +51,7 @@ class RecordType(enum.IntEnum):
     PARK = 7
     KICK = 8
     UPDATE = 9
+    RESET = 10
     TOPIC_PUT = 16
     TOPIC_DEL = 17
     SUB_PUT = 18
@@ -392,6 +393,30 @@ class Park(Record):
         return cls(sub, at, r.u64_rest().tolist())
 
 
+_RESET = struct.Struct("<II")
+
+
+@dataclass(slots=True)
+class Reset(Record):
+    """A node's own copy of a bundle log starts over here: the bundle's topics and their subscriptions go back
+    to their state as created, and the entries that follow (the log, read back from the ledgers that hold it,
+    when the node takes the bundle over) rebuild them. Local to a node's journal: never replicated."""
+
+    TYPE: ClassVar = RecordType.RESET
+    log: int
+    bundles: int  # how many bundles the cluster has (which topics are the log's)
+
+    def parts(self) -> list[bytes]:
+        return [_RESET.pack(self.log, self.bundles)]
+
+    @classmethod
+    def decode(cls, payload) -> "Reset":
+        r = PayloadReader(payload)
+        out = cls(*r.take(_RESET))
+        r.done()
+        return out
+
+
 _UPDATE = struct.Struct("<IQ")
 
 
@@ -606,7 +631,7 @@ class PolicyPut(Record):
 
 
 CATALOGUE: dict[int, type[Record]] = {cls.TYPE: cls for cls in (
-    Publish, Ack, Deliver, Modack, Seek, Trim, Park, Kick, Update, TopicPut, TopicDel, SubPut, SubDel, SnapPut,
+    Publish, Ack, Deliver, Modack, Seek, Trim, Park, Kick, Update, Reset, TopicPut, TopicDel, SubPut, SubDel, SnapPut,
     SnapDel, SchemaPut, SchemaDel, SchemaRevDel, PolicyPut)}
 assert len(CATALOGUE) == len(RecordType)
 

@@ -18,6 +18,26 @@ def node_process(root: str, etcd: str, node_id: str, zone: str = "", extra: list
                          log_path=os.path.join(root, f"{node_id}.log"))
 
 
+def start_nodes(root: str, etcd: str, ids=("n1", "n2", "n3")) -> dict[str, ServerProcess]:
+    """Start nodes of one cluster on a wiped key space and wait until each owns a share of the bundles."""
+    wipe(etcd)
+    started = {i: node_process(root, etcd, i).start() for i in ids}
+    await_status(etcd, lambda st: st["unowned"] == 0 and len(st["nodes"]) == len(ids)
+                 and all(r["bundles"] for r in st["nodes"]))
+    return started
+
+
+def topic_owned_by(owner_of: dict[int, str], node: str, prefix: str, bundles: int = 16) -> str:
+    """A topic name whose bundle `node` owns (`owner_of`: bundle → node, as `owners` reads it)."""
+    from pigeon.core.bundles import bundle_of
+
+    for i in range(10_000):
+        name = f"{prefix}-{i}"
+        if owner_of[bundle_of(name, bundles)] == node:
+            return name
+    raise AssertionError(f"no topic name found for {node}")
+
+
 async def _status(endpoint: str) -> dict:
     from pigeon.node.membership import status_of
     from pigeon.node.meta_etcd import EtcdMetadata

@@ -10,39 +10,17 @@ import time
 import pytest
 from google.api_core import exceptions as gexc
 
-from pigeon.core.bundles import bundle_of
-from pigeon.testing.cluster import clients_of, await_status, node_process, owners, wipe
+from pigeon.testing.cluster import clients_of, owners, topic_owned_by
 
 pytestmark = pytest.mark.e2e
 
 P = "projects/route"
-BUNDLES = 16
 
 
-@pytest.fixture
-def nodes(etcd, tmp_path):
-    wipe(etcd.endpoint)
-    started = {i: node_process(str(tmp_path), etcd.endpoint, i).start() for i in ("n1", "n2", "n3")}
-    await_status(etcd.endpoint, lambda st: st["unowned"] == 0 and all(r["bundles"] for r in st["nodes"])
-                 and len(st["nodes"]) == 3)
-    yield started
-    for n in started.values():
-        n.kill()
-
-
-def topic_owned_by(owner_of: dict[int, str], node: str, prefix: str) -> str:
-    """A topic name whose bundle `node` owns."""
-    for i in range(10_000):
-        name = f"{P}/topics/{prefix}-{i}"
-        if owner_of[bundle_of(name, BUNDLES)] == node:
-            return name
-    raise AssertionError(f"no topic name found for {node}")
-
-
-def test_publish_pull_stream_and_ack_through_nodes_that_do_not_own_the_topic(nodes, etcd):
+def test_publish_pull_stream_and_ack_through_nodes_that_do_not_own_the_topic(three_nodes, etcd):
     owner_of = owners(etcd.endpoint)
-    topic = topic_owned_by(owner_of, "n1", "routed")  # owned by n1; used through n2 and n3
-    (pub1, sub1), (pub2, sub2), (pub3, sub3) = (clients_of(nodes[i]) for i in ("n1", "n2", "n3"))
+    topic = topic_owned_by(owner_of, "n1", f"{P}/topics/routed")  # owned by n1; used through n2 and n3
+    (pub1, sub1), (pub2, sub2), (pub3, sub3) = (clients_of(three_nodes[i]) for i in ("n1", "n2", "n3"))
     pub2.create_topic(name=topic)
     sub3.create_subscription(name=f"{P}/subscriptions/pulled", topic=topic)
     sub3.create_subscription(name=f"{P}/subscriptions/streamed", topic=topic)
@@ -82,10 +60,10 @@ def test_publish_pull_stream_and_ack_through_nodes_that_do_not_own_the_topic(nod
         assert list(r.received_messages) == [], sub
 
 
-def test_the_owners_errors_come_back_as_it_gave_them(nodes, etcd):
+def test_the_owners_errors_come_back_as_it_gave_them(three_nodes, etcd):
     owner_of = owners(etcd.endpoint)
-    topic = topic_owned_by(owner_of, "n2", "errors")
-    (pub1, sub1), (pub2, sub2) = clients_of(nodes["n1"]), clients_of(nodes["n2"])
+    topic = topic_owned_by(owner_of, "n2", f"{P}/topics/errors")
+    (pub1, sub1), (pub2, sub2) = clients_of(three_nodes["n1"]), clients_of(three_nodes["n2"])
     with pytest.raises(gexc.NotFound, match="Resource not found"):  # published through n1, answered by n2
         pub1.publish(topic, b"x").result(timeout=30)
     pub2.create_topic(name=topic)

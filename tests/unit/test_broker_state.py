@@ -295,3 +295,38 @@ class StateMachine(RuleBasedStateMachine):
 
 StateMachine.TestCase.settings = settings(max_examples=80, stateful_step_count=25, deadline=None)
 TestStateHistories = StateMachine.TestCase
+
+
+def test_a_reset_bundle_log_applied_again_rebuilds_exactly_its_topics():
+    """A node taking a bundle over resets the bundle's state (Reset) and applies its log again: the result is
+    the state before, and topics of other bundles are never touched."""
+    from pigeon.core import limits
+    from pigeon.core.bundles import bundle_log
+
+    bundles = 4
+    names_ = [f"projects/p/topics/t{i}" for i in range(40)]
+    mine = next(n for n in names_ if bundle_log(n, bundles) == 1)
+    other = next(n for n in names_ if bundle_log(n, bundles) != 1)
+    r = BrokerState()
+    r.apply(topic_put(1, mine))
+    r.apply(topic_put(2, other))
+    r.apply(new_sub(r, 3, SUBS[0], 1, mine))
+    r.apply(new_sub(r, 4, SUBS[1], 2, other))
+    bits = limits.shard_bits  # a message number is offset << bits | shard
+    log = [R.Publish(1, 0, 0, 1000, 5, 0, b""), R.Publish(1, 1, 0, 1001, 3, 0, b""),
+           R.Deliver(3, 99.0, [0 << bits, 1 << bits]), R.Ack(3, [0 << bits]), R.Publish(1, 0, 5, 1002, 2, 0, b"")]
+    for at, rec in enumerate(log):
+        r.apply(rec, at)
+    r.apply(R.Publish(2, 0, 0, 1000, 4, 0, b""), 100)
+    r.apply(R.Ack(4, [0]))
+    before = exported(r)
+
+    r.apply(R.Reset(1, bundles))
+    t, s = r.topics_by_uid[1], r.subs_by_uid[3]
+    assert [ix.next for ix in t.shards] == [0, 0] and not s.leases and s.backlog() == 0
+    assert r.topics_by_uid[2].shards[0].next == 4, "a topic of another bundle is untouched"
+    assert exported(r) != before
+    for at, rec in enumerate(log):
+        r.apply(rec, at)
+    r.resume_log(1, bundles, 0.0)
+    assert exported(r) == before

@@ -1,6 +1,6 @@
 """cluster.ledger.Recovery driven through random schedules: members hold prefixes of a ledger, answer in any order,
 and some fail at any moment. Whatever happens, recovery closes at or past every acknowledged entry with every
-entry below the end on at least Qa members, never writes a gap into a member, copies the right bytes — or fails
+entry below the end on at least Qa members (on every member left, when fewer remain), never writes a gap into a member, copies the right bytes — or fails
 (and is retried later), which it may only do when members failed."""
 
 from __future__ import annotations
@@ -89,7 +89,8 @@ def test_recovery_keeps_every_acknowledged_entry(scenario, data_):
     assert outcome.end >= acked, f"closed at {outcome.end}, below the acknowledged {acked}"
     assert outcome.end <= max(ends), "closed past anything any member held"
     holders = [m for m in members if m not in down and held[m] >= outcome.end]
-    assert len(holders) >= rep.ack_quorum, f"after the close only {holders} hold every entry"
+    assert len(holders) >= min(rep.ack_quorum, rep.ensemble - len(down)), f"after the close only {holders} hold every entry"
+    assert len(holders) >= 1
 
 
 def test_late_answers_and_stale_events_are_ignored():
@@ -113,6 +114,18 @@ def test_it_fails_rather_than_close_below_what_may_be_acknowledged():
     assert r.fenced("b", 3) == [Read("b", 0)]
     out = r.unreachable("b")
     assert isinstance(out[0], Failed) and "2 are needed" in out[0].reason
+
+
+def test_with_members_gone_the_recovery_quorum_decides_and_the_ledger_closes_on_those_left():
+    r = Recovery(0, ["a", "b", "c"], Replication())  # E = 3, Qa = 2: the recovery quorum is 2
+    r.start()
+    assert r.unreachable("c") == [], "two may still answer"
+    assert r.fenced("a", 4) == [], "Qa = 2 answers are awaited while b may still answer"
+    assert r.unreachable("b") == [Failed("only 1 of the ensemble can still answer; recovery needs 2")]
+    r = Recovery(0, ["a", "b"], Replication(2, 2, 2))  # a ledger opened while two nodes were up
+    r.start()
+    r.unreachable("b")
+    assert r.fenced("a", 3) == [Close(3)], "every acknowledged entry is on a: it alone decides"
 
 
 def test_the_ensemble_must_fit_the_settings():

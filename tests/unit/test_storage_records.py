@@ -60,6 +60,7 @@ ANY_RECORD = st.one_of(
     st.builds(R.Ack, u32, nums), st.builds(R.Kick, u32, nums),
     st.builds(lambda sub, state: R.Seek(sub, *state), u32, ack_state()),
     st.builds(R.Trim, u32, u16, u64), st.builds(R.Park, u32, i64, nums), st.builds(R.Update, u32, u64, blob),
+    st.builds(R.Reset, u32, u32),
     st.builds(R.TopicPut, u32, u16, blob), st.builds(R.TopicDel, u32), st.builds(R.SubDel, u32),
     st.builds(R.SubPut, u32, u32, blob, st.none() | st.lists(u64, max_size=8)),
     st.builds(R.SnapPut, u32, blob), st.builds(lambda t, c, state: R.SnapPut(t, c, *state), u32, blob, ack_state()),

@@ -1,0 +1,354 @@
+"""The bundle logs a cluster node owns, replicated (docs/cluster.md, "A log is a sequence of ledgers" and
+"Ownership, fencing and recovery"). Owns the rules:
+
+  * a data record of an owned bundle is answered only once Qa members of its ledger's ensemble hold it durable
+    (the node's own journal keeps its working copy besides: the state it applies and the messages it reads);
+  * a log's ledgers are listed under `ledgers/<log>`, and the list changes only by a transaction that also
+    requires this node to hold the bundle's owner key under the epoch it took it with — so a node that lost the
+    bundle can neither close nor open a ledger of it;
+  * taking a bundle over: fence and recover the last ledger if it is open (the old owner can no longer reach Qa),
+    read the whole log back from the ledgers' members, reset the bundle's state and apply the log again
+    (`Engine.rebuild_log`), then open a ledger under the new epoch whose first entry is where the last one ended
+    — and only then serve the bundle;
+  * a member that fails or refuses rolls the ledger: it is closed at its last-add-confirmed entry and the
+    unconfirmed entries are appended again, in order, to a new ledger on an ensemble without the failed member
+    (fewer than E members while no other node is up, never fewer than Qa); a roll that finds the bundle taken
+    by another node gives the bundle up, and every caller still waiting is answered UNAVAILABLE (it retries at
+    the new owner, which holds every entry ever confirmed);
+  * giving a bundle up (placement moved it): stop taking records, let the ones in flight be confirmed, close the
+    ledger at its end, then release the owner key — the next owner then has nothing to recover.
+
+Ledger ids are `log << 20 | n` (n: the ledger's place in its log's list), unique in the cluster for as long as
+ledgers are kept (they are never deleted yet: a takeover reads a log back from its first entry)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections import deque
+from dataclasses import asdict, dataclass, field
+
+from pigeon.cluster import metadata as M
+from pigeon.cluster.quorum import Replication, choose_ensemble
+from pigeon.core.bundles import bundle_of_log
+from pigeon.core.errors import Unavailable
+from pigeon.node.replication import LedgerRolled, LedgerWriter, LocalMember, RecoveryFailed, StorageClient, \
+    recover_ledger
+
+log = logging.getLogger("pigeon.ledgers")
+
+LEDGER_SEQ_BITS = 20
+READ_CHUNK = 512  # entries per Read call when a log is read back
+RETRY_S = 0.5  # between attempts of a takeover or a roll that could not finish (etcd or members unreachable)
+RELEASE_WAIT_S = 5.0  # how long a bundle given up waits for its records in flight to be confirmed
+
+_MOVED = "The topic's bundle moved to another node; retry."
+
+
+@dataclass
+class LedgerInfo:
+    id: int
+    epoch: int  # the ownership epoch of the node that wrote it
+    members: dict[str, str]  # node id → address, the ensemble in order
+    first: int  # the log offset of its first entry
+    end: int | None = None  # the log offset after its last entry, once closed
+
+    @staticmethod
+    def decode_list(raw: bytes | None) -> list["LedgerInfo"]:
+        return [LedgerInfo(**d) for d in json.loads(raw)] if raw else []
+
+    @staticmethod
+    def encode_list(ledgers: list["LedgerInfo"]) -> bytes:
+        return json.dumps([asdict(lg) for lg in ledgers]).encode()
+
+
+def ledger_id(log_id: int, seq: int) -> int:
+    assert seq < 1 << LEDGER_SEQ_BITS and log_id < 1 << (32 - LEDGER_SEQ_BITS)
+    return log_id << LEDGER_SEQ_BITS | seq
+
+
+class Lost(Exception):
+    """The bundle is another node's now."""
+
+
+@dataclass
+class _Pending:
+    rtype: int
+    body: bytes
+    fut: asyncio.Future
+
+
+@dataclass
+class OwnedLog:
+    log_id: int
+    epoch: int
+    ledger: LedgerInfo
+    writer: LedgerWriter | None = None
+    pending: deque = field(default_factory=deque)  # _Pending sent or to send, unconfirmed, in log order
+    rolling: asyncio.Task | None = None
+    released: bool = False
+
+    @property
+    def bundle(self) -> int:
+        return bundle_of_log(self.log_id)
+
+
+class BundleLogs:
+    def __init__(self, cluster, replication: Replication):
+        self.cluster = cluster  # pigeon.node.cluster_node.ClusterNode
+        self.meta, self.store = cluster.meta, cluster.store
+        self.replication = replication
+        self.me = cluster.info.node_id
+        self.logs: dict[int, OwnedLog] = {}  # the logs served now
+        self._clients: dict[str, StorageClient] = {}
+        self._local = LocalMember(self.store)
+        self.taken = 0  # takeovers done (statistics)
+        self.rolls = 0
+
+    # --- the engine's side -------------------------------------------------------------------------------
+    def serving(self, log_id: int) -> bool:
+        return log_id in self.logs
+
+    def append(self, log_id: int, rtype: int, body: bytes) -> asyncio.Future:
+        """Replicate one record of an owned log: a future done once Qa members hold it durable; it fails with
+        Unavailable when the log is not (or no longer) this node's."""
+        fut = asyncio.get_running_loop().create_future()
+        fut.add_done_callback(_retrieve)
+        ol = self.logs.get(log_id)
+        if ol is None:
+            fut.set_exception(Unavailable(_MOVED))
+            return fut
+        p = _Pending(rtype, body, fut)
+        ol.pending.append(p)
+        if ol.rolling is None:
+            self._send(ol, p)
+        return fut
+
+    def _send(self, ol: OwnedLog, p: _Pending) -> None:
+        try:
+            wfut = ol.writer.append(p.rtype, p.body)
+        except LedgerRolled:
+            self._start_roll(ol)
+            return
+        wfut.add_done_callback(lambda f, ol=ol, p=p: self._answered(ol, p, f))
+
+    def _answered(self, ol: OwnedLog, p: _Pending, f: asyncio.Future) -> None:
+        if f.cancelled() or f.exception() is not None:
+            if isinstance(f.exception(), LedgerRolled):
+                self._start_roll(ol)
+            return
+        # the writer confirms in log order: p is the oldest unconfirmed entry
+        if ol.pending and ol.pending[0] is p:
+            ol.pending.popleft()
+            if not p.fut.done():
+                p.fut.set_result(None)
+
+    # --- ledgers in etcd -----------------------------------------------------------------------------------
+    def _owner_cmp(self, bundle: int, epoch: int) -> M.Cmp:
+        return M.holds(M.owner_key(bundle), json.dumps({"node": self.me, "epoch": epoch}).encode())
+
+    async def _ledgers(self, log_id: int) -> tuple[M.KV | None, list[LedgerInfo]]:
+        kv = await self.meta.get(M.ledgers_key(log_id))
+        return kv, LedgerInfo.decode_list(kv.value if kv else None)
+
+    async def _put_ledgers(self, log_id: int, epoch: int, kv: M.KV | None, ledgers: list[LedgerInfo]) -> None:
+        key = M.ledgers_key(log_id)
+        ok, _ = await self.meta.txn([M.unchanged_since(kv) if kv else M.absent(key),
+                                     self._owner_cmp(bundle_of_log(log_id), epoch)],
+                                    [M.Put(key, LedgerInfo.encode_list(ledgers))])
+        if not ok:
+            raise Lost(f"bundle {bundle_of_log(log_id)} changed hands")
+
+    async def _new_ledger(self, log_id: int, epoch: int, seq: int, first: int, avoid=()) -> LedgerInfo:
+        """A ledger on an ensemble of the live nodes (E of them, or as many as are up when fewer: at least Qa)."""
+        lid = ledger_id(log_id, seq)
+        members = await self.cluster.membership.members()
+        zones = {n: i.zone for n, i in members.items()}
+        size = min(self.replication.ensemble, len(zones))
+        if size < self.replication.ack_quorum:
+            raise Unavailable(f"{len(zones)} storage node(s) are up; {self.replication.ack_quorum} are needed")
+        chosen = choose_ensemble(lid, zones, size, exclude=[n for n in avoid if len(zones) - len(avoid) >= size])
+        return LedgerInfo(lid, epoch, {n: members[n].address for n in chosen}, first)
+
+    def _member(self, node: str, address: str):
+        if node == self.me:
+            return self._local
+        c = self._clients.get(address)
+        if c is None:
+            c = self._clients[address] = StorageClient(address)
+        return c
+
+    def _replication_of(self, lg: LedgerInfo) -> Replication:
+        n = len(lg.members)
+        return Replication(n, n, min(self.replication.ack_quorum, n))
+
+    def _writer(self, lg: LedgerInfo) -> LedgerWriter:
+        return LedgerWriter(lg.id, lg.epoch, {n: self._member(n, a) for n, a in lg.members.items()},
+                            self._replication_of(lg))
+
+    # --- taking a bundle over ------------------------------------------------------------------------------
+    async def take(self, bundle: int, epoch: int, stop: asyncio.Event | None = None) -> bool:
+        """Take over `bundle` (its owner key was just claimed under `epoch`): recover, rebuild, open a ledger.
+        Retries while etcd or too many members cannot be reached; False when the bundle was lost meanwhile."""
+        log_id = bundle + 1
+        while True:
+            try:
+                await self._take_once(log_id, epoch)
+                return True
+            except Lost as e:
+                log.warning("taking bundle %d over stopped: %s", bundle, e)
+                return False
+            except (M.StoreUnavailable, RecoveryFailed, Unavailable) as e:
+                log.warning("taking bundle %d over: %s; trying again", bundle, e)
+            if self.cluster.membership.owned.get(bundle) != epoch:
+                return False
+            await asyncio.sleep(RETRY_S)
+
+    async def _take_once(self, log_id: int, epoch: int) -> None:
+        kv, ledgers = await self._ledgers(log_id)
+        if ledgers and ledgers[-1].end is None:
+            last = ledgers[-1]
+            members = {n: self._member(n, a) for n, a in last.members.items()}
+            held = await recover_ledger(last.id, members, self._replication_of(last))
+            last.end = last.first + held
+        entries = await self._read_log(ledgers)
+        first = ledgers[-1].end if ledgers else 0
+        new = await self._new_ledger(log_id, epoch, len(ledgers), first)
+        await self._put_ledgers(log_id, epoch, kv, ledgers + [new])
+        self.cluster.engine.rebuild_log(log_id, entries)
+        self.logs[log_id] = OwnedLog(log_id, epoch, new, self._writer(new))
+        self.taken += 1
+        log.info("took bundle %d over at epoch %d: %d entries in %d ledger(s) applied; ledger %d on %s",
+                 bundle_of_log(log_id), epoch, len(entries), len(ledgers), new.id, ",".join(new.members))
+
+    async def _read_log(self, ledgers: list[LedgerInfo]) -> list[tuple[int, bytes]]:
+        """Every entry of the log, in order, from the members of its (closed) ledgers."""
+        out: list[tuple[int, bytes]] = []
+        for lg in ledgers:
+            count = lg.end - lg.first
+            start = 0
+            while start < count:
+                end = min(count, start + READ_CHUNK)
+                got = await self._read_range(lg, start, end)
+                out.extend(got)
+                start += len(got)
+        return out
+
+    async def _read_range(self, lg: LedgerInfo, start: int, end: int) -> list[tuple[int, bytes]]:
+        order = sorted(lg.members.items(), key=lambda m: m[0] != self.me)  # this node's own copy first
+        for node, address in order:
+            try:
+                got = await self._member(node, address).read(lg.id, start, end)
+            except Exception as e:  # noqa: BLE001 — another member may have it
+                log.debug("reading ledger %d from %s failed: %s", lg.id, node, e)
+                continue
+            if got:
+                return got
+        raise RecoveryFailed(f"no member of ledger {lg.id} ({','.join(lg.members)}) answers with entries "
+                             f"{start}..{end - 1}")
+
+    # --- rolling to a new ledger -----------------------------------------------------------------------------
+    def _start_roll(self, ol: OwnedLog) -> None:
+        if ol.rolling is None and not ol.released:
+            ol.rolling = asyncio.create_task(self._roll(ol), name=f"pigeon-roll-{ol.log_id}")
+
+    async def _roll(self, ol: OwnedLog) -> None:
+        old = ol.writer
+        rolled = old.rolled
+        close_at = ol.ledger.first + rolled.close_at
+        failed = set(old.failed)
+        ol.writer = None
+        await old.close()
+        log.warning("log %d: ledger %d stops at %d (%s); %d entries go to the next", ol.log_id, ol.ledger.id,
+                    close_at, rolled.why, len(ol.pending))
+        while True:
+            try:
+                kv, ledgers = await self._ledgers(ol.log_id)
+                if not ledgers or ledgers[-1].id != ol.ledger.id or ledgers[-1].end is not None:
+                    raise Lost(f"ledger {ol.ledger.id} was closed by another node")
+                ledgers[-1].end = close_at
+                new = await self._new_ledger(ol.log_id, ol.epoch, len(ledgers), close_at, avoid=failed)
+                await self._put_ledgers(ol.log_id, ol.epoch, kv, ledgers + [new])
+                break
+            except Lost as e:
+                self.lose(ol.log_id, str(e))
+                return
+            except (M.StoreUnavailable, Unavailable) as e:
+                log.warning("log %d: cannot open the next ledger yet (%s); its publishes wait", ol.log_id, e)
+            await asyncio.sleep(RETRY_S)
+        self.rolls += 1
+        ol.ledger, ol.writer, ol.rolling = new, self._writer(new), None
+        for p in list(ol.pending):
+            self._send(ol, p)
+            if ol.rolling is not None:  # the new ledger failed at once: the next roll resends the rest
+                break
+
+    # --- giving a bundle up ------------------------------------------------------------------------------
+    def lose(self, log_id: int, why: str) -> None:
+        """The bundle is another node's: stop serving it, answer every waiting caller UNAVAILABLE."""
+        ol = self.logs.pop(log_id, None)
+        if ol is None:
+            return
+        ol.released = True
+        log.warning("bundle %d is no longer this node's (%s)", ol.bundle, why)
+        self.cluster.membership.owned.pop(ol.bundle, None)
+        self._fail(ol)
+        if ol.writer is not None:
+            asyncio.get_running_loop().create_task(ol.writer.close())
+        self.cluster.engine.log_moved(log_id)
+
+    def _fail(self, ol: OwnedLog) -> None:
+        while ol.pending:
+            p = ol.pending.popleft()
+            if not p.fut.done():
+                p.fut.set_exception(Unavailable(_MOVED))
+
+    async def release(self, bundle: int) -> None:
+        """Give `bundle` up: no new records, the ones in flight confirmed (a while at most), the ledger closed at
+        its end. The owner key is the caller's to delete afterwards."""
+        log_id = bundle + 1
+        ol = self.logs.pop(log_id, None)
+        if ol is None:
+            return
+        ol.released = True
+        self.cluster.engine.log_moved(log_id)
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + RELEASE_WAIT_S
+        while ol.pending and ol.rolling is None and loop.time() < give_up:
+            await asyncio.sleep(0.01)
+        if ol.rolling is not None or ol.writer is None:  # the next owner fences and recovers the ledger
+            if ol.rolling is not None:
+                ol.rolling.cancel()
+            self._fail(ol)
+            return
+        writer, ol.writer = ol.writer, None
+        end = ol.ledger.first + writer.machine.lac
+        await writer.close()
+        self._fail(ol)
+        try:
+            kv, ledgers = await self._ledgers(log_id)
+            if ledgers and ledgers[-1].id == ol.ledger.id and ledgers[-1].end is None:
+                ledgers[-1].end = end
+                await self._put_ledgers(log_id, ol.epoch, kv, ledgers)
+        except (Lost, M.StoreUnavailable) as e:  # the next owner fences and recovers it instead
+            log.info("bundle %d given up without closing its ledger (%s)", bundle, e)
+
+    async def close(self) -> None:
+        for log_id in list(self.logs):
+            ol = self.logs.pop(log_id)
+            ol.released = True
+            if ol.rolling is not None:
+                ol.rolling.cancel()
+            if ol.writer is not None:
+                await ol.writer.close()
+            self._fail(ol)
+        for c in self._clients.values():
+            await c.close()
+        self._clients.clear()
+
+
+def _retrieve(fut: asyncio.Future) -> None:
+    """Callers that do not wait (deliveries, acks on a stream) leave a failure unread: read it here."""
+    if not fut.cancelled():
+        fut.exception()
