@@ -31,6 +31,12 @@ PULL = "/google.pubsub.v1.Subscriber/Pull"
 ACKNOWLEDGE = "/google.pubsub.v1.Subscriber/Acknowledge"
 MODIFY_ACK_DEADLINE = "/google.pubsub.v1.Subscriber/ModifyAckDeadline"
 STREAMING_PULL = "/google.pubsub.v1.Subscriber/StreamingPull"
+# admin calls that read or write a bundle's data (where a subscription starts, what a snapshot holds, where a
+# seek goes) are answered by the bundle's owner, whose view of it is the current one
+CREATE_SUBSCRIPTION = "/google.pubsub.v1.Subscriber/CreateSubscription"
+CREATE_SNAPSHOT = "/google.pubsub.v1.Subscriber/CreateSnapshot"
+SEEK = "/google.pubsub.v1.Subscriber/Seek"
+DETACH_SUBSCRIPTION = "/google.pubsub.v1.Publisher/DetachSubscription"
 
 
 def fresh(fn):
@@ -112,6 +118,8 @@ class PubSubApi:
     @translate
     @fresh
     async def detach_subscription(self, req, context):
+        if self.router is not None and (owner := await self.router.for_subscription(req.subscription, context)):
+            return await self.router.unary(owner, DETACH_SUBSCRIPTION, req.SerializeToString(), context)
         await self.engine.detach_subscription(req.subscription)
         return b""
 
@@ -119,6 +127,8 @@ class PubSubApi:
     @translate
     @fresh
     async def create_subscription(self, req, context):
+        if self.router is not None and req.topic and (owner := self.router.for_topic(req.topic, context)):
+            return await self.router.unary(owner, CREATE_SUBSCRIPTION, req.SerializeToString(), context)
         return (await self.engine.create_subscription(req)).SerializeToString()
 
     @translate
@@ -297,6 +307,8 @@ class PubSubApi:
     @translate
     @fresh
     async def create_snapshot(self, req, context):
+        if self.router is not None and (owner := await self.router.for_subscription(req.subscription, context)):
+            return await self.router.unary(owner, CREATE_SNAPSHOT, req.SerializeToString(), context)
         snap = await self.engine.create_snapshot(req.name, req.subscription, dict(req.labels))
         return snap.SerializeToString()
 
@@ -314,6 +326,8 @@ class PubSubApi:
     @translate
     @fresh
     async def seek(self, req, context):
+        if self.router is not None and (owner := await self.router.for_subscription(req.subscription, context)):
+            return await self.router.unary(owner, SEEK, req.SerializeToString(), context)
         which = req.WhichOneof("target")
         if which == "time":
             await self.engine.seek(req.subscription, req.time.ToMilliseconds(), None)

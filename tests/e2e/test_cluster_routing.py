@@ -76,3 +76,36 @@ def test_the_owners_errors_come_back_as_it_gave_them(three_nodes, etcd):
         errors.append((e.value.message, e.value.reason, e.value.domain, dict(e.value.metadata or {})))
     assert errors[0] == errors[1]
     assert errors[0][1] and errors[0][2] == "pubsub.googleapis.com"  # the ErrorInfo came along
+
+
+def test_where_a_subscription_starts_and_where_a_seek_goes_are_the_owners_to_say(three_nodes, etcd):
+    """A subscription created through another node starts at the owner's end of the topic (it gets only what is
+    published after it), and a snapshot and a seek through another node act on the owner's state."""
+    topic = topic_owned_by(owners(etcd.endpoint), "n3", f"{P}/topics/starts")
+    (pub1, sub1), (pub3, _) = clients_of(three_nodes["n1"]), clients_of(three_nodes["n3"])
+    pub1.create_topic(name=topic)
+    sub1.create_subscription(name=f"{P}/subscriptions/early", topic=topic)
+    for i in range(20):
+        pub3.publish(topic, f"old{i}".encode()).result(timeout=30)
+    late = f"{P}/subscriptions/late"
+    sub1.create_subscription(name=late, topic=topic)  # through n1, which holds no messages of n3's topic
+    pub3.publish(topic, b"new").result(timeout=30)
+    r = sub1.pull(subscription=late, max_messages=50, timeout=10)
+    assert [m.message.data for m in r.received_messages] == [b"new"]
+    sub1.acknowledge(subscription=late, ack_ids=[m.ack_id for m in r.received_messages])
+
+    snap = f"{P}/snapshots/before"
+    early = f"{P}/subscriptions/early"
+    sub1.create_snapshot(name=snap, subscription=early)  # the early subscription's 21 unacked messages
+    got = []
+    while len(got) < 21:
+        r = sub1.pull(subscription=early, max_messages=50, timeout=10)
+        got += [m.message.data for m in r.received_messages]
+        sub1.acknowledge(subscription=early, ack_ids=[m.ack_id for m in r.received_messages])
+    sub1.seek(request={"subscription": early, "snapshot": snap})
+    again = []
+    while len(again) < 21:
+        r = sub1.pull(subscription=early, max_messages=50, timeout=10)
+        again += [m.message.data for m in r.received_messages]
+        sub1.acknowledge(subscription=early, ack_ids=[m.ack_id for m in r.received_messages])
+    assert sorted(again) == sorted(got) and len(set(got)) == 21
