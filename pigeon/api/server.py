@@ -77,6 +77,8 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
     gc.collect()
     gc.freeze()
     await server.start()
+    if cluster is not None:
+        await cluster.listening()
     log.info("pigeon serving on %s:%d (data %s, fsync=%s%s)", config.host, port, config.data_dir, config.fsync,
              f", node {config.node_id} of cluster {cluster.cluster_id}" if cluster else "")
     print(f"pigeon: listening on {config.host}:{port}", flush=True)

@@ -53,8 +53,10 @@ def status(etcd: str = ETCD, fmt: Format = FORMAT):
     if not st["cluster"]:
         console.print(f"no cluster in the etcd at {etcd} (no node has joined it yet)")
         return
+    lg = st["ledgers"]
     table = Table("node", "address", "zone", "state", "bundles",
-                  title=f"cluster {st['cluster']}: {st['bundles']} bundles, {st['unowned']} without an owner")
+                  title=f"cluster {st['cluster']}: {st['bundles']} bundles, {st['unowned']} without an owner; "
+                        f"{lg['total']} ledgers, {lg['open']} open, {lg['under_replicated']} under-replicated")
     for r in st["nodes"]:
         table.add_row(r["node"], r["address"], r["zone"] or "-", r["state"], str(r["bundles"]))
     console.print(table)

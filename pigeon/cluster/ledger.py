@@ -122,6 +122,13 @@ class Writer:
         self.stopped = True
         return [Roll(self.lac, tuple(self.unconfirmed), f"{member} failed{': ' + why if why else ''}")]
 
+    def stop(self, why: str) -> list[Action]:
+        """Close the ledger of the writer's own accord (to move to a better ensemble), as a failure would."""
+        if self.stopped:
+            return []
+        self.stopped = True
+        return [Roll(self.lac, tuple(self.unconfirmed), why)]
+
 
 class Recovery:
     def __init__(self, first: int, ensemble: list[str], replication: Replication):

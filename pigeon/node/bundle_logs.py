@@ -105,6 +105,10 @@ class BundleLogs:
         self._local = LocalMember(self.store)
         self.taken = 0  # takeovers done (statistics)
         self.rolls = 0
+        # members that failed a write lately (node → when): left out of new ensembles until their session has
+        # surely ended if they are dead (twice its time to live), so ledgers do not roll onto them again
+        self._suspects: dict[str, float] = {}
+        self._suspect_s = 2 * cluster.config.session_ttl_s
 
     # --- the engine's side -------------------------------------------------------------------------------
     def serving(self, log_id: int) -> bool:
@@ -160,15 +164,24 @@ class BundleLogs:
         if not ok:
             raise Lost(f"bundle {bundle_of_log(log_id)} changed hands")
 
+    def _suspected(self) -> set[str]:
+        now = asyncio.get_running_loop().time()
+        for n in [n for n, t in self._suspects.items() if now - t > self._suspect_s]:
+            del self._suspects[n]
+        return set(self._suspects)
+
     async def _new_ledger(self, log_id: int, epoch: int, seq: int, first: int, avoid=()) -> LedgerInfo:
         """A ledger on an ensemble of the live nodes (E of them, or as many as are up when fewer: at least Qa)."""
         lid = ledger_id(log_id, seq)
-        members = await self.cluster.membership.members()
-        zones = {n: i.zone for n, i in members.items()}
+        avoid = set(avoid) | self._suspected()
+        members = {n: i for n, i in (await self.cluster.membership.members()).items() if i.listening}
+        zones = {n: i.zone for n, i in members.items() if n not in avoid}  # a member that just failed is left out
+        if len(zones) < self.replication.ack_quorum:  # … unless too few remain without it
+            zones = {n: i.zone for n, i in members.items()}
         size = min(self.replication.ensemble, len(zones))
         if size < self.replication.ack_quorum:
             raise Unavailable(f"{len(zones)} storage node(s) are up; {self.replication.ack_quorum} are needed")
-        chosen = choose_ensemble(lid, zones, size, exclude=[n for n in avoid if len(zones) - len(avoid) >= size])
+        chosen = choose_ensemble(lid, zones, size)
         return LedgerInfo(lid, epoch, {n: members[n].address for n in chosen}, first)
 
     def _member(self, node: str, address: str):
@@ -250,6 +263,7 @@ class BundleLogs:
 
     # --- rolling to a new ledger -----------------------------------------------------------------------------
     def _start_roll(self, ol: OwnedLog) -> None:
+        """(Pending entries' futures also start a roll once the writer fails them: one roll at a time.)"""
         if ol.rolling is None and not ol.released:
             ol.rolling = asyncio.create_task(self._roll(ol), name=f"pigeon-roll-{ol.log_id}")
 
@@ -258,6 +272,8 @@ class BundleLogs:
         rolled = old.rolled
         close_at = ol.ledger.first + rolled.close_at
         failed = set(old.failed)
+        now = asyncio.get_running_loop().time()
+        self._suspects.update({n: now for n in failed})
         ol.writer = None
         await old.close()
         log.warning("log %d: ledger %d stops at %d (%s); %d entries go to the next", ol.log_id, ol.ledger.id,
@@ -283,6 +299,19 @@ class BundleLogs:
             self._send(ol, p)
             if ol.rolling is not None:  # the new ledger failed at once: the next roll resends the rest
                 break
+
+    async def widen(self) -> int:
+        """Move every open ledger with fewer members than E to a full ensemble when enough nodes are up again (a
+        ledger opened while nodes were down): the writer rolls of its own accord. How many rolled."""
+        up = {n for n, i in (await self.cluster.membership.members()).items() if i.listening} - self._suspected()
+        size = min(len(up), self.replication.ensemble)
+        rolled = 0
+        for ol in list(self.logs.values()):
+            if ol.writer is not None and ol.rolling is None and len(ol.ledger.members) < size:
+                ol.writer.stop(f"moving to an ensemble of {size} (nodes came up)")
+                self._start_roll(ol)
+                rolled += 1
+        return rolled
 
     # --- giving a bundle up ------------------------------------------------------------------------------
     def lose(self, log_id: int, why: str) -> None:

@@ -45,7 +45,8 @@ class ClusterNode:
     def __init__(self, config: Config, engine, meta=None):
         self.config, self.engine = config, engine
         self.meta = meta or EtcdMetadata(config.etcd)
-        self.info = NodeInfo(config.node_id, config.address, config.zone, home=_home(config.data_dir))
+        self.info = NodeInfo(config.node_id, config.address, config.zone, home=_home(config.data_dir),
+                             listening=False)
         self.membership = Membership(self.meta, self.info, config.session_ttl_s)
         self.store = LedgerStore(config.data_dir, config.fsync)
         self.cluster_id = ""
@@ -129,6 +130,13 @@ class ClusterNode:
         if theirs != mine:
             raise JoinRefused(f"cluster {self.cluster_id} has {theirs.decode()} bundles and this node is set to "
                               f"{self.config.bundles}: start it with --bundles {theirs.decode()} (or none)")
+
+    async def listening(self) -> None:
+        """The server answers: ledgers may now be placed on this node's storage."""
+        try:
+            await self.membership.listening()
+        except M.StoreUnavailable as e:
+            log.warning("could not say this node listens (%s); its ledgers wait until etcd answers", e)
 
     async def leave(self) -> None:
         self.engine.meta_log = None
@@ -216,6 +224,7 @@ class ClusterNode:
         taken = [b for b, ok in zip([b for b, _ in claimed], await self._take(claimed)) if ok]
         for b in released:
             self.routes.pop(b, None)
+        await self.logs.widen()
         for b in {b for b, _ in claimed} - set(taken):
             self.owned.pop(b, None)
         if taken or released:

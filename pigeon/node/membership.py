@@ -7,6 +7,7 @@ new owner's epoch is above every earlier one's."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import uuid
@@ -33,15 +34,17 @@ class NodeInfo:
     zone: str = ""
     draining: bool = False
     home: str = ""  # the id of the node's data directory: the same on a restart, different on any other node
+    listening: bool = True  # its server answers (storage included): ensembles are chosen among such nodes
 
     def encode(self) -> bytes:
         return json.dumps({"address": self.address, "zone": self.zone, "draining": self.draining,
-                           "home": self.home}).encode()
+                           "home": self.home, "listening": self.listening}).encode()
 
     @staticmethod
     def decode(node_id: str, raw: bytes) -> "NodeInfo":
         d = json.loads(raw)
-        return NodeInfo(node_id, d["address"], d.get("zone", ""), d.get("draining", False), d.get("home", ""))
+        return NodeInfo(node_id, d["address"], d.get("zone", ""), d.get("draining", False), d.get("home", ""),
+                        d.get("listening", True))
 
 
 async def cluster_id(meta, data_dir_id: str | None) -> str:
@@ -84,6 +87,11 @@ class Membership:
             raise NodeIdTaken(f"node id {self.info.node_id} is in use by a live node at {where}; if that node is "
                               f"gone, its session ends within {self.ttl} s")
         self._keeper = asyncio.create_task(self._keep())
+
+    async def listening(self) -> None:
+        """Say the node's server answers now (it joins before it listens: nothing is served before joining)."""
+        self.info = dataclasses.replace(self.info, listening=True)
+        await self.meta.put(M.node_key(self.info.node_id), self.info.encode(), self.lease)
 
     async def _keep(self) -> None:
         while True:
@@ -164,8 +172,10 @@ class Membership:
 
 
 async def status_of(meta) -> dict:
-    """The cluster as `pigeon cluster status` shows it: its id, bundle count, bundles without an owner, and each
-    node (up, draining, or down while it still holds owner keys) with how many bundles it owns."""
+    """The cluster as `pigeon cluster status` shows it: its id, bundle count, bundles without an owner, each
+    node (up, draining, or down while it still holds owner keys) with how many bundles it owns, who owns each
+    bundle, and the ledgers: how many, how many open, how many under-replicated (a member down, or fewer members
+    than the widest ensemble: opened while nodes were down; repair that copies them is not built yet)."""
     members = Membership(meta, NodeInfo("-", "-"))
     nodes, drained, owners = await members.members(), await members.draining(), await members.owners()
     bundles_kv = await meta.get(M.BUNDLES_KEY)
@@ -174,6 +184,9 @@ async def status_of(meta) -> dict:
     held: dict[str, list[int]] = {}
     for b, (node, _) in owners.items():
         held.setdefault(node, []).append(b)
+    ledgers = [lg for kv in await meta.list(M.ledgers_key(0)[:-5]) for lg in json.loads(kv.value)]
+    widest = max((len(lg["members"]) for lg in ledgers), default=0)
+    under = sum(1 for lg in ledgers if len(lg["members"]) < widest or any(m not in nodes for m in lg["members"]))
     rows = []
     for node in sorted(set(nodes) | drained | set(held)):
         info = nodes.get(node)
@@ -181,4 +194,7 @@ async def status_of(meta) -> dict:
         rows.append({"node": node, "address": info.address if info else "", "zone": info.zone if info else "",
                      "state": state, "bundles": len(held.get(node, []))})
     return {"cluster": cid.value.decode() if cid else "", "bundles": bundles,
-            "unowned": bundles - len(owners), "nodes": rows}
+            "unowned": bundles - len(owners), "nodes": rows,
+            "owners": {str(b): node for b, (node, _) in sorted(owners.items())},
+            "ledgers": {"total": len(ledgers), "open": sum(1 for lg in ledgers if lg["end"] is None),
+                        "under_replicated": under}}

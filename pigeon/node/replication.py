@@ -191,6 +191,10 @@ class LedgerWriter:
         except asyncio.CancelledError:
             return
 
+    def stop(self, why: str) -> None:
+        """Roll of the writer's own accord: appends fail with LedgerRolled from now on."""
+        self._perform(self.machine.stop(why))
+
     def resend(self) -> list[tuple[int, bytes]]:
         """After a roll: the (type, body) of the entries to append again, in order."""
         r = self.rolled

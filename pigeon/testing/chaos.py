@@ -1,0 +1,381 @@
+"""Fault scenarios against a real cluster (`make chaos`, and a few in `make test`): real etcd, real nodes on
+loopback, the official Python client publishing with ordering keys and pulling + acknowledging through any
+node, while one fault is injected — then a full check of the history:
+
+  * **no acknowledged publish lost**: every message the publisher was told was stored reaches each subscription;
+  * **no acknowledged ack undone**: once `Acknowledge` returned OK for a message, no pull *sent after that*
+    delivers it again on that subscription;
+  * **per-key order**: on the ordered subscription, the first deliveries of each key's messages come in the
+    order they were published (a redelivery may repeat earlier ones; a later message never comes first).
+
+A scenario is seeded: the topic names, which nodes the clients use and the fault's target follow from the
+seed. Everything it starts is on loopback and is stopped (by pid) at the end."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from concurrent import futures
+from dataclasses import dataclass, field
+
+from pigeon.core.bundles import bundle_of
+from pigeon.testing.cluster import await_status, node_process, owners, wipe
+from pigeon.testing.etcd import EtcdProcess
+
+P = "projects/chaos"
+BUNDLES = 16
+KEYS = 8
+PUBLISH_WAIT_S = 5.0  # a publish not answered by then counts as failed, and the publisher tries another node
+
+
+@dataclass
+class History:
+    published: dict[str, str] = field(default_factory=dict)  # message id → data, publishes acknowledged
+    publish_failed: int = 0
+    publish_times: list[tuple[int, float, float]] = field(default_factory=list)  # (topic, sent, answered)
+    answered: dict[str, float] = field(default_factory=dict)  # message id → when its publish was answered
+    deliveries: dict[str, list[tuple[str, float]]] = field(default_factory=dict)  # sub → [(message id, sent)]
+    first_seen: dict[str, dict[str, float]] = field(default_factory=dict)  # sub → data → first delivery's time
+    data_of: dict[str, str] = field(default_factory=dict)  # message id → data, of every delivery
+    acked: dict[str, dict[str, float]] = field(default_factory=dict)  # sub → message id → when the ack returned
+    ack_failed: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    start: float = field(default_factory=time.monotonic)
+
+
+@dataclass
+class Report:
+    scenario: str
+    seed: int
+    published: int
+    delivered: int
+    lost: list[str]
+    undone: list[str]
+    disorder: list[str]
+    publish_failed: int
+    ack_failed: int
+    recovery_s: float | None  # from the fault to the first publish acknowledged after it
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not (self.lost or self.undone or self.disorder)
+
+
+def expected(h: History, topic: int) -> dict[str, str]:
+    """The acknowledged publishes of topic number `topic` (its data starts with the number)."""
+    prefix = f"{topic}:"
+    return {m: d for m, d in h.published.items() if d.startswith(prefix)}
+
+
+def check(h: History, subs: dict[str, int]) -> tuple[list[str], list[str], list[str]]:
+    """(lost, undone, out of order) — each a list of short descriptions. `subs`: subscription → topic number."""
+    lost, undone, disorder = [], [], []
+    for sub, topic in subs.items():
+        seen = {mid for mid, _ in h.deliveries.get(sub, [])}
+        lost += [f"{sub.rsplit('/', 1)[-1]}: {d} (id {m}, answered at {h.answered.get(m, 0) - h.start:.1f} s)"
+                 for m, d in expected(h, topic).items() if m not in seen]
+        acked = h.acked.get(sub, {})
+        for mid, sent in h.deliveries.get(sub, []):
+            if mid in acked and sent > acked[mid]:
+                undone.append(f"{sub.rsplit('/', 1)[-1]}: {h.data_of.get(mid, mid)} delivered by a pull sent "
+                              f"{sent - acked[mid]:.2f} s after its ack returned")
+    published = set(h.published.values())
+    for ordered in (s for s in subs if s.endswith("-ordered")):
+        by_key: dict[str, list[tuple[int, float]]] = {}
+        for data, t in h.first_seen.get(ordered, {}).items():
+            if data not in published:
+                continue  # not acknowledged to the publisher: its place in the order is not promised
+            _, key, seq = data.split(":")
+            by_key.setdefault(key, []).append((int(seq), t))
+        for key, items in by_key.items():
+            items.sort()
+            for (s1, t1), (s2, t2) in zip(items, items[1:]):
+                if t2 < t1:
+                    disorder.append(f"{ordered.rsplit('/', 1)[-1]} key {key}: {s2} came before {s1}")
+    return lost, undone, disorder
+
+
+class Cluster:
+    """etcd and N nodes under `root`."""
+
+    def __init__(self, root: str, nodes: int = 3, extra: list[str] | None = None):
+        self.root, self.extra = root, extra or []
+        self.etcd = EtcdProcess(os.path.join(root, "etcd"))
+        self.nodes: dict[str, object] = {}
+        self.count = nodes
+
+    def start(self) -> "Cluster":
+        self.etcd.start()
+        wipe(self.etcd.endpoint)
+        for i in range(self.count):
+            self.add(f"n{i + 1}")
+        await_status(self.etcd.endpoint, lambda st: st["unowned"] == 0 and len(st["nodes"]) == self.count
+                     and all(r["bundles"] for r in st["nodes"]), timeout=60)
+        return self
+
+    def add(self, node_id: str):
+        n = node_process(self.root, self.etcd.endpoint, node_id, extra=self.extra).start()
+        self.nodes[node_id] = n
+        return n
+
+    def owner_of(self, topic: str) -> str:
+        return owners(self.etcd.endpoint)[bundle_of(topic, BUNDLES)]
+
+    def stop(self) -> None:
+        for n in self.nodes.values():
+            if n.proc is not None and n.proc.poll() is None:
+                try:
+                    os.kill(n.proc.pid, signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
+            n.kill()
+        self.etcd.kill()
+
+
+class Workload:
+    """Publishers (one per topic, ordering keys on) and consumers (one per subscription) on threads."""
+
+    def __init__(self, cluster: Cluster, rng: random.Random, topics: list[str], rate: float = 300.0):
+        self.cluster, self.rng, self.topics, self.rate = cluster, rng, topics, rate
+        self.h = History()
+        self.stop_publishing = threading.Event()
+        self.stop_consuming = threading.Event()
+        self.subs = {t.replace("/topics/", "/subscriptions/") + suffix: i for i, t in enumerate(topics)
+                     for suffix in ("-plain", "-ordered")}  # subscription → its topic's number
+        self.threads: list[threading.Thread] = []
+        self.clients = [self._clients() for _ in range(len(topics) + len(self.subs))]  # one set per thread
+
+    def _clients(self):
+        """A publisher and a subscriber client of every node, in an order of the seed's (made on the main
+        thread: the clients read PUBSUB_EMULATOR_HOST when made)."""
+        from google.cloud import pubsub_v1
+
+        out = []
+        for n in self.cluster.nodes.values():
+            saved = os.environ.get("PUBSUB_EMULATOR_HOST")
+            os.environ["PUBSUB_EMULATOR_HOST"] = n.address
+            try:
+                pub = pubsub_v1.PublisherClient(publisher_options=pubsub_v1.types.PublisherOptions(
+                    enable_message_ordering=True))
+                sub = pubsub_v1.SubscriberClient()
+            finally:
+                if saved is None:
+                    del os.environ["PUBSUB_EMULATOR_HOST"]
+                else:
+                    os.environ["PUBSUB_EMULATOR_HOST"] = saved
+            out.append((n.address, pub, sub))
+        self.rng.shuffle(out)
+        return out
+
+    def setup(self) -> None:
+        _, pub, sub = self.clients[0][0]
+        for t in self.topics:
+            pub.create_topic(name=t)
+            base = t.replace("/topics/", "/subscriptions/")
+            sub.create_subscription(name=base + "-plain", topic=t, ack_deadline_seconds=10)
+            sub.create_subscription(request={"name": base + "-ordered", "topic": t, "ack_deadline_seconds": 10,
+                                             "enable_message_ordering": True})
+
+    def start(self) -> None:
+        clients = iter(self.clients)
+        for i, t in enumerate(self.topics):
+            self.threads.append(threading.Thread(target=self._publish, args=(i, t, next(clients)), daemon=True))
+        for s in self.subs:
+            self.threads.append(threading.Thread(target=self._consume, args=(s, next(clients)), daemon=True))
+        for th in self.threads:
+            th.start()
+
+    def _publish(self, index: int, topic: str, clients) -> None:
+        c = 0
+        seq = {k: 0 for k in range(KEYS)}
+        batch = max(1, int(self.rate / 10))
+        while not self.stop_publishing.is_set():
+            t0 = time.monotonic()
+            pub = clients[c % len(clients)][1]
+            futs = []
+            for _ in range(batch):
+                key = self.rng.randrange(KEYS)
+                data = f"{index}:{key}:{seq[key]}"
+                seq[key] += 1
+                futs.append((key, data, pub.publish(topic, data.encode(), ordering_key=f"k{key}")))
+            sent = time.monotonic()
+            done, _ = futures.wait([f for _, _, f in futs], timeout=PUBLISH_WAIT_S)
+            answered = time.monotonic()
+            failed = False
+            for key, data, f in futs:
+                mid = f.result() if f in done and f.exception() is None else None
+                if mid is None:  # not acknowledged (yet): nothing is promised about it
+                    with self.h.lock:
+                        self.h.publish_failed += 1
+                    try:
+                        pub.resume_publish(topic, f"k{key}")  # a failed key pauses until resumed
+                    except RuntimeError:
+                        pass  # not paused: it timed out rather than failed
+                    failed = True
+                    continue
+                with self.h.lock:
+                    self.h.published[mid] = data
+                    self.h.answered[mid] = answered
+                    self.h.publish_times.append((index, sent, answered))
+            if failed:
+                c += 1  # try another node's client
+            time.sleep(max(0.0, 0.1 - (time.monotonic() - t0)))
+
+    def _consume(self, sub_name: str, clients) -> None:
+        c = 0
+        h = self.h
+        with h.lock:
+            h.deliveries[sub_name], h.first_seen[sub_name], h.acked[sub_name] = [], {}, {}
+        while not self.stop_consuming.is_set():
+            sub = clients[c % len(clients)][2]
+            sent = time.monotonic()
+            try:
+                r = sub.pull(subscription=sub_name, max_messages=200, timeout=5)
+            except Exception:  # noqa: BLE001 — the node is gone or the bundle moving: another node, or again
+                c += 1
+                time.sleep(0.2)
+                continue
+            got = time.monotonic()
+            with h.lock:
+                for m in r.received_messages:
+                    mid, data = m.message.message_id, m.message.data.decode()
+                    h.deliveries[sub_name].append((mid, sent))
+                    h.data_of[mid] = data
+                    h.first_seen[sub_name].setdefault(data, got)
+            if not r.received_messages:
+                continue
+            try:
+                sub.acknowledge(subscription=sub_name, ack_ids=[m.ack_id for m in r.received_messages])
+            except Exception:  # noqa: BLE001 — not acknowledged: they come back after their deadline
+                with h.lock:
+                    h.ack_failed += 1
+                c += 1
+                continue
+            done = time.monotonic()
+            with h.lock:
+                for m in r.received_messages:
+                    h.acked[sub_name].setdefault(m.message.message_id, done)
+
+    def drained(self) -> bool:
+        """Every acknowledged publish delivered on every subscription."""
+        with self.h.lock:
+            for s, topic in self.subs.items():
+                seen = {mid for mid, _ in self.h.deliveries.get(s, [])}
+                if any(mid not in seen for mid in expected(self.h, topic)):
+                    return False
+            return True
+
+    def finish(self, drain_s: float) -> None:
+        self.stop_publishing.set()
+        for th in self.threads[:len(self.topics)]:  # the publishers end their last batch first
+            th.join(timeout=2 * PUBLISH_WAIT_S + 5)
+        deadline = time.monotonic() + drain_s
+        while time.monotonic() < deadline and not self.drained():
+            time.sleep(0.5)
+        time.sleep(2.0)  # a last look: anything delivered again after its ack would show now
+        self.stop_consuming.set()
+        for th in self.threads:
+            th.join(timeout=30)
+
+
+# --- faults ------------------------------------------------------------------------------------------------
+def _owner_node(cluster: Cluster, topic: str):
+    return cluster.nodes[cluster.owner_of(topic)]
+
+
+def kill_owner(cluster, topic, rng, say, outage_s):
+    name = cluster.owner_of(topic)
+    say(f"kill -9 {name}, the owner of {topic.rsplit('/', 1)[-1]}")
+    cluster.nodes[name].kill()
+    time.sleep(outage_s)
+    say(f"start {name} again")
+    cluster.nodes[name].start()
+
+
+def kill_replica(cluster, topic, rng, say, outage_s):
+    owner = cluster.owner_of(topic)
+    name = rng.choice(sorted(n for n in cluster.nodes if n != owner))
+    say(f"kill -9 {name}, a storage member of {topic.rsplit('/', 1)[-1]}'s ledgers (owned by {owner})")
+    cluster.nodes[name].kill()
+    time.sleep(outage_s)
+    say(f"start {name} again")
+    cluster.nodes[name].start()
+
+
+def pause_owner(cluster, topic, rng, say, outage_s):
+    name = cluster.owner_of(topic)
+    pid = cluster.nodes[name].proc.pid
+    pause = max(outage_s, 9.0)  # past its 5 s session: another node takes its bundles over meanwhile
+    say(f"SIGSTOP {name} (the owner) for {pause:.0f} s, then SIGCONT: its late writes must be refused")
+    os.kill(pid, signal.SIGSTOP)
+    time.sleep(pause)
+    os.kill(pid, signal.SIGCONT)
+
+
+def drain_owner(cluster, topic, rng, say, outage_s):
+    name = cluster.owner_of(topic)
+    say(f"drain {name} (the owner) under load, undrain after {outage_s:.0f} s")
+    _cli("drain", name, cluster.etcd.endpoint)
+    time.sleep(outage_s)
+    _cli("undrain", name, cluster.etcd.endpoint)
+
+
+def add_node(cluster, topic, rng, say, outage_s):
+    name = f"n{len(cluster.nodes) + 1}"
+    say(f"add {name} under load")
+    cluster.add(name)
+    time.sleep(outage_s)
+
+
+def stop_etcd(cluster, topic, rng, say, outage_s):
+    say(f"stop etcd for {outage_s:.0f} s (SIGKILL, then restart on its data)")
+    cluster.etcd.kill()
+    time.sleep(outage_s)
+    cluster.etcd.start()
+    say("etcd is back")
+
+
+def _cli(verb: str, node: str, endpoint: str) -> None:
+    out = subprocess.run([sys.executable, "-m", "pigeon", "cluster", verb, node, "--etcd", endpoint],
+                         capture_output=True, text=True, timeout=60)
+    if out.returncode != 0:
+        raise RuntimeError(f"pigeon cluster {verb} {node}: {out.stderr.strip()}")
+
+
+SCENARIOS = {f.__name__.replace("_", "-"): f for f in (kill_owner, kill_replica, pause_owner, drain_owner,
+                                                        add_node, stop_etcd)}
+
+
+def run(scenario: str, seed: int, root: str, *, warm_s: float = 4.0, outage_s: float = 10.0,
+        after_s: float = 6.0, drain_s: float = 90.0, say=print) -> Report:
+    """One scenario under one seed; the cluster is started under `root` and stopped at the end."""
+    rng = random.Random(seed)
+    fault = SCENARIOS[scenario]
+    cluster = Cluster(root).start()
+    try:
+        topics = [f"{P}/topics/s{seed}-t{i}-{rng.randrange(1 << 30)}" for i in range(2)]
+        w = Workload(cluster, rng, topics)
+        w.setup()
+        w.start()
+        time.sleep(warm_s)
+        t_fault = time.monotonic()
+        say(f"at {t_fault - w.h.start:.1f} s:")
+        fault(cluster, topics[0], rng, say, outage_s)
+        time.sleep(after_s)
+        w.finish(drain_s)
+        lost, undone, disorder = check(w.h, w.subs)
+        # publishes to the faulted topic sent after the fault: how long until the first was answered
+        answered = sorted(done for topic, sent, done in w.h.publish_times if topic == 0 and sent >= t_fault)
+        recovery = answered[0] - t_fault if answered else None
+        delivered = sum(len(v) for v in w.h.deliveries.values())
+        return Report(scenario, seed, len(w.h.published), delivered, lost, undone, disorder, w.h.publish_failed,
+                      w.h.ack_failed, recovery)
+    finally:
+        cluster.stop()
+
