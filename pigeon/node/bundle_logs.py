@@ -196,9 +196,11 @@ class BundleLogs:
         n = len(lg.members)
         return Replication(n, n, min(self.replication.ack_quorum, n))
 
-    def _writer(self, lg: LedgerInfo) -> LedgerWriter:
-        return LedgerWriter(lg.id, lg.epoch, {n: self._member(n, a) for n, a in lg.members.items()},
-                            self._replication_of(lg))
+    def _writer(self, ol: OwnedLog, lg: LedgerInfo) -> LedgerWriter:
+        w = LedgerWriter(lg.id, lg.epoch, {n: self._member(n, a) for n, a in lg.members.items()},
+                         self._replication_of(lg))
+        w.on_roll = lambda: self._start_roll(ol)  # a member failed, perhaps with nothing waiting: roll now
+        return w
 
     # --- taking a bundle over ------------------------------------------------------------------------------
     async def take(self, bundle: int, epoch: int, stop: asyncio.Event | None = None) -> bool:
@@ -230,7 +232,8 @@ class BundleLogs:
         new = await self._new_ledger(log_id, epoch, len(ledgers), first)
         await self._put_ledgers(log_id, epoch, kv, ledgers + [new])
         self.cluster.engine.rebuild_log(log_id, entries)
-        self.logs[log_id] = OwnedLog(log_id, epoch, new, self._writer(new))
+        ol = self.logs[log_id] = OwnedLog(log_id, epoch, new)
+        ol.writer = self._writer(ol, new)
         self.taken += 1
         log.info("took bundle %d over at epoch %d: %d entries in %d ledger(s) applied; ledger %d on %s",
                  bundle_of_log(log_id), epoch, len(entries), len(ledgers), new.id, ",".join(new.members))
@@ -274,6 +277,8 @@ class BundleLogs:
         failed = set(old.failed)
         now = asyncio.get_running_loop().time()
         self._suspects.update({n: now for n in failed})
+        for n in failed:
+            self.cluster.check_peer(n)
         ol.writer = None
         await old.close()
         log.warning("log %d: ledger %d stops at %d (%s); %d entries go to the next", ol.log_id, ol.ledger.id,
@@ -294,7 +299,7 @@ class BundleLogs:
                 log.warning("log %d: cannot open the next ledger yet (%s); its publishes wait", ol.log_id, e)
             await asyncio.sleep(RETRY_S)
         self.rolls += 1
-        ol.ledger, ol.writer, ol.rolling = new, self._writer(new), None
+        ol.ledger, ol.writer, ol.rolling = new, self._writer(ol, new), None
         for p in list(ol.pending):
             self._send(ol, p)
             if ol.rolling is not None:  # the new ledger failed at once: the next roll resends the rest

@@ -56,6 +56,7 @@ class ClusterNode:
         self.changed = asyncio.Event()  # something placement depends on may have changed
         self._tasks: list[asyncio.Task] = []
         self._taking: set[int] = set()  # bundles claimed whose takeover runs
+        self._checking: set[str] = set()  # peers being checked (check_peer)
 
     @property
     def owned(self) -> dict[int, int]:
@@ -130,6 +131,40 @@ class ClusterNode:
         if theirs != mine:
             raise JoinRefused(f"cluster {self.cluster_id} has {theirs.decode()} bundles and this node is set to "
                               f"{self.config.bundles}: start it with --bundles {theirs.decode()} (or none)")
+
+    def check_peer(self, node_id: str) -> None:
+        """A peer failed a write: if it refuses connections at the address its live session announces, its
+        process is gone — end that session now rather than wait for it to run out, so its bundles move at once.
+        (A refused connection is a clear answer; a timeout is not, and is left to the session.)"""
+        if node_id != self.info.node_id and node_id not in self._checking:
+            self._checking.add(node_id)
+            task = asyncio.get_running_loop().create_task(self._check_peer(node_id))
+            task.add_done_callback(lambda _t: self._checking.discard(node_id))
+
+    async def _check_peer(self, node_id: str) -> None:
+        try:
+            kv = await self.meta.get(M.node_key(node_id))
+            if kv is None:
+                return
+            info = NodeInfo.decode(node_id, kv.value)
+            if not info.listening:
+                return  # it is starting: it may not listen yet
+            host, _, port = info.address.rpartition(":")
+            for _ in range(limits.peer_refusals):
+                try:
+                    _, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)),
+                                                       limits.peer_connect_s)
+                    writer.close()
+                    return  # it answers
+                except ConnectionRefusedError:
+                    await asyncio.sleep(0.1)
+            now = await self.meta.get(M.node_key(node_id))
+            if now is not None and now.lease == kv.lease:
+                log.warning("node %s refuses connections at %s: its process is gone; ending its session",
+                            node_id, info.address)
+                await self.meta.revoke(kv.lease)
+        except (OSError, asyncio.TimeoutError, M.StoreUnavailable, ValueError) as e:
+            log.debug("checking node %s: %s", node_id, e)
 
     async def listening(self) -> None:
         """The server answers: ledgers may now be placed on this node's storage."""

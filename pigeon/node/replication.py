@@ -140,6 +140,7 @@ class LedgerWriter:
         self.waiters: dict[int, asyncio.Future] = {}
         self.rolled: Roll | None = None
         self.failed: set[str] = set()  # members that failed or refused (the next ensemble leaves them out)
+        self.on_roll = None  # called once the ledger stops taking appends (also when none were waiting)
         self.streams = {m: c.open_append() for m, c in members.items()}
         self._readers = [asyncio.create_task(self._follow(m, s)) for m, s in self.streams.items()]
 
@@ -173,6 +174,8 @@ class LedgerWriter:
                     if not fut.done():
                         fut.set_exception(LedgerRolled(act))
                 self.waiters.clear()
+                if self.on_roll is not None:
+                    self.on_roll()
 
     async def _follow(self, member: str, stream: AppendStream) -> None:
         try:
