@@ -29,11 +29,15 @@ class StorageApi:
                 async for req in request_iterator:
                     if type(req) is errors.Unparsable:
                         raise req.refused()
+                    last, done, why = req.index, None, ""
                     try:
-                        done, why = self.store.submit(req.ledger, req.epoch, req.index, req.type, req.entry), ""
-                    except PigeonError as e:
+                        done = self.store.submit(req.ledger, req.epoch, req.index, req.type, req.entry)
+                        for i, (rtype, entry) in enumerate(zip(req.more_types, req.more_entries), 1):
+                            last = req.index + i
+                            done = self.store.submit(req.ledger, req.epoch, last, rtype, entry)
+                    except PigeonError as e:  # entries before `last` were taken; the writer rolls on an error
                         done, why = None, str(e)
-                    answers.put_nowait((req.ledger, req.index, done, why))
+                    answers.put_nowait((req.ledger, last, done, why))
             finally:
                 answers.put_nowait(None)
 

@@ -12,7 +12,7 @@ from rich.console import Console
 
 from pigeon.bench import report
 from pigeon.bench.plan import PLANS, WORKLOADS
-from pigeon.bench.run import TARGETS, machine, machine_tag, run
+from pigeon.bench.run import CLUSTERS, TARGETS, machine, machine_tag, run
 
 
 def bench_command(plan: str, peers: str, address: str | None, no_pigeon: bool, out: str | None,
@@ -48,6 +48,8 @@ def bench_command(plan: str, peers: str, address: str | None, no_pigeon: bool, o
         chosen = []
     elif peers == "all":
         chosen = [t for t in TARGETS if t != "pigeon"]
+    elif peers == "cluster":  # the replicated targets
+        chosen = list(CLUSTERS)
     else:
         chosen = [p.strip() for p in peers.split(",") if p.strip()]
         unknown = [p for p in chosen if p not in TARGETS or p == "pigeon"]

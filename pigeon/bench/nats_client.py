@@ -28,8 +28,8 @@ def _subject(key: str) -> str:
 class NatsDriver:
     supports = frozenset({"publish", "consume", "mixed", "latency", "backlog", "restart"})
 
-    def __init__(self, host: str, port: int):
-        self.host, self.port = host, port
+    def __init__(self, host: str, port: int, replicas: int = 1):
+        self.host, self.port, self.replicas = host, port, replicas
         self.url = f"nats://{host}:{port}"
         self.client = (f"lean NATS protocol over asyncio (pre-serialized PUB windows, pipelined PubAcks, pull "
                        f"batches, ack_policy all); nats-py {version('nats-py')} for setup and latency")
@@ -37,7 +37,7 @@ class NatsDriver:
     async def setup(self, key: str, ordered: bool = False) -> None:
         nc = await nats.connect(self.url)
         js = nc.jetstream()
-        await js.add_stream(name=key, subjects=[_subject(key)], storage=StorageType.FILE)
+        await js.add_stream(name=key, subjects=[_subject(key)], storage=StorageType.FILE, num_replicas=self.replicas)
         await js.add_consumer(key, ConsumerConfig(durable_name=CONSUMER, ack_policy=AckPolicy.ALL, ack_wait=60,
                                                   max_ack_pending=-1, max_waiting=512))
         await nc.close()

@@ -9,7 +9,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-WORKLOADS = ("publish", "consume", "mixed", "latency", "ordered", "connections", "idle", "backlog", "restart")
+WORKLOADS = ("publish", "consume", "mixed", "latency", "ordered", "connections", "idle", "backlog", "restart",
+             "failover")
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,7 @@ class Plan:
     peer_start_s_max: float = 90.0
     peer_wall_s_max: float = 3600.0  # hard bound on any peer process (`timeout -s KILL`)
     settle_s: float = 2.0  # pause before reading RSS after a fill
+    failover_s_max: float = 20.0  # replicated targets: kill -9 of the owner (leader), publishes watched this long
 
     def __post_init__(self):
         assert set(self.workloads) <= set(WORKLOADS), self.workloads
@@ -73,7 +75,7 @@ class Plan:
                  "consume": self.consume_s_max, "mixed": self.mixed_s, "latency": self.latency_runs * self.latency_s,
                  "ordered": 2 * self.ordered_s_max, "connections": 2 * self.conn_s,
                  "idle": 2 * self.idle_probe_s + 2 * self.idle_open_s_max, "backlog": self.backlog_s_max,
-                 "restart": self.restart_s_max}
+                 "restart": self.restart_s_max, "failover": self.failover_s_max}
         return self.peer_start_s_max + sum(bound[w] for w in self.workloads) + 30 * len(self.workloads)
 
     def scaled(self, **changes) -> "Plan":
@@ -92,7 +94,13 @@ SMOKE = Plan(
     "smoke", workloads=("publish", "consume", "mixed"), publish_batches=(100,), publish_inflight=(4,), publish_s=1.0,
     publish_procs=1, consume_procs=1, consume_s_max=3.0, mixed_s=1.0, peer_start_s_max=30.0, peer_wall_s_max=300.0,
 )
-PLANS = {p.name: p for p in (FULL, QUICK, SMOKE)}
+# The replicated targets beside a single Pigeon (`pigeon bench --plan cluster --peers cluster`, part of `make bench`)
+CLUSTER = Plan(
+    "cluster", workloads=("publish", "consume", "mixed", "latency", "failover"), publish_batches=(1000, 100),
+    publish_inflight=(4, 16), publish_s=8.0, consume_messages=500_000, consume_s_max=20.0, mixed_s=8.0,
+    latency_s=15.0,
+)
+PLANS = {p.name: p for p in (FULL, QUICK, SMOKE, CLUSTER)}
 
 # What a quick run includes per peer: the cheap throughput and latency workloads only.
 QUICK_PEER_WORKLOADS = ("publish", "consume", "latency")

@@ -37,7 +37,13 @@ FIGURES = [
     ("big backlog (Pigeon only)", "backlog_big", "messages", "msgs", "higher"),
     ("RAM per backlogged message, big backlog", "backlog_big", "bytes_per_msg", "B", "lower"),
     ("restart with the big backlog", "restart_big", "seconds", "s", "lower"),
+    ("failover: kill -9 of the owner (leader) → publishes answered", "failover", "seconds", "s", "lower"),
 ]
+
+# Replicated targets against each other and against a single Pigeon: (row label, results key, field, unit, better)
+CLUSTER_FIGURES = [f for f in FIGURES if f[1] in ("publish_b1000", "publish_b100", "consume", "mixed", "latency",
+                                                   "failover") and f[4] != "context"]
+CLUSTER_ROWS = (("pigeon-cluster", "nats-js-r3"), ("pigeon-cluster", "pigeon"))
 
 
 def value(doc: dict, target: str, key: str, field: str):
@@ -84,6 +90,21 @@ def _rows(doc: dict) -> list[tuple[str, list[str]]]:
     return rows
 
 
+def cluster_rows(doc: dict) -> list[tuple[str, list[str]]]:
+    """pigeon-cluster's figures, each ÷ nats-js-r3's and ÷ a single Pigeon's from the same run."""
+    pairs = [(a, b) for a, b in CLUSTER_ROWS if a in doc["targets"] and b in doc["targets"]
+             and "missing" not in doc["targets"][a] and "missing" not in doc["targets"][b]]
+    rows = []
+    for label, key, field, unit, better in CLUSTER_FIGURES if pairs else []:
+        cells = []
+        for a, b in pairs:
+            p, q = value(doc, a, key, field), value(doc, b, key, field)
+            cells.append(f"{fmt(p, unit)} / {fmt(q, unit)}" + (f" ({p / q:.3g}×)" if p and q else ""))
+        if any(c != "– / –" for c in cells):
+            rows.append((f"{label} [{unit}, {better} is better]", cells))
+    return rows, pairs
+
+
 def other_load(entry: dict, field: str = "other_pct") -> str:
     """Median and most, over this target's workloads, of a `cpu` reading (other programs' CPU, disk busy)."""
     seen = sorted(r["cpu"][field] for k, r in (entry.get("results") or {}).items()
@@ -117,6 +138,13 @@ def markdown(doc: dict) -> str:
              "|---|---:|" + "---:|" * len(peers)]
     for label, cells in _rows(doc):
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    crows, pairs = cluster_rows(doc)
+    if crows:
+        lines += ["", "## Replicated", "", "Three members each on this one machine. Cells: the first target's figure "
+                  "/ the second's (first ÷ second).", "",
+                  "| figure | " + " | ".join(f"{a} / {b}" for a, b in pairs) + " |",
+                  "|---|" + "---:|" * len(pairs)]
+        lines += [f"| {label} | " + " | ".join(cells) + " |" for label, cells in crows]
     lines += ["", "## Servers and the clients that drove them", "",
               "*Other load*: the CPU (share of all cores) that programs outside the benchmark used while that "
               "target's workloads ran — median / most over its workloads (per workload: `cpu` in the JSON). The "
@@ -200,6 +228,15 @@ def print_table(doc: dict, console: Console) -> None:
     for label, cells in _rows(doc):
         table.add_row(label, *cells)
     console.print(table)
+    crows, pairs = cluster_rows(doc)
+    if crows:
+        t3 = Table(title="replicated (3 members each): first / second (first ÷ second)")
+        t3.add_column("figure")
+        for a, b in pairs:
+            t3.add_column(f"{a} / {b}", justify="right")
+        for label, cells in crows:
+            t3.add_row(label, *cells)
+        console.print(t3)
     t2 = Table(title="servers and clients")
     for c in ("target", "server", "durable", "driven by", "other load", "disk busy"):
         t2.add_column(c)

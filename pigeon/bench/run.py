@@ -17,11 +17,14 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 
 from pigeon.bench import workloads as w
+from pigeon.bench.cluster import NatsClusterServer, PigeonClusterServer, nats_failover, pigeon_failover
 from pigeon.bench.peers import PEERS, ExternalPigeon, PigeonServer
 from pigeon.bench.plan import QUICK_PEER_WORKLOADS, Plan
 from pigeon.bench.procs import CpuWatch, wait_quiet
 
-TARGETS = ("pigeon", *PEERS)
+CLUSTERS = {c.name: c for c in (PigeonClusterServer, NatsClusterServer)}  # replicated, 3 members each
+FAILOVER = {PigeonClusterServer.name: pigeon_failover, NatsClusterServer.name: nats_failover}
+TARGETS = ("pigeon", *PEERS, *CLUSTERS)
 
 
 def machine() -> dict:
@@ -92,6 +95,8 @@ def run_target(server, plan: Plan, bars: Bars, workloads: tuple[str, ...]) -> di
     d = server.driver
     res: dict = {}
     errors: dict = {}
+    failover = FAILOVER.get(server.name) if "failover" in workloads else None
+    workloads = tuple(k for k in workloads if k != "failover")
     skipped = {k: "not supported by this target's driver" for k in workloads if k not in d.supports}
     todo = [k for k in workloads if k in d.supports]
     if not server.restartable and "restart" in todo:
@@ -165,6 +170,9 @@ def run_target(server, plan: Plan, bars: Bars, workloads: tuple[str, ...]) -> di
         if r and "restart" in todo:
             attempt("restart", f"kill -9, restart with {r['messages']:,} backlog", w.restart, server, plan,
                     "backlog", r["messages"])
+    if failover is not None:  # last: it kills a member
+        attempt("failover", "kill -9 of the owner (leader): publishes answered again", failover, server, plan,
+                "failover")
     return {"results": res, "errors": errors, "skipped": skipped}
 
 
@@ -199,7 +207,7 @@ def run(plan: Plan, targets: list[str], address: str | None = None, console: Con
     try:
         with bars.progress:
             for name in targets:
-                cls = PigeonServer if name == "pigeon" else PEERS[name]
+                cls = PigeonServer if name == "pigeon" else PEERS.get(name) or CLUSTERS[name]
                 why = None if (name == "pigeon") else cls.missing()
                 if why:
                     doc["targets"][name] = {"missing": why}

@@ -64,9 +64,10 @@ def fsck(
 def bench(
     plan: str = typer.Option("quick", help="smoke | quick | full"),
     workloads: Optional[str] = typer.Option(None, help="comma-separated subset of the plan's workloads (publish, "
-                                                       "consume, latency, ordered, connections, idle, backlog, restart)"),
-    peers: str = typer.Option("none", help="none | all | comma-separated peers (rabbitmq-classic, rabbitmq-quorum, "
-                                            "nats-js, nats-js-sync-always, redis-streams, pubsub-emulator)"),
+                                                       "consume, latency, ordered, connections, idle, backlog, restart, failover)"),
+    peers: str = typer.Option("none", help="none | all | cluster | comma-separated peers (rabbitmq-classic, "
+                                            "rabbitmq-quorum, nats-js, nats-js-sync-always, redis-streams, "
+                                            "pubsub-emulator, pigeon-cluster, nats-js-r3)"),
     address: Optional[str] = typer.Option(None, help="benchmark a Pigeon already serving here (default: start one "
                                                      "with fsync=always on a fresh temporary data directory)"),
     no_pigeon: bool = typer.Option(False, "--no-pigeon", help="run the peers only"),

@@ -106,9 +106,15 @@ class Writer:
 
     def acked(self, member: str, offset: int) -> list[Action]:
         """`member` has the entry at `offset` durable (and, answering in order, every entry before it)."""
-        if self.stopped or member not in self.answered or offset != self.answered[member] or offset >= self.next:
+        if member not in self.answered or offset != self.answered[member]:
             return []
-        self.answered[member] = offset + 1
+        return self.acked_through(member, offset + 1)
+
+    def acked_through(self, member: str, end: int) -> list[Action]:
+        """`member` has every entry below `end` durable (its answer to a request of several entries)."""
+        if self.stopped or member not in self.answered or end <= self.answered[member] or end > self.next:
+            return []
+        self.answered[member] = end
         lac = sorted(self.answered.values(), reverse=True)[self.rep.ack_quorum - 1]
         if lac <= self.lac:
             return []

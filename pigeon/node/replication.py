@@ -64,25 +64,47 @@ class StorageClient:
 
 
 class AppendStream:
-    """One Append stream to a member: `send` entries in order; `answers()` yields (index, error) in order."""
+    """One Append stream to a member: `send` entries in order; `answers()` yields (index, error) in order, an
+    answer covering every entry up to its index. Entries sent while the stream is busy go out together, in one
+    request (a batch of consecutive entries of one ledger)."""
 
     def __init__(self, client: StorageClient):
-        self._q: asyncio.Queue = asyncio.Queue()
+        self._q: list = []  # (ledger, epoch, index, type, entry) not yet sent
+        self._ready = asyncio.Event()
+        self._closed = False
         self.call = client._append(self._requests())
 
     async def _requests(self):
-        while (r := await self._q.get()) is not None:
-            yield r
+        while True:
+            while not self._q and not self._closed:
+                self._ready.clear()
+                await self._ready.wait()
+            if not self._q:
+                return
+            batch, self._q = self._q, []
+            i = 0
+            while i < len(batch):  # consecutive entries of one ledger and epoch share a request
+                ledger, epoch, index, rtype, entry = batch[i]
+                j = i + 1
+                while j < len(batch) and batch[j][0] == ledger and batch[j][1] == epoch and \
+                        batch[j][2] == index + (j - i):
+                    j += 1
+                rest = batch[i + 1:j]
+                yield pb.AppendRequest(ledger=ledger, epoch=epoch, index=index, type=rtype, entry=entry,
+                                       more_types=[e[3] for e in rest], more_entries=[e[4] for e in rest])
+                i = j
 
     def send(self, ledger: int, epoch: int, index: int, rtype: int, entry: bytes) -> None:
-        self._q.put_nowait(pb.AppendRequest(ledger=ledger, epoch=epoch, index=index, type=rtype, entry=entry))
+        self._q.append((ledger, epoch, index, rtype, entry))
+        self._ready.set()
 
     async def answers(self):
         async for r in self.call:
             yield r.index, r.error
 
     def close(self) -> None:
-        self._q.put_nowait(None)
+        self._closed = True
+        self._ready.set()
         self.call.cancel()
 
 
@@ -184,7 +206,7 @@ class LedgerWriter:
                     self.failed.add(member)
                     self._perform(self.machine.failed(member, error))
                     return
-                self._perform(self.machine.acked(member, index))
+                self._perform(self.machine.acked_through(member, index + 1))
             self.failed.add(member)  # the member ended the stream (it is stopping): it takes no more entries
             self._perform(self.machine.failed(member, "the member ended its stream"))
         except grpc.aio.AioRpcError as e:

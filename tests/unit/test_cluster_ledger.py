@@ -175,3 +175,15 @@ def test_the_writer_confirms_only_what_qa_members_have_and_rolls_without_losing_
         assert list(rolled.resend) == [entries[o] for o in range(lac, w.next)], "exactly the unconfirmed, in order"
         with pytest.raises(RuntimeError):
             w.append(b"late")
+
+
+def test_an_answer_for_several_entries_confirms_them_all_once_qa_members_have_them():
+    w = Writer(0, ["a", "b", "c"], Replication())
+    for i in range(5):
+        w.append(data(i))
+    assert w.acked_through("a", 3) == [], "one member is not Qa"
+    assert w.acked_through("b", 2) == [Confirmed(2)]
+    assert w.acked_through("b", 2) == [] and w.acked_through("b", 1) == [], "an old answer changes nothing"
+    assert w.acked_through("c", 6) == [], "an answer past what was sent is ignored"
+    assert w.acked_through("c", 5) == [Confirmed(3)]  # a: 3, b: 2, c: 5 → the second highest is 3
+    assert w.unconfirmed == [data(3), data(4)]

