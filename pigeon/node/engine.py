@@ -194,7 +194,8 @@ class Engine:
 
     async def durable(self, end: int | None = None, log_id: int | None = None) -> None:
         """Until everything committed so far (or up to `end`) is durable — and in a cluster, everything committed
-        so far to `log_id` is held by Qa members of its ensemble (Unavailable when the log moved meanwhile)."""
+        so far to `log_id` is held by Qa members of its ensemble (Unavailable when the log moved meanwhile). The
+        owner's own journal must have it too: its reader serves messages from there."""
         replicated = self._replicated.get(log_id) if log_id is not None else None
         await self.journal.wait_durable(self.journal.tail if end is None else end)
         if replicated is not None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import struct
+from collections import deque
 
 import grpc
 
@@ -79,6 +80,7 @@ class AppendStream:
             while not self._q and not self._closed:
                 self._ready.clear()
                 await self._ready.wait()
+                await asyncio.sleep(0)  # what the callbacks ready now append goes along in the same request
             if not self._q:
                 return
             batch, self._q = self._q, []
@@ -159,7 +161,7 @@ class LedgerWriter:
         self.ledger, self.epoch = ledger, epoch
         self.machine = Writer(0, list(members), replication)
         self.types: dict[int, int] = {}  # index → record type of the entries not yet confirmed
-        self.waiters: dict[int, asyncio.Future] = {}
+        self.waiters: deque[tuple[int, asyncio.Future]] = deque()  # in index order
         self.rolled: Roll | None = None
         self.failed: set[str] = set()  # members that failed or refused (the next ensemble leaves them out)
         self.on_roll = None  # called once the ledger stops taking appends (also when none were waiting)
@@ -174,7 +176,7 @@ class LedgerWriter:
         actions = self.machine.append(body)
         index = self.machine.next - 1
         fut = asyncio.get_running_loop().create_future()
-        self.waiters[index] = fut
+        self.waiters.append((index, fut))
         self.types[index] = rtype
         self._perform(actions)
         return fut
@@ -185,14 +187,15 @@ class LedgerWriter:
                 for m in act.members:
                     self.streams[m].send(self.ledger, self.epoch, act.offset, self.types[act.offset], act.entry)
             elif isinstance(act, Confirmed):
-                for i in [i for i in self.waiters if i < act.lac]:
-                    fut = self.waiters.pop(i)
-                    self.types.pop(i, None)
+                waiters, types = self.waiters, self.types
+                while waiters and waiters[0][0] < act.lac:
+                    i, fut = waiters.popleft()
+                    types.pop(i, None)
                     if not fut.done():
                         fut.set_result(i)
             elif isinstance(act, Roll):
                 self.rolled = act
-                for fut in self.waiters.values():
+                for _, fut in self.waiters:
                     if not fut.done():
                         fut.set_exception(LedgerRolled(act))
                 self.waiters.clear()
