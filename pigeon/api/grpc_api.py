@@ -179,7 +179,7 @@ class PubSubApi:
     @fresh
     async def pull(self, req, context):
         if self.router is not None and (owner := await self.router.for_subscription(req.subscription, context)):
-            return await self.router.unary(owner, PULL, req.SerializeToString(), context)
+            return await self.router.unary(owner, PULL, req.SerializeToString(), context, waits=True)
         rms = await self.engine.pull(req.subscription, req.max_messages, req.return_immediately,
                                      context.time_remaining())
         return b"".join(rms)  # each is already an encoded received_messages entry

@@ -15,6 +15,7 @@ import logging
 import grpc
 
 from pigeon.api.errors import Relayed
+from pigeon.core import limits
 from pigeon.core.bundles import META_LOG, bundle_log
 from pigeon.core.errors import Unavailable
 
@@ -66,11 +67,16 @@ class Router:
         return tuple((k, v) for k, v in (context.invocation_metadata() or ()) if not k.startswith("grpc-")) + (
             (FORWARDED, self.cluster.info.node_id),)
 
-    async def unary(self, address: str, method: str, request: bytes, context) -> bytes:
+    async def unary(self, address: str, method: str, request: bytes, context, waits: bool = False) -> bytes:
+        """Forward one call. One that does not wait by design (all but a Pull) gets at most
+        limits.forward_s_max: an owner that does not answer by then is paused or cut off, and the client's
+        retry finds the bundle's new owner once it has been taken over (UNAVAILABLE meanwhile)."""
         call = self._channel(address).unary_unary(method, request_serializer=_same, response_deserializer=_same)
         self.forwarded += 1
+        left = context.time_remaining()
+        timeout = left if waits else min(left or limits.forward_s_max, limits.forward_s_max)
         try:
-            return await call(request, timeout=context.time_remaining(), metadata=self._metadata(context))
+            return await call(request, timeout=timeout, metadata=self._metadata(context))
         except grpc.aio.AioRpcError as e:
             raise _relayed(e, address) from None
 
@@ -100,7 +106,7 @@ class Router:
 
 
 def _relayed(e: grpc.aio.AioRpcError, address: str) -> Relayed:
-    if e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) and not e.details():
+    if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED or (e.code() == grpc.StatusCode.UNAVAILABLE and not e.details()):
         return Relayed(grpc.StatusCode.UNAVAILABLE, f"The node that owns this topic ({address}) cannot be reached; "
                                                      "retry.")
     return Relayed(e.code(), e.details() or "", e.trailing_metadata())
