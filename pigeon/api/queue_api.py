@@ -58,16 +58,33 @@ class QueueApi:
         return q.DeleteResponse(deleted=n).SerializeToString()
 
 
-def handlers(engine: Engine) -> list[grpc.GenericRpcHandler]:
-    api = QueueApi(engine)
+SERVICE = "pigeon.v1.Queue"
 
-    return [grpc.method_handlers_generic_handler("pigeon.v1.Queue", {
-        "Take": errors.unary(api.take, q.TakeRequest),
-        "Ack": errors.unary(api.ack, q.AckRequest),
-        "Reschedule": errors.unary(api.reschedule, q.RescheduleRequest),
-        "Bury": errors.unary(api.bury, q.BuryRequest),
-        "Kick": errors.unary(api.kick, q.KickRequest),
-        "Update": errors.unary(api.update, q.UpdateRequest),
-        "Peek": errors.unary(api.peek, q.PeekRequest),
-        "Delete": errors.unary(api.delete, q.DeleteRequest),
-    })]
+
+def _routed(method: str, fn, router):
+    """A cluster node: a call about a subscription whose bundle another node owns goes to that node (every
+    request of this service names its subscription)."""
+    if router is None:
+        return fn
+
+    async def handler(req, context):
+        if type(req) is not errors.Unparsable:  # (answered by `fn` as any other bad request)
+            try:
+                if owner := await router.for_subscription(req.subscription, context):
+                    return await router.unary(owner, f"/{SERVICE}/{method}", req.SerializeToString(), context,
+                                              waits=method == "Take")
+            except Exception as e:  # noqa: BLE001 — the boundary, as `translate`
+                await errors.abort(context, e)
+        return await fn(req, context)
+
+    return handler
+
+
+def handlers(engine: Engine, router=None) -> list[grpc.GenericRpcHandler]:
+    api = QueueApi(engine)
+    methods = {"Take": (api.take, q.TakeRequest), "Ack": (api.ack, q.AckRequest),
+               "Reschedule": (api.reschedule, q.RescheduleRequest), "Bury": (api.bury, q.BuryRequest),
+               "Kick": (api.kick, q.KickRequest), "Update": (api.update, q.UpdateRequest),
+               "Peek": (api.peek, q.PeekRequest), "Delete": (api.delete, q.DeleteRequest)}
+    return [grpc.method_handlers_generic_handler(SERVICE, {
+        name: errors.unary(_routed(name, fn, router), req_type) for name, (fn, req_type) in methods.items()})]

@@ -64,7 +64,7 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
     )
     router = Router(engine, cluster) if cluster is not None else None
     api = PubSubApi(engine, router)
-    server.add_generic_rpc_handlers(api.handlers() + admin_api.handlers(engine) + queue_api.handlers(engine))
+    server.add_generic_rpc_handlers(api.handlers() + admin_api.handlers(engine) + queue_api.handlers(engine, router))
     server.add_generic_rpc_handlers(pigeon_api.handlers(engine))  # pigeon.v1.Ranges (data pipelines)
     if cluster is not None:
         server.add_generic_rpc_handlers(storage_api.handlers(cluster.store))  # pigeon.v1.Storage (node to node)

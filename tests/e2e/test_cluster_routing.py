@@ -109,3 +109,25 @@ def test_where_a_subscription_starts_and_where_a_seek_goes_are_the_owners_to_say
         again += [m.message.data for m in r.received_messages]
         sub1.acknowledge(subscription=early, ack_ids=[m.ack_id for m in r.received_messages])
     assert sorted(again) == sorted(got) and len(set(got)) == 21
+
+
+def test_the_queue_extensions_are_answered_by_the_owner(three_nodes, etcd):
+    """pigeon.v1.Queue (take, ack, peek, delete …) through a node that does not own the topic."""
+    from pigeon.client import PigeonClient
+
+    topic = topic_owned_by(owners(etcd.endpoint), "n2", f"{P}/topics/queue")
+    pub, sub = clients_of(three_nodes["n1"])
+    pub.create_topic(name=topic)
+    name = f"{P}/subscriptions/jobs"
+    sub.create_subscription(name=name, topic=topic)
+    ids = [pub.publish(topic, f"job{i}".encode()).result(timeout=30) for i in range(5)]
+    q = PigeonClient(three_nodes["n3"].address)
+    try:
+        assert q.peek(name, ids[0]).message.data == b"job0"
+        assert q.delete(name, [ids[1]]) == 1
+        taken = q.take(name, 10, lock=30)
+        assert sorted(t.data for t in taken) == [b"job0", b"job2", b"job3", b"job4"]
+        assert q.ack(name, [t.ack_id for t in taken]) == 4
+        assert q.take(name, 10) == []
+    finally:
+        q.close()
