@@ -33,6 +33,7 @@ from pigeon.cluster import metadata as M
 from pigeon.cluster.quorum import Replication, choose_ensemble
 from pigeon.core.bundles import bundle_of_log
 from pigeon.core.errors import Unavailable
+from pigeon.node.ledger_store import FENCE_EPOCH
 from pigeon.node.replication import LedgerRolled, LedgerWriter, LocalMember, RecoveryFailed, StorageClient, \
     recover_ledger
 
@@ -72,6 +73,11 @@ class Lost(Exception):
     """The bundle is another node's now."""
 
 
+class Conflict(Exception):
+    """The ledger list changed since it was read, and the bundle is still this node's (another of its own
+    changes — a roll, a repair — came first): read it again."""
+
+
 @dataclass
 class _Pending:
     rtype: int
@@ -109,6 +115,7 @@ class BundleLogs:
         # surely ended if they are dead (twice its time to live), so ledgers do not roll onto them again
         self._suspects: dict[str, float] = {}
         self._suspect_s = 2 * cluster.config.session_ttl_s
+        self._repairing: asyncio.Task | None = None
 
     # --- the engine's side -------------------------------------------------------------------------------
     def serving(self, log_id: int) -> bool:
@@ -162,6 +169,9 @@ class BundleLogs:
                                      self._owner_cmp(bundle_of_log(log_id), epoch)],
                                     [M.Put(key, LedgerInfo.encode_list(ledgers))])
         if not ok:
+            owner = await self.meta.get(M.owner_key(bundle_of_log(log_id)))
+            if owner is not None and M.compare(self._owner_cmp(bundle_of_log(log_id), epoch), owner):
+                raise Conflict(f"the ledger list of log {log_id} changed meanwhile")
             raise Lost(f"bundle {bundle_of_log(log_id)} changed hands")
 
     def _suspected(self) -> set[str]:
@@ -214,7 +224,7 @@ class BundleLogs:
             except Lost as e:
                 log.warning("taking bundle %d over stopped: %s", bundle, e)
                 return False
-            except (M.StoreUnavailable, RecoveryFailed, Unavailable) as e:
+            except (M.StoreUnavailable, RecoveryFailed, Unavailable, Conflict) as e:
                 log.warning("taking bundle %d over: %s; trying again", bundle, e)
             if self.cluster.membership.owned.get(bundle) != epoch:
                 return False
@@ -295,6 +305,8 @@ class BundleLogs:
             except Lost as e:
                 self.lose(ol.log_id, str(e))
                 return
+            except Conflict:
+                continue
             except (M.StoreUnavailable, Unavailable) as e:
                 log.warning("log %d: cannot open the next ledger yet (%s); its publishes wait", ol.log_id, e)
             await asyncio.sleep(RETRY_S)
@@ -317,6 +329,78 @@ class BundleLogs:
                 self._start_roll(ol)
                 rolled += 1
         return rolled
+
+    # --- repair -------------------------------------------------------------------------------------------------
+    def start_repair(self) -> None:
+        """Repair in the background (one pass at a time): see `repair`."""
+        if self._repairing is None or self._repairing.done():
+            self._repairing = asyncio.get_running_loop().create_task(self._repair_logged(), name="pigeon-repair")
+
+    async def _repair_logged(self) -> None:
+        try:
+            await self.repair()
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 — the next pass tries again
+            log.warning("repairing ledgers: %s", e)
+
+    async def repair(self) -> int:
+        """Give every closed ledger of the logs this node owns as many members that are up as E allows: a member
+        that is down (or missing: the ledger was opened while nodes were down) is replaced by a node that is up,
+        after its entries were copied there from a member that has them; the ledger's member list then changes by
+        the same owner-guarded transaction as every other change. How many ledgers were repaired."""
+        members = {n: i for n, i in (await self.cluster.membership.members()).items() if i.listening}
+        up = set(members) - self._suspected()
+        size = min(len(up), self.replication.ensemble)
+        repaired = 0
+        for log_id in list(self.logs):
+            kv, ledgers = await self._ledgers(log_id)
+            for lg in ledgers:
+                live = [n for n in lg.members if n in up]
+                spare = sorted(n for n in up if n not in lg.members)
+                if lg.end is None or not live or len(live) >= size or not spare:
+                    continue
+                new = choose_ensemble(lg.id, {n: members[n].zone for n in spare}, 1)[0]
+                await self._copy(lg, live, new, members[new].address)
+                ol = self.logs.get(log_id)
+                if ol is None:
+                    return repaired
+                kv, ledgers = await self._ledgers(log_id)
+                for other in ledgers:
+                    if other.id == lg.id:
+                        dead = [n for n in other.members if n not in up]
+                        if dead:
+                            del other.members[dead[0]]
+                        other.members[new] = members[new].address
+                try:
+                    await self._put_ledgers(log_id, ol.epoch, kv, ledgers)
+                except (Lost, Conflict):  # the list changed meanwhile (a roll): the next pass looks again
+                    return repaired
+                repaired += 1
+                log.info("ledger %d (log %d, entries %d..%d) copied to %s: on %s now", lg.id, log_id, lg.first,
+                         lg.end - 1, new, ",".join([*live, new]))
+        return repaired
+
+    async def _copy(self, lg: LedgerInfo, sources: list[str], target: str, address: str) -> None:
+        """Every entry of closed ledger `lg` onto `target` (entries it already holds are answered again)."""
+        count = lg.end - lg.first
+        if count == 0:
+            return
+        stream = self._member(target, address).open_append()
+        try:
+            start = 0
+            while start < count:
+                got = await self._read_range(lg, start, min(count, start + READ_CHUNK))
+                for i, (rtype, body) in enumerate(got):
+                    stream.send(lg.id, FENCE_EPOCH, start + i, rtype, body)
+                start += len(got)
+            async for index, error in stream.answers():
+                if error:
+                    raise RecoveryFailed(f"copying ledger {lg.id} to {target}: {error}")
+                if index >= count - 1:
+                    return
+        finally:
+            stream.close()
 
     # --- giving a bundle up ------------------------------------------------------------------------------
     def lose(self, log_id: int, why: str) -> None:
@@ -365,10 +449,12 @@ class BundleLogs:
             if ledgers and ledgers[-1].id == ol.ledger.id and ledgers[-1].end is None:
                 ledgers[-1].end = end
                 await self._put_ledgers(log_id, ol.epoch, kv, ledgers)
-        except (Lost, M.StoreUnavailable) as e:  # the next owner fences and recovers it instead
+        except (Lost, Conflict, M.StoreUnavailable) as e:  # the next owner fences and recovers it instead
             log.info("bundle %d given up without closing its ledger (%s)", bundle, e)
 
     async def close(self) -> None:
+        if self._repairing is not None:
+            self._repairing.cancel()
         for log_id in list(self.logs):
             ol = self.logs.pop(log_id)
             ol.released = True

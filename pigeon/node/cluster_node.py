@@ -260,6 +260,7 @@ class ClusterNode:
         for b in released:
             self.routes.pop(b, None)
         await self.logs.widen()
+        self.logs.start_repair()
         for b in {b for b, _ in claimed} - set(taken):
             self.owned.pop(b, None)
         if taken or released:

@@ -186,7 +186,7 @@ async def status_of(meta) -> dict:
         held.setdefault(node, []).append(b)
     ledgers = [lg for kv in await meta.list(M.ledgers_key(0)[:-5]) for lg in json.loads(kv.value)]
     widest = max((len(lg["members"]) for lg in ledgers), default=0)
-    under = sum(1 for lg in ledgers if len(lg["members"]) < widest or any(m not in nodes for m in lg["members"]))
+    under = [lg for lg in ledgers if len(lg["members"]) < widest or any(m not in nodes for m in lg["members"])]
     rows = []
     for node in sorted(set(nodes) | drained | set(held)):
         info = nodes.get(node)
@@ -197,4 +197,7 @@ async def status_of(meta) -> dict:
             "unowned": bundles - len(owners), "nodes": rows,
             "owners": {str(b): node for b, (node, _) in sorted(owners.items())},
             "ledgers": {"total": len(ledgers), "open": sum(1 for lg in ledgers if lg["end"] is None),
-                        "under_replicated": under}}
+                        "under_replicated": len(under),
+                        "under_replicated_first": [{"id": lg["id"], "members": sorted(lg["members"]),
+                                                    "entries": (lg["end"] - lg["first"]) if lg["end"] is not None
+                                                    else None} for lg in under[:10]]}}
