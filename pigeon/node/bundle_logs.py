@@ -16,7 +16,10 @@
     by another node gives the bundle up, and every caller still waiting is answered UNAVAILABLE (it retries at
     the new owner, which holds every entry ever confirmed);
   * giving a bundle up (placement moved it): stop taking records, let the ones in flight be confirmed, close the
-    ledger at its end, then release the owner key — the next owner then has nothing to recover.
+    ledger at its end, then release the owner key — the next owner then has nothing to recover;
+  * repair: a closed ledger short of members that are up gets a new member only after every entry was copied
+    there; a failed change of the list while the owner key is still ours is read again, never taken for a lost
+    bundle.
 
 Ledger ids are `log << 20 | n` (n: the ledger's place in its log's list), unique in the cluster for as long as
 ledgers are kept (they are never deleted yet: a takeover reads a log back from its first entry)."""
