@@ -74,7 +74,7 @@ fuzz: $(STAMP)
 # past the session, drain and join under load, etcd stopped), each ending in a full history check; prints a
 # table. CHAOS_SEEDS=N seeds each, CHAOS_SCENARIOS=a,b to choose. About 1 minute per run.
 CHAOS_SEEDS ?= 3
-CHAOS_SCENARIOS ?= kill-owner,kill-replica,pause-owner,drain-owner,add-node,stop-etcd
+CHAOS_SCENARIOS ?= kill-owner,kill-replica,pause-owner,drain-owner,add-node,stop-etcd,cut-owner,cut-owner-peers
 chaos: $(STAMP) $(ETCD_BIN)
 	$(BIN)/python scripts/chaos.py --scenarios $(CHAOS_SCENARIOS) --seeds $(CHAOS_SEEDS)
 

@@ -58,9 +58,10 @@ def main() -> int:
         mark = "[green]ok[/green]" if rep.ok else "[red]FAILED[/red]"
         console.print(f"    {mark}: {rep.published} publishes acknowledged, {rep.delivered} deliveries, "
                       f"lost {len(rep.lost)}, acks undone {len(rep.undone)}, out of order {len(rep.disorder)}"
+                      + (f", acked while cut off {len(rep.unreplicated)}" if rep.unreplicated else "")
                       + (f", publishes answered again {rep.recovery_s:.1f} s after the fault"
                          if rep.recovery_s is not None else ""))
-        for line in (rep.lost + rep.undone + rep.disorder)[:10]:
+        for line in (rep.lost + rep.undone + rep.disorder + rep.unreplicated)[:10]:
             console.print(f"      {line}")
     table = Table("scenario", "seed", "acked publishes", "deliveries", "lost", "acks undone", "out of order",
                   "publish errors", "ack errors", "publishes again after", "run", title="pigeon chaos")

@@ -117,5 +117,7 @@ session_ttl_s_max = 60
 etcd_retry_s_max = 5.0  # an unreachable etcd is tried again at most this far apart
 forward_s_max = 5.0  # a forwarded call (but a Pull, which waits by design) not answered by then is UNAVAILABLE
 peer_refusals = 3  # a peer that refused this many connections in a row (0.1 s apart) is gone: its session ends
+member_silence_s = 5.0  # a ledger member that answers none of the entries sent to it this long has failed (a cut-off
+#                        peer takes no entries and refuses none: without this its writer would wait for it forever)
 peer_connect_s = 1.0  # a connection attempt to a peer that takes longer tells nothing
 placement_check_s = 1.0  # a node compares what it owns with placement at least this often

@@ -12,6 +12,7 @@ from collections import deque
 
 import grpc
 
+from pigeon.core import limits
 from pigeon.core.errors import PigeonError
 from pigeon.node.proto import pigeon_storage_pb2 as pb
 from pigeon.cluster.ledger import (Close, Confirmed, Failed, Fence, Read, Recovery, Roll, Send, Write, Writer)
@@ -167,6 +168,7 @@ class LedgerWriter:
         self.on_roll = None  # called once the ledger stops taking appends (also when none were waiting)
         self.streams = {m: c.open_append() for m, c in members.items()}
         self._readers = [asyncio.create_task(self._follow(m, s)) for m, s in self.streams.items()]
+        self._readers.append(asyncio.create_task(self._watch(limits.member_silence_s)))
 
     def append(self, rtype: int, body: bytes) -> asyncio.Future:
         """Append one entry; the future is done (with its index) once Qa members have it durable, or fails with
@@ -218,6 +220,27 @@ class LedgerWriter:
                 self._perform(self.machine.failed(member, f"{e.code().name}: {e.details()}"))
         except asyncio.CancelledError:
             return
+
+    async def _watch(self, silence: float) -> None:
+        """Fail a member that has answered nothing of what it was sent `silence` seconds ago. Costs nothing per
+        append: a few times per `silence` it notes how far the ledger was sent, and later compares each member's
+        answers with the note of `silence` ago."""
+        notes: deque[tuple[float, int]] = deque()  # (when, the ledger's next offset then)
+        loop = asyncio.get_running_loop()
+        step = silence / 4
+        while self.rolled is None:
+            await asyncio.sleep(step)
+            now, m = loop.time(), self.machine
+            notes.append((now, m.next))
+            while len(notes) > 1 and notes[1][0] <= now - silence:
+                notes.popleft()
+            then, sent = notes[0]
+            if then > now - silence:
+                continue
+            late = [member for member, end in m.answered.items() if end < sent]
+            if late:
+                self.failed.update(late)
+                self._perform(m.failed(late[0], f"no answer in {silence:g} s"))
 
     def stop(self, why: str) -> None:
         """Roll of the writer's own accord: appends fail with LedgerRolled from now on."""

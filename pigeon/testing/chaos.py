@@ -24,8 +24,9 @@ from concurrent import futures
 from dataclasses import dataclass, field
 
 from pigeon.core.bundles import bundle_of
-from pigeon.testing.cluster import await_status, node_process, owners, wipe
+from pigeon.testing.cluster import await_status, node_process, open_ledgers, owners, wipe
 from pigeon.testing.etcd import EtcdProcess
+from pigeon.testing.netsplit import Network
 
 P = "projects/chaos"
 BUNDLES = 16
@@ -60,11 +61,11 @@ class Report:
     publish_failed: int
     ack_failed: int
     recovery_s: float | None  # from the fault to the first publish acknowledged after it
-    notes: list[str] = field(default_factory=list)
+    unreplicated: list[str] = field(default_factory=list)  # acknowledged while no quorum could have stored it
 
     @property
     def ok(self) -> bool:
-        return not (self.lost or self.undone or self.disorder)
+        return not (self.lost or self.undone or self.disorder or self.unreplicated)
 
 
 def expected(h: History, topic: int) -> dict[str, str]:
@@ -102,16 +103,21 @@ def check(h: History, subs: dict[str, int]) -> tuple[list[str], list[str], list[
 
 
 class Cluster:
-    """etcd and N nodes under `root`."""
+    """etcd and N nodes under `root`; with `split`, node-to-node and node-to-etcd connections go through a
+    Network that can cut them."""
 
-    def __init__(self, root: str, nodes: int = 3, extra: list[str] | None = None):
+    def __init__(self, root: str, nodes: int = 3, extra: list[str] | None = None, split: bool = False):
         self.root, self.extra = root, extra or []
         self.etcd = EtcdProcess(os.path.join(root, "etcd"))
         self.nodes: dict[str, object] = {}
         self.count = nodes
+        self.split = split
+        self.network: Network | None = None
 
     def start(self) -> "Cluster":
         self.etcd.start()
+        if self.split:
+            self.network = Network(self.etcd.endpoint)
         wipe(self.etcd.endpoint)
         for i in range(self.count):
             self.add(f"n{i + 1}")
@@ -120,8 +126,10 @@ class Cluster:
         return self
 
     def add(self, node_id: str):
-        n = node_process(self.root, self.etcd.endpoint, node_id, extra=self.extra).start()
-        self.nodes[node_id] = n
+        n = node_process(self.root, self.etcd.endpoint, node_id, extra=self.extra)
+        if self.network is not None:
+            n.env = self.network.add(node_id, n.address)
+        self.nodes[node_id] = n.start()
         return n
 
     def owner_of(self, topic: str) -> str:
@@ -136,6 +144,8 @@ class Cluster:
                     pass
             n.kill()
         self.etcd.kill()
+        if self.network is not None:
+            self.network.close()
 
 
 class Workload:
@@ -341,6 +351,36 @@ def stop_etcd(cluster, topic, rng, say, outage_s):
     say("etcd is back")
 
 
+def cut_owner(cluster, topic, rng, say, outage_s):
+    name = cluster.owner_of(topic)
+    cut = max(outage_s, 9.0)  # past its 5 s session: another node takes its bundles over meanwhile
+    say(f"cut {name} (the owner) off from its peers and etcd for {cut:.0f} s; clients still reach it")
+    cluster.network.cut(name, etcd=True)
+    time.sleep(cut)
+    now = cluster.owner_of(topic)
+    cluster.network.heal()
+    say(f"healed; {now} owned the topic at the end of the cut")
+    if now == name:
+        raise RuntimeError(f"the cut changed nothing: {name} still owned the topic after {cut:.0f} s")
+
+
+def cut_owner_peers(cluster, topic, rng, say, outage_s):
+    name = cluster.owner_of(topic)
+    cut = max(outage_s, 12.0)  # past member_silence_s with writes flowing: the peers' writers drop it
+    say(f"cut {name} (the owner) off from its peers for {cut:.0f} s; it keeps its etcd session and its bundles")
+    cluster.network.cut(name, etcd=False)
+    t_cut = time.monotonic()
+    time.sleep(cut)
+    without = sorted(log for log, members in open_ledgers(cluster.etcd.endpoint).items() if name not in members)
+    still = cluster.owner_of(topic) == name
+    t_heal = time.monotonic()
+    cluster.network.heal()
+    say(f"healed; {name} {'still' if still else 'no longer'} owned the topic, {len(without)} open ledger(s) of "
+        f"other logs had left it out")
+    # while it owned the topic it could reach no other member: nothing sent to the topic then can be acknowledged
+    return (t_cut, t_heal) if still else None
+
+
 def _cli(verb: str, node: str, endpoint: str) -> None:
     out = subprocess.run([sys.executable, "-m", "pigeon", "cluster", verb, node, "--etcd", endpoint],
                          capture_output=True, text=True, timeout=60)
@@ -349,7 +389,7 @@ def _cli(verb: str, node: str, endpoint: str) -> None:
 
 
 SCENARIOS = {f.__name__.replace("_", "-"): f for f in (kill_owner, kill_replica, pause_owner, drain_owner,
-                                                        add_node, stop_etcd)}
+                                                        add_node, stop_etcd, cut_owner, cut_owner_peers)}
 
 
 def run(scenario: str, seed: int, root: str, *, warm_s: float = 4.0, outage_s: float = 10.0,
@@ -357,7 +397,7 @@ def run(scenario: str, seed: int, root: str, *, warm_s: float = 4.0, outage_s: f
     """One scenario under one seed; the cluster is started under `root` and stopped at the end."""
     rng = random.Random(seed)
     fault = SCENARIOS[scenario]
-    cluster = Cluster(root).start()
+    cluster = Cluster(root, split=scenario.startswith("cut-")).start()
     try:
         topics = [f"{P}/topics/s{seed}-t{i}-{rng.randrange(1 << 30)}" for i in range(2)]
         w = Workload(cluster, rng, topics)
@@ -366,16 +406,19 @@ def run(scenario: str, seed: int, root: str, *, warm_s: float = 4.0, outage_s: f
         time.sleep(warm_s)
         t_fault = time.monotonic()
         say(f"at {t_fault - w.h.start:.1f} s:")
-        fault(cluster, topics[0], rng, say, outage_s)
+        cut_off = fault(cluster, topics[0], rng, say, outage_s)  # a window no publish to it can be acked in
         time.sleep(after_s)
         w.finish(drain_s)
         lost, undone, disorder = check(w.h, w.subs)
+        unreplicated = [] if cut_off is None else [
+            f"a publish sent {sent - cut_off[0]:.1f} s into the cut was acknowledged {done - sent:.1f} s later"
+            for topic, sent, done in w.h.publish_times if topic == 0 and cut_off[0] <= sent and done < cut_off[1]]
         # publishes to the faulted topic sent after the fault: how long until the first was answered
         answered = sorted(done for topic, sent, done in w.h.publish_times if topic == 0 and sent >= t_fault)
         recovery = answered[0] - t_fault if answered else None
         delivered = sum(len(v) for v in w.h.deliveries.values())
         return Report(scenario, seed, len(w.h.published), delivered, lost, undone, disorder, w.h.publish_failed,
-                      w.h.ack_failed, recovery)
+                      w.h.ack_failed, recovery, unreplicated)
     finally:
         cluster.stop()
 

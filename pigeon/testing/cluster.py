@@ -12,10 +12,10 @@ from pigeon.testing.server import ServerProcess
 
 
 def node_process(root: str, etcd: str, node_id: str, zone: str = "", extra: list[str] | None = None,
-                 port: int | None = None) -> ServerProcess:
+                 port: int | None = None, env: dict[str, str] | None = None) -> ServerProcess:
     flags = ["--etcd", etcd, "--node-id", node_id, *(["--zone", zone] if zone else []), *(extra or [])]
     return ServerProcess(os.path.join(root, node_id), port=port, extra=flags,
-                         log_path=os.path.join(root, f"{node_id}.log"))
+                         log_path=os.path.join(root, f"{node_id}.log"), env=env)
 
 
 def start_nodes(root: str, etcd: str, ids=("n1", "n2", "n3")) -> dict[str, ServerProcess]:
@@ -90,6 +90,26 @@ def owners(endpoint: str) -> dict[int, str]:
         meta = EtcdMetadata(endpoint)
         try:
             return {b: n for b, (n, _) in (await Membership(meta, NodeInfo("-", "-")).owners()).items()}
+        finally:
+            await meta.close()
+
+    return asyncio.run(go())
+
+
+def open_ledgers(endpoint: str) -> dict[int, list[str]]:
+    """log → the members of its open ledger (logs whose last ledger is open)."""
+    from pigeon.node.bundle_logs import LedgerInfo
+    from pigeon.node.meta_etcd import EtcdMetadata
+
+    async def go():
+        meta = EtcdMetadata(endpoint)
+        try:
+            out = {}
+            for kv in await meta.list(M.ROOT + "/ledgers/"):
+                ledgers = LedgerInfo.decode_list(kv.value)
+                if ledgers and ledgers[-1].end is None:
+                    out[int(kv.key.rsplit("/", 1)[-1])] = list(ledgers[-1].members)
+            return out
         finally:
             await meta.close()
 

@@ -14,8 +14,9 @@ class ServerProcess:
     """A `pigeon serve` child process. `start()` waits until the port accepts connections."""
 
     def __init__(self, data_dir: str, port: int | None = None, fsync: str = "always", extra: list[str] | None = None,
-                 log_path: str | None = None):
+                 log_path: str | None = None, env: dict[str, str] | None = None):
         self.data_dir = data_dir
+        self.env = env  # added to this process's environment
         self.port = port or free_port()
         self.fsync = fsync
         self.extra = extra or []
@@ -30,7 +31,8 @@ class ServerProcess:
         cmd = [sys.executable, "-m", "pigeon", "serve", "--host", "127.0.0.1", "--port", str(self.port),
                "--data-dir", self.data_dir, "--fsync", self.fsync, *self.extra]
         log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        env = {**os.environ, **self.env} if self.env else None
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
         log.close()
         await_listening(self.proc, self.port, timeout, "pigeon", self.log_path, self.log)
         return self

@@ -91,3 +91,50 @@ def test_a_ledger_survives_a_member_and_its_writer(tmp_path):
             await members[m].stop()
 
     asyncio.run(run())
+
+
+class Silent:
+    """A member cut off by the network: it takes entries and never answers nor fails."""
+
+    address = "silent"
+
+    def open_append(self):
+        return self
+
+    def send(self, *entry) -> None:
+        pass
+
+    async def answers(self):
+        await asyncio.Event().wait()
+        yield  # pragma: no cover
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_silent_member_rolls_the_ledger(tmp_path, monkeypatch):
+    """A member that neither answers nor fails (a cut-off peer) would hold the writer's unconfirmed tail for as
+    long as the cut lasts; after member_silence_s it counts as failed and the ledger rolls, keeping what Qa
+    others confirmed."""
+    from pigeon.core import limits
+
+    monkeypatch.setattr(limits, "member_silence_s", 0.4)
+
+    async def run():
+        members = {f"m{i}": await Member(str(tmp_path / f"m{i}")).start() for i in range(2)}
+        clients = {**{m: StorageClient(x.address) for m, x in members.items()}, "cut": Silent()}
+        w = LedgerWriter(7, 1, clients, Replication())
+        assert await asyncio.gather(*[w.append(3, body(i)) for i in range(20)]) == list(range(20))
+        assert w.rolled is None, "two members answering confirm entries; the silent one is not yet late"
+        for _ in range(100):
+            if w.rolled is not None:
+                break
+            await asyncio.sleep(0.05)
+        assert w.rolled is not None and "cut failed: no answer in 0.4 s" in w.rolled.why
+        assert w.rolled.close_at == 20 and w.resend() == []
+        assert w.failed == {"cut"}
+        await w.close()
+        for x in members.values():
+            await x.stop()
+
+    asyncio.run(run())
