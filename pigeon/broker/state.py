@@ -38,7 +38,7 @@ _PublishRequest = types.PublishRequest.pb()
 _APPLY = {
     R.RecordType.MODACK: "_modack", R.RecordType.SEEK: "_seek", R.RecordType.TRIM: "_trim",
     R.RecordType.PARK: "_park", R.RecordType.KICK: "_kick", R.RecordType.UPDATE: "_update",
-    R.RecordType.RESET: "_reset",
+    R.RecordType.RESET: "_reset", R.RecordType.SNAPSHOT: "_snapshot",
     R.RecordType.TOPIC_PUT: "_topic_put", R.RecordType.TOPIC_DEL: "_topic_del", R.RecordType.SUB_PUT: "_sub_put",
     R.RecordType.SUB_DEL: "_sub_del", R.RecordType.SNAP_PUT: "_snap_put", R.RecordType.SNAP_DEL: "_snap_del",
     R.RecordType.SCHEMA_PUT: "_schema_put", R.RecordType.SCHEMA_DEL: "_schema_del",
@@ -137,7 +137,7 @@ class BrokerState:
         it goes to the metadata log."""
         if rec.META:
             return META_LOG
-        if rec.TYPE == R.RecordType.RESET:
+        if rec.TYPE == R.RecordType.RESET or rec.TYPE == R.RecordType.SNAPSHOT:
             return rec.log
         if rec.TYPE == R.RecordType.PUBLISH:
             owner = self.topics_by_uid[rec.topic]
@@ -287,6 +287,47 @@ class BrokerState:
                 s.dispatching = False
                 effects.append((WAKE_ALL, uid))
         return effects or None
+
+    def _snapshot(self, rec: R.Snapshot):
+        """A bundle's data state as its owner wrote it into the log (`bundle_snapshot`): the bundle is reset, then
+        loaded. Shard indexes start empty at their next offset: the log entries after the snapshot hold every
+        message still needed (the owner cuts the log only where that is so)."""
+        effects = self._reset(R.Reset(rec.log, rec.bundles))
+        for image in CK.decode_images(rec.images):
+            if isinstance(image, CK.SubImage) and image.uid not in self.subs_by_uid:
+                continue  # deleted since (the metadata log runs ahead of this one)
+            if not isinstance(image, CK.SubImage) and image.topic not in self.topics_by_uid:
+                continue
+            self.restore(image)
+        return effects
+
+    def _bundle(self, log: int, bundles: int) -> list[TopicState]:
+        return sorted((t for t in self.topics_by_uid.values() if bundle_log(t.name, bundles) == log),
+                      key=lambda t: t.uid)
+
+    def bundle_snapshot(self, log: int, bundles: int) -> R.Snapshot:
+        """The record that recreates this bundle's data state (but the message index) when applied."""
+        images = []
+        for t in self._bundle(log, bundles):
+            images += [CK.ShardImage(t.uid, shard, ix.next, b"", b"", b"", b"") for shard, ix in enumerate(t.shards)]
+            if t.schedule.count:
+                images.append(CK.ScheduleImage(t.uid, t.schedule.export()))
+            idem = t.idempotency.export()
+            if idem:
+                images.append(CK.IdempotencyImage(t.uid, idem))
+            for uid in sorted(t.subscriptions):
+                images.append(self._sub_image(self.subs_by_uid[uid]))
+        return R.Snapshot(log, bundles, CK.encode_images(images))
+
+    def bundle_need(self, log: int, bundles: int) -> int:
+        """The lowest log position (this node's journal) of a message index batch of the bundle still kept (a
+        huge number when none is): the journal before it holds no message the bundle still needs."""
+        need = 1 << 62
+        for t in self._bundle(log, bundles):
+            for ix in t.shards:
+                if len(ix.pos):
+                    need = min(need, ix.pos[0])
+        return need
 
     def resume_log(self, log: int, bundles: int, now: float) -> None:
         """After a bundle log was applied again from its start (`_reset`): everything in it is durable, and its
@@ -536,9 +577,13 @@ class BrokerState:
             if idem:
                 yield CK.IdempotencyImage(t.uid, idem)
         for s in sorted(self.subs_by_uid.values(), key=lambda s: s.uid):
-            floors, acked = s.export_state()
-            yield CK.SubImage(s.uid, floors, acked, s.export_leases(), list(s.versions.items()),
-                              list(s.parked.items()), list(s.overrides.items()))
+            yield self._sub_image(s)
+
+    @staticmethod
+    def _sub_image(s: SubscriptionState) -> CK.SubImage:
+        floors, acked = s.export_state()
+        return CK.SubImage(s.uid, floors, acked, s.export_leases(), list(s.versions.items()),
+                           list(s.parked.items()), list(s.overrides.items()))
 
     def restore(self, image) -> None:
         """Load one image of a checkpoint (after its meta records were applied). Raises Contradiction."""

@@ -57,6 +57,12 @@ class LedgerInfo:
     members: dict[str, str]  # node id → address, the ensemble in order
     first: int  # the log offset of its first entry
     end: int | None = None  # the log offset after its last entry, once closed
+    start: int | None = None  # on the list's first ledger once the log was cut: where reading it starts (a
+    #                           Snapshot record; the ledgers before were dropped)
+
+    @property
+    def seq(self) -> int:
+        return self.id & ((1 << LEDGER_SEQ_BITS) - 1)
 
     @staticmethod
     def decode_list(raw: bytes | None) -> list["LedgerInfo"]:
@@ -65,6 +71,11 @@ class LedgerInfo:
     @staticmethod
     def encode_list(ledgers: list["LedgerInfo"]) -> bytes:
         return json.dumps([asdict(lg) for lg in ledgers]).encode()
+
+
+def _next_seq(ledgers: list[LedgerInfo]) -> int:
+    """The sequence number of a log's next ledger (ids are never reused, also after the list was cut)."""
+    return ledgers[-1].seq + 1 if ledgers else 0
 
 
 def ledger_id(log_id: int, seq: int) -> int:
@@ -97,6 +108,11 @@ class OwnedLog:
     pending: deque = field(default_factory=deque)  # _Pending sent or to send, unconfirmed, in log order
     rolling: asyncio.Task | None = None
     released: bool = False
+    next_offset: int = 0  # the log offset the next append gets (a roll resends in order: offsets stay)
+    snapshot_at: int = 0  # the offset of the last snapshot written (or where this node took the log over)
+    snapshots: list = field(default_factory=list)  # (journal position, log offset) of confirmed snapshots
+    start: int = 0  # where the log is read from (the ledger list's cut)
+    trimming: asyncio.Task | None = None
 
     @property
     def bundle(self) -> int:
@@ -135,6 +151,7 @@ class BundleLogs:
             return fut
         p = _Pending(rtype, body, fut)
         ol.pending.append(p)
+        ol.next_offset += 1
         if ol.rolling is None:
             self._send(ol, p)
         return fut
@@ -242,21 +259,22 @@ class BundleLogs:
             last.end = last.first + held
         entries = await self._read_log(ledgers)
         first = ledgers[-1].end if ledgers else 0
-        new = await self._new_ledger(log_id, epoch, len(ledgers), first)
+        new = await self._new_ledger(log_id, epoch, _next_seq(ledgers), first)
         await self._put_ledgers(log_id, epoch, kv, ledgers + [new])
         self.cluster.engine.rebuild_log(log_id, entries)
-        ol = self.logs[log_id] = OwnedLog(log_id, epoch, new)
+        start = (ledgers[0].start or ledgers[0].first) if ledgers else 0
+        ol = self.logs[log_id] = OwnedLog(log_id, epoch, new, next_offset=first, snapshot_at=start, start=start)
         ol.writer = self._writer(ol, new)
         self.taken += 1
         log.info("took bundle %d over at epoch %d: %d entries in %d ledger(s) applied; ledger %d on %s",
                  bundle_of_log(log_id), epoch, len(entries), len(ledgers), new.id, ",".join(new.members))
 
     async def _read_log(self, ledgers: list[LedgerInfo]) -> list[tuple[int, bytes]]:
-        """Every entry of the log, in order, from the members of its (closed) ledgers."""
+        """Every entry of the log from where it was cut, in order, from the members of its (closed) ledgers."""
         out: list[tuple[int, bytes]] = []
-        for lg in ledgers:
+        for i, lg in enumerate(ledgers):
             count = lg.end - lg.first
-            start = 0
+            start = lg.start - lg.first if i == 0 and lg.start is not None else 0
             while start < count:
                 end = min(count, start + READ_CHUNK)
                 got = await self._read_range(lg, start, end)
@@ -302,7 +320,7 @@ class BundleLogs:
                 if not ledgers or ledgers[-1].id != ol.ledger.id or ledgers[-1].end is not None:
                     raise Lost(f"ledger {ol.ledger.id} was closed by another node")
                 ledgers[-1].end = close_at
-                new = await self._new_ledger(ol.log_id, ol.epoch, len(ledgers), close_at, avoid=failed)
+                new = await self._new_ledger(ol.log_id, ol.epoch, _next_seq(ledgers), close_at, avoid=failed)
                 await self._put_ledgers(ol.log_id, ol.epoch, kv, ledgers + [new])
                 break
             except Lost as e:
@@ -332,6 +350,68 @@ class BundleLogs:
                 self._start_roll(ol)
                 rolled += 1
         return rolled
+
+    # --- cutting logs -----------------------------------------------------------------------------------------
+    def compact(self) -> None:
+        """Write a snapshot into each owned log that grew by `log_snapshot_entries` since its last one, and cut
+        logs where a confirmed snapshot allows (in the background): the log is read from there on takeover, and
+        the ledgers wholly before it leave the list."""
+        every = self.cluster.config.log_snapshot_entries
+        for ol in list(self.logs.values()):
+            if ol.released:
+                continue
+            if ol.next_offset - ol.snapshot_at >= every and ol.rolling is None:
+                self._snapshot(ol)
+            if ol.snapshots and (ol.trimming is None or ol.trimming.done()):
+                ol.trimming = asyncio.get_running_loop().create_task(self._cut_logged(ol),
+                                                                     name=f"pigeon-cut-{ol.log_id}")
+
+    def _snapshot(self, ol: OwnedLog) -> None:
+        """Append the bundle's state to its log. No await between reading the state and appending: the record
+        lands right after every record the state has applied."""
+        engine = self.cluster.engine
+        at, offset = engine.journal.tail, ol.next_offset
+        rec = engine.state.bundle_snapshot(ol.log_id, self.cluster.config.bundles)
+        fut = self.append(ol.log_id, rec.TYPE, b"".join(rec.parts()))
+        ol.snapshot_at = offset
+
+        def confirmed(f: asyncio.Future) -> None:
+            if not f.cancelled() and f.exception() is None:
+                ol.snapshots.append((at, offset))
+        fut.add_done_callback(confirmed)
+
+    async def _cut_logged(self, ol: OwnedLog) -> None:
+        try:
+            await self.cut(ol)
+        except asyncio.CancelledError:
+            raise
+        except (Lost, Conflict, M.StoreUnavailable) as e:  # the next pass tries again (or the log is gone)
+            log.info("cutting log %d: %s", ol.log_id, e)
+        except Exception:  # noqa: BLE001 — the next pass tries again
+            log.exception("cutting log %d failed", ol.log_id)
+
+    async def cut(self, ol: OwnedLog) -> bool:
+        """Cut the log at its latest confirmed snapshot that no message still needed comes before: every batch
+        the bundle's index keeps was stored after it (this node's journal holds the log in its order, so
+        journal positions compare as log offsets do). The ledger list loses the ledgers that end before it, by
+        the owner-guarded transaction. Whether it cut."""
+        engine = self.cluster.engine
+        need = engine.state.bundle_need(ol.log_id, self.cluster.config.bundles)
+        usable = [offset for at, offset in ol.snapshots if at <= need]
+        if not usable or max(usable) <= ol.start:
+            return False
+        at = max(usable)
+        kv, ledgers = await self._ledgers(ol.log_id)
+        keep = [lg for lg in ledgers if lg.end is None or lg.end > at]
+        if not keep or keep[0].first > at:
+            return False
+        keep[0].start = at
+        await self._put_ledgers(ol.log_id, ol.epoch, kv, keep)
+        dropped = len(ledgers) - len(keep)
+        ol.start = at
+        ol.snapshots = [(a, o) for a, o in ol.snapshots if o > at]
+        log.info("log %d is read from %d now (a snapshot): %d ledger(s) before it dropped", ol.log_id, at, dropped)
+        return True
 
     # --- repair -------------------------------------------------------------------------------------------------
     def start_repair(self) -> None:

@@ -261,6 +261,7 @@ class ClusterNode:
             self.routes.pop(b, None)
         await self.logs.widen()
         self.logs.start_repair()
+        self.logs.compact()
         for b in {b for b, _ in claimed} - set(taken):
             self.owned.pop(b, None)
         if taken or released:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import itertools
 import logging
 import os
 import time
@@ -165,7 +166,7 @@ class Engine:
             self._fenced.add(log_id)
         parts = rec.parts()
         at = self.journal.append(log_id, self.epoch, rec.TYPE, parts)[1]
-        if self.replicas is not None and log_id != META_LOG and rec.TYPE != R.RecordType.RESET:
+        if self.replicas is not None and log_id != META_LOG and rec.TYPE < R.RecordType.RESET:
             self._replicated[log_id] = self.replicas.append(log_id, rec.TYPE, b"".join(parts))
         effects = self.state.apply(rec, at, owner)
         if effects:
@@ -284,13 +285,23 @@ class Engine:
 
     # --- a cluster node's bundles ----------------------------------------------------------------
     def rebuild_log(self, log_id: int, entries) -> None:
-        """Take a bundle over: its state starts over as created and the log, read back from its ledgers
-        ((type, body) in log order), is applied again — kept in this node's journal too, behind a Reset record,
-        so a restart rebuilds the same. The new owner's first step in serving it (node.bundle_logs)."""
-        self.commit(R.Reset(log_id, self.config.bundles))
+        """Take a bundle over: its state starts over as created — or as the Snapshot record the log starts with
+        says, when the log was cut — and the log, read back from its ledgers ((type, body) in log order), is
+        applied again — kept in this node's journal too, behind that Reset or Snapshot, so a restart rebuilds the
+        same. Later snapshots are skipped: they describe the state the entries before them built. The new owner's
+        first step in serving it (node.bundle_logs)."""
+        entries = iter(entries)
+        first = next(entries, None)
+        if first is not None and first[0] == R.RecordType.SNAPSHOT:  # the log was cut: it starts with its state
+            self.commit(R.decode(*first))
+        else:
+            self.commit(R.Reset(log_id, self.config.bundles))
+            entries = itertools.chain([first] if first is not None else [], entries)
         apply, append, epoch = self.state.apply, self.journal.append, self.epoch
         topics = self.state.topics_by_uid
         for rtype, body in entries:
+            if rtype == R.RecordType.SNAPSHOT:
+                continue  # the state it describes is the one these entries built: a snapshot counts only first
             rec = R.decode(rtype, body)
             if rtype == R.RecordType.PUBLISH and rec.topic not in topics:
                 continue  # its topic was deleted since (the metadata log runs ahead of this one): nothing to keep

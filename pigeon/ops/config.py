@@ -46,6 +46,8 @@ class Config:
     session_ttl_s: int = limits.session_ttl_s_default  # a node silent this long is gone: its bundles move
     replicas: int = 3  # E = Qw: the storage nodes that hold each ledger of a bundle log
     ack_quorum: int = 2  # Qa: how many of them hold a record durably before it is answered
+    log_snapshot_entries: int = 20_000  # a bundle log's owner writes its state into the log this often (entries):
+    #                                     takeover reads the log from the latest snapshot nothing needed precedes
 
     def __post_init__(self):
         if self.fsync not in ("always", "batch", "never"):

@@ -118,6 +118,26 @@ def _encode_image(i) -> bytes:
     return record.encode_parts(SUB, parts)
 
 
+def encode_images(images) -> bytes:
+    """Images as one buffer of framed records (the body of a records.Snapshot)."""
+    return b"".join(_encode_image(i) for i in images)
+
+
+def decode_images(buf) -> list:
+    """The images of `encode_images`. Raises record.Broken or records.Malformed."""
+    out = []
+    it = record.scan(buf, 1 << 40)
+    try:
+        while True:
+            _, rtype, payload = next(it)
+            out.append(_decode_image(rtype, payload))
+    except StopIteration as stop:
+        end, reason = stop.value
+    if reason is not None:
+        raise record.Broken(f"{reason} at byte {end} of a snapshot")
+    return out
+
+
 def decode(buf) -> tuple[Header, list[records.Record], list]:
     """Read a checkpoint file. Raises record.Broken for framing, CRC or structure (a checkpoint to skip) and
     records.Malformed for a payload that passed its CRC but does not decode."""

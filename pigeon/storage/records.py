@@ -52,6 +52,7 @@ class RecordType(enum.IntEnum):
     KICK = 8
     UPDATE = 9
     RESET = 10
+    SNAPSHOT = 11
     TOPIC_PUT = 16
     TOPIC_DEL = 17
     SUB_PUT = 18
@@ -417,6 +418,31 @@ class Reset(Record):
         return out
 
 
+@dataclass(slots=True)
+class Snapshot(Record):
+    """A bundle log's data state at this point of the log, written by its owner into the log itself: the bundle's
+    topics' shard offsets, activation and idempotency indexes, and its subscriptions' ack state, leases and
+    counts (`images`: framed checkpoint images, pigeon.storage.checkpoint). Applying it resets the bundle as
+    Reset does and loads them, so the log can be read from here instead of from its start: no message body is
+    in it — the entries that follow hold every message still needed when the log is cut here (node.bundle_logs
+    decides where). Only the first entry of a log read back is applied (node.engine.rebuild_log): one further in
+    describes what the entries before it built. The owner never applies its own."""
+
+    TYPE: ClassVar = RecordType.SNAPSHOT
+    log: int
+    bundles: int
+    images: bytes
+
+    def parts(self) -> list[bytes]:
+        return [_RESET.pack(self.log, self.bundles), self.images]
+
+    @classmethod
+    def decode(cls, payload) -> "Snapshot":
+        r = PayloadReader(payload)
+        log, bundles = r.take(_RESET)
+        return cls(log, bundles, bytes(r.rest()))
+
+
 _UPDATE = struct.Struct("<IQ")
 
 
@@ -631,7 +657,7 @@ class PolicyPut(Record):
 
 
 CATALOGUE: dict[int, type[Record]] = {cls.TYPE: cls for cls in (
-    Publish, Ack, Deliver, Modack, Seek, Trim, Park, Kick, Update, Reset, TopicPut, TopicDel, SubPut, SubDel, SnapPut,
+    Publish, Ack, Deliver, Modack, Seek, Trim, Park, Kick, Update, Reset, Snapshot, TopicPut, TopicDel, SubPut, SubDel, SnapPut,
     SnapDel, SchemaPut, SchemaDel, SchemaRevDel, PolicyPut)}
 assert len(CATALOGUE) == len(RecordType)
 

@@ -31,6 +31,7 @@ from pigeon.testing.netsplit import Network
 P = "projects/chaos"
 BUNDLES = 16
 KEYS = 8
+SNAPSHOTS = {"PIGEON_LOG_SNAPSHOT_ENTRIES": "200"}  # owners cut their logs often: takeovers start at a snapshot
 PUBLISH_WAIT_S = 5.0  # a publish not answered by then counts as failed, and the publisher tries another node
 
 
@@ -126,9 +127,9 @@ class Cluster:
         return self
 
     def add(self, node_id: str):
-        n = node_process(self.root, self.etcd.endpoint, node_id, extra=self.extra)
+        n = node_process(self.root, self.etcd.endpoint, node_id, extra=self.extra, env=dict(SNAPSHOTS))
         if self.network is not None:
-            n.env = self.network.add(node_id, n.address)
+            n.env.update(self.network.add(node_id, n.address))
         self.nodes[node_id] = n.start()
         return n
 

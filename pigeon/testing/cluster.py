@@ -18,10 +18,11 @@ def node_process(root: str, etcd: str, node_id: str, zone: str = "", extra: list
                          log_path=os.path.join(root, f"{node_id}.log"), env=env)
 
 
-def start_nodes(root: str, etcd: str, ids=("n1", "n2", "n3")) -> dict[str, ServerProcess]:
+def start_nodes(root: str, etcd: str, ids=("n1", "n2", "n3"), env: dict[str, str] | None = None
+                ) -> dict[str, ServerProcess]:
     """Start nodes of one cluster on a wiped key space and wait until each owns a share of the bundles."""
     wipe(etcd)
-    started = {i: node_process(root, etcd, i).start() for i in ids}
+    started = {i: node_process(root, etcd, i, env=env).start() for i in ids}
     await_status(etcd, lambda st: st["unowned"] == 0 and len(st["nodes"]) == len(ids)
                  and all(r["bundles"] for r in st["nodes"]))
     return started
@@ -90,6 +91,23 @@ def owners(endpoint: str) -> dict[int, str]:
         meta = EtcdMetadata(endpoint)
         try:
             return {b: n for b, (n, _) in (await Membership(meta, NodeInfo("-", "-")).owners()).items()}
+        finally:
+            await meta.close()
+
+    return asyncio.run(go())
+
+
+def ledgers_of(endpoint: str, log: int) -> list[dict]:
+    """The ledger list of one bundle log, as etcd holds it."""
+    import json
+
+    from pigeon.node.meta_etcd import EtcdMetadata
+
+    async def go():
+        meta = EtcdMetadata(endpoint)
+        try:
+            kv = await meta.get(M.ledgers_key(log))
+            return json.loads(kv.value) if kv else []
         finally:
             await meta.close()
 

@@ -330,3 +330,71 @@ def test_a_reset_bundle_log_applied_again_rebuilds_exactly_its_topics():
         r.apply(rec, at)
     r.resume_log(1, bundles, 0.0)
     assert exported(r) == before
+
+
+def test_a_bundle_snapshot_and_the_log_after_it_rebuild_the_state():
+    """An owner writes its bundle's state into the log (Snapshot); a node taking the bundle over may read the log
+    from there: Reset, the snapshot, the entries after it — the same state as applying the whole log, once every
+    message published before the snapshot is acked (which is when the owner cuts the log there)."""
+    from pigeon.core import limits
+    from pigeon.core.bundles import bundle_log
+
+    bundles = 4
+    names_ = [f"projects/p/topics/t{i}" for i in range(40)]
+    mine = next(n for n in names_ if bundle_log(n, bundles) == 1)
+    other = next(n for n in names_ if bundle_log(n, bundles) != 1)
+    bits = limits.shard_bits
+
+    def fresh() -> BrokerState:
+        r = BrokerState()
+        r.apply(topic_put(1, mine))
+        r.apply(topic_put(2, other))
+        r.apply(new_sub(r, 3, SUBS[0], 1, mine))
+        r.apply(new_sub(r, 4, SUBS[1], 2, other))
+        r.apply(new_sub(r, 5, SUBS[2], 1, mine, enable_message_ordering=True))
+        return r
+
+    n = lambda offset, shard=0: offset << bits | shard  # noqa: E731
+    before = [R.Publish(1, 0, 0, 1000, 5, 0, b""), R.Publish(1, 1, 0, 1001, 3, 7, b""),
+              R.Deliver(3, 99.0, [n(0), n(1), n(0, 1)]), R.Ack(3, [n(0)]), R.Modack(3, 50.0, 30, [n(1)], [1]),
+              R.Deliver(5, 80.0, [n(0, 1), n(1, 1)], keys=[7, 7])]
+    after = [R.Publish(1, 0, 5, 1002, 2, 0, b""), R.Ack(3, [n(i) for i in range(1, 7)] + [n(i, 1) for i in range(3)]),
+             R.Ack(5, [n(i) for i in range(7)] + [n(i, 1) for i in range(3)]),
+             R.Publish(1, 1, 3, 1003, 4, 7, b""), R.Deliver(3, 120.0, [n(3, 1), n(4, 1)]), R.Ack(5, [n(3, 1)])]
+    whole = fresh()
+    for at, rec in enumerate(before + after):
+        whole.apply(rec, at)
+    whole.apply(R.Publish(2, 0, 0, 1000, 4, 0, b""), 100)
+
+    owner = fresh()
+    for at, rec in enumerate(before):
+        owner.apply(rec, at)
+    snap = owner.bundle_snapshot(1, bundles)
+    snap = R.decode(R.RecordType.SNAPSHOT, b"".join(snap.parts()))  # as the log carries it
+    assert owner.bundle_need(1, bundles) == 0, "the snapshot's messages are still needed: no cut yet"
+
+    taker = fresh()  # another node: other bundles' state of its own, this bundle's from the log
+    taker.apply(R.Publish(1, 0, 0, 999, 1, 0, b""), 200)  # stale state of the bundle, which Reset drops
+    taker.apply(R.Publish(2, 0, 0, 1000, 4, 0, b""), 100)
+    taker.apply(R.Reset(1, bundles))
+    taker.apply(snap)
+    for at, rec in enumerate(after, start=len(before)):
+        taker.apply(rec, at)
+    taker.resume_log(1, bundles, 0.0)
+    whole.resume_log(1, bundles, 0.0)
+    for r in (whole, taker):
+        r.trim_indexes(0.0)  # the batches of the messages acked everywhere go
+    assert whole.bundle_need(1, bundles) == len(before) + 3, "only the batch published after the cut is needed"
+    assert exported(taker) == exported(whole)
+
+
+def test_a_snapshot_skips_what_was_deleted_since():
+    r = BrokerState()
+    r.apply(topic_put(1, TOPICS[0]))
+    r.apply(new_sub(r, 3, SUBS[0], 1, TOPICS[0]))
+    from pigeon.core.bundles import bundle_log
+
+    snap = r.bundle_snapshot(bundle_log(TOPICS[0], 4), 4)
+    r.apply(R.SubDel(3))
+    r.apply(snap)  # the subscription's image finds no subscription: nothing to load, no Contradiction
+    assert 3 not in r.subs_by_uid and r.topics_by_uid[1].shards[0].next == 0

@@ -1,0 +1,71 @@
+"""Snapshots cut a bundle log: its owner writes the bundle's state into the log every so many entries, and once
+every message still needed was stored after a snapshot, the log is read from there — a node taking the bundle
+over applies only the entries from the snapshot on, and nothing acknowledged is lost or comes back."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+
+from pigeon.core.bundles import bundle_of
+from pigeon.testing.cluster import await_status, clients_of, ledgers_of, owners, start_nodes, topic_owned_by
+
+pytestmark = pytest.mark.e2e
+
+P = "projects/cut"
+BUNDLES = 16
+
+
+def _pull_all(sub, name: str, want: set[str], timeout: float = 60.0) -> list[str]:
+    got: list[str] = []
+    deadline = time.monotonic() + timeout
+    while not want <= set(got) and time.monotonic() < deadline:
+        try:
+            r = sub.pull(subscription=name, max_messages=200, timeout=10)
+        except Exception:  # noqa: BLE001 — the bundle is moving for a moment
+            time.sleep(0.2)
+            continue
+        got += [m.message.message_id for m in r.received_messages]
+        if r.received_messages:
+            sub.acknowledge(subscription=name, ack_ids=[m.ack_id for m in r.received_messages])
+    return got
+
+
+def test_a_takeover_reads_the_log_from_its_last_snapshot(etcd, tmp_path):
+    nodes = start_nodes(str(tmp_path), etcd.endpoint, env={"PIGEON_LOG_SNAPSHOT_ENTRIES": "40"})
+    try:
+        topic = topic_owned_by(owners(etcd.endpoint), "n1", f"{P}/topics/cut")
+        log = bundle_of(topic, BUNDLES) + 1
+        pub, sub = clients_of(nodes["n2"])
+        pub.create_topic(name=topic)
+        name = f"{P}/subscriptions/readers"
+        sub.create_subscription(name=name, topic=topic)
+        early = {pub.publish(topic, f"a{i}".encode()).result(timeout=30) for i in range(150)}
+        assert set(_pull_all(sub, name, early)) == early
+
+        deadline = time.monotonic() + 30
+        while not (ledgers_of(etcd.endpoint, log)[0].get("start") or 0) and time.monotonic() < deadline:
+            pub.publish(topic, b"tick").result(timeout=30)  # entries, so the owner writes snapshots
+            _pull_all(sub, name, set(), timeout=0.5)
+        first = ledgers_of(etcd.endpoint, log)[0]
+        assert first.get("start"), f"the log was never cut: {ledgers_of(etcd.endpoint, log)}"
+
+        kept = {pub.publish(topic, f"b{i}".encode()).result(timeout=30) for i in range(30)}
+        nodes["n1"].kill()  # the owner: another node takes the bundle over from the cut
+        got = _pull_all(sub, name, kept)
+        assert kept <= set(got), f"{len(kept - set(got))} acknowledged publishes lost"
+        assert not early & set(got), "acknowledged messages came back"
+
+        st = await_status(etcd.endpoint, lambda st: str(log - 1) in st["owners"]
+                          and st["owners"][str(log - 1)] != "n1", what="a new owner")
+        owner = st["owners"][str(log - 1)]
+        text = open(tmp_path / f"{owner}.log").read()
+        took = re.findall(rf"took bundle {log - 1} over at epoch \d+: (\d+) entries", text)
+        ledgers = ledgers_of(etcd.endpoint, log)
+        start, end = ledgers[0]["start"], ledgers[-1]["first"]
+        assert took and int(took[-1]) == end - start < end, (took, ledgers)
+    finally:
+        for n in nodes.values():
+            n.kill()
