@@ -63,6 +63,11 @@ class StorageApi:
         got = self.store.read(req.ledger, req.start, req.end)
         return pb.ReadResponse(entries=[e.body for e in got], types=[e.rtype for e in got]).SerializeToString()
 
+    @translate
+    async def delete(self, req, context):
+        removed = await self.store.delete(list(req.ledgers))
+        return pb.DeleteLedgersResponse(segments_removed=removed).SerializeToString()
+
 
 def handlers(store: LedgerStore) -> list[grpc.GenericRpcHandler]:
     api = StorageApi(store)
@@ -71,4 +76,5 @@ def handlers(store: LedgerStore) -> list[grpc.GenericRpcHandler]:
             pb.AppendRequest), response_serializer=None),
         "Fence": errors.unary(api.fence, pb.FenceRequest),
         "Read": errors.unary(api.read, pb.ReadRequest),
+        "Delete": errors.unary(api.delete, pb.DeleteLedgersRequest),
     })]

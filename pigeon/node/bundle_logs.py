@@ -370,6 +370,9 @@ class BundleLogs:
         """Append the bundle's state to its log. No await between reading the state and appending: the record
         lands right after every record the state has applied."""
         engine = self.cluster.engine
+        if ol.writer is not None and ol.rolling is None:  # it starts a ledger: the ones before can go whole
+            ol.writer.stop("a snapshot starts the next ledger")
+            self._start_roll(ol)
         at, offset = engine.journal.tail, ol.next_offset
         rec = engine.state.bundle_snapshot(ol.log_id, self.cluster.config.bundles)
         fut = self.append(ol.log_id, rec.TYPE, b"".join(rec.parts()))
@@ -407,11 +410,28 @@ class BundleLogs:
             return False
         keep[0].start = at
         await self._put_ledgers(ol.log_id, ol.epoch, kv, keep)
-        dropped = len(ledgers) - len(keep)
+        dropped = ledgers[:len(ledgers) - len(keep)]
         ol.start = at
         ol.snapshots = [(a, o) for a, o in ol.snapshots if o > at]
-        log.info("log %d is read from %d now (a snapshot): %d ledger(s) before it dropped", ol.log_id, at, dropped)
+        log.info("log %d is read from %d now (a snapshot): %d ledger(s) before it dropped", ol.log_id, at,
+                 len(dropped))
+        await self._delete(dropped)
         return True
+
+    async def _delete(self, ledgers: list[LedgerInfo]) -> None:
+        """Tell the members of ledgers no list names any more to delete them. A member that cannot be reached
+        keeps them (its disk is not reclaimed: the known gap, docs/cluster.md)."""
+        by_member: dict[tuple[str, str], list[int]] = {}
+        for lg in ledgers:
+            for node, address in lg.members.items():
+                by_member.setdefault((node, address), []).append(lg.id)
+
+        async def one(node: str, address: str, ids: list[int]) -> None:
+            try:
+                await self._member(node, address).delete(ids)
+            except Exception as e:  # noqa: BLE001 — best effort
+                log.info("deleting ledgers %s on %s: %s", ids, node, e)
+        await asyncio.gather(*(one(n, a, ids) for (n, a), ids in by_member.items()))
 
     # --- repair -------------------------------------------------------------------------------------------------
     def start_repair(self) -> None:
@@ -449,6 +469,9 @@ class BundleLogs:
                 if ol is None:
                     return repaired
                 kv, ledgers = await self._ledgers(log_id)
+                if all(other.id != lg.id for other in ledgers):  # the log was cut past it meanwhile
+                    await self._delete([LedgerInfo(lg.id, lg.epoch, {new: members[new].address}, lg.first)])
+                    continue
                 for other in ledgers:
                     if other.id == lg.id:
                         dead = [n for n in other.members if n not in up]

@@ -50,6 +50,9 @@ class StorageClient:
         self._read = self.channel.unary_unary("/pigeon.v1.Storage/Read",
                                               request_serializer=pb.ReadRequest.SerializeToString,
                                               response_deserializer=pb.ReadResponse.FromString)
+        self._delete = self.channel.unary_unary("/pigeon.v1.Storage/Delete",
+                                                request_serializer=pb.DeleteLedgersRequest.SerializeToString,
+                                                response_deserializer=pb.DeleteLedgersResponse.FromString)
 
     def open_append(self) -> "AppendStream":
         return AppendStream(self)
@@ -60,6 +63,9 @@ class StorageClient:
     async def read(self, ledger: int, start: int, end: int) -> list[tuple[int, bytes]]:
         r = await self._read(pb.ReadRequest(ledger=ledger, start=start, end=end), timeout=_CALL_S)
         return list(zip(r.types, r.entries))
+
+    async def delete(self, ledgers: list[int]) -> int:
+        return (await self._delete(pb.DeleteLedgersRequest(ledgers=ledgers), timeout=_CALL_S)).segments_removed
 
     async def close(self) -> None:
         await self.channel.close()
@@ -127,6 +133,9 @@ class LocalMember:
 
     async def read(self, ledger: int, start: int, end: int) -> list[tuple[int, bytes]]:
         return [(e.rtype, bytes(e.body)) for e in self.store.read(ledger, start, end)]
+
+    async def delete(self, ledgers: list[int]) -> int:
+        return await self.store.delete(ledgers)
 
     async def close(self) -> None:
         pass

@@ -103,10 +103,12 @@ class Recovered:
 
 
 def recover(disk: Disk, data_dir: str, new_target: Callable[[], Target], *, repair: bool,
-            drop_unappliable: bool = False, type_name: Callable[[int], str] = str) -> Recovered:
+            drop_unappliable: bool = False, type_name: Callable[[int], str] = str,
+            forgotten: frozenset[int] = frozenset()) -> Recovered:
     """Rebuild a target from `data_dir`. With `repair`, truncate what is broken; a record that cannot be
     applied raises Unappliable before anything is deleted, unless `drop_unappliable` (`pigeon fsck --repair`)
-    treats it as broken. `type_name` names record types in reports."""
+    treats it as broken. `type_name` names record types in reports. Entries of the logs in `forgotten` (deleted
+    ledgers of a storage node, whose earlier segments are gone) are passed over: no offsets are checked."""
     rep = Report()
     wal_dir, ck_dir = join(data_dir, "wal"), join(data_dir, "checkpoints")
     target, start, logs = _newest_checkpoint(disk, ck_dir, new_target, rep, repair)
@@ -114,7 +116,7 @@ def recover(disk: Disk, data_dir: str, new_target: Callable[[], Target], *, repa
     if segments and segments[0] > start:
         rep.gap = f"wal starts at {segments[0]} but state needs it from {start}: data in between is lost"
         start = segments[0] if rep.checkpoint is None else start
-    scan = _scan(disk, wal_dir, segments, start, logs, type_name)
+    scan = _scan(disk, wal_dir, segments, start, logs, type_name, forgotten)
     if scan.cut is not None:
         _cut(disk, wal_dir, segments, scan, rep, repair)
     try:
@@ -124,7 +126,7 @@ def recover(disk: Disk, data_dir: str, new_target: Callable[[], Target], *, repa
             raise
         rep.broken.append((e.path, e.at, e.dropped[0][1], f"unappliable {e.type_name} record: {e.reason}"))
         _truncate_at(disk, wal_dir, segments, e.path, e.at, rep, repair=True)
-        return recover(disk, data_dir, new_target, repair=repair, type_name=type_name)
+        return recover(disk, data_dir, new_target, repair=repair, type_name=type_name, forgotten=forgotten)
     rep.tail = scan.tail
     return Recovered(target, rep, scan.tail, scan.logs, ck.list_files(disk, ck_dir))
 
@@ -157,7 +159,7 @@ class _Scan:
     unappliable: Unappliable | None = None
 
 
-def _scan(disk, wal_dir, segments, start, logs, type_name) -> _Scan:
+def _scan(disk, wal_dir, segments, start, logs, type_name, forgotten=frozenset()) -> _Scan:
     """Pass one: framing and CRC of every record from `start`, each log's offsets, epochs, fences, truncations."""
     out = _Scan(logs, start)
     first = max(0, sum(1 for s in segments if s <= start) - 1)
@@ -182,7 +184,7 @@ def _scan(disk, wal_dir, segments, start, logs, type_name) -> _Scan:
                 out.tail = seg + pos
                 return out
             if out.unappliable is None:
-                why = _follow(logs, rtype, payload, seg + pos)
+                why = _follow(logs, rtype, payload, seg + pos, forgotten)
                 if why is not None:
                     later = [(join(wal_dir, segment_name(s)), disk.size(join(wal_dir, segment_name(s))))
                              for s in segments[i + 1:]]
@@ -194,12 +196,14 @@ def _scan(disk, wal_dir, segments, start, logs, type_name) -> _Scan:
     return out
 
 
-def _follow(logs: dict[int, LogState], rtype: int, payload, at: int) -> str | None:
+def _follow(logs: dict[int, LogState], rtype: int, payload, at: int, forgotten=frozenset()) -> str | None:
     """Account one record to its log; why it cannot be (or None)."""
     try:
         log, epoch, offset, body = record.split_entry(payload)
     except record.Malformed as e:
         return str(e)
+    if log in forgotten:
+        return None
     st = logs.get(log)
     if st is None:
         st = logs[log] = LogState(log)
@@ -240,7 +244,8 @@ def _apply(disk, wal_dir, segments, start, scan: _Scan, target, rep: Report, typ
             rtype, payload, nxt = record.decode_at(buf, pos, limits.record_bytes_max)
             if rtype not in MARKERS:
                 log, _, offset, body = record.split_entry(payload)
-                if not scan.logs[log].dropped(seg + pos, offset):
+                st = scan.logs.get(log)  # (none for a forgotten log)
+                if st is not None and not st.dropped(seg + pos, offset):
                     try:
                         target.apply(rtype, body, seg + pos)
                     except Exception as e:  # noqa: BLE001 — whatever the bug, nothing after it may be lost

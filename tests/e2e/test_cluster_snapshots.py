@@ -1,9 +1,11 @@
-"""Snapshots cut a bundle log: its owner writes the bundle's state into the log every so many entries, and once
-every message still needed was stored after a snapshot, the log is read from there — a node taking the bundle
-over applies only the entries from the snapshot on, and nothing acknowledged is lost or comes back."""
+"""Snapshots cut a bundle log: its owner writes the bundle's state into the log every so many entries (each
+snapshot starting a ledger), and once every message still needed was stored after a snapshot, the log is read
+from there — the ledgers before it leave the list and the members' disks, a node taking the bundle over applies
+only the entries from the snapshot on, and nothing acknowledged is lost or comes back."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 
@@ -33,6 +35,23 @@ def _pull_all(sub, name: str, want: set[str], timeout: float = 60.0) -> list[str
     return got
 
 
+async def _held(nodes, ledgers: list[int]) -> dict:
+    """(node, ledger) → entries still readable there."""
+    from pigeon.node.replication import StorageClient
+
+    out = {}
+    for name, n in nodes.items():
+        c = StorageClient(n.address)
+        try:
+            for lid in ledgers:
+                got = await c.read(lid, 0, 1 << 20)
+                if got:
+                    out[(name, lid)] = len(got)
+        finally:
+            await c.close()
+    return out
+
+
 def test_a_takeover_reads_the_log_from_its_last_snapshot(etcd, tmp_path):
     nodes = start_nodes(str(tmp_path), etcd.endpoint, env={"PIGEON_LOG_SNAPSHOT_ENTRIES": "40"})
     try:
@@ -51,6 +70,11 @@ def test_a_takeover_reads_the_log_from_its_last_snapshot(etcd, tmp_path):
             _pull_all(sub, name, set(), timeout=0.5)
         first = ledgers_of(etcd.endpoint, log)[0]
         assert first.get("start"), f"the log was never cut: {ledgers_of(etcd.endpoint, log)}"
+        # a snapshot starts a ledger, so the ledgers before a cut leave the list whole — and the members' disks
+        listed = {lg["id"] for lg in ledgers_of(etcd.endpoint, log)}
+        dropped = [i for i in range(log << 20, first["id"]) if i not in listed]
+        assert dropped, "a cut dropped ledgers"
+        assert asyncio.run(_held(nodes, dropped)) == {}, "the members deleted the dropped ledgers"
 
         kept = {pub.publish(topic, f"b{i}".encode()).result(timeout=30) for i in range(30)}
         nodes["n1"].kill()  # the owner: another node takes the bundle over from the cut

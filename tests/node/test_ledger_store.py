@@ -86,3 +86,45 @@ def test_a_fence_is_durable_refuses_the_old_writer_and_takes_recoverys_copies(tm
     run(fence())
     run(after_restart())
     assert not os.path.exists(tmp_path / "wal"), "the node's own journal is another one"
+
+
+def test_deleted_ledgers_are_gone_for_good_and_their_segments_with_them(tmp_path):
+    """A log cut past its first ledgers: they read as empty, refuse appends and fences (a replaced writer stays
+    out), also after a restart; the journal segments that held only them are removed, and no segment a kept
+    ledger needs."""
+    def segments() -> list[str]:
+        return sorted(os.listdir(tmp_path / "ledgers" / "wal"))
+
+    async def write():
+        s = LedgerStore(str(tmp_path), segment_bytes=4096)
+        await s.open()
+        for i in range(40):
+            await s.append(1, 1, i, 3, b"old-%d" % i * 20)  # ledger 1: several segments of its own
+        await s.fence(1)
+        for i in range(40):
+            await s.append(2, 2, i, 3, b"new-%d" % i * 20)
+        await s.fence(3)  # a kept ledger with a fence and no entry: where its fence lies is not known …
+        before = segments()
+        assert await s.delete([1]) == 0 and segments() == before, "… so nothing is removed while it is kept"
+        removed = await s.delete([3])
+        assert removed > 0 and len(segments()) == len(before) - removed
+        assert s.read(1, 0, 40) == [] and s.held(1) == 0
+        with pytest.raises(FailedPrecondition, match="ledger 1 was deleted"):
+            s.submit(1, 1, 0, 3, b"late")
+        with pytest.raises(FailedPrecondition, match="deleted"):
+            await s.fence(1)
+        assert [e.body for e in s.read(2, 0, 40)] == [b"new-%d" % i * 20 for i in range(40)]
+        await s.close()
+
+    async def reread():
+        s = LedgerStore(str(tmp_path), segment_bytes=4096)
+        await s.open()
+        assert s.held(1) == 0 and s.read(1, 0, 40) == []
+        with pytest.raises(FailedPrecondition, match="ledger 1 was deleted"):
+            s.submit(1, 1, 0, 3, b"late")
+        assert [e.body for e in s.read(2, 0, 40)] == [b"new-%d" % i * 20 for i in range(40)]
+        assert s.statistics().ledgers == 1
+        await s.close()
+
+    run(write())
+    run(reread())
