@@ -79,6 +79,7 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
     await server.start()
     if cluster is not None:
         await cluster.listening()
+    http = await _start_http(config, port, cluster)
     log.info("pigeon serving on %s:%d (data %s, fsync=%s%s)", config.host, port, config.data_dir, config.fsync,
              f", node {config.node_id} of cluster {cluster.cluster_id}" if cluster else "")
     print(f"pigeon: listening on {config.host}:{port}", flush=True)
@@ -89,12 +90,40 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
     engine.closing = True
     for s in engine.signals.values():
         s.notify_all()
+    if http is not None:
+        runner, rest_api = http
+        await runner.cleanup()
+        await rest_api.close()
     await server.stop(grace=2.0)
     if cluster is not None:
         await router.close()
         await cluster.leave()
     await engine.stop()
     log.info("stopped")
+
+
+async def _start_http(config: Config, grpc_port: int, cluster):
+    """The HTTP port (pigeon.api.rest): REST, health. When it is only the default (the gRPC port + 1) and taken,
+    the node serves gRPC without it, saying so."""
+    if config.http_port == 0:
+        return None
+    from pigeon.api import rest
+
+    port = config.http_port if config.http_port > 0 else grpc_port + 1
+    target = f"{'127.0.0.1' if config.host in ('0.0.0.0', '::', '') else config.host}:{grpc_port}"
+    rest.routes()  # compiled once, now: a broken client library shows at startup, not at the first call
+    api = rest.RestApi(target, ready=cluster.ready if cluster is not None else None)
+    try:
+        runner = await rest.start(api, config.host, port)
+    except OSError as e:
+        await api.close()
+        if config.http_port > 0:
+            raise SystemExit(f"pigeon: cannot serve HTTP on {config.host}:{port}: {e}")
+        log.warning("no HTTP port (REST, /metrics, health): %s:%d is taken (%s); --http-port chooses one",
+                    config.host, port, e.strerror)
+        return None
+    log.info("REST API and health checks on http://%s:%d/", config.host, port)
+    return runner, api
 
 
 def _client_went_away(record: logging.LogRecord) -> bool:

@@ -31,6 +31,8 @@ def serve(
     replicas: Optional[int] = typer.Option(None, help="cluster: storage nodes that hold each ledger (default 3)"),
     ack_quorum: Optional[int] = typer.Option(None, "--ack-quorum", help="cluster: how many of them hold a "
                                              "record before it is answered (default 2, a majority)"),
+    http_port: Optional[int] = typer.Option(None, "--http-port", help="REST API, /metrics, /healthz, /readyz "
+                                            "(default: the gRPC port + 1; 0 turns it off)"),
 ):
     """Start a node: on its embedded defaults one process with one data directory; with --etcd a member of a
     cluster (docs/cluster.md)."""
@@ -40,7 +42,8 @@ def serve(
     try:
         cfg = load(config, host=host, port=port, data_dir=data_dir, fsync=fsync,
                    shards_per_topic=shards_per_topic, log_level=log_level, etcd=etcd, node_id=node_id,
-                   advertise=advertise, zone=zone, bundles=bundles, replicas=replicas, ack_quorum=ack_quorum)
+                   advertise=advertise, zone=zone, bundles=bundles, replicas=replicas, ack_quorum=ack_quorum,
+                   http_port=http_port)
     except (ValueError, OSError) as e:
         typer.echo(f"pigeon: {e}", err=True)
         raise typer.Exit(2)

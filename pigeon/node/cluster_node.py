@@ -53,6 +53,7 @@ class ClusterNode:
         self.meta_log = MetaLog(self.meta, engine)
         self.logs = BundleLogs(self, Replication(config.replicas, config.replicas, config.ack_quorum))
         self.routes: dict[int, str] = {}  # bundle → its owner's address, as last read (the router's map)
+        self.etcd_down = False  # the last placement pass could not reach etcd
         self.changed = asyncio.Event()  # something placement depends on may have changed
         self._tasks: list[asyncio.Task] = []
         self._taking: set[int] = set()  # bundles claimed whose takeover runs
@@ -203,6 +204,14 @@ class ClusterNode:
                 log.debug("watch ended (%s); watching again", e)
                 await asyncio.sleep(limits.placement_check_s)
 
+    def ready(self) -> tuple[bool, str]:
+        """Serving as a member: joined under a live session, with etcd answering."""
+        if self.membership.lost.is_set():
+            return False, "this node's cluster session ended; it is joining again"
+        if self.etcd_down:
+            return False, "etcd cannot be reached (bundles owned are still served)"
+        return True, ""
+
     async def _follow_placement(self) -> None:
         unavailable = False
         while True:
@@ -217,11 +226,11 @@ class ClusterNode:
                 await self.rebalance()
                 if unavailable:
                     log.info("etcd answers again")
-                unavailable = False
+                unavailable = self.etcd_down = False
             except M.StoreUnavailable as e:
                 if not unavailable:
                     log.warning("%s: keeping the %d bundles this node owns until it answers", e, len(self.owned))
-                unavailable = True
+                unavailable = self.etcd_down = True
             except asyncio.CancelledError:
                 raise
             except Exception:

@@ -14,10 +14,11 @@ class ServerProcess:
     """A `pigeon serve` child process. `start()` waits until the port accepts connections."""
 
     def __init__(self, data_dir: str, port: int | None = None, fsync: str = "always", extra: list[str] | None = None,
-                 log_path: str | None = None, env: dict[str, str] | None = None):
+                 log_path: str | None = None, env: dict[str, str] | None = None, http: bool = False):
         self.data_dir = data_dir
         self.env = env  # added to this process's environment
         self.port = port or free_port()
+        self.http_port = free_port() if http else 0  # the REST API and health checks (0: off)
         self.fsync = fsync
         self.extra = extra or []
         self.log_path = log_path or os.path.join(os.path.dirname(os.path.abspath(data_dir)), f"pigeon-{self.port}.log")
@@ -27,14 +28,21 @@ class ServerProcess:
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
+    @property
+    def http(self) -> str:
+        """The base URL of the HTTP port (started with http=True)."""
+        return f"http://127.0.0.1:{self.http_port}"
+
     def start(self, timeout: float = 30.0) -> "ServerProcess":
         cmd = [sys.executable, "-m", "pigeon", "serve", "--host", "127.0.0.1", "--port", str(self.port),
-               "--data-dir", self.data_dir, "--fsync", self.fsync, *self.extra]
+               "--data-dir", self.data_dir, "--fsync", self.fsync, "--http-port", str(self.http_port), *self.extra]
         log = open(self.log_path, "ab")
         env = {**os.environ, **self.env} if self.env else None
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
         log.close()
         await_listening(self.proc, self.port, timeout, "pigeon", self.log_path, self.log)
+        if self.http_port:
+            await_listening(self.proc, self.http_port, timeout, "pigeon (HTTP)", self.log_path, self.log)
         return self
 
     def log(self) -> str:

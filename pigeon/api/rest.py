@@ -1,0 +1,360 @@
+"""The Pub/Sub REST/JSON API, health checks and the HTTP port's other pages (aiohttp, on the node's event loop).
+
+Routes are not written by hand: they are the `google.api.http` annotations of the `pubsub.proto` and
+`schema.proto` the official client library ships (compiled here, once, into descriptors with grpc_tools), plus
+the IAM mixin's bindings of Pub/Sub's service configuration (as the client library's REST transport carries
+them). A request becomes the method's request message by the HTTP rule — path variables, then the JSON body
+(`body: "*"`) or the query parameters — in proto3 JSON, and is answered by this node's own gRPC server over
+loopback: validation, errors, routing to a bundle's owner are the gRPC API's, never re-implemented here. gRPC
+errors come back in Google's JSON error shape, `{"error": {"code", "message", "status"}}`, with Google's HTTP
+code for each status."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+import json
+import logging
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass
+from functools import lru_cache
+
+import grpc
+from aiohttp import web
+from google.api import annotations_pb2, http_pb2
+from google.protobuf import descriptor_pb2, descriptor_pool, json_format, message_factory
+
+from pigeon.core import limits
+
+log = logging.getLogger("pigeon.rest")
+
+# gRPC status → HTTP code, as Google's front ends map them (google.rpc.Code's documentation)
+HTTP_CODE = {
+    grpc.StatusCode.OK: 200, grpc.StatusCode.CANCELLED: 499, grpc.StatusCode.UNKNOWN: 500,
+    grpc.StatusCode.INVALID_ARGUMENT: 400, grpc.StatusCode.DEADLINE_EXCEEDED: 504, grpc.StatusCode.NOT_FOUND: 404,
+    grpc.StatusCode.ALREADY_EXISTS: 409, grpc.StatusCode.PERMISSION_DENIED: 403,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: 429, grpc.StatusCode.FAILED_PRECONDITION: 400,
+    grpc.StatusCode.ABORTED: 409, grpc.StatusCode.OUT_OF_RANGE: 400, grpc.StatusCode.UNIMPLEMENTED: 501,
+    grpc.StatusCode.INTERNAL: 500, grpc.StatusCode.UNAVAILABLE: 503, grpc.StatusCode.DATA_LOSS: 500,
+    grpc.StatusCode.UNAUTHENTICATED: 401,
+}
+# query parameters every Google API takes (system parameters), not fields of the request
+_SYSTEM_PARAMS = {"alt", "$alt", "prettyPrint", "key", "fields", "callback", "quotaUser", "upload_protocol",
+                  "uploadType", "access_token", "$.xgafv", "oauth_token"}
+_IAM_METHODS = ("GetIamPolicy", "SetIamPolicy", "TestIamPermissions")
+_CALL_S = 60.0  # a call longer than this (a Pull waits at most its own time) is DEADLINE_EXCEEDED
+
+
+class RestError(Exception):
+    def __init__(self, code: grpc.StatusCode, message: str):
+        super().__init__(message)
+        self.code, self.message = code, message
+
+
+def error_response(code: grpc.StatusCode, message: str) -> web.Response:
+    status = HTTP_CODE.get(code, 500)
+    body = {"error": {"code": status, "message": message, "status": code.name}}
+    return web.json_response(body, status=status)
+
+
+# --- routes, from the annotations ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Route:
+    verb: str  # GET, POST, …
+    template: str  # as the annotation writes it
+    regex: re.Pattern
+    variables: tuple[str, ...]  # field paths, in the order of the regex groups
+    body: str  # "" (no body: query parameters), "*" (the request) or a field's name
+    rpc: str  # /package.Service/Method
+    request: type
+    response: type
+
+
+def _template_regex(template: str) -> tuple[re.Pattern, tuple[str, ...]]:
+    """`/v1/{name=projects/*/topics/*}:publish` → a regex with one group per variable, and the variables."""
+    out, variables, pos = [], [], 0
+    for m in re.finditer(r"\{([^}=]+)(?:=([^}]*))?\}", template):
+        out.append(re.escape(template[pos:m.start()]))
+        pattern = m.group(2) or "*"
+        # a segment holds no '/' and no ':' (a custom verb follows the last one; resource ids have no ':')
+        parts = [".+" if seg == "**" else "[^/:]+" if seg == "*" else re.escape(seg) for seg in pattern.split("/")]
+        out.append("(" + "/".join(parts) + ")")
+        variables.append(m.group(1))
+        pos = m.end()
+    out.append(re.escape(template[pos:]))
+    return re.compile("".join(out) + r"\Z"), tuple(variables)
+
+
+def _compiled_protos() -> descriptor_pb2.FileDescriptorSet:
+    """pubsub.proto and schema.proto of the installed client library, compiled with their imports."""
+    from grpc_tools import protoc
+
+    pkg = importlib.import_module("google.cloud.pubsub_v1")
+    src = os.path.join(os.path.dirname(pkg.__file__), "proto")
+    site = os.path.dirname(os.path.dirname(os.path.dirname(annotations_pb2.__file__)))  # where google/api lives
+    std = os.path.join(os.path.dirname(protoc.__file__), "_proto")
+    with tempfile.TemporaryDirectory() as d:
+        os.makedirs(os.path.join(d, "google", "pubsub", "v1"))
+        for name in ("pubsub.proto", "schema.proto"):  # as pubsub.proto imports it
+            shutil.copy(os.path.join(src, name), os.path.join(d, "google", "pubsub", "v1", name))
+        out = os.path.join(d, "set.pb")
+        rc = protoc.main(["protoc", f"-I{d}", f"-I{site}", f"-I{std}", "--include_imports",
+                          f"--descriptor_set_out={out}", "google/pubsub/v1/pubsub.proto",
+                          "google/pubsub/v1/schema.proto"])
+        if rc != 0:
+            raise RuntimeError("compiling the client library's pubsub.proto failed")
+        with open(out, "rb") as f:
+            return descriptor_pb2.FileDescriptorSet.FromString(f.read())
+
+
+def _rule_bindings(rule: http_pb2.HttpRule):
+    for r in (rule, *rule.additional_bindings):
+        kind = r.WhichOneof("pattern")
+        if kind in ("get", "put", "post", "delete", "patch"):
+            yield kind.upper(), getattr(r, kind), r.body
+
+
+@lru_cache(maxsize=1)
+def routes() -> tuple[Route, ...]:
+    """Every binding of the annotated protos, then those of the client library's REST transports for methods
+    the shipped protos predate (schema revisions) and for the IAM mixin."""
+    files = _compiled_protos()
+    pool = descriptor_pool.DescriptorPool()
+    for f in files.file:
+        pool.Add(f)
+    cls = lambda full: message_factory.GetMessageClass(pool.FindMessageTypeByName(full))  # noqa: E731
+    out, done = [], set()
+    for f in files.file:
+        if f.package != "google.pubsub.v1":
+            continue
+        for svc in f.service:
+            for m in svc.method:
+                if not m.options.HasExtension(annotations_pb2.http):
+                    continue
+                done.add((svc.name, m.name))
+                for verb, template, body in _rule_bindings(m.options.Extensions[annotations_pb2.http]):
+                    out.append(_route(verb, template, body, f"/google.pubsub.v1.{svc.name}/{m.name}",
+                                      cls(m.input_type.lstrip(".")), cls(m.output_type.lstrip("."))))
+    seen = {(r.verb, r.template) for r in out}
+    for service, transport in _transports().items():
+        for name in dir(transport):
+            method = name[1:]
+            if not (name.startswith("_") and method[:1].isupper() and not name.startswith("_Base")) \
+                    or (service, method) in done:
+                continue
+            sig = inspect.signature(getattr(transport, name).__call__)
+            if "request" not in sig.parameters:
+                continue
+            request, response = sig.parameters["request"].annotation, sig.return_annotation
+            request, response = _pb(request), _pb(response)
+            if request is None or response is None:
+                continue  # a streaming method: no REST binding
+            rpc = f"/google.iam.v1.IAMPolicy/{method}" if method in _IAM_METHODS else \
+                f"/google.pubsub.v1.{service}/{method}"
+            for verb, template, body in _transport_bindings(transport, method):
+                if (verb, template) not in seen:
+                    seen.add((verb, template))
+                    out.append(_route(verb, template, body, rpc, request, response))
+    return tuple(out)
+
+
+def _route(verb: str, template: str, body: str, rpc: str, request: type, response: type) -> Route:
+    regex, variables = _template_regex(template)
+    return Route(verb, template, regex, variables, body, rpc, request, response)
+
+
+def _pb(t):
+    """The protobuf class of an annotation of the REST transport (proto-plus types wrap one)."""
+    if isinstance(t, type) and hasattr(t, "pb") and hasattr(t, "meta"):
+        return t.pb()
+    if isinstance(t, type) and hasattr(t, "DESCRIPTOR"):
+        return t
+    return None
+
+
+def _transports() -> dict:
+    from google.pubsub_v1.services.publisher.transports import rest as pub
+    from google.pubsub_v1.services.schema_service.transports import rest as sch
+    from google.pubsub_v1.services.subscriber.transports import rest as sub
+
+    return {"Publisher": pub.PublisherRestTransport, "Subscriber": sub.SubscriberRestTransport,
+            "SchemaService": sch.SchemaServiceRestTransport}
+
+
+def _transport_bindings(transport, method: str) -> list[tuple[str, str, str]]:
+    """A method's bindings as the client library's REST transport carries them."""
+    base = getattr(transport, f"_Base{method}", None)
+    get = getattr(base, "_get_http_options", None)
+    return [(o["method"].upper(), o["uri"], o.get("body", "")) for o in get()] if get else []
+
+
+def match(verb: str, path: str) -> tuple[Route, tuple[str, ...]] | None:
+    for r in routes():
+        if r.verb == verb:
+            m = r.regex.match(path)
+            if m:
+                return r, m.groups()
+    return None
+
+
+# --- requests --------------------------------------------------------------------------------------------
+def _field(msg, path: str):
+    """(the message holding the last field of a dotted path, that field's descriptor)."""
+    *parents, last = path.split(".")
+    for name in parents:
+        fd = _find(msg, name)
+        if fd is None or fd.message_type is None:
+            raise RestError(grpc.StatusCode.INVALID_ARGUMENT, f"Invalid JSON payload received. Unknown name "
+                                                              f"\"{path}\": Cannot find field.")
+        msg = getattr(msg, fd.name)
+    fd = _find(msg, last)
+    if fd is None:
+        raise RestError(grpc.StatusCode.INVALID_ARGUMENT,
+                        f"Invalid JSON payload received. Unknown name \"{path}\": Cannot bind query parameter. "
+                        f"Field '{path}' could not be found in request message.")
+    return msg, fd
+
+
+def _find(msg, name: str):
+    d = msg.DESCRIPTOR
+    return d.fields_by_name.get(name) or next((f for f in d.fields if f.json_name == name), None)
+
+
+def _set_scalar(msg, fd, raw: str, path: str) -> None:
+    from google.protobuf.descriptor import FieldDescriptor as F
+
+    try:
+        if fd.type in (F.TYPE_STRING,):
+            value = raw
+        elif fd.type == F.TYPE_BOOL:
+            if raw not in ("true", "false", "1", "0"):
+                raise ValueError(raw)
+            value = raw in ("true", "1")
+        elif fd.type in (F.TYPE_FLOAT, F.TYPE_DOUBLE):
+            value = float(raw)
+        elif fd.type == F.TYPE_ENUM:
+            ev = fd.enum_type.values_by_name.get(raw)
+            value = ev.number if ev is not None else int(raw)
+        elif fd.type == F.TYPE_BYTES:
+            import base64
+            value = base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4))
+        elif fd.type == F.TYPE_MESSAGE:
+            sub = getattr(msg, fd.name)
+            json_format.Parse(json.dumps(raw), sub)  # well-known types that read from a string (FieldMask, …)
+            return
+        else:
+            value = int(raw)
+    except (ValueError, json_format.ParseError):
+        raise RestError(grpc.StatusCode.INVALID_ARGUMENT, f"Invalid value at '{path}' ({fd.full_name}), "
+                                                          f"\"{raw}\"") from None
+    if fd.is_repeated:
+        getattr(msg, fd.name).append(value)
+    else:
+        setattr(msg, fd.name, value)
+
+
+async def request_message(route: Route, values: tuple[str, ...], req: web.Request):
+    msg = route.request()
+    if route.body:
+        raw = await req.read()
+        text = raw.decode("utf-8", "replace") if raw else "{}"
+        target = msg if route.body == "*" else getattr(msg, route.body)
+        try:
+            json_format.Parse(text, target)
+        except json_format.ParseError as e:
+            raise RestError(grpc.StatusCode.INVALID_ARGUMENT, f"Invalid JSON payload received. {e}") from None
+    if route.body != "*":  # the fields neither the path nor the body binds are query parameters
+        for key, raw in req.query.items():
+            if key in _SYSTEM_PARAMS:
+                continue
+            holder, fd = _field(msg, key)
+            _set_scalar(holder, fd, raw, key)
+    for path, value in zip(route.variables, values):
+        holder, fd = _field(msg, path)
+        setattr(holder, fd.name, value)
+    return msg
+
+
+# --- the application ---------------------------------------------------------------------------------------
+class RestApi:
+    """Answers the REST API by calling the node's own gRPC server at `grpc_target`."""
+
+    def __init__(self, grpc_target: str, ready=None):
+        self.channel = grpc.aio.insecure_channel(grpc_target, options=[
+            ("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)])
+        self.ready = ready  # () → (ok, why): readiness for /readyz
+        self._calls: dict[str, object] = {}
+
+    def _call(self, rpc: str):
+        c = self._calls.get(rpc)
+        if c is None:
+            c = self._calls[rpc] = self.channel.unary_unary(rpc, request_serializer=None, response_deserializer=None)
+        return c
+
+    async def handle(self, req: web.Request) -> web.Response:
+        found = match(req.method, req.path)
+        if found is None:
+            return error_response(grpc.StatusCode.NOT_FOUND, f"The requested URL {req.path} was not found on "
+                                                             f"this server (method {req.method}).")
+        route, values = found
+        try:
+            msg = await request_message(route, values, req)
+        except RestError as e:
+            return error_response(e.code, e.message)
+        metadata = [(k.lower(), v) for k, v in req.headers.items() if k.lower() == "authorization"]
+        try:
+            raw = await self._call(route.rpc)(msg.SerializeToString(), timeout=_CALL_S, metadata=metadata or None)
+        except grpc.aio.AioRpcError as e:
+            return error_response(e.code(), e.details() or e.code().name)
+        out = route.response.FromString(raw)
+        text = json_format.MessageToJson(out, indent=None)
+        return web.Response(text=text, content_type="application/json")
+
+    async def healthz(self, req: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def readyz(self, req: web.Request) -> web.Response:
+        ok, why = self.ready() if self.ready is not None else (True, "")
+        return web.json_response({"status": "ready" if ok else "not ready", **({"why": why} if why else {})},
+                                 status=200 if ok else 503)
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=limits.rest_body_bytes_max, middlewares=[_errors])
+        app.router.add_get("/healthz", self.healthz)
+        app.router.add_get("/readyz", self.readyz)
+        app.router.add_route("*", "/{tail:.*}", self.handle)
+        return app
+
+    async def close(self) -> None:
+        await self.channel.close()
+
+
+@web.middleware
+async def _errors(req: web.Request, handler):
+    """Every error in Google's shape: an oversized body, a method aiohttp refuses, a bug (logged)."""
+    try:
+        return await handler(req)
+    except web.HTTPRequestEntityTooLarge:
+        return error_response(grpc.StatusCode.INVALID_ARGUMENT, f"Request payload size exceeds the limit: "
+                                                                f"{limits.rest_body_bytes_max} bytes.")
+    except web.HTTPException as e:
+        code = {404: grpc.StatusCode.NOT_FOUND, 405: grpc.StatusCode.UNIMPLEMENTED}.get(e.status,
+                                                                                      grpc.StatusCode.INVALID_ARGUMENT)
+        return error_response(code, e.reason or str(e))
+    except asyncio.CancelledError:
+        raise
+    except Exception:  # noqa: BLE001 — the boundary: a bug answers INTERNAL and the server goes on
+        log.exception("REST %s %s failed", req.method, req.path)
+        return error_response(grpc.StatusCode.INTERNAL, "Internal error.")
+
+
+async def start(api: RestApi, host: str, port: int) -> web.AppRunner:
+    runner = web.AppRunner(api.app(), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, reuse_address=True)
+    await site.start()
+    return runner
