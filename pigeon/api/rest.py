@@ -1,4 +1,5 @@
-"""The Pub/Sub REST/JSON API, health checks and the HTTP port's other pages (aiohttp, on the node's event loop).
+"""The Pub/Sub REST/JSON API, health checks, /metrics (pigeon.api.metrics): the HTTP port (aiohttp, on the node's
+event loop).
 
 Routes are not written by hand: they are the `google.api.http` annotations of the `pubsub.proto` and
 `schema.proto` the official client library ships (compiled here, once, into descriptors with grpc_tools), plus
@@ -283,10 +284,11 @@ async def request_message(route: Route, values: tuple[str, ...], req: web.Reques
 class RestApi:
     """Answers the REST API by calling the node's own gRPC server at `grpc_target`."""
 
-    def __init__(self, grpc_target: str, ready=None):
+    def __init__(self, grpc_target: str, ready=None, metrics=None):
         self.channel = grpc.aio.insecure_channel(grpc_target, options=[
             ("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)])
         self.ready = ready  # () → (ok, why): readiness for /readyz
+        self.metrics = metrics  # () → bytes in Prometheus' text format
         self._calls: dict[str, object] = {}
 
     def _call(self, rpc: str):
@@ -322,10 +324,17 @@ class RestApi:
         return web.json_response({"status": "ready" if ok else "not ready", **({"why": why} if why else {})},
                                  status=200 if ok else 503)
 
+    async def metrics_page(self, req: web.Request) -> web.Response:
+        if self.metrics is None:
+            return error_response(grpc.StatusCode.NOT_FOUND, "No metrics here.")
+        return web.Response(body=self.metrics(), headers={"Content-Type": "text/plain; version=0.0.4; "
+                                                                          "charset=utf-8"})
+
     def app(self) -> web.Application:
         app = web.Application(client_max_size=limits.rest_body_bytes_max, middlewares=[_errors])
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/readyz", self.readyz)
+        app.router.add_get("/metrics", self.metrics_page)
         app.router.add_route("*", "/{tail:.*}", self.handle)
         return app
 

@@ -79,7 +79,7 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
     await server.start()
     if cluster is not None:
         await cluster.listening()
-    http = await _start_http(config, port, cluster)
+    http = await _start_http(config, port, engine, cluster)
     log.info("pigeon serving on %s:%d (data %s, fsync=%s%s)", config.host, port, config.data_dir, config.fsync,
              f", node {config.node_id} of cluster {cluster.cluster_id}" if cluster else "")
     print(f"pigeon: listening on {config.host}:{port}", flush=True)
@@ -91,7 +91,8 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
     for s in engine.signals.values():
         s.notify_all()
     if http is not None:
-        runner, rest_api = http
+        runner, rest_api, lag = http
+        lag.stop()
         await runner.cleanup()
         await rest_api.close()
     await server.stop(grace=2.0)
@@ -102,17 +103,20 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
     log.info("stopped")
 
 
-async def _start_http(config: Config, grpc_port: int, cluster):
+async def _start_http(config: Config, grpc_port: int, engine, cluster):
     """The HTTP port (pigeon.api.rest): REST, health. When it is only the default (the gRPC port + 1) and taken,
     the node serves gRPC without it, saying so."""
     if config.http_port == 0:
         return None
-    from pigeon.api import rest
+    from pigeon.api import metrics, rest
 
     port = config.http_port if config.http_port > 0 else grpc_port + 1
     target = f"{'127.0.0.1' if config.host in ('0.0.0.0', '::', '') else config.host}:{grpc_port}"
     rest.routes()  # compiled once, now: a broken client library shows at startup, not at the first call
-    api = rest.RestApi(target, ready=cluster.ready if cluster is not None else None)
+    lag = metrics.LoopLag()
+    reg = metrics.registry(engine, cluster, lag, config.metrics_top)
+    api = rest.RestApi(target, ready=cluster.ready if cluster is not None else None,
+                       metrics=lambda: metrics.render(reg))
     try:
         runner = await rest.start(api, config.host, port)
     except OSError as e:
@@ -122,8 +126,9 @@ async def _start_http(config: Config, grpc_port: int, cluster):
         log.warning("no HTTP port (REST, /metrics, health): %s:%d is taken (%s); --http-port chooses one",
                     config.host, port, e.strerror)
         return None
-    log.info("REST API and health checks on http://%s:%d/", config.host, port)
-    return runner, api
+    lag.start()
+    log.info("REST API, /metrics and health checks on http://%s:%d/", config.host, port)
+    return runner, api, lag
 
 
 def _client_went_away(record: logging.LogRecord) -> bool:

@@ -164,6 +164,9 @@ class TopicState:
         self.idempotency = IdempotencyWindow()
         self.schedule = Schedule()
         self._rr = itertools.cycle(range(shard_count))
+        self.publish_requests = 0  # statistics since start (Cloud Monitoring's topic send_request_count, …)
+        self.published = 0
+        self.published_bytes = 0
 
     def clear_data(self) -> None:
         """Back to no messages (its bundle log is applied again from the start): configuration stays."""

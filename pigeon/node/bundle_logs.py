@@ -130,6 +130,7 @@ class BundleLogs:
         self._local = LocalMember(self.store)
         self.taken = 0  # takeovers done (statistics)
         self.rolls = 0
+        self.under_replicated = 0  # closed ledgers short of members that are up, at the last repair pass
         # members that failed a write lately (node → when): left out of new ensembles until their session has
         # surely ended if they are dead (twice its time to live), so ledgers do not roll onto them again
         self._suspects: dict[str, float] = {}
@@ -455,9 +456,10 @@ class BundleLogs:
         members = {n: i for n, i in (await self.cluster.membership.members()).items() if i.listening}
         up = set(members) - self._suspected()
         size = min(len(up), self.replication.ensemble)
-        repaired = 0
+        repaired = short = 0
         for log_id in list(self.logs):
             kv, ledgers = await self._ledgers(log_id)
+            short += sum(1 for lg in ledgers if lg.end is not None and len([n for n in lg.members if n in up]) < size)
             for lg in ledgers:
                 live = [n for n in lg.members if n in up]
                 spare = sorted(n for n in up if n not in lg.members)
@@ -485,6 +487,8 @@ class BundleLogs:
                 repaired += 1
                 log.info("ledger %d (log %d, entries %d..%d) copied to %s: on %s now", lg.id, log_id, lg.first,
                          lg.end - 1, new, ",".join([*live, new]))
+                short -= 1
+        self.under_replicated = short
         return repaired
 
     async def _copy(self, lg: LedgerInfo, sources: list[str], target: str, address: str) -> None:

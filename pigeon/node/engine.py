@@ -33,6 +33,7 @@ from pigeon.node.streams import Signal, Stream, StreamStats, WallClock
 from pigeon.node.journal import JournalWriter, WriterStats
 from pigeon.ops.config import Config
 from pigeon.core.bundles import META_LOG, bundle_log
+from pigeon.core.histogram import Histogram, HistogramStats
 from pigeon.storage import records as R
 
 log = logging.getLogger("pigeon.engine")
@@ -46,6 +47,8 @@ class NodeStats:
     streams: tuple[StreamStats, ...]
     topics: int
     admission: AdmissionStats
+    topic_stats: tuple[tuple[str, int, int, int], ...]  # (name, publish requests, messages, bytes) since start
+    publish_latency: HistogramStats  # from a Publish reaching the engine to its messages being durable
 
 
 class DataDirInUse(Exception):
@@ -69,6 +72,7 @@ class Engine:
         self.config = config
         self.clock = clock or WallClock()
         self.state = BrokerState()
+        self.publish_latency = Histogram()
         self.journal = JournalWriter(os.path.join(config.data_dir, "wal"), config.fsync, config.segment_bytes)
         self.reader = MessageReader(self.journal, limits.read_cache_bytes_max)
         self.epoch = 0  # this process's epoch: it fences every log it writes at it
@@ -352,8 +356,13 @@ class Engine:
         if t.config.schema_settings.schema:
             request = self.schemas.check_publish(t.config, request)
         rec = commands.publish(t, request, count, ordering_key, int(self.clock.now() * 1000), keys, sched)
+        t0 = time.perf_counter()
         with self.admission.publishing(len(request)):
             await self.durable(self.commit(rec), t.log_id)
+        self.publish_latency.observe(time.perf_counter() - t0)
+        t.publish_requests += 1
+        t.published += count
+        t.published_bytes += len(request)
         ix = t.shards[rec.shard]
         end = rec.base + rec.count
         if ix.durable < end:
@@ -541,13 +550,25 @@ class Engine:
         self.admission.stalled += len(stalled)
         return len(stalled)
 
-    def statistics(self) -> "NodeStats":
-        """Plain values of every part, for the metrics endpoint (nothing reaches inside for them)."""
+    def subscription_statistics(self, chunk: int = 2000):
+        """Every subscription's statistics, `chunk` at a time (a generator: the metrics endpoint spreads the pass
+        over turns of the event loop when there are many)."""
+        subs = list(self.state.subs_by_uid.values())
+        for i in range(0, len(subs), chunk):
+            now = self.clock.now()
+            yield [s.statistics(now) for s in subs[i:i + chunk] if s.uid in self.state.subs_by_uid]
+
+    def statistics(self, subscriptions: bool = True) -> "NodeStats":
+        """Plain values of every part, for the metrics endpoint (nothing reaches inside for them); without
+        `subscriptions`, none of theirs (see subscription_statistics)."""
         now = self.clock.now()
         return NodeStats(self.journal.statistics(), self.reader.statistics(),
-                         tuple(s.statistics(now) for s in self.state.subs_by_uid.values()),
+                         tuple(s.statistics(now) for s in self.state.subs_by_uid.values()) if subscriptions else (),
                          tuple(st.statistics() for st in self.streams), len(self.state.topics),
-                         self.admission.statistics())
+                         self.admission.statistics(),
+                         tuple((t.name, t.publish_requests, t.published, t.published_bytes)
+                               for t in self.state.topics.values()),
+                         self.publish_latency.snapshot())
 
     def ack_nowait(self, s: SubscriptionState, ack_ids) -> dict[str, str]:
         """Apply acks (logged, not yet durable). Returns exactly-once failures {ack_id: code}: with

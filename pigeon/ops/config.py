@@ -38,6 +38,7 @@ class Config:
     stream_unsent_bytes: int = limits.stream_unsent_bytes_max
     stream_write_stall_s: float = limits.stream_write_stall_s
     publish_pending_bytes: int = limits.publish_pending_bytes_max
+    metrics_top: int = 500  # /metrics: per-subscription (and per-topic) series for this many, the largest backlogs
     http_port: int = -1  # REST API, /metrics, health checks: -1 = the gRPC port + 1 (8086 beside 8085), 0 = off
     # cluster (docs/cluster.md): without `etcd` the node is the embedded single node
     etcd: str = ""  # comma-separated etcd endpoints (host:port or http://host:port)

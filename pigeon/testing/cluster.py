@@ -12,17 +12,17 @@ from pigeon.testing.server import ServerProcess
 
 
 def node_process(root: str, etcd: str, node_id: str, zone: str = "", extra: list[str] | None = None,
-                 port: int | None = None, env: dict[str, str] | None = None) -> ServerProcess:
+                 port: int | None = None, env: dict[str, str] | None = None, http: bool = False) -> ServerProcess:
     flags = ["--etcd", etcd, "--node-id", node_id, *(["--zone", zone] if zone else []), *(extra or [])]
     return ServerProcess(os.path.join(root, node_id), port=port, extra=flags,
-                         log_path=os.path.join(root, f"{node_id}.log"), env=env)
+                         log_path=os.path.join(root, f"{node_id}.log"), env=env, http=http)
 
 
-def start_nodes(root: str, etcd: str, ids=("n1", "n2", "n3"), env: dict[str, str] | None = None
-                ) -> dict[str, ServerProcess]:
+def start_nodes(root: str, etcd: str, ids=("n1", "n2", "n3"), env: dict[str, str] | None = None,
+                http: bool = False) -> dict[str, ServerProcess]:
     """Start nodes of one cluster on a wiped key space and wait until each owns a share of the bundles."""
     wipe(etcd)
-    started = {i: node_process(root, etcd, i, env=env).start() for i in ids}
+    started = {i: node_process(root, etcd, i, env=env, http=http).start() for i in ids}
     await_status(etcd, lambda st: st["unowned"] == 0 and len(st["nodes"]) == len(ids)
                  and all(r["bundles"] for r in st["nodes"]))
     return started

@@ -12,6 +12,8 @@ import time
 import pytest
 
 from pigeon.core.bundles import bundle_of
+from tests.e2e.test_metrics import scrape
+from tests.e2e.test_rest import call
 from pigeon.testing.cluster import await_status, clients_of, ledgers_of, owners, start_nodes, topic_owned_by
 
 pytestmark = pytest.mark.e2e
@@ -53,7 +55,7 @@ async def _held(nodes, ledgers: list[int]) -> dict:
 
 
 def test_a_takeover_reads_the_log_from_its_last_snapshot(etcd, tmp_path):
-    nodes = start_nodes(str(tmp_path), etcd.endpoint, env={"PIGEON_LOG_SNAPSHOT_ENTRIES": "40"})
+    nodes = start_nodes(str(tmp_path), etcd.endpoint, env={"PIGEON_LOG_SNAPSHOT_ENTRIES": "40"}, http=True)
     try:
         topic = topic_owned_by(owners(etcd.endpoint), "n1", f"{P}/topics/cut")
         log = bundle_of(topic, BUNDLES) + 1
@@ -75,6 +77,12 @@ def test_a_takeover_reads_the_log_from_its_last_snapshot(etcd, tmp_path):
         dropped = [i for i in range(log << 20, first["id"]) if i not in listed]
         assert dropped, "a cut dropped ledgers"
         assert asyncio.run(_held(nodes, dropped)) == {}, "the members deleted the dropped ledgers"
+
+        m = scrape(nodes["n1"].http)  # the owner's view, in its metrics
+        assert m[("pigeon_cluster_bundles_owned", ())] >= 1 and m[("pigeon_cluster_ready", ())] == 1
+        assert m[("pigeon_cluster_ledger_rolls_total", ())] >= 1, "each snapshot started a ledger"
+        assert ("pigeon_cluster_under_replicated_ledgers", ()) in m
+        assert call(nodes["n2"].http, "GET", "/readyz") == (200, {"status": "ready"})
 
         kept = {pub.publish(topic, f"b{i}".encode()).result(timeout=30) for i in range(30)}
         nodes["n1"].kill()  # the owner: another node takes the bundle over from the cut
