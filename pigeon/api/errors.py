@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 
 import grpc
 from google.protobuf import any_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 
+from pigeon.core import limits
 from pigeon.core.errors import InvalidArgument, PigeonError
 
 log = logging.getLogger("pigeon.api")
@@ -98,10 +100,17 @@ def unary(fn, request_cls):
         fn, request_deserializer=parser(request_cls) if request_cls is not None else None, response_serializer=None)
 
 
+_WAITS = {"pull", "take"}  # handlers that wait for messages by design: not slow when they take their time
+
+
 def translate(fn):
-    """Wrap a unary gRPC handler: errors leave through `abort`."""
+    """Wrap a unary gRPC handler: errors leave through `abort`; a call slower than limits.slow_request_s (but
+    one that waits by design) gets a log line with its duration."""
+    watch = fn.__name__ not in _WAITS
+
     @functools.wraps(fn)
     async def handler(self, request, context):
+        t0 = time.perf_counter()
         try:
             if type(request) is Unparsable:
                 raise request.refused()
@@ -110,6 +119,10 @@ def translate(fn):
             await abort(context, e)
         except Exception as e:  # noqa: BLE001 — the boundary: a bug becomes INTERNAL, the server goes on
             await abort(context, e)
+        finally:
+            took = time.perf_counter() - t0
+            if watch and took > limits.slow_request_s:
+                log.warning("slow request: %s took %.2f s", fn.__name__, took)
 
     return handler
 

@@ -335,6 +335,7 @@ class RestApi:
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/readyz", self.readyz)
         app.router.add_get("/metrics", self.metrics_page)
+        app.router.add_get("/openapi.json", lambda req: web.json_response(openapi()))
         app.router.add_route("*", "/{tail:.*}", self.handle)
         return app
 
@@ -367,3 +368,123 @@ async def start(api: RestApi, host: str, port: int) -> web.AppRunner:
     site = web.TCPSite(runner, host, port, reuse_address=True)
     await site.start()
     return runner
+
+
+# --- the OpenAPI document, from the same routes ------------------------------------------------------------
+_INT32 = {"int32", "sint32", "sfixed32"}
+_UINT32 = {"uint32", "fixed32"}
+_INT64 = {"int64", "sint64", "sfixed64", "uint64", "fixed64"}
+_WELL_KNOWN = {
+    "google.protobuf.Timestamp": {"type": "string", "format": "date-time"},
+    "google.protobuf.Duration": {"type": "string", "pattern": r"^-?[0-9]+(\.[0-9]{1,9})?s$"},
+    "google.protobuf.FieldMask": {"type": "string"},
+    "google.protobuf.Empty": {"type": "object", "additionalProperties": False},
+    "google.protobuf.Struct": {"type": "object"},
+    "google.protobuf.Value": {},
+}
+_SINGULAR = {"projects": "project", "topics": "topic", "subscriptions": "subscription", "snapshots": "snapshot",
+             "schemas": "schema"}
+
+
+def _type_name(fd) -> str:
+    from google.protobuf.descriptor import FieldDescriptor as F
+
+    return {F.TYPE_DOUBLE: "double", F.TYPE_FLOAT: "float", F.TYPE_INT64: "int64", F.TYPE_UINT64: "uint64",
+            F.TYPE_INT32: "int32", F.TYPE_FIXED64: "fixed64", F.TYPE_FIXED32: "fixed32", F.TYPE_BOOL: "bool",
+            F.TYPE_STRING: "string", F.TYPE_BYTES: "bytes", F.TYPE_UINT32: "uint32", F.TYPE_ENUM: "enum",
+            F.TYPE_SFIXED32: "sfixed32", F.TYPE_SFIXED64: "sfixed64", F.TYPE_SINT32: "sint32",
+            F.TYPE_SINT64: "sint64", F.TYPE_MESSAGE: "message"}[fd.type]
+
+
+def _field_schema(fd, comps: dict) -> dict:
+    t = _type_name(fd)
+    if t == "message":
+        if fd.message_type.GetOptions().map_entry:
+            return {"type": "object", "additionalProperties": _field_schema(fd.message_type.fields_by_name["value"],
+                                                                            comps)}
+        one = _message_schema(fd.message_type, comps)
+    elif t in _INT32:
+        one = {"type": "integer", "format": "int32"}
+    elif t in _UINT32:
+        one = {"type": "integer", "format": "int32", "minimum": 0}
+    elif t in _INT64:
+        one = {"type": "string", "pattern": "^-?[0-9]+$" if not t.startswith("u") else "^[0-9]+$"}
+    elif t in ("double", "float"):
+        one = {"type": "number"}
+    elif t == "bool":
+        one = {"type": "boolean"}
+    elif t == "bytes":
+        one = {"type": "string", "format": "byte"}
+    elif t == "enum":
+        one = {"type": "string", "enum": [v.name for v in fd.enum_type.values]}
+    else:
+        one = {"type": "string"}
+    return {"type": "array", "items": one} if fd.is_repeated else one
+
+
+def _message_schema(desc, comps: dict) -> dict:
+    if desc.full_name in _WELL_KNOWN:
+        return dict(_WELL_KNOWN[desc.full_name])
+    if desc.full_name not in comps:
+        comps[desc.full_name] = {}  # (recursive messages refer to it while it is being built)
+        comps[desc.full_name] = {"type": "object", "additionalProperties": False, "properties": {
+            f.json_name: _field_schema(f, comps) for f in desc.fields}}
+    return {"$ref": f"#/components/schemas/{desc.full_name}"}
+
+
+def _openapi_path(route: Route) -> tuple[str, list[dict]]:
+    """`/v1/{name=projects/*/topics/*}:publish` → `/v1/projects/{project}/topics/{topic}:publish` and its
+    path parameters (each one segment)."""
+    params, out, pos = [], [], 0
+    for m in re.finditer(r"\{([^}=]+)(?:=([^}]*))?\}", route.template):
+        out.append(route.template[pos:m.start()])
+        segs = (m.group(2) or "*").split("/")
+        parts = []
+        for i, seg in enumerate(segs):
+            if seg == "*":
+                prev = segs[i - 1] if i else m.group(1).split(".")[-1]
+                name = _SINGULAR.get(prev, prev)
+                params.append({"name": name, "in": "path", "required": True,
+                               "schema": {"type": "string", "pattern": "^[^/:]+$"}})
+                parts.append("{" + name + "}")
+            else:
+                parts.append(seg)
+        out.append("/".join(parts))
+        pos = m.end()
+    out.append(route.template[pos:])
+    return "".join(out), params
+
+
+@lru_cache(maxsize=1)
+def openapi() -> dict:
+    comps: dict = {"Error": {"type": "object", "properties": {"error": {"type": "object", "properties": {
+        "code": {"type": "integer"}, "message": {"type": "string"}, "status": {"type": "string"}}}}}}
+    paths: dict = {}
+    for r in routes():
+        path, params = _openapi_path(r)
+        bound = {v.split(".")[0] for v in r.variables}
+        desc = r.request.DESCRIPTOR
+        op: dict = {"operationId": f"{r.rpc.rsplit('/', 1)[-1]}.{len(paths)}", "tags": [r.rpc.split("/")[1]],
+                    "parameters": list(params),
+                    "responses": {"200": {"description": "OK", "content": {"application/json": {
+                        "schema": _message_schema(r.response.DESCRIPTOR, comps)}}},
+                        "default": {"description": "Google's error shape", "content": {"application/json": {
+                            "schema": {"$ref": "#/components/schemas/Error"}}}}}}
+        if r.body == "*":
+            op["requestBody"] = {"required": True, "content": {"application/json": {
+                "schema": _message_schema(desc, comps)}}}
+        else:
+            if r.body:
+                op["requestBody"] = {"required": True, "content": {"application/json": {
+                    "schema": _field_schema(desc.fields_by_name[r.body], comps)}}}
+            for f in desc.fields:
+                if f.name in bound or f.name == r.body or _type_name(f) == "message" and \
+                        f.message_type.full_name not in _WELL_KNOWN:
+                    continue
+                op["parameters"].append({"name": f.json_name, "in": "query", "required": False,
+                                         "schema": _field_schema(f, comps)})
+        paths.setdefault(path, {})[r.verb.lower()] = op
+    return {"openapi": "3.0.3",
+            "info": {"title": "Pigeon: the Pub/Sub v1 REST API", "version": "v1",
+                     "description": "Derived from the google.api.http annotations of Pub/Sub's protos."},
+            "paths": paths, "components": {"schemas": comps}}

@@ -72,6 +72,11 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
     port = server.add_insecure_port(address)
     if port == 0:
         raise SystemExit(f"cannot listen on {address}")
+    if config.http_port != 0:  # the REST routes (descriptors compiled from the protos) are startup's too
+        from pigeon.api import metrics, rest  # noqa: F401
+
+        rest.routes()
+        rest.openapi()
     # What startup made (modules, protobuf descriptors, the recovered state) lives as long as the process:
     # freezing it keeps the collector's full passes, which pause the event loop, from walking it again.
     gc.collect()
@@ -112,7 +117,6 @@ async def _start_http(config: Config, grpc_port: int, engine, cluster):
 
     port = config.http_port if config.http_port > 0 else grpc_port + 1
     target = f"{'127.0.0.1' if config.host in ('0.0.0.0', '::', '') else config.host}:{grpc_port}"
-    rest.routes()  # compiled once, now: a broken client library shows at startup, not at the first call
     lag = metrics.LoopLag()
     reg = metrics.registry(engine, cluster, lag, config.metrics_top)
     api = rest.RestApi(target, ready=cluster.ready if cluster is not None else None,
@@ -140,8 +144,29 @@ def _client_went_away(record: logging.LogRecord) -> bool:
     return True
 
 
+class JsonLines(logging.Formatter):
+    """One JSON object per line: time (UTC, ISO 8601), level, logger, message, and the exception when there is
+    one — what log shippers parse without a pattern."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        import datetime
+        import json
+
+        out = {"time": datetime.datetime.fromtimestamp(record.created, datetime.timezone.utc).isoformat(
+            timespec="milliseconds").replace("+00:00", "Z"), "level": record.levelname, "logger": record.name,
+            "message": record.getMessage()}
+        if record.exc_info:
+            out["exception"] = self.formatException(record.exc_info)
+        return json.dumps(out, ensure_ascii=False)
+
+
 def run(config: Config) -> None:
-    logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if config.log_format == "json":
+        handler = logging.StreamHandler()
+        handler.setFormatter(JsonLines())
+        logging.basicConfig(level=config.log_level, handlers=[handler])
+    else:
+        logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("grpc._cython.cygrpc").addFilter(_client_went_away)
     allocator.tune()
     try:

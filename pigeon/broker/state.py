@@ -170,6 +170,35 @@ class BrokerState:
             return self._ack(rec)
         return getattr(self, _APPLY[rtype])(rec)
 
+    def describe(self, rec: R.Record) -> str | None:
+        """What an administrative record does, in words, for the log line of the change (before it is applied:
+        a deletion names what it deletes). None for a data record."""
+        T = R.RecordType
+        kinds = {T.TOPIC_PUT: ("topic", Topic, self.topics_by_uid), T.TOPIC_DEL: ("topic", None, self.topics_by_uid),
+                 T.SUB_PUT: ("subscription", Subscription, self.subs_by_uid),
+                 T.SUB_DEL: ("subscription", None, self.subs_by_uid)}
+        if rec.TYPE in kinds:
+            kind, cls, table = kinds[rec.TYPE]
+            if cls is not None:
+                return f"{kind} {_parse(cls, rec.config).name} {'updated' if rec.uid in table else 'created'}"
+            old = table.get(rec.uid)
+            return f"{kind} {old.name if old else rec.uid} deleted"
+        if rec.TYPE == T.SNAP_PUT:
+            name = _parse(Snapshot, rec.config).name
+            return f"snapshot {name} {'updated' if name in self.snapshots else 'created'}"
+        if rec.TYPE == T.SCHEMA_PUT:
+            return f"schema {_parse(Schema, rec.config).name} revision committed"
+        if rec.TYPE in (T.SNAP_DEL, T.SCHEMA_DEL):
+            return f"{'snapshot' if rec.TYPE == T.SNAP_DEL else 'schema'} {rec.name} deleted"
+        if rec.TYPE == T.SCHEMA_REVDEL:
+            return f"schema {rec.name} revision {rec.revision_id} deleted"
+        if rec.TYPE == T.POLICY_PUT:
+            return f"IAM policy of {rec.resource} set"
+        if rec.TYPE == T.SEEK:
+            sub = self.subs_by_uid.get(rec.sub)
+            return f"subscription {sub.name if sub else rec.sub} seeked"
+        return None
+
     # data records ---------------------------------------------------------------------------------
     def _publish(self, rec: R.Publish, at: int):
         t = self.topics_by_uid.get(rec.topic)

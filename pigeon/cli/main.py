@@ -31,6 +31,7 @@ def serve(
     replicas: Optional[int] = typer.Option(None, help="cluster: storage nodes that hold each ledger (default 3)"),
     ack_quorum: Optional[int] = typer.Option(None, "--ack-quorum", help="cluster: how many of them hold a "
                                              "record before it is answered (default 2, a majority)"),
+    log_format: Optional[str] = typer.Option(None, "--log-format", help="text | json (one object per line)"),
     http_port: Optional[int] = typer.Option(None, "--http-port", help="REST API, /metrics, /healthz, /readyz "
                                             "(default: the gRPC port + 1; 0 turns it off)"),
 ):
@@ -43,7 +44,7 @@ def serve(
         cfg = load(config, host=host, port=port, data_dir=data_dir, fsync=fsync,
                    shards_per_topic=shards_per_topic, log_level=log_level, etcd=etcd, node_id=node_id,
                    advertise=advertise, zone=zone, bundles=bundles, replicas=replicas, ack_quorum=ack_quorum,
-                   http_port=http_port)
+                   http_port=http_port, log_format=log_format)
     except (ValueError, OSError) as e:
         typer.echo(f"pigeon: {e}", err=True)
         raise typer.Exit(2)
@@ -91,6 +92,27 @@ def bench(
 
 verbs.register(app)
 app.add_typer(cluster_cli.cluster, name="cluster")
+
+
+@app.command()
+def probe(
+    target: str = typer.Option("127.0.0.1:8085", help="HOST:PORT of a node's gRPC API"),
+    project: str = typer.Option("pigeon-probe", help="the project of the probe topic and subscription"),
+    rate: float = typer.Option(10.0, help="messages per second"),
+    duration: Optional[float] = typer.Option(None, help="seconds to run (default: until Ctrl-C)"),
+    metrics_port: int = typer.Option(9464, "--metrics-port", help="serve the probe's Prometheus metrics here "
+                                     "(0: none)"),
+    deadline: float = typer.Option(10.0, help="a message not delivered this long after its publish is lost"),
+    json_out: bool = typer.Option(False, "--json", help="print a JSON summary at the end"),
+):
+    """Publish and receive at a steady rate through the official client: end-to-end latency and failures, live
+    and as metrics — the black-box check of a running service."""
+    from pigeon.cli.probe import main as run_probe
+
+    try:
+        raise typer.Exit(run_probe(target, project, rate, duration, metrics_port, deadline, json_out))
+    except KeyboardInterrupt:
+        raise typer.Exit(0)
 
 
 @app.command()

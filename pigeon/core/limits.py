@@ -115,6 +115,7 @@ session_ttl_s_default = 5  # a node whose session lease is not renewed this long
 session_ttl_s_min = 2
 session_ttl_s_max = 60
 etcd_retry_s_max = 5.0  # an unreachable etcd is tried again at most this far apart
+slow_request_s = 1.0  # a call (but one that waits by design) slower than this gets a log line with its duration
 rest_body_bytes_max = 16 * 1024 * 1024  # a REST request body (a 10 MB publish is about 13.4 MB as base64 JSON)
 forward_s_max = 5.0  # a forwarded call (but a Pull, which waits by design) not answered by then is UNAVAILABLE
 peer_refusals = 3  # a peer that refused this many connections in a row (0.1 s apart) is gone: its session ends

@@ -207,14 +207,17 @@ class Engine:
             await replicated
 
     async def _change(self, *recs: R.Record) -> None:
-        """Commit administrative records and answer once they are durable."""
+        """Commit administrative records and answer once they are durable; one log line per change."""
         self._check_open()
+        said = [d for d in map(self.state.describe, recs) if d]
         if self.meta_log is not None and any(rec.META for rec in recs):
             await self.meta_log.commit(recs)  # validated against this state: no await may come before
         else:
             for rec in recs:
                 self.commit(rec)
         await self.durable()
+        for d in said:
+            log.info("change: %s", d)
 
     # --- topics ----------------------------------------------------------------------------------
     async def create_topic(self, topic):

@@ -38,6 +38,7 @@ class Config:
     stream_unsent_bytes: int = limits.stream_unsent_bytes_max
     stream_write_stall_s: float = limits.stream_write_stall_s
     publish_pending_bytes: int = limits.publish_pending_bytes_max
+    log_format: str = "text"  # text | json (one JSON object per line: time, level, logger, message)
     metrics_top: int = 500  # /metrics: per-subscription (and per-topic) series for this many, the largest backlogs
     http_port: int = -1  # REST API, /metrics, health checks: -1 = the gRPC port + 1 (8086 beside 8085), 0 = off
     # cluster (docs/cluster.md): without `etcd` the node is the embedded single node
@@ -52,6 +53,8 @@ class Config:
     #                                     takeover reads the log from the latest snapshot nothing needed precedes
 
     def __post_init__(self):
+        if self.log_format not in ("text", "json"):
+            raise ValueError(f"log_format must be text or json (got {self.log_format!r})")
         if self.fsync not in ("always", "batch", "never"):
             raise ValueError(f"fsync must be always, batch or never (got {self.fsync!r})")
         if not 1 <= self.shards_per_topic <= limits.shards_per_topic_max:

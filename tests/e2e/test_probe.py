@@ -1,0 +1,58 @@
+"""`pigeon probe` against a real server: it publishes at a steady rate, receives everything it sent, measures each
+message, serves its metrics, and says so in its JSON summary; against a node that is gone it reports failures
+and exits non-zero."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+import pytest
+
+from pigeon.bench.procs import free_port
+
+pytestmark = pytest.mark.e2e
+
+
+def probe(target: str, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "pigeon", "probe", "--target", target, "--json", *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+
+
+def test_the_probe_sees_every_message_and_exports_its_figures(server):
+    port = free_port()
+    p = probe(server.address, "--rate", "40", "--duration", "4", "--metrics-port", str(port))
+    scraped: list[str] = []
+
+    def scrape():
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not scraped:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+                    text = r.read().decode()
+                if "pigeon_probe_received_total 1" in text or "pigeon_probe_latency_seconds_count" in text \
+                        and "pigeon_probe_received_total 0.0" not in text:
+                    scraped.append(text)
+            except OSError:
+                pass
+            time.sleep(0.3)
+    t = threading.Thread(target=scrape)
+    t.start()
+    out, _ = p.communicate(timeout=60)
+    t.join()
+    s = json.loads(out.strip().splitlines()[-1])
+    assert p.returncode == 0, s
+    assert s["sent"] >= 100 and s["received"] == s["sent"], s
+    assert s["lost"] == 0 and s["publish_failures"] == 0
+    assert s["p50_ms"] > 0 and s["p99_ms"] >= s["p50_ms"]
+    assert scraped and "pigeon_probe_latency_seconds_bucket" in scraped[0]
+
+
+def test_a_probe_of_a_node_that_is_gone_fails(tmp_path):
+    p = probe(f"127.0.0.1:{free_port()}", "--rate", "5", "--duration", "2", "--metrics-port", "0", "--deadline", "2")
+    out, _ = p.communicate(timeout=120)
+    assert p.returncode != 0
