@@ -65,10 +65,13 @@ sim: $(STAMP)
 	$(BIN)/python -m pigeon.testing.simulator --seeds $(SEEDS) --steps $(STEPS)
 
 # Hostile input, long: every gRPC method with FUZZ_EXAMPLES random, garbled and mutated requests (make test runs
-# 12 each); prints the calls made and the status codes seen per method.
+# 12 each); prints the calls made and the status codes seen per method. Then the REST API from its OpenAPI
+# document with schemathesis, REST_FUZZ_EXAMPLES random examples per operation (make test: 5, derandomized).
 FUZZ_EXAMPLES ?= 2000
+REST_FUZZ_EXAMPLES ?= 300
 fuzz: $(STAMP)
 	FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) FUZZ_REPORT=1 $(BIN)/python -m pytest -q -s tests/e2e/test_fuzz.py
+	REST_FUZZ_EXAMPLES=$(REST_FUZZ_EXAMPLES) FUZZ_REPORT=1 $(BIN)/python -m pytest -q -s tests/e2e/test_rest_fuzz.py
 
 # Fault scenarios against a real 3-node cluster under load (kill -9 of an owner and of a storage member, SIGSTOP
 # past the session, drain and join under load, etcd stopped), each ending in a full history check; prints a

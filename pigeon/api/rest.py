@@ -252,10 +252,14 @@ def _set_scalar(msg, fd, raw: str, path: str) -> None:
     except (ValueError, json_format.ParseError):
         raise RestError(grpc.StatusCode.INVALID_ARGUMENT, f"Invalid value at '{path}' ({fd.full_name}), "
                                                           f"\"{raw}\"") from None
-    if fd.is_repeated:
-        getattr(msg, fd.name).append(value)
-    else:
-        setattr(msg, fd.name, value)
+    try:
+        if fd.is_repeated:
+            getattr(msg, fd.name).append(value)
+        else:
+            setattr(msg, fd.name, value)
+    except (ValueError, TypeError):  # out of the field's range (an int32 page size of 2**31)
+        raise RestError(grpc.StatusCode.INVALID_ARGUMENT, f"Invalid value at '{path}' ({fd.full_name}), "
+                                                          f"\"{raw}\"") from None
 
 
 async def request_message(route: Route, values: tuple[str, ...], req: web.Request):

@@ -160,6 +160,17 @@ class JsonLines(logging.Formatter):
         return json.dumps(out, ensure_ascii=False)
 
 
+def _bad_http(record: logging.LogRecord) -> bool:
+    """aiohttp logs a request its parser refuses (a NUL in a header, a broken request line) at ERROR with a
+    traceback; it answers 400 itself: a client's mistake, kept at DEBUG."""
+    if record.levelno >= logging.ERROR and record.exc_info and \
+            type(record.exc_info[1]).__name__ in ("BadHttpMessage", "BadStatusLine", "LineTooLong", "InvalidHeader",
+                                                  "BadHttpMethod", "InvalidURLError"):
+        record.levelno, record.levelname, record.exc_info, record.exc_text = logging.DEBUG, "DEBUG", None, None
+        return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+    return True
+
+
 def run(config: Config) -> None:
     if config.log_format == "json":
         handler = logging.StreamHandler()
@@ -168,6 +179,7 @@ def run(config: Config) -> None:
     else:
         logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("grpc._cython.cygrpc").addFilter(_client_went_away)
+    logging.getLogger("aiohttp.server").addFilter(_bad_http)
     allocator.tune()
     try:
         import uvloop

@@ -143,8 +143,10 @@ class SchemaService:
         if name:
             rev = self.get(name)
             compiled = await self._compile(rev.type_, rev.definition)
-        else:
+        elif schema is not None:
             compiled = await self._compile(schema.type_, schema.definition)
+        else:
+            raise InvalidArgument("Either a schema name or a schema must be given.")
         compiled.validate(message, _ENCODING_NAMES[encoding])
 
     # --- topics --------------------------------------------------------------------------------
