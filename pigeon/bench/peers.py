@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 
-from pigeon.bench.procs import Daemon, free_port
+from pigeon.bench.procs import Daemon, free_port, port_open
 
 RABBIT = "/usr/lib/rabbitmq/bin/rabbitmq-server"
 EMULATOR_DIR = "/usr/lib/google-cloud-sdk/platform/pubsub-emulator"
@@ -126,9 +126,10 @@ class PigeonServer(Server):
         from pigeon.bench.grpc_client import GrpcDriver
 
         port = free_port()
+        http = getattr(self, "http_port", 0)  # the REST API: only when a target publishes through it
         self.server = f"Pigeon {version('pigeon')}, fsync=always"
         cmd = [sys.executable, "-m", "pigeon", "serve", "--host", "127.0.0.1", "--port", str(port),
-               "--data-dir", os.path.join(self.root, "data"), "--fsync", "always"]
+               "--data-dir", os.path.join(self.root, "data"), "--fsync", "always", "--http-port", str(http)]
         env, cwd = None, None
         tree = os.environ.get(SERVER_TREE_ENV)
         if tree:  # before/after comparisons: the server from another checkout, the same load generator
@@ -141,8 +142,24 @@ class PigeonServer(Server):
             self.server += f", server code from {tree}"
         d = Daemon("pigeon", cmd, port, os.path.join(self.root, "pigeon.log"), self.plan.peer_wall_s_max, env=env,
                    cwd=cwd)
-        self.daemons.append(d.start(self.plan.peer_start_s_max))
+        self.daemons.append(d.start(self.plan.peer_start_s_max,
+                                    ready=lambda: port_open(port) and (not http or port_open(http))))
         self.driver = GrpcDriver(f"127.0.0.1:{port}")
+
+
+class PigeonRestServer(PigeonServer):
+    """The same server, published to through its REST/JSON API (the HTTP port) instead of gRPC."""
+
+    name = "pigeon-rest"
+    restartable = False
+
+    def start(self) -> None:
+        from pigeon.bench.rest_client import RestDriver
+
+        self.http_port = free_port()
+        super().start()
+        self.server += ", published to over REST/JSON"
+        self.driver = RestDriver(self.driver.address, f"http://127.0.0.1:{self.http_port}")
 
 
 class ExternalPigeon(Server):
@@ -300,5 +317,5 @@ class RabbitQuorumServer(RabbitServer):
     queue_type = "quorum"
 
 
-PEERS = {c.name: c for c in (RabbitServer, RabbitQuorumServer, NatsServer, NatsSyncAlwaysServer, RedisServer,
+PEERS = {c.name: c for c in (PigeonRestServer, RabbitServer, RabbitQuorumServer, NatsServer, NatsSyncAlwaysServer, RedisServer,
                              EmulatorServer)}
