@@ -18,14 +18,14 @@ pytestmark = pytest.mark.e2e
 EXAMPLES = int(os.environ.get("REST_FUZZ_EXAMPLES", "5"))
 
 
-def test_no_server_errors(server_factory):
+def test_no_server_errors(server_factory, tmp_path):
     srv = server_factory(http=True)
     st = shutil.which("schemathesis", path=os.path.dirname(sys.executable)) or "schemathesis"
     args = [st, "run", f"{srv.http}/openapi.json", "--checks", "not_a_server_error", "--max-examples",
             str(EXAMPLES), "--no-color"]
     if "REST_FUZZ_EXAMPLES" not in os.environ:
         args.append("--generation-deterministic")
-    out = subprocess.run(args, capture_output=True, text=True, timeout=1800)
+    out = subprocess.run(args, capture_output=True, text=True, timeout=1800, cwd=tmp_path)  # its cache goes there
     tail = "\n".join(out.stdout.splitlines()[-40:])
     if os.environ.get("FUZZ_REPORT"):
         print(tail)
