@@ -34,7 +34,13 @@ $(ETCD_BIN):
 cluster: $(STAMP) $(ETCD_BIN)
 	$(BIN)/python scripts/cluster.py --dir ./cluster
 
-test: $(STAMP) $(SPARK_STAMP) $(ETCD_BIN)
+# the web console's tests drive Debian's Chromium through its chromedriver (Selenium); nothing is downloaded at test time
+CHROMEDRIVER := /usr/bin/chromedriver
+$(CHROMEDRIVER):
+	command -v chromedriver >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y \
+		-qq --no-install-recommends chromium chromium-driver; }
+
+test: $(STAMP) $(SPARK_STAMP) $(ETCD_BIN) $(CHROMEDRIVER)
 	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q
 

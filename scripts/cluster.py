@@ -2,6 +2,8 @@
 coloured stream; prints the addresses to use. Ctrl-C (or SIGTERM) stops everything it started.
 
     python scripts/cluster.py [--nodes 3] [--dir ./cluster] [--port 8085]
+
+Node i listens on --port + 2i (gRPC) and the port after it (REST, /metrics, the web console).
 """
 
 from __future__ import annotations
@@ -40,7 +42,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nodes", type=int, default=3)
     ap.add_argument("--dir", default="./cluster")
-    ap.add_argument("--port", type=int, default=8085, help="the first node's port; the others follow it")
+    ap.add_argument("--port", type=int, default=8085, help="the first node's gRPC port; the others follow it, "
+                                                           "two apart (each node's HTTP port is its gRPC port + 1)")
     args = ap.parse_args()
     root = os.path.abspath(args.dir)
     os.makedirs(root, exist_ok=True)
@@ -54,7 +57,9 @@ def main() -> int:
     etcds = [EtcdProcess(os.path.join(root, name), name, peer_port=port, initial_cluster=initial, token=token)
              for name, port in peers.items()]
     nodes = [node_process(root, ",".join(e.endpoint for e in etcds), f"n{i + 1}", zone=f"z{i + 1}",
-                          port=args.port + i) for i in range(args.nodes)]
+                          port=args.port + 2 * i, http=True) for i in range(args.nodes)]
+    for n in nodes:  # REST, /metrics and the console beside each node's gRPC port, as on a single node
+        n.http_port = n.port + 1
     followers = [threading.Thread(target=follow, args=(p.log_path, label, COLOURS[i % len(COLOURS)], quiet),
                                   daemon=True)
                  for i, (label, p) in enumerate([(e.name, e) for e in etcds] + [(n.data_dir.rsplit("/", 1)[-1], n)
@@ -72,6 +77,7 @@ def main() -> int:
         endpoints = ",".join(e.endpoint for e in etcds)
         await_status(endpoints, lambda st: st["unowned"] == 0 and len(st["nodes"]) == len(nodes), timeout=60)
         print(f"\npigeon cluster ready (data in {root}):\n  nodes: {' '.join(n.address for n in nodes)}\n"
+              f"  console, REST: {' '.join(n.http + '/' for n in nodes)}\n"
               f"  etcd:  {endpoints}\n  try:   PUBSUB_EMULATOR_HOST={nodes[0].address} pigeon topics create t1\n"
               f"         pigeon cluster status --etcd {endpoints}\n  Ctrl-C stops everything.\n", flush=True)
         while not stop.is_set():

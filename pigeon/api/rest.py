@@ -50,6 +50,7 @@ HTTP_CODE = {
 _SYSTEM_PARAMS = {"alt", "$alt", "prettyPrint", "key", "fields", "callback", "quotaUser", "upload_protocol",
                   "uploadType", "access_token", "$.xgafv", "oauth_token"}
 _IAM_METHODS = ("GetIamPolicy", "SetIamPolicy", "TestIamPermissions")
+CONSOLE_DIR = os.path.join(os.path.dirname(__file__), "console")
 _CALL_S = 60.0  # a call longer than this (a Pull waits at most its own time) is DEADLINE_EXCEEDED
 
 
@@ -130,7 +131,16 @@ def routes() -> tuple[Route, ...]:
     pool = descriptor_pool.DescriptorPool()
     for f in files.file:
         pool.Add(f)
-    cls = lambda full: message_factory.GetMessageClass(pool.FindMessageTypeByName(full))  # noqa: E731
+    import google.pubsub_v1.types  # noqa: F401 — the library's messages: every field of today's API
+
+    def cls(full: str):
+        """The client library's message class (the protos it ships are older than its types: fields such as
+        enable_exactly_once_delivery are missing there), else the compiled one."""
+        try:
+            return message_factory.GetMessageClass(descriptor_pool.Default().FindMessageTypeByName(full))
+        except KeyError:
+            return message_factory.GetMessageClass(pool.FindMessageTypeByName(full))
+
     out, done = [], set()
     for f in files.file:
         if f.package != "google.pubsub.v1":
@@ -143,6 +153,14 @@ def routes() -> tuple[Route, ...]:
                 for verb, template, body in _rule_bindings(m.options.Extensions[annotations_pb2.http]):
                     out.append(_route(verb, template, body, f"/google.pubsub.v1.{svc.name}/{m.name}",
                                       cls(m.input_type.lstrip(".")), cls(m.output_type.lstrip("."))))
+    for mod in _pigeon_protos():  # pigeon.v1's services: their own annotations
+        for svc in mod.DESCRIPTOR.services_by_name.values():
+            for m in svc.methods:
+                if m.GetOptions().HasExtension(annotations_pb2.http):
+                    for verb, template, body in _rule_bindings(m.GetOptions().Extensions[annotations_pb2.http]):
+                        out.append(_route(verb, template, body, f"/{svc.full_name}/{m.name}",
+                                          message_factory.GetMessageClass(m.input_type),
+                                          message_factory.GetMessageClass(m.output_type)))
     seen = {(r.verb, r.template) for r in out}
     for service, transport in _transports().items():
         for name in dir(transport):
@@ -178,6 +196,33 @@ def _pb(t):
     if isinstance(t, type) and hasattr(t, "DESCRIPTOR"):
         return t
     return None
+
+
+def _pigeon_protos() -> tuple:
+    from pigeon.api.proto import pigeon_monitoring_pb2, pigeon_queue_pb2, pigeon_ranges_pb2
+
+    return pigeon_queue_pb2, pigeon_ranges_pb2, pigeon_monitoring_pb2
+
+
+# bytes fields that carry a serialized google.pubsub.v1.PubsubMessage (pigeon.v1.Queue splices the stored bytes
+# in): in JSON they are that message, as Pull's receivedMessages show it
+_EMBEDDED = frozenset({"pigeon.v1.Taken.message", "pigeon.v1.PeekResponse.message"})
+
+
+def _embedded_json(msg, out: dict) -> dict:
+    """`out` (msg as proto3 JSON) with every _EMBEDDED field shown as the PubsubMessage it carries."""
+    from google.pubsub_v1.types import PubsubMessage
+
+    for fd in msg.DESCRIPTOR.fields:
+        if fd.full_name in _EMBEDDED and fd.json_name in out:
+            out[fd.json_name] = json_format.MessageToDict(PubsubMessage.pb().FromString(getattr(msg, fd.name)))
+        elif fd.message_type is not None and fd.json_name in out and not fd.message_type.GetOptions().map_entry:
+            values = getattr(msg, fd.name)
+            if fd.is_repeated:
+                out[fd.json_name] = [_embedded_json(v, o) for v, o in zip(values, out[fd.json_name])]
+            else:
+                out[fd.json_name] = _embedded_json(values, out[fd.json_name])
+    return out
 
 
 def _transports() -> dict:
@@ -320,7 +365,7 @@ async def request_message(route: Route, values: tuple[str, ...], req: web.Reques
             _set_scalar(holder, fd, raw, key)
     for path, value in zip(route.variables, values):
         holder, fd = _field(msg, path)
-        setattr(holder, fd.name, value)
+        _set_scalar(holder, fd, value, path)
     return msg
 
 
@@ -358,6 +403,8 @@ class RestApi:
         except grpc.aio.AioRpcError as e:
             return error_response(e.code(), e.details() or e.code().name)
         out = route.response.FromString(raw)
+        if route.rpc.startswith("/pigeon.v1.Queue/"):
+            return web.json_response(_embedded_json(out, json_format.MessageToDict(out)))
         text = json_format.MessageToJson(out, indent=None)
         return web.Response(text=text, content_type="application/json")
 
@@ -381,6 +428,8 @@ class RestApi:
         app.router.add_get("/readyz", self.readyz)
         app.router.add_get("/metrics", self.metrics_page)
         app.router.add_get("/openapi.json", lambda req: web.json_response(openapi()))
+        app.router.add_get("/", lambda req: web.FileResponse(os.path.join(CONSOLE_DIR, "index.html")))
+        app.router.add_static("/console/", CONSOLE_DIR)  # the web console: static files over this API
         app.router.add_route("*", "/{tail:.*}", self.handle)
         return app
 
@@ -443,7 +492,11 @@ def _type_name(fd) -> str:
 
 def _field_schema(fd, comps: dict) -> dict:
     t = _type_name(fd)
-    if t == "message":
+    if fd.full_name in _EMBEDDED:
+        from google.pubsub_v1.types import PubsubMessage
+
+        one = _message_schema(PubsubMessage.pb().DESCRIPTOR, comps)
+    elif t == "message":
         if fd.message_type.GetOptions().map_entry:
             return {"type": "object", "additionalProperties": _field_schema(fd.message_type.fields_by_name["value"],
                                                                             comps)}

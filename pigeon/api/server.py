@@ -12,7 +12,7 @@ import signal
 
 import grpc
 
-from pigeon.api import admin_api, pigeon_api, queue_api, storage_api
+from pigeon.api import admin_api, monitoring_api, pigeon_api, queue_api, storage_api
 from pigeon.api.grpc_api import PubSubApi
 from pigeon.api.router import Router
 from pigeon.core import limits
@@ -66,6 +66,7 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
     api = PubSubApi(engine, router)
     server.add_generic_rpc_handlers(api.handlers() + admin_api.handlers(engine) + queue_api.handlers(engine, router))
     server.add_generic_rpc_handlers(pigeon_api.handlers(engine))  # pigeon.v1.Ranges (data pipelines)
+    server.add_generic_rpc_handlers(monitoring_api.handlers(engine, cluster, router))  # the console's figures
     if cluster is not None:
         server.add_generic_rpc_handlers(storage_api.handlers(cluster.store))  # pigeon.v1.Storage (node to node)
     address = f"{config.host}:{config.port}"

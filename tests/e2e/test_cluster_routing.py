@@ -131,3 +131,41 @@ def test_the_queue_extensions_are_answered_by_the_owner(three_nodes, etcd):
         assert q.take(name, 10) == []
     finally:
         q.close()
+
+
+def test_any_node_answers_the_figures_of_every_bundle(three_nodes, etcd):
+    """pigeon.v1.Monitoring (the console's figures) through one node: each subscription's backlog as its bundle's
+    owner counts it, whichever node owns it; the cluster's nodes and bundle owners."""
+    import grpc
+
+    from pigeon.api.proto import pigeon_monitoring_pb2 as m
+
+    owner_of = owners(etcd.endpoint)
+    pub, sub = clients_of(three_nodes["n1"])
+    counts, published = {}, {}
+    for node, n in (("n1", 3), ("n2", 5), ("n3", 7)):
+        topic = topic_owned_by(owner_of, node, f"{P}/topics/figures-{node}")
+        pub.create_topic(name=topic)
+        sub.create_subscription(name=f"{P}/subscriptions/figures-{node}", topic=topic)
+        for f in [pub.publish(topic, b"x") for _ in range(n)]:
+            f.result(timeout=30)
+        counts[f"{P}/subscriptions/figures-{node}"] = (n, node)
+        published[topic] = n
+
+    with grpc.insecure_channel(three_nodes["n3"].address) as ch:
+        call = lambda method, req, resp: ch.unary_unary(  # noqa: E731
+            f"/pigeon.v1.Monitoring/{method}", request_serializer=lambda r: r.SerializeToString(),
+            response_deserializer=resp.FromString)(req, timeout=30)
+        got = call("ListSubscriptionStats", m.ListStatsRequest(project=P), m.ListSubscriptionStatsResponse)
+        figures = {s.name: (s.num_undelivered_messages, s.node) for s in got.subscriptions
+                   if s.name.startswith(f"{P}/subscriptions/figures-")}
+        assert figures == counts
+        page = call("ListSubscriptionStats", m.ListStatsRequest(project=P, page_size=1, page_token=min(counts)),
+                    m.ListSubscriptionStatsResponse)
+        assert [s.name for s in page.subscriptions] == [sorted(counts)[1]]  # pages merge in name order
+        topics = call("ListTopicStats", m.ListStatsRequest(project=P), m.ListTopicStatsResponse)
+        assert {t.name: t.messages for t in topics.topics if "figures-" in t.name} == published
+        st = call("GetClusterStatus", m.GetClusterStatusRequest(), m.ClusterStatus)
+        assert st.clustered and st.answered_by == "n3"
+        assert sorted((n.node, n.state) for n in st.nodes) == [("n1", "up"), ("n2", "up"), ("n3", "up")]
+        assert len(st.owners) == st.bundles and st.unowned == 0

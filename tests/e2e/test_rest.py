@@ -126,8 +126,8 @@ def test_schemas(http):
 def _error(code: int, body: dict, status: str) -> None:
     assert set(body) == {"error"}, body
     err = body["error"]
-    assert (code, err["code"], err["status"]) == ({"INVALID_ARGUMENT": 400, "NOT_FOUND": 404,
-                                                    "ALREADY_EXISTS": 409}[status],) * 2 + (status,), body
+    http_code = {"INVALID_ARGUMENT": 400, "FAILED_PRECONDITION": 400, "NOT_FOUND": 404, "ALREADY_EXISTS": 409}[status]
+    assert (code, err["code"], err["status"]) == (http_code, http_code, status), body
     assert err["message"], body
 
 
@@ -152,3 +152,59 @@ def test_bad_input_gets_googles_error_shape_and_changes_nothing(http):
 
     assert call(http, "GET", f"/v1/{P}/topics")[1] == before, "nothing changed"
     assert call(http, "GET", "/healthz")[0] == 200, "the server keeps serving"
+
+
+def test_monitoring_figures_count_known_traffic(http):
+    """pigeon.v1.Monitoring over REST (what the console shows): 10 published, 4 acked → 6 unacked."""
+    topic, sub = f"{P}/topics/counted", f"{P}/subscriptions/counted-reader"
+    call(http, "PUT", f"/v1/{topic}", {})
+    call(http, "PUT", f"/v1/{sub}", {"topic": topic, "deadLetterPolicy": {"deadLetterTopic": topic}})
+    call(http, "POST", f"/v1/{topic}:publish", {"messages": [{"data": b64(f"m{i}")} for i in range(10)]})
+    got = call(http, "POST", f"/v1/{sub}:pull", {"maxMessages": 10})[1]["receivedMessages"]
+    assert len(got) == 10
+    call(http, "POST", f"/v1/{sub}:acknowledge", {"ackIds": [m["ackId"] for m in got[:4]]})
+
+    code, stats = call(http, "GET", f"/v1/{P}/subscriptionStats")
+    s = next(x for x in stats["subscriptions"] if x["name"] == sub)
+    assert code == 200 and s["topic"] == topic and s["deadLetterTopic"] == topic
+    assert (s["numUndeliveredMessages"], s["numOutstandingMessages"], s["sentMessages"], s["ackedMessages"]) == \
+        ("6", "6", "10", "4")
+    assert s["oldestUnackedMessageAgeSeconds"] >= 0
+    t = next(x for x in call(http, "GET", f"/v1/{P}/topicStats")[1]["topics"] if x["name"] == topic)
+    assert (t["messages"], t["publishRequests"], t["subscriptions"]) == ("10", "1", 1)
+    assert P in call(http, "GET", "/v1/projects")[1]["projects"]
+    assert call(http, "GET", "/v1/cluster")[1]["bundles"] >= 1
+    first = call(http, "GET", f"/v1/{P}/subscriptionStats?pageSize=1")[1]
+    assert len(first["subscriptions"]) == 1 and first["nextPageToken"] == first["subscriptions"][0]["name"]
+    _error(*call(http, "GET", f"/v1/{P}/subscriptionStats?pageSize=100000"), "INVALID_ARGUMENT")
+    _error(*call(http, "GET", "/v1/projects/bad%20name/topicStats"), "INVALID_ARGUMENT")
+
+
+def test_queue_extensions_over_rest(http):
+    """pigeon.v1.Queue's routes (take, peek, ack, delete, kick): messages in JSON as Pull shows them."""
+    topic, sub = f"{P}/topics/jobs", f"{P}/subscriptions/jobs-queue"
+    call(http, "PUT", f"/v1/{topic}", {})
+    call(http, "PUT", f"/v1/{sub}", {"topic": topic})
+    ids = call(http, "POST", f"/v1/{topic}:publish", {"messages": [
+        {"data": b64("one"), "attributes": {"k": "v"}}, {"data": b64("two")}, {"data": b64("three")}]})[1]["messageIds"]
+
+    code, peeked = call(http, "GET", f"/v1/{sub}/messages/{ids[0]}")
+    assert code == 200 and peeked["state"] == "active"
+    assert base64.b64decode(peeked["message"]["data"]) == b"one" and peeked["message"]["attributes"] == {"k": "v"}
+    assert call(http, "POST", f"/v1/{sub}:deleteMessages", {"messageIds": [ids[1]]}) == (200, {"deleted": 1})
+    code, taken = call(http, "POST", f"/v1/{sub}:take", {"maxMessages": 10, "lockSeconds": 60})
+    got = [(base64.b64decode(t["message"]["data"]), t["message"]["messageId"]) for t in taken["messages"]]
+    assert code == 200 and got == [(b"one", ids[0]), (b"three", ids[2])]
+    acks = [t["ackId"] for t in taken["messages"]]
+    assert call(http, "POST", f"/v1/{sub}:bury", {"ackIds": acks[1:]}) == (200, {"buried": 1})
+    assert call(http, "POST", f"/v1/{sub}:ack", {"ackIds": acks[:1]}) == (200, {"acked": 1})
+    assert call(http, "POST", f"/v1/{sub}:kick", {}) == (200, {"kicked": 1})
+    assert call(http, "GET", f"/v1/{sub}/messages/{ids[0]}")[1]["state"] == "acked"
+
+    _error(*call(http, "GET", f"/v1/{sub}/messages/12345"), "NOT_FOUND")
+    _error(*call(http, "POST", f"/v1/{sub}:ack", {"ackIds": acks[:1]}), "FAILED_PRECONDITION")  # not the lock now
+    _error(*call(http, "GET", f"/v1/{topic}/shards/first:read"), "INVALID_ARGUMENT")  # shard is a number
+    code, offsets = call(http, "GET", f"/v1/{topic}:latestOffsets")
+    assert code == 200 and sum(int(s.get("latest", 0)) for s in offsets["shards"]) == 3
+    code, read = call(http, "GET", f"/v1/{topic}/shards/0:read")
+    assert code == 200 and "nextOffset" in read

@@ -22,9 +22,10 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from google.api import annotations_pb2 as google_dot_api_dot_annotations__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#pigeon/api/proto/pigeon_queue.proto\x12\tpigeon.v1\"B\n\x05Taken\x12\x0e\n\x06\x61\x63k_id\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\x0c\x12\x18\n\x10\x64\x65livery_attempt\x18\x03 \x01(\x05\"O\n\x0bTakeRequest\x12\x14\n\x0csubscription\x18\x01 \x01(\t\x12\x14\n\x0cmax_messages\x18\x02 \x01(\x05\x12\x14\n\x0clock_seconds\x18\x03 \x01(\x01\"2\n\x0cTakeResponse\x12\"\n\x08messages\x18\x01 \x03(\x0b\x32\x10.pigeon.v1.Taken\"3\n\nAckRequest\x12\x14\n\x0csubscription\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x63k_ids\x18\x02 \x03(\t\"\x1c\n\x0b\x41\x63kResponse\x12\r\n\x05\x61\x63ked\x18\x01 \x01(\x05\"u\n\x11RescheduleRequest\x12\x14\n\x0csubscription\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x63k_ids\x18\x02 \x03(\t\x12\x18\n\x0e\x61\x63tivate_at_ms\x18\x03 \x01(\x03H\x00\x12\x17\n\rdelay_seconds\x18\x04 \x01(\x01H\x00\x42\x06\n\x04when\",\n\x12RescheduleResponse\x12\x16\n\x0e\x61\x63tivate_at_ms\x18\x01 \x01(\x03\"4\n\x0b\x42uryRequest\x12\x14\n\x0csubscription\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x63k_ids\x18\x02 \x03(\t\"\x1e\n\x0c\x42uryResponse\x12\x0e\n\x06\x62uried\x18\x01 \x01(\x05\"9\n\x0bKickRequest\x12\x14\n\x0csubscription\x18\x01 \x01(\t\x12\x14\n\x0cmax_messages\x18\x02 \x01(\x05\"\x1e\n\x0cKickResponse\x12\x0e\n\x06kicked\x18\x01 \x01(\x05\"\xcd\x01\n\rUpdateRequest\x12\x14\n\x0csubscription\x18\x01 \x01(\t\x12\x0e\n\x06\x61\x63k_id\x18\x02 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12<\n\nattributes\x18\x04 \x03(\x0b\x32(.pigeon.v1.UpdateRequest.AttributesEntry\x12\x17\n\x0fkeep_attributes\x18\x05 \x01(\x08\x1a\x31\n\x0f\x41ttributesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x10\n\x0eUpdateResponse\"7\n\x0bPeekRequest\x12\x14\n\x0csubscription\x18\x01 \x01(\t\x12\x12\n\nmessage_id\x18\x02 \x01(\t\"`\n\x0cPeekResponse\x12\x0f\n\x07message\x18\x01 \x01(\x0c\x12\r\n\x05state\x18\x02 \x01(\t\x12\x18\n\x10\x64\x65livery_attempt\x18\x03 \x01(\x05\x12\x16\n\x0e\x61\x63tivate_at_ms\x18\x04 \x01(\x03\":\n\rDeleteRequest\x12\x14\n\x0csubscription\x18\x01 \x01(\t\x12\x13\n\x0bmessage_ids\x18\x02 \x03(\t\"!\n\x0e\x44\x65leteResponse\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\x05\x32\xea\x03\n\x05Queue\x12\x37\n\x04Take\x12\x16.pigeon.v1.TakeRequest\x1a\x17.pigeon.v1.TakeResponse\x12\x34\n\x03\x41\x63k\x12\x15.pigeon.v1.AckRequest\x1a\x16.pigeon.v1.AckResponse\x12I\n\nReschedule\x12\x1c.pigeon.v1.RescheduleRequest\x1a\x1d.pigeon.v1.RescheduleResponse\x12\x37\n\x04\x42ury\x12\x16.pigeon.v1.BuryRequest\x1a\x17.pigeon.v1.BuryResponse\x12\x37\n\x04Kick\x12\x16.pigeon.v1.KickRequest\x1a\x17.pigeon.v1.KickResponse\x12=\n\x06Update\x12\x18.pigeon.v1.UpdateRequest\x1a\x19.pigeon.v1.UpdateResponse\x12\x37\n\x04Peek\x12\x16.pigeon.v1.PeekRequest\x1a\x17.pigeon.v1.PeekResponse\x12=\n\x06\x44\x65lete\x12\x18.pigeon.v1.DeleteRequest\x1a\x19.pigeon.v1.DeleteResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#pigeon/api/proto/pigeon_queue.proto\x12\tpigeon.v1\x1a\x1cgoogle/api/annotations.proto\"B\n\x05Taken\x12\x0e\n\x06\x61\x63k_id\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\x0c\x12\x18\n\x10\x64\x65livery_attempt\x18\x03 \x01(\x05\"O\n\x0bTakeRequest\x12\x14\n\x0csubscription\x18\x01 \x01(\t\x12\x14\n\x0cmax_messages\x18\x02 \x01(\x05\x12\x14\n\x0clock_seconds\x18\x03 \x01(\x01\"2\n\x0cTakeResponse\x12\"\n\x08messages\x18\x01 \x03(\x0b\x32\x10.pigeon.v1.Taken\"3\n\nAckRequest\x12\x14\n\x0csubscription\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x63k_ids\x18\x02 \x03(\t\"\x1c\n\x0b\x41\x63kResponse\x12\r\n\x05\x61\x63ked\x18\x01 \x01(\x05\"u\n\x11RescheduleRequest\x12\x14\n\x0csubscription\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x63k_ids\x18\x02 \x03(\t\x12\x18\n\x0e\x61\x63tivate_at_ms\x18\x03 \x01(\x03H\x00\x12\x17\n\rdelay_seconds\x18\x04 \x01(\x01H\x00\x42\x06\n\x04when\",\n\x12RescheduleResponse\x12\x16\n\x0e\x61\x63tivate_at_ms\x18\x01 \x01(\x03\"4\n\x0b\x42uryRequest\x12\x14\n\x0csubscription\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x63k_ids\x18\x02 \x03(\t\"\x1e\n\x0c\x42uryResponse\x12\x0e\n\x06\x62uried\x18\x01 \x01(\x05\"9\n\x0bKickRequest\x12\x14\n\x0csubscription\x18\x01 \x01(\t\x12\x14\n\x0cmax_messages\x18\x02 \x01(\x05\"\x1e\n\x0cKickResponse\x12\x0e\n\x06kicked\x18\x01 \x01(\x05\"\xcd\x01\n\rUpdateRequest\x12\x14\n\x0csubscription\x18\x01 \x01(\t\x12\x0e\n\x06\x61\x63k_id\x18\x02 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12<\n\nattributes\x18\x04 \x03(\x0b\x32(.pigeon.v1.UpdateRequest.AttributesEntry\x12\x17\n\x0fkeep_attributes\x18\x05 \x01(\x08\x1a\x31\n\x0f\x41ttributesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x10\n\x0eUpdateResponse\"7\n\x0bPeekRequest\x12\x14\n\x0csubscription\x18\x01 \x01(\t\x12\x12\n\nmessage_id\x18\x02 \x01(\t\"`\n\x0cPeekResponse\x12\x0f\n\x07message\x18\x01 \x01(\x0c\x12\r\n\x05state\x18\x02 \x01(\t\x12\x18\n\x10\x64\x65livery_attempt\x18\x03 \x01(\x05\x12\x16\n\x0e\x61\x63tivate_at_ms\x18\x04 \x01(\x03\":\n\rDeleteRequest\x12\x14\n\x0csubscription\x18\x01 \x01(\t\x12\x13\n\x0bmessage_ids\x18\x02 \x03(\t\"!\n\x0e\x44\x65leteResponse\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\x05\x32\x84\x08\n\x05Queue\x12v\n\x04Take\x12\x16.pigeon.v1.TakeRequest\x1a\x17.pigeon.v1.TakeResponse\"=\x82\xd3\xe4\x93\x02\x37\"2/v1/{subscription=projects/*/subscriptions/*}:take:\x01*\x12r\n\x03\x41\x63k\x12\x15.pigeon.v1.AckRequest\x1a\x16.pigeon.v1.AckResponse\"<\x82\xd3\xe4\x93\x02\x36\"1/v1/{subscription=projects/*/subscriptions/*}:ack:\x01*\x12\x8e\x01\n\nReschedule\x12\x1c.pigeon.v1.RescheduleRequest\x1a\x1d.pigeon.v1.RescheduleResponse\"C\x82\xd3\xe4\x93\x02=\"8/v1/{subscription=projects/*/subscriptions/*}:reschedule:\x01*\x12v\n\x04\x42ury\x12\x16.pigeon.v1.BuryRequest\x1a\x17.pigeon.v1.BuryResponse\"=\x82\xd3\xe4\x93\x02\x37\"2/v1/{subscription=projects/*/subscriptions/*}:bury:\x01*\x12v\n\x04Kick\x12\x16.pigeon.v1.KickRequest\x1a\x17.pigeon.v1.KickResponse\"=\x82\xd3\xe4\x93\x02\x37\"2/v1/{subscription=projects/*/subscriptions/*}:kick:\x01*\x12~\n\x06Update\x12\x18.pigeon.v1.UpdateRequest\x1a\x19.pigeon.v1.UpdateResponse\"?\x82\xd3\xe4\x93\x02\x39\"4/v1/{subscription=projects/*/subscriptions/*}:update:\x01*\x12\x84\x01\n\x04Peek\x12\x16.pigeon.v1.PeekRequest\x1a\x17.pigeon.v1.PeekResponse\"K\x82\xd3\xe4\x93\x02\x45\x12\x43/v1/{subscription=projects/*/subscriptions/*}/messages/{message_id}\x12\x86\x01\n\x06\x44\x65lete\x12\x18.pigeon.v1.DeleteRequest\x1a\x19.pigeon.v1.DeleteResponse\"G\x82\xd3\xe4\x93\x02\x41\"</v1/{subscription=projects/*/subscriptions/*}:deleteMessages:\x01*b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,42 +34,58 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_UPDATEREQUEST_ATTRIBUTESENTRY']._loaded_options = None
   _globals['_UPDATEREQUEST_ATTRIBUTESENTRY']._serialized_options = b'8\001'
-  _globals['_TAKEN']._serialized_start=50
-  _globals['_TAKEN']._serialized_end=116
-  _globals['_TAKEREQUEST']._serialized_start=118
-  _globals['_TAKEREQUEST']._serialized_end=197
-  _globals['_TAKERESPONSE']._serialized_start=199
-  _globals['_TAKERESPONSE']._serialized_end=249
-  _globals['_ACKREQUEST']._serialized_start=251
-  _globals['_ACKREQUEST']._serialized_end=302
-  _globals['_ACKRESPONSE']._serialized_start=304
-  _globals['_ACKRESPONSE']._serialized_end=332
-  _globals['_RESCHEDULEREQUEST']._serialized_start=334
-  _globals['_RESCHEDULEREQUEST']._serialized_end=451
-  _globals['_RESCHEDULERESPONSE']._serialized_start=453
-  _globals['_RESCHEDULERESPONSE']._serialized_end=497
-  _globals['_BURYREQUEST']._serialized_start=499
-  _globals['_BURYREQUEST']._serialized_end=551
-  _globals['_BURYRESPONSE']._serialized_start=553
-  _globals['_BURYRESPONSE']._serialized_end=583
-  _globals['_KICKREQUEST']._serialized_start=585
-  _globals['_KICKREQUEST']._serialized_end=642
-  _globals['_KICKRESPONSE']._serialized_start=644
-  _globals['_KICKRESPONSE']._serialized_end=674
-  _globals['_UPDATEREQUEST']._serialized_start=677
-  _globals['_UPDATEREQUEST']._serialized_end=882
-  _globals['_UPDATEREQUEST_ATTRIBUTESENTRY']._serialized_start=833
-  _globals['_UPDATEREQUEST_ATTRIBUTESENTRY']._serialized_end=882
-  _globals['_UPDATERESPONSE']._serialized_start=884
-  _globals['_UPDATERESPONSE']._serialized_end=900
-  _globals['_PEEKREQUEST']._serialized_start=902
-  _globals['_PEEKREQUEST']._serialized_end=957
-  _globals['_PEEKRESPONSE']._serialized_start=959
-  _globals['_PEEKRESPONSE']._serialized_end=1055
-  _globals['_DELETEREQUEST']._serialized_start=1057
-  _globals['_DELETEREQUEST']._serialized_end=1115
-  _globals['_DELETERESPONSE']._serialized_start=1117
-  _globals['_DELETERESPONSE']._serialized_end=1150
-  _globals['_QUEUE']._serialized_start=1153
-  _globals['_QUEUE']._serialized_end=1643
+  _globals['_QUEUE'].methods_by_name['Take']._loaded_options = None
+  _globals['_QUEUE'].methods_by_name['Take']._serialized_options = b'\202\323\344\223\0027\"2/v1/{subscription=projects/*/subscriptions/*}:take:\001*'
+  _globals['_QUEUE'].methods_by_name['Ack']._loaded_options = None
+  _globals['_QUEUE'].methods_by_name['Ack']._serialized_options = b'\202\323\344\223\0026\"1/v1/{subscription=projects/*/subscriptions/*}:ack:\001*'
+  _globals['_QUEUE'].methods_by_name['Reschedule']._loaded_options = None
+  _globals['_QUEUE'].methods_by_name['Reschedule']._serialized_options = b'\202\323\344\223\002=\"8/v1/{subscription=projects/*/subscriptions/*}:reschedule:\001*'
+  _globals['_QUEUE'].methods_by_name['Bury']._loaded_options = None
+  _globals['_QUEUE'].methods_by_name['Bury']._serialized_options = b'\202\323\344\223\0027\"2/v1/{subscription=projects/*/subscriptions/*}:bury:\001*'
+  _globals['_QUEUE'].methods_by_name['Kick']._loaded_options = None
+  _globals['_QUEUE'].methods_by_name['Kick']._serialized_options = b'\202\323\344\223\0027\"2/v1/{subscription=projects/*/subscriptions/*}:kick:\001*'
+  _globals['_QUEUE'].methods_by_name['Update']._loaded_options = None
+  _globals['_QUEUE'].methods_by_name['Update']._serialized_options = b'\202\323\344\223\0029\"4/v1/{subscription=projects/*/subscriptions/*}:update:\001*'
+  _globals['_QUEUE'].methods_by_name['Peek']._loaded_options = None
+  _globals['_QUEUE'].methods_by_name['Peek']._serialized_options = b'\202\323\344\223\002E\022C/v1/{subscription=projects/*/subscriptions/*}/messages/{message_id}'
+  _globals['_QUEUE'].methods_by_name['Delete']._loaded_options = None
+  _globals['_QUEUE'].methods_by_name['Delete']._serialized_options = b'\202\323\344\223\002A\"</v1/{subscription=projects/*/subscriptions/*}:deleteMessages:\001*'
+  _globals['_TAKEN']._serialized_start=80
+  _globals['_TAKEN']._serialized_end=146
+  _globals['_TAKEREQUEST']._serialized_start=148
+  _globals['_TAKEREQUEST']._serialized_end=227
+  _globals['_TAKERESPONSE']._serialized_start=229
+  _globals['_TAKERESPONSE']._serialized_end=279
+  _globals['_ACKREQUEST']._serialized_start=281
+  _globals['_ACKREQUEST']._serialized_end=332
+  _globals['_ACKRESPONSE']._serialized_start=334
+  _globals['_ACKRESPONSE']._serialized_end=362
+  _globals['_RESCHEDULEREQUEST']._serialized_start=364
+  _globals['_RESCHEDULEREQUEST']._serialized_end=481
+  _globals['_RESCHEDULERESPONSE']._serialized_start=483
+  _globals['_RESCHEDULERESPONSE']._serialized_end=527
+  _globals['_BURYREQUEST']._serialized_start=529
+  _globals['_BURYREQUEST']._serialized_end=581
+  _globals['_BURYRESPONSE']._serialized_start=583
+  _globals['_BURYRESPONSE']._serialized_end=613
+  _globals['_KICKREQUEST']._serialized_start=615
+  _globals['_KICKREQUEST']._serialized_end=672
+  _globals['_KICKRESPONSE']._serialized_start=674
+  _globals['_KICKRESPONSE']._serialized_end=704
+  _globals['_UPDATEREQUEST']._serialized_start=707
+  _globals['_UPDATEREQUEST']._serialized_end=912
+  _globals['_UPDATEREQUEST_ATTRIBUTESENTRY']._serialized_start=863
+  _globals['_UPDATEREQUEST_ATTRIBUTESENTRY']._serialized_end=912
+  _globals['_UPDATERESPONSE']._serialized_start=914
+  _globals['_UPDATERESPONSE']._serialized_end=930
+  _globals['_PEEKREQUEST']._serialized_start=932
+  _globals['_PEEKREQUEST']._serialized_end=987
+  _globals['_PEEKRESPONSE']._serialized_start=989
+  _globals['_PEEKRESPONSE']._serialized_end=1085
+  _globals['_DELETEREQUEST']._serialized_start=1087
+  _globals['_DELETEREQUEST']._serialized_end=1145
+  _globals['_DELETERESPONSE']._serialized_start=1147
+  _globals['_DELETERESPONSE']._serialized_end=1180
+  _globals['_QUEUE']._serialized_start=1183
+  _globals['_QUEUE']._serialized_end=2211
 # @@protoc_insertion_point(module_scope)

@@ -22,9 +22,10 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from google.api import annotations_pb2 as google_dot_api_dot_annotations__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$pigeon/api/proto/pigeon_ranges.proto\x12\tpigeon.v1\"M\n\x14LatestOffsetsRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x17\n\nat_time_ms\x18\x02 \x01(\x03H\x00\x88\x01\x01\x42\r\n\x0b_at_time_ms\"P\n\x0cShardOffsets\x12\r\n\x05shard\x18\x01 \x01(\x05\x12\x10\n\x08\x65\x61rliest\x18\x02 \x01(\x03\x12\x0e\n\x06latest\x18\x03 \x01(\x03\x12\x0f\n\x07\x61t_time\x18\x04 \x01(\x03\"\x91\x01\n\x15LatestOffsetsResponse\x12\x13\n\x0bshard_count\x18\x01 \x01(\x05\x12\'\n\x06shards\x18\x02 \x03(\x0b\x32\x17.pigeon.v1.ShardOffsets\x12\x11\n\ttopic_uid\x18\x03 \x01(\x03\x12\x13\n\x0boffset_bits\x18\x04 \x01(\x05\x12\x12\n\nshard_bits\x18\x05 \x01(\x05\"\xaf\x01\n\x10ReadRangeRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\r\n\x05shard\x18\x02 \x01(\x05\x12\x14\n\x0cstart_offset\x18\x03 \x01(\x03\x12\x12\n\nend_offset\x18\x04 \x01(\x03\x12\x14\n\x0cmax_messages\x18\x05 \x01(\x05\x12\x11\n\tmax_bytes\x18\x06 \x01(\x05\x12\x17\n\x0f\x61llow_data_loss\x18\x07 \x01(\x08\x12\x11\n\ttopic_uid\x18\x08 \x01(\x03\"\xe0\x01\n\x11ReadRangeResponse\x12\x14\n\x0cstart_offset\x18\x01 \x01(\x03\x12\x13\n\x0bnext_offset\x18\x02 \x01(\x03\x12\x11\n\tdata_lost\x18\x03 \x01(\x08\x12\x0f\n\x07lengths\x18\x04 \x01(\x0c\x12\x10\n\x08messages\x18\x05 \x01(\x0c\x12\x14\n\x0c\x62\x61tch_starts\x18\x06 \x03(\x03\x12\x18\n\x10\x62\x61tch_publish_ms\x18\x07 \x03(\x03\x12\x11\n\ttopic_uid\x18\x08 \x01(\x03\x12\x13\n\x0boffset_bits\x18\t \x01(\x05\x12\x12\n\nshard_bits\x18\n \x01(\x05\"C\n\x13\x43reateCursorRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x0f\n\x07offsets\x18\x03 \x03(\x03\" \n\x10GetCursorRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"4\n\x13\x43ommitCursorRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07offsets\x18\x02 \x03(\x03\"{\n\x06\x43ursor\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x0f\n\x07offsets\x18\x03 \x03(\x03\x12\x0e\n\x06latest\x18\x04 \x03(\x03\x12\x0f\n\x07\x62\x61\x63klog\x18\x05 \x01(\x03\x12\x0f\n\x07\x63reated\x18\x06 \x01(\x08\x12\x11\n\ttopic_uid\x18\x07 \x01(\x03\"\xa4\x01\n\rStoredMessage\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12<\n\nattributes\x18\x02 \x03(\x0b\x32(.pigeon.v1.StoredMessage.AttributesEntry\x12\x14\n\x0cordering_key\x18\x05 \x01(\t\x1a\x31\n\x0f\x41ttributesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"<\n\x0eStoredMessages\x12*\n\x08messages\x18\x01 \x03(\x0b\x32\x18.pigeon.v1.StoredMessage2\xe7\x02\n\x06Ranges\x12R\n\rLatestOffsets\x12\x1f.pigeon.v1.LatestOffsetsRequest\x1a .pigeon.v1.LatestOffsetsResponse\x12\x46\n\tReadRange\x12\x1b.pigeon.v1.ReadRangeRequest\x1a\x1c.pigeon.v1.ReadRangeResponse\x12\x41\n\x0c\x43reateCursor\x12\x1e.pigeon.v1.CreateCursorRequest\x1a\x11.pigeon.v1.Cursor\x12;\n\tGetCursor\x12\x1b.pigeon.v1.GetCursorRequest\x1a\x11.pigeon.v1.Cursor\x12\x41\n\x0c\x43ommitCursor\x12\x1e.pigeon.v1.CommitCursorRequest\x1a\x11.pigeon.v1.Cursorb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$pigeon/api/proto/pigeon_ranges.proto\x12\tpigeon.v1\x1a\x1cgoogle/api/annotations.proto\"M\n\x14LatestOffsetsRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x17\n\nat_time_ms\x18\x02 \x01(\x03H\x00\x88\x01\x01\x42\r\n\x0b_at_time_ms\"P\n\x0cShardOffsets\x12\r\n\x05shard\x18\x01 \x01(\x05\x12\x10\n\x08\x65\x61rliest\x18\x02 \x01(\x03\x12\x0e\n\x06latest\x18\x03 \x01(\x03\x12\x0f\n\x07\x61t_time\x18\x04 \x01(\x03\"\x91\x01\n\x15LatestOffsetsResponse\x12\x13\n\x0bshard_count\x18\x01 \x01(\x05\x12\'\n\x06shards\x18\x02 \x03(\x0b\x32\x17.pigeon.v1.ShardOffsets\x12\x11\n\ttopic_uid\x18\x03 \x01(\x03\x12\x13\n\x0boffset_bits\x18\x04 \x01(\x05\x12\x12\n\nshard_bits\x18\x05 \x01(\x05\"\xaf\x01\n\x10ReadRangeRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\r\n\x05shard\x18\x02 \x01(\x05\x12\x14\n\x0cstart_offset\x18\x03 \x01(\x03\x12\x12\n\nend_offset\x18\x04 \x01(\x03\x12\x14\n\x0cmax_messages\x18\x05 \x01(\x05\x12\x11\n\tmax_bytes\x18\x06 \x01(\x05\x12\x17\n\x0f\x61llow_data_loss\x18\x07 \x01(\x08\x12\x11\n\ttopic_uid\x18\x08 \x01(\x03\"\xe0\x01\n\x11ReadRangeResponse\x12\x14\n\x0cstart_offset\x18\x01 \x01(\x03\x12\x13\n\x0bnext_offset\x18\x02 \x01(\x03\x12\x11\n\tdata_lost\x18\x03 \x01(\x08\x12\x0f\n\x07lengths\x18\x04 \x01(\x0c\x12\x10\n\x08messages\x18\x05 \x01(\x0c\x12\x14\n\x0c\x62\x61tch_starts\x18\x06 \x03(\x03\x12\x18\n\x10\x62\x61tch_publish_ms\x18\x07 \x03(\x03\x12\x11\n\ttopic_uid\x18\x08 \x01(\x03\x12\x13\n\x0boffset_bits\x18\t \x01(\x05\x12\x12\n\nshard_bits\x18\n \x01(\x05\"C\n\x13\x43reateCursorRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x0f\n\x07offsets\x18\x03 \x03(\x03\" \n\x10GetCursorRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"4\n\x13\x43ommitCursorRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07offsets\x18\x02 \x03(\x03\"{\n\x06\x43ursor\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x0f\n\x07offsets\x18\x03 \x03(\x03\x12\x0e\n\x06latest\x18\x04 \x03(\x03\x12\x0f\n\x07\x62\x61\x63klog\x18\x05 \x01(\x03\x12\x0f\n\x07\x63reated\x18\x06 \x01(\x08\x12\x11\n\ttopic_uid\x18\x07 \x01(\x03\"\xa4\x01\n\rStoredMessage\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12<\n\nattributes\x18\x02 \x03(\x0b\x32(.pigeon.v1.StoredMessage.AttributesEntry\x12\x14\n\x0cordering_key\x18\x05 \x01(\t\x1a\x31\n\x0f\x41ttributesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"<\n\x0eStoredMessages\x12*\n\x08messages\x18\x01 \x03(\x0b\x32\x18.pigeon.v1.StoredMessage2\x93\x05\n\x06Ranges\x12\x89\x01\n\rLatestOffsets\x12\x1f.pigeon.v1.LatestOffsetsRequest\x1a .pigeon.v1.LatestOffsetsResponse\"5\x82\xd3\xe4\x93\x02/\x12-/v1/{topic=projects/*/topics/*}:latestOffsets\x12\x83\x01\n\tReadRange\x12\x1b.pigeon.v1.ReadRangeRequest\x1a\x1c.pigeon.v1.ReadRangeResponse\";\x82\xd3\xe4\x93\x02\x35\x12\x33/v1/{topic=projects/*/topics/*}/shards/{shard}:read\x12\x80\x01\n\x0c\x43reateCursor\x12\x1e.pigeon.v1.CreateCursorRequest\x1a\x11.pigeon.v1.Cursor\"=\x82\xd3\xe4\x93\x02\x37\"2/v1/{name=projects/*/subscriptions/*}:createCursor:\x01*\x12q\n\tGetCursor\x12\x1b.pigeon.v1.GetCursorRequest\x1a\x11.pigeon.v1.Cursor\"4\x82\xd3\xe4\x93\x02.\x12,/v1/{name=projects/*/subscriptions/*}:cursor\x12\x80\x01\n\x0c\x43ommitCursor\x12\x1e.pigeon.v1.CommitCursorRequest\x1a\x11.pigeon.v1.Cursor\"=\x82\xd3\xe4\x93\x02\x37\"2/v1/{name=projects/*/subscriptions/*}:commitCursor:\x01*b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,30 +34,40 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_STOREDMESSAGE_ATTRIBUTESENTRY']._loaded_options = None
   _globals['_STOREDMESSAGE_ATTRIBUTESENTRY']._serialized_options = b'8\001'
-  _globals['_LATESTOFFSETSREQUEST']._serialized_start=51
-  _globals['_LATESTOFFSETSREQUEST']._serialized_end=128
-  _globals['_SHARDOFFSETS']._serialized_start=130
-  _globals['_SHARDOFFSETS']._serialized_end=210
-  _globals['_LATESTOFFSETSRESPONSE']._serialized_start=213
-  _globals['_LATESTOFFSETSRESPONSE']._serialized_end=358
-  _globals['_READRANGEREQUEST']._serialized_start=361
-  _globals['_READRANGEREQUEST']._serialized_end=536
-  _globals['_READRANGERESPONSE']._serialized_start=539
-  _globals['_READRANGERESPONSE']._serialized_end=763
-  _globals['_CREATECURSORREQUEST']._serialized_start=765
-  _globals['_CREATECURSORREQUEST']._serialized_end=832
-  _globals['_GETCURSORREQUEST']._serialized_start=834
-  _globals['_GETCURSORREQUEST']._serialized_end=866
-  _globals['_COMMITCURSORREQUEST']._serialized_start=868
-  _globals['_COMMITCURSORREQUEST']._serialized_end=920
-  _globals['_CURSOR']._serialized_start=922
-  _globals['_CURSOR']._serialized_end=1045
-  _globals['_STOREDMESSAGE']._serialized_start=1048
-  _globals['_STOREDMESSAGE']._serialized_end=1212
-  _globals['_STOREDMESSAGE_ATTRIBUTESENTRY']._serialized_start=1163
-  _globals['_STOREDMESSAGE_ATTRIBUTESENTRY']._serialized_end=1212
-  _globals['_STOREDMESSAGES']._serialized_start=1214
-  _globals['_STOREDMESSAGES']._serialized_end=1274
-  _globals['_RANGES']._serialized_start=1277
-  _globals['_RANGES']._serialized_end=1636
+  _globals['_RANGES'].methods_by_name['LatestOffsets']._loaded_options = None
+  _globals['_RANGES'].methods_by_name['LatestOffsets']._serialized_options = b'\202\323\344\223\002/\022-/v1/{topic=projects/*/topics/*}:latestOffsets'
+  _globals['_RANGES'].methods_by_name['ReadRange']._loaded_options = None
+  _globals['_RANGES'].methods_by_name['ReadRange']._serialized_options = b'\202\323\344\223\0025\0223/v1/{topic=projects/*/topics/*}/shards/{shard}:read'
+  _globals['_RANGES'].methods_by_name['CreateCursor']._loaded_options = None
+  _globals['_RANGES'].methods_by_name['CreateCursor']._serialized_options = b'\202\323\344\223\0027\"2/v1/{name=projects/*/subscriptions/*}:createCursor:\001*'
+  _globals['_RANGES'].methods_by_name['GetCursor']._loaded_options = None
+  _globals['_RANGES'].methods_by_name['GetCursor']._serialized_options = b'\202\323\344\223\002.\022,/v1/{name=projects/*/subscriptions/*}:cursor'
+  _globals['_RANGES'].methods_by_name['CommitCursor']._loaded_options = None
+  _globals['_RANGES'].methods_by_name['CommitCursor']._serialized_options = b'\202\323\344\223\0027\"2/v1/{name=projects/*/subscriptions/*}:commitCursor:\001*'
+  _globals['_LATESTOFFSETSREQUEST']._serialized_start=81
+  _globals['_LATESTOFFSETSREQUEST']._serialized_end=158
+  _globals['_SHARDOFFSETS']._serialized_start=160
+  _globals['_SHARDOFFSETS']._serialized_end=240
+  _globals['_LATESTOFFSETSRESPONSE']._serialized_start=243
+  _globals['_LATESTOFFSETSRESPONSE']._serialized_end=388
+  _globals['_READRANGEREQUEST']._serialized_start=391
+  _globals['_READRANGEREQUEST']._serialized_end=566
+  _globals['_READRANGERESPONSE']._serialized_start=569
+  _globals['_READRANGERESPONSE']._serialized_end=793
+  _globals['_CREATECURSORREQUEST']._serialized_start=795
+  _globals['_CREATECURSORREQUEST']._serialized_end=862
+  _globals['_GETCURSORREQUEST']._serialized_start=864
+  _globals['_GETCURSORREQUEST']._serialized_end=896
+  _globals['_COMMITCURSORREQUEST']._serialized_start=898
+  _globals['_COMMITCURSORREQUEST']._serialized_end=950
+  _globals['_CURSOR']._serialized_start=952
+  _globals['_CURSOR']._serialized_end=1075
+  _globals['_STOREDMESSAGE']._serialized_start=1078
+  _globals['_STOREDMESSAGE']._serialized_end=1242
+  _globals['_STOREDMESSAGE_ATTRIBUTESENTRY']._serialized_start=1193
+  _globals['_STOREDMESSAGE_ATTRIBUTESENTRY']._serialized_end=1242
+  _globals['_STOREDMESSAGES']._serialized_start=1244
+  _globals['_STOREDMESSAGES']._serialized_end=1304
+  _globals['_RANGES']._serialized_start=1307
+  _globals['_RANGES']._serialized_end=1966
 # @@protoc_insertion_point(module_scope)
