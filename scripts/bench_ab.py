@@ -4,6 +4,7 @@ figures from different hours).
 
     python scripts/bench_ab.py HEAD~3 HEAD --workloads publish,consume --rounds 2
     python scripts/bench_ab.py 161ec0c HEAD --workloads connections
+    python scripts/bench_ab.py HEAD~1 HEAD --workloads publish --target pigeon-cluster
 
 Each revision is checked out into a temporary git worktree; the benchmark of this checkout starts the server from
 it (PIGEON_BENCH_SERVER_TREE), so both sides face the same load generator. The table shows every run and the
@@ -49,12 +50,14 @@ FIGURES = [
 ]
 
 
-def run(rev_dir: str, plan: str, workloads: str, out: str) -> dict:
+def run(rev_dir: str, plan: str, workloads: str, out: str, target: str) -> dict:
     env = dict(os.environ, PIGEON_BENCH_SERVER_TREE=rev_dir)
     cmd = [sys.executable, "-m", "pigeon", "bench", "--plan", plan, "--workloads", workloads, "--json", out]
+    if target != "pigeon":
+        cmd += ["--peers", target, "--no-pigeon"]
     subprocess.run(cmd, cwd=ROOT, env=env, check=False, stdout=subprocess.DEVNULL)
     with open(out) as f:
-        return (json.load(f)["targets"].get("pigeon") or {}).get("results") or {}
+        return (json.load(f)["targets"].get(target) or {}).get("results") or {}
 
 
 def main() -> int:
@@ -64,6 +67,7 @@ def main() -> int:
     ap.add_argument("--workloads", required=True, help="comma-separated, as for `pigeon bench --workloads`")
     ap.add_argument("--plan", default="full")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--target", default="pigeon", help="pigeon (one node) or pigeon-cluster (3 nodes and etcd)")
     args = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="pigeon-ab-")
     dirs = {}
@@ -76,7 +80,8 @@ def main() -> int:
         for i in range(args.rounds):
             for side in ("A", "B"):
                 console.print(f"round {i + 1}/{args.rounds}: {side} ({args.a if side == 'A' else args.b})")
-                runs[side].append(run(dirs[side], args.plan, args.workloads, os.path.join(tmp, f"{side}{i}.json")))
+                runs[side].append(run(dirs[side], args.plan, args.workloads, os.path.join(tmp, f"{side}{i}.json"),
+                                      args.target))
     finally:
         for d in dirs.values():
             subprocess.run(["git", "worktree", "remove", "--force", d], cwd=ROOT, check=False,

@@ -125,7 +125,8 @@ def main() -> int:
     ap.add_argument("--idle-streams", type=int, default=None, help="idle: how many streams (default: the plan's)")
     ap.add_argument("--out", default=None, help="speedscope file (default: a temporary file, printed)")
     ap.add_argument("--cluster", action="store_true", help="a 3-node cluster (pigeon bench's pigeon-cluster): "
-                                                            "profile the node that owns the workload's topic")
+                                                            "profile the node that owns the workload's topic "
+                                                            "(without pausing it: no native frames)")
     ap.add_argument("--member", action="store_true", help="with --cluster: profile another node instead")
     args = ap.parse_args()
     plan = PLANS[args.plan]
@@ -151,7 +152,8 @@ def main() -> int:
             console.print(f"profiling {name} ({'a member' if args.member else 'the owner'} of {key}'s topic)")
         spy = subprocess.Popen(
             [os.path.join(os.path.dirname(sys.executable), "py-spy"), "record", "--pid", str(target.pid),
-             "--subprocesses", "--native", "--threads", "--rate", str(args.rate), "--format", "speedscope",
+             "--subprocesses", "--threads", *(["--nonblocking"] if args.cluster else ["--native"]),
+             "--rate", str(args.rate), "--format", "speedscope",
              "-o", out], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         time.sleep(1.0)  # py-spy attaches
         result = call()

@@ -1,6 +1,7 @@
 """The pigeon.v1.Storage gRPC surface (node to node): translation only, over the node's ledger store
 (pigeon.node.ledger_store). Append is pipelined: every entry of the stream is handed to the store as it arrives
-and answered, in order, once durable — so the entries in flight on a stream share group commits."""
+and answered, in order, once durable — so the entries in flight on a stream share group commits. Its requests
+are read in place (pigeon.node.append_wire), not parsed into messages."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import grpc
 from pigeon.api import errors
 from pigeon.api.errors import translate
 from pigeon.node.proto import pigeon_storage_pb2 as pb
-from pigeon.core.errors import PigeonError
+from pigeon.core.errors import InvalidArgument, PigeonError
+from pigeon.node import append_wire
 from pigeon.node.ledger_store import LedgerStore
 
 SERVICE = "pigeon.v1.Storage"
@@ -26,18 +28,16 @@ class StorageApi:
 
         async def take():
             try:
-                async for req in request_iterator:
-                    if type(req) is errors.Unparsable:
-                        raise req.refused()
-                    last, done, why = req.index, None, ""
+                async for raw in request_iterator:
                     try:
-                        done = self.store.submit(req.ledger, req.epoch, req.index, req.type, req.entry)
-                        for i, (rtype, entry) in enumerate(zip(req.more_types, req.more_entries), 1):
-                            last = req.index + i
-                            done = self.store.submit(req.ledger, req.epoch, last, rtype, entry)
-                    except PigeonError as e:  # entries before `last` were taken; the writer rolls on an error
-                        done, why = None, str(e)
-                    answers.put_nowait((req.ledger, last, done, why))
+                        ledger, epoch, index, types, entries = append_wire.decode(raw)
+                    except append_wire.Malformed as e:
+                        raise InvalidArgument(f"The request is not a valid pigeon.v1.AppendRequest: {e}.") from None
+                    try:
+                        (last, done), why = self.store.submit_many(ledger, epoch, index, types, entries), ""
+                    except PigeonError as e:  # entries before the refused one were taken; the writer rolls
+                        last, done, why = index + len(entries) - 1, None, str(e)
+                    answers.put_nowait((ledger, last, done, why))
             finally:
                 answers.put_nowait(None)
 
@@ -72,8 +72,9 @@ class StorageApi:
 def handlers(store: LedgerStore) -> list[grpc.GenericRpcHandler]:
     api = StorageApi(store)
     return [grpc.method_handlers_generic_handler(SERVICE, {
-        "Append": grpc.stream_stream_rpc_method_handler(api.append, request_deserializer=errors.parser(
-            pb.AppendRequest), response_serializer=None),
+        # requests are read by append_wire (views into the bytes as they came), not parsed into messages
+        "Append": grpc.stream_stream_rpc_method_handler(api.append, request_deserializer=None,
+                                                        response_serializer=None),
         "Fence": errors.unary(api.fence, pb.FenceRequest),
         "Read": errors.unary(api.read, pb.ReadRequest),
         "Delete": errors.unary(api.delete, pb.DeleteLedgersRequest),

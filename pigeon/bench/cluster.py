@@ -21,7 +21,7 @@ import threading
 import time
 
 from pigeon.bench.grpc_client import GrpcDriver, publish_request
-from pigeon.bench.peers import Server, nats_binary
+from pigeon.bench.peers import Server, nats_binary, server_tree
 from pigeon.bench.procs import Daemon, free_port
 from pigeon.core.bundles import bundle_of
 
@@ -101,15 +101,16 @@ class PigeonClusterServer(Server):
         for i in range(NODES):
             self.nodes[f"n{i + 1}"] = self._node(f"n{i + 1}", free_port())
         self.server = (f"Pigeon {version('pigeon')} × {NODES} nodes + etcd, fsync=always, ledgers on 3 nodes "
-                       f"answered at 2")
+                       f"answered at 2{self.tree_note}")
         self.durable = "yes (fsync on 2 of 3 before ack)"
         self._settle()
 
     def _node(self, node_id: str, port: int) -> Daemon:
         cmd = [sys.executable, "-m", "pigeon", "serve", "--host", "127.0.0.1", "--port", str(port), "--data-dir",
                os.path.join(self.root, node_id), "--fsync", "always", "--etcd", self.etcd, "--node-id", node_id]
+        env, cwd, self.tree_note = server_tree()
         d = Daemon(f"pigeon-{node_id}", cmd, port, os.path.join(self.root, f"{node_id}.log"),
-                   self.plan.peer_wall_s_max)
+                   self.plan.peer_wall_s_max, env=env, cwd=cwd)
         self.daemons.append(d.start(self.plan.peer_start_s_max))
         return d
 

@@ -117,6 +117,21 @@ class Server:
 SERVER_TREE_ENV = "PIGEON_BENCH_SERVER_TREE"  # a source tree to run the Pigeon server from (scripts/bench_ab.py)
 
 
+def server_tree() -> tuple[dict | None, str | None, str]:
+    """(environment, working directory, a note for the report) that run `python -m pigeon serve` from the tree
+    in PIGEON_BENCH_SERVER_TREE, or (None, None, "") for this checkout."""
+    tree = os.environ.get(SERVER_TREE_ENV)
+    if not tree:
+        return None, None, ""
+    # `python -m` puts the working directory first on sys.path, ahead of PYTHONPATH: run from the tree
+    env, cwd = {"PYTHONPATH": tree}, tree
+    found = subprocess.run([sys.executable, "-c", "import pigeon; print(pigeon.__file__)"], env=dict(
+        os.environ, **env), cwd=cwd, capture_output=True, text=True, timeout=60).stdout.strip()
+    if not os.path.realpath(found).startswith(os.path.realpath(tree) + os.sep):
+        raise RuntimeError(f"{SERVER_TREE_ENV}={tree}, but the server would import pigeon from {found}")
+    return env, cwd, f", server code from {tree}"
+
+
 class PigeonServer(Server):
     name = "pigeon"
 
@@ -130,16 +145,8 @@ class PigeonServer(Server):
         self.server = f"Pigeon {version('pigeon')}, fsync=always"
         cmd = [sys.executable, "-m", "pigeon", "serve", "--host", "127.0.0.1", "--port", str(port),
                "--data-dir", os.path.join(self.root, "data"), "--fsync", "always", "--http-port", str(http)]
-        env, cwd = None, None
-        tree = os.environ.get(SERVER_TREE_ENV)
-        if tree:  # before/after comparisons: the server from another checkout, the same load generator
-            # `python -m` puts the working directory first on sys.path, ahead of PYTHONPATH: run from the tree
-            env, cwd = {"PYTHONPATH": tree}, tree
-            found = subprocess.run([sys.executable, "-c", "import pigeon; print(pigeon.__file__)"], env=dict(
-                os.environ, **env), cwd=cwd, capture_output=True, text=True, timeout=60).stdout.strip()
-            if not os.path.realpath(found).startswith(os.path.realpath(tree) + os.sep):
-                raise RuntimeError(f"{SERVER_TREE_ENV}={tree}, but the server would import pigeon from {found}")
-            self.server += f", server code from {tree}"
+        env, cwd, note = server_tree()  # before/after comparisons: the same load generator, another server
+        self.server += note
         d = Daemon("pigeon", cmd, port, os.path.join(self.root, "pigeon.log"), self.plan.peer_wall_s_max, env=env,
                    cwd=cwd)
         self.daemons.append(d.start(self.plan.peer_start_s_max,

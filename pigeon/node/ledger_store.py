@@ -92,6 +92,10 @@ class LedgerStore:
     def submit(self, ledger: int, epoch: int, index: int, rtype: int, body: bytes) -> asyncio.Future:
         """Store entry `index` of `ledger` from a writer at `epoch`: a future done once it is durable (entries
         submitted together share a group commit). FailedPrecondition at once for a gap or a fenced ledger."""
+        self._submit(ledger, epoch, index, rtype, body)
+        return self.writer.wait_durable(self.writer.tail)
+
+    def _submit(self, ledger: int, epoch: int, index: int, rtype: int, body) -> None:
         self._refuse_deleted(ledger)
         st = self.writer.journal.logs.get(ledger)
         if st is not None and epoch < st.fenced:  # also a retry: the writer was replaced, recovery decides
@@ -101,7 +105,13 @@ class LedgerStore:
             raise FailedPrecondition(f"ledger {ledger}: entry {index} would leave a gap (entries below {held} held)")
         if index == held:
             self.writer.append(ledger, epoch, rtype, [body])
-        return self.writer.wait_durable(self.writer.tail)
+
+    def submit_many(self, ledger: int, epoch: int, index: int, types: list[int], bodies: list) -> tuple[int, asyncio.Future]:
+        """`submit` for entries `index`, `index + 1`, … at once: (the last one's index, a future done once all
+        are durable). FailedPrecondition as `submit` (the entries before the refused one are taken)."""
+        for i, (rtype, body) in enumerate(zip(types, bodies)):
+            self._submit(ledger, epoch, index + i, rtype, body)
+        return index + len(bodies) - 1, self.writer.wait_durable(self.writer.tail)
 
     async def append(self, ledger: int, epoch: int, index: int, rtype: int, body: bytes) -> None:
         await self.submit(ledger, epoch, index, rtype, body)

@@ -14,6 +14,7 @@ import grpc
 
 from pigeon.core import limits
 from pigeon.core.errors import PigeonError
+from pigeon.node import append_wire
 from pigeon.node.proto import pigeon_storage_pb2 as pb
 from pigeon.cluster.ledger import (Close, Confirmed, Failed, Fence, Read, Recovery, Roll, Send, Write, Writer)
 from pigeon.cluster.quorum import Replication
@@ -41,8 +42,8 @@ class StorageClient:
         self.address = address
         self.channel = grpc.aio.insecure_channel(address, options=[
             ("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)])
-        self._append = self.channel.stream_stream("/pigeon.v1.Storage/Append",
-                                                  request_serializer=pb.AppendRequest.SerializeToString,
+        self._append = self.channel.stream_stream("/pigeon.v1.Storage/Append",  # requests: append_wire's bytes
+                                                  request_serializer=None,
                                                   response_deserializer=pb.AppendResponse.FromString)
         self._fence = self.channel.unary_unary("/pigeon.v1.Storage/Fence",
                                                request_serializer=pb.FenceRequest.SerializeToString,
@@ -98,9 +99,8 @@ class AppendStream:
                 while j < len(batch) and batch[j][0] == ledger and batch[j][1] == epoch and \
                         batch[j][2] == index + (j - i):
                     j += 1
-                rest = batch[i + 1:j]
-                yield pb.AppendRequest(ledger=ledger, epoch=epoch, index=index, type=rtype, entry=entry,
-                                       more_types=[e[3] for e in rest], more_entries=[e[4] for e in rest])
+                run = batch[i:j]
+                yield append_wire.encode(ledger, epoch, index, [e[3] for e in run], [e[4] for e in run])
                 i = j
 
     def send(self, ledger: int, epoch: int, index: int, rtype: int, entry: bytes) -> None:
