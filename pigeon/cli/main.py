@@ -34,6 +34,22 @@ def serve(
     log_format: Optional[str] = typer.Option(None, "--log-format", help="text | json (one object per line)"),
     http_port: Optional[int] = typer.Option(None, "--http-port", help="REST API, /metrics, /healthz, /readyz "
                                             "(default: the gRPC port + 1; 0 turns it off)"),
+    tls_cert: Optional[str] = typer.Option(None, "--tls-cert", help="PEM certificate chain of the gRPC and HTTP "
+                                           "ports (and of node-to-node calls)"),
+    tls_key: Optional[str] = typer.Option(None, "--tls-key", help="its PEM private key"),
+    tls_client_ca: Optional[str] = typer.Option(None, "--tls-client-ca", help="mutual TLS: clients and peer nodes "
+                                                "present certificates this CA signed; their identity authenticates"),
+    auth_token_file: Optional[str] = typer.Option(None, "--auth-token-file", help="bearer tokens, hashed "
+                                                  "(`pigeon tokens add`)"),
+    oidc_issuer: Optional[str] = typer.Option(None, "--oidc-issuer", help="OIDC/JWT tokens: the issuer (iss)"),
+    oidc_audience: Optional[str] = typer.Option(None, "--oidc-audience", help="OIDC/JWT tokens: the audience (aud)"),
+    oidc_jwks: Optional[str] = typer.Option(None, "--oidc-jwks", help="OIDC/JWT tokens: the issuer's keys (a JWKS "
+                                            "file or URL)"),
+    admins: Optional[str] = typer.Option(None, help="comma-separated principals with every permission (bootstrap)"),
+    insecure: Optional[bool] = typer.Option(None, "--insecure", help="serve a non-loopback address without "
+                                            "authentication or TLS, knowingly"),
+    audit_log: Optional[str] = typer.Option(None, "--audit-log", help="file for the audit log's JSON lines "
+                                            "(default: the server's log)"),
 ):
     """Start a node: on its embedded defaults one process with one data directory; with --etcd a member of a
     cluster (docs/cluster.md)."""
@@ -44,7 +60,10 @@ def serve(
         cfg = load(config, host=host, port=port, data_dir=data_dir, fsync=fsync,
                    shards_per_topic=shards_per_topic, log_level=log_level, etcd=etcd, node_id=node_id,
                    advertise=advertise, zone=zone, bundles=bundles, replicas=replicas, ack_quorum=ack_quorum,
-                   http_port=http_port, log_format=log_format)
+                   http_port=http_port, log_format=log_format, tls_cert=tls_cert, tls_key=tls_key,
+                   tls_client_ca=tls_client_ca, auth_token_file=auth_token_file, oidc_issuer=oidc_issuer,
+                   oidc_audience=oidc_audience, oidc_jwks=oidc_jwks, admins=admins, insecure=insecure,
+                   audit_log=audit_log)
     except (ValueError, OSError) as e:
         typer.echo(f"pigeon: {e}", err=True)
         raise typer.Exit(2)
@@ -90,6 +109,60 @@ def bench(
                                      workloads))
 
 
+@app.command()
+def certs(
+    directory: str = typer.Argument("./certs", help="where the CA, keys and certificates go"),
+    server: list[str] = typer.Option(["localhost", "127.0.0.1"], "--host", help="a host name or IP address the "
+                                     "server certificate serves (repeatable)"),
+    client: list[str] = typer.Option([], "--client", help="a client certificate for this e-mail identity "
+                                     "(repeatable): user or service account"),
+    node: list[str] = typer.Option([], "--node", help="a node certificate for this node id (repeatable)"),
+):
+    """Make a local CA and certificates for development: ca.pem, server.pem (+ -key.pem), one per --client and
+    --node. The CA is reused when the directory has one."""
+    import os
+
+    from pigeon.ops import certs as c
+
+    if not os.path.exists(os.path.join(directory, "ca.pem")):
+        c.make_ca(directory)
+    made = [c.issue(directory, "server", hosts=server)[0]]
+    for email in client:
+        made.append(c.issue(directory, f"client-{email.split('@')[0]}", email=email)[0])
+    for n in node:
+        made.append(c.issue(directory, f"node-{n}", hosts=server, node_id=n)[0])
+    typer.echo(f"CA: {os.path.join(directory, 'ca.pem')}")
+    for m in made:
+        typer.echo(f"certificate: {m} (key: {m[:-4]}-key.pem)")
+
+
+tokens_cli = typer.Typer(help="bearer tokens of --auth-token-file")
+
+
+@tokens_cli.command("add")
+def tokens_add(
+    principal: str = typer.Argument(..., help="whom the token authenticates, e.g. serviceAccount:ci@demo.iam."
+                                              "gserviceaccount.com or user:ann@example.com"),
+    file: str = typer.Option("./tokens.txt", "--file", help="the token file (only hashes are stored)"),
+):
+    """Make a random token for PRINCIPAL, add its hash to the file and print the token (shown once). A running
+    server reads the file again within a second."""
+    import os
+    import secrets
+
+    from pigeon.ops.auth import token_hash
+
+    if ":" not in principal:
+        typer.echo("pigeon: a principal is kind:identity, e.g. user:ann@example.com", err=True)
+        raise typer.Exit(2)
+    token = "pgn_" + secrets.token_urlsafe(32)
+    fd = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    with os.fdopen(fd, "a") as f:
+        f.write(f"{token_hash(token)} {principal}\n")
+    typer.echo(token)
+
+
+app.add_typer(tokens_cli, name="tokens")
 verbs.register(app)
 app.add_typer(cluster_cli.cluster, name="cluster")
 
