@@ -30,6 +30,7 @@ from pigeon.ops import certs
 log = logging.getLogger("pigeon.access")
 
 PRINCIPAL = "x-pigeon-principal"
+FORWARDED = "x-pigeon-forwarded"  # (api.router's marker)
 CALLER: contextvars.ContextVar[str | None] = contextvars.ContextVar("pigeon_caller", default=None)
 
 
@@ -86,26 +87,28 @@ class Guard:
         self.unauthenticated = 0
 
     # --- who and what ----------------------------------------------------------------------------------------
-    def principal(self, context) -> str:
+    def principal(self, context) -> tuple[str, bool]:
+        """(who calls, whether a node already authorized the call: it forwarded it after checking it with this
+        same map, so the owner does not check again — its copy of the policies may be a moment behind)."""
         authorization = forwarded = None
+        routed = False
         for k, v in context.invocation_metadata() or ():
             if k == "authorization":
                 authorization = v
             elif k == PRINCIPAL:
                 forwarded = v
+            elif k == FORWARDED:
+                routed = True
         cert = None
         if self.mtls:
             pem = (context.auth_context() or {}).get("x509_pem_cert")
             cert = pem[0] if pem else None
-        if forwarded and self._vouched(context, cert):
-            return forwarded
-        return self.authn.principal(authorization, cert)
-
-    def _vouched(self, context, cert) -> bool:
-        """Whether the peer may speak for its caller: a node (node certificate) or this node's REST front."""
-        if (context.peer() or "").startswith("unix:"):
-            return True
-        return cert is not None and certs.identity_of(cert).startswith("node:")
+        if forwarded:
+            if (context.peer() or "").startswith("unix:"):  # this node's REST front: checked here
+                return forwarded, False
+            if cert is not None and certs.identity_of(cert).startswith("node:"):
+                return forwarded, routed
+        return self.authn.principal(authorization, cert), False
 
     def allowed(self, principal: str, permission: str, resource: str) -> bool:
         return permission in iam.effective(self.engine.state.policies, self.admins, principal, resource)
@@ -188,9 +191,12 @@ class Guard:
         async def guarded(request, context):
             who = "-"
             try:
-                who = self.principal(context)
+                who, checked = self.principal(context)
                 if rule is None:
                     raise PermissionDenied()
+                if checked:  # forwarded by the node that checked it: served as asked
+                    CALLER.set(who)
+                    return await inner(request, context)
                 if type(request) is not errors.Unparsable:
                     pairs = self.check(who, rule, request)
                     self._charge(rule, request, pairs)
@@ -260,21 +266,22 @@ class Guard:
         async def guarded(request_iterator, context):
             who = "-"
             first = None
+            checked = False
             try:
-                who = self.principal(context)
+                who, checked = self.principal(context)
                 if rule is None:
                     raise PermissionDenied()
                 try:
                     first = await request_iterator.__anext__()
                 except StopAsyncIteration:
                     return
-                if type(first) is not errors.Unparsable:
+                if type(first) is not errors.Unparsable and not checked:
                     self.check(who, rule, first)
             except PigeonError as e:
                 self._refused(e, who, method, first, rule)
                 await errors.abort(context, e)
             CALLER.set(who)
-            needs = [] if type(first) is errors.Unparsable else [
+            needs = [] if type(first) is errors.Unparsable or checked else [
                 p for n in rule.needs for p in self.resources(n, first) if p[0] not in ("node", "admin")]
             watched = _Watched(who, needs, asyncio.current_task())
             if needs:
