@@ -90,7 +90,8 @@ def bench(
                                                        "consume, latency, ordered, connections, idle, backlog, restart, failover)"),
     peers: str = typer.Option("none", help="none | all | cluster | comma-separated peers (rabbitmq-classic, "
                                             "rabbitmq-quorum, nats-js, nats-js-sync-always, redis-streams, "
-                                            "pubsub-emulator, pigeon-cluster, nats-js-r3)"),
+                                            "pubsub-emulator, pigeon-cluster, nats-js-r3; pigeon-rest, pigeon-tls, "
+                                            "pigeon-auth: Pigeon over REST, with TLS + tokens, with tokens only)"),
     address: Optional[str] = typer.Option(None, help="benchmark a Pigeon already serving here (default: start one "
                                                      "with fsync=always on a fresh temporary data directory)"),
     no_pigeon: bool = typer.Option(False, "--no-pigeon", help="run the peers only"),
