@@ -4,7 +4,8 @@ does not name is refused; a caller who may not do something gets PERMISSION_DENI
 the reason, so it learns nothing about the resource (not even whether it exists); a missing or bad credential
 gets UNAUTHENTICATED; list answers hold only what the caller may see; an open StreamingPull is checked at open
 and again whenever policies change (within `limits.security_watch_s`), and ended with PERMISSION_DENIED once
-its caller lost the right; quotas are charged here; every admin change and every refusal is audited.
+its caller lost the right; quotas are charged here (a refusal is answered when its retry hint comes due, at
+most `limits.quota_refusal_hold_s_max` later); every admin change and every refusal is audited.
 
 A forwarded call (api.router) carries its caller's verified principal in `x-pigeon-principal`, which is
 believed only from a peer that proved it is a node (its client certificate, under mutual TLS) or from the
@@ -24,7 +25,7 @@ from pigeon.api import errors
 from pigeon.api.permissions import RULES, Listing, Need, Rule
 from pigeon.broker import iam
 from pigeon.core import limits
-from pigeon.core.errors import PermissionDenied, PigeonError, Unauthenticated
+from pigeon.core.errors import PermissionDenied, PigeonError, QuotaExceeded, Unauthenticated
 from pigeon.ops import certs
 
 log = logging.getLogger("pigeon.access")
@@ -202,6 +203,10 @@ class Guard:
                     self._charge(rule, request, pairs)
             except PigeonError as e:
                 self._refused(e, who, method, request, rule)
+                if isinstance(e, QuotaExceeded):
+                    # answered when its retry hint comes due: a client ignoring the hint cannot turn refusals
+                    # into load that slows the other tenants (each of its lanes waits out the window)
+                    await asyncio.sleep(min(e.retry_after_s() or 0.0, limits.quota_refusal_hold_s_max))
                 await errors.abort(context, e)
             CALLER.set(who)
             if rule.admin:

@@ -133,4 +133,5 @@ jwks_refresh_s = 300.0  # an issuer's JWKS URL is read again this often (keys ro
 security_watch_s = 1.0  # open streams are checked again (policies changed, token file changed) this often
 quota_window_s = 1.0  # publish throughput is metered over this window …
 admin_quota_window_s = 60.0  # … admin operations over this one
+quota_refusal_hold_s_max = 1.0  # a call refused by a quota is answered when its retry hint is due, at most this late
 assert 0 < security_watch_s <= 5.0  # revocation reaches open streams "within seconds"
