@@ -129,3 +129,24 @@ RULES: dict[str, Rule] = {
     # pigeon.v1.Storage: node to node only
     **{ST + m: _r(Need("", "", "node")) for m in ("Append", "Fence", "Read", "Delete")},
 }
+
+
+def table_markdown() -> str:
+    """The map as the Markdown table docs/security.md shows (a unit test keeps the two equal)."""
+    rows = ["| method | needs | on |", "|---|---|---|"]
+    for method, rule in RULES.items():
+        if not rule.needs:
+            needs = ("answered for the caller" if method.endswith("TestIamPermissions") else
+                     f"— (items the caller holds `{rule.listing.permission}` on)" if rule.listing else "—")
+            rows.append(f"| `{method}` | {needs} | |")
+            continue
+        for i, n in enumerate(rule.needs):
+            what = {"node": "a node certificate", "admin": "a configured admin"}.get(n.on, "")
+            perm = what or (f"`pubsub.KIND.{n.permission}`" if n.on == "iam" else f"`{n.permission}`")
+            where = {"self": f"`{n.field}`", "project": f"the project of `{n.field}`",
+                     "topic_of": f"the topic of `{n.field}`", "iam": f"`{n.field}`"}.get(n.on, "")
+            if not n.required:
+                where += " (when set)"
+            extra = " · listed items filtered" if rule.listing and i == 0 else ""
+            rows.append(f"| {'`' + method + '`' if i == 0 else ''} | {perm}{extra} | {where} |")
+    return "\n".join(rows) + "\n"
