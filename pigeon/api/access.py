@@ -240,7 +240,11 @@ class Guard:
         if self._sees_all(who, listing, request):
             return first
         cls = _response_class(listing.response)
-        size = getattr(request, "page_size", 0) or limits.list_page_size_default
+        if "page_size" not in request.DESCRIPTOR.fields_by_name:
+            size = 1 << 62  # (a list without pages)
+        else:
+            size = request.page_size or (limits.stats_page_size_default if listing.response.startswith("pigeon.v1.")
+                                         else limits.list_page_size_default)
         out, raw = [], first
         again = type(request)()
         again.CopyFrom(request)

@@ -288,6 +288,8 @@ def test_a_tenant_cannot_reach_another_tenants_messages_by_any_path(kit, secure)
 def test_the_audit_log_holds_admin_changes_and_refusals(kit, secure):
     admin, _ = clients(kit, secure, kit.admin_token)
     admin.create_topic(name="projects/audit-p/topics/audited")
+    with pytest.raises(exceptions.AlreadyExists):
+        admin.create_topic(name="projects/audit-p/topics/audited")
     ch = kit.channel(secure.address)
     call(ch, "/google.pubsub.v1.Publisher/DeleteTopic", types.DeleteTopicRequest.pb()(
         topic="projects/audit-p/topics/audited").SerializeToString(), kit.token("user:zed@example.com"))
@@ -298,6 +300,8 @@ def test_the_audit_log_holds_admin_changes_and_refusals(kit, secure):
     refused = [x for x in lines if x["principal"] == "user:zed@example.com"]
     assert refused and refused[0]["outcome"] == "PERMISSION_DENIED" and refused[0]["resource"] == \
         "projects/audit-p/topics/audited"
+    assert [x["outcome"] for x in lines if x["method"].endswith("CreateTopic") and x["resource"] ==
+            "projects/audit-p"] == ["OK", "ALREADY_EXISTS"]  # a change is audited whatever its outcome
     assert all("time" in x for x in lines)
 
 
