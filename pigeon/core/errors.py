@@ -92,6 +92,18 @@ class PermissionDenied(PigeonError):
         super().__init__(message)
 
 
+class LimitExceeded(ResourceExhausted):
+    """A count quota (topics or subscriptions of a project, resources of the server) is full: a QuotaFailure
+    detail names it; no RetryInfo, since only a delete makes room."""
+
+    def __init__(self, message: str, subject: str):
+        super().__init__(message)
+        self.subject = subject
+
+    def quota_violations(self) -> list[tuple[str, str]]:
+        return [(self.subject, self.message)]
+
+
 class QuotaExceeded(ResourceExhausted):
     """A per-project quota ran out. Carried as google.rpc.QuotaFailure (which quota, whose) and RetryInfo (when a
     retry may succeed) details."""

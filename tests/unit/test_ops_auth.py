@@ -61,3 +61,34 @@ def test_a_token_removed_from_the_file_stops_working(setup):
     assert a.reload_tokens()
     with pytest.raises(Unauthenticated):
         a.principal("Bearer secret-1", None)
+
+
+def test_the_issuers_keys_from_a_url(setup):
+    """A JWKS URL (served here over real HTTP) is read at start; a token signed by its key verifies."""
+    import http.server
+    import threading
+
+    _, key, d = setup
+    body = (d / "jwks.json").read_bytes()
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 — http.server's name
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.HTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        cfg = load(env={}, oidc_issuer="https://i", oidc_audience="aud",
+                   oidc_jwks=f"http://127.0.0.1:{srv.server_port}/jwks.json")
+        a = Authenticator(cfg)
+        assert a.principal("Bearer " + _jwt(key, email="svc@p.iam.gserviceaccount.com"), None) == \
+            "serviceAccount:svc@p.iam.gserviceaccount.com"
+        assert not a.keys_due()
+    finally:
+        srv.shutdown()

@@ -38,3 +38,22 @@ def test_admin_operations_and_backlog():
     with pytest.raises(QuotaExceeded, match="backlog-bytes"):
         q.publish("a", 1, 61.0)
     q.publish("b", 1, 61.0)
+
+
+def test_the_boundary_carries_quota_failure_and_retry_info():
+    from google.rpc import error_details_pb2, status_pb2
+
+    from pigeon.api.errors import grpc_status, http_error
+    from pigeon.core.errors import LimitExceeded
+
+    code, _, trailers = grpc_status(QuotaExceeded("p", "publish-bytes-per-second", 10, "bytes per second", 0.25))
+    st = status_pb2.Status.FromString(dict(trailers)["grpc-status-details-bin"])
+    assert code.name == "RESOURCE_EXHAUSTED" and [d.type_url.rsplit(".", 1)[1] for d in st.details] == [
+        "QuotaFailure", "RetryInfo"]
+    retry = error_details_pb2.RetryInfo()
+    st.details[1].Unpack(retry)
+    assert retry.retry_delay.ToMilliseconds() == 250
+    status, body = http_error(LimitExceeded("Your project has exceeded a limit", "projects/p"))
+    assert status == 429 and body["error"]["details"] == [{
+        "@type": "type.googleapis.com/google.rpc.QuotaFailure",
+        "violations": [{"subject": "projects/p", "description": "Your project has exceeded a limit"}]}]
