@@ -212,9 +212,14 @@ def export(
 @app.callback()
 def _options(
     debug: bool = typer.Option(False, "--debug", help="show the traceback of a failure (also PIGEON_DEBUG=1)"),
+    ca_file: Optional[str] = typer.Option(None, "--ca-file", envvar="PIGEON_CA_FILE", help="a secured server: "
+                                          "TLS, trusting this CA (PEM)"),
+    token_file: Optional[str] = typer.Option(None, "--token-file", envvar="PIGEON_TOKEN_FILE",
+                                             help="a secured server: the bearer token in this file"),
 ):
     """Pigeon: a durable Pub/Sub-compatible message server. Errors print one line and exit with 1 (the server
     refused: status and its message), 2 (the command line is wrong) or 3 (no server at the address)."""
+    verbs.secure(ca_file, token_file)
 
 
 def main() -> None:

@@ -401,3 +401,24 @@ def test_gcloud_over_https_with_an_access_token(kit, secure, tmp_path):
     (tmp_path / "bad").write_text("not-a-token")
     bad = gcloud("topics", "list", env={**env, "CLOUDSDK_AUTH_ACCESS_TOKEN_FILE": str(tmp_path / "bad")})
     assert bad.returncode != 0 and ("UNAUTHENTICATED" in bad.stderr or "401" in bad.stderr)
+
+
+def test_the_command_line_against_a_secured_server(kit, secure, tmp_path):
+    (tmp_path / "token").write_text(kit.admin_token)
+    address = secure.address.replace("127.0.0.1", "localhost")
+
+    def pigeon(*args, token: str = str(tmp_path / "token")):
+        return subprocess.run([sys.executable, "-m", "pigeon", "--ca-file", kit.ca_path, "--token-file", token,
+                               *args, "--address", address], capture_output=True, text=True, timeout=60)
+
+    assert pigeon("topics", "create", "projects/cli-p/topics/jobs").returncode == 0
+    assert pigeon("subscriptions", "create", "projects/cli-p/subscriptions/jobs-w", "--topic",
+                  "projects/cli-p/topics/jobs").returncode == 0
+    assert pigeon("publish", "projects/cli-p/topics/jobs", "job-1", "--ordering-key", "k").returncode == 0
+    taken = pigeon("queue", "take", "projects/cli-p/subscriptions/jobs-w", "--format", "json")
+    assert taken.returncode == 0 and ("job-1" in taken.stdout or "am9iLTE=" in taken.stdout), taken.stderr
+    listed = pigeon("topics", "list", "--project", "cli-p", "--format", "json")
+    assert listed.returncode == 0 and "projects/cli-p/topics/jobs" in listed.stdout
+    (tmp_path / "bad").write_text("nope")
+    bad = pigeon("topics", "list", "--project", "cli-p", token=str(tmp_path / "bad"))
+    assert bad.returncode == 1 and "UNAUTHENTICATED" in bad.stderr
