@@ -85,6 +85,8 @@ def granted(policy, principal: str) -> set[str]:
         who.add("allAuthenticatedUsers")
     out: set[str] = set()
     for b in policy.bindings:
+        if b.HasField("condition"):
+            continue  # conditions are not evaluated: a conditional grant grants nothing (fail closed)
         if who.intersection(b.members):
             out |= ROLES.get(b.role, frozenset())
     return out
@@ -131,6 +133,13 @@ def test_permissions(policy, principal: str | None, resource: str, requested: li
 
 def etag(policy_bytes: bytes) -> bytes:
     return crc32c.crc32c(policy_bytes).to_bytes(4, "big")
+
+
+def check_policy(policy) -> None:
+    """What SetIamPolicy refuses: conditional bindings (Pigeon does not evaluate IAM conditions)."""
+    if any(b.HasField("condition") for b in policy.bindings):
+        raise InvalidArgument("IAM conditions are not supported on Pub/Sub resources here; remove the binding's "
+                              "condition.")
 
 
 def check_roles(policy) -> list[str]:

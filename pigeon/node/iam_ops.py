@@ -42,6 +42,7 @@ class IamOps:
         current = self.get_policy(resource)
         if policy.etag and policy.etag != current.etag:
             raise Aborted("The policy was changed since it was read (etag mismatch); read it again.")
+        iam.check_policy(policy)
         unknown = iam.check_roles(policy)
         if unknown:
             raise InvalidArgument(f"Unknown role(s) for Pub/Sub resources: {', '.join(unknown)}.")

@@ -85,6 +85,23 @@ def test_tls_and_bearer_tokens_with_the_official_client(kit, secure):
     got = sub.pull(subscription=subscription, max_messages=10, timeout=10).received_messages
     assert [m.message.data for m in got] == [b"over tls"]
 
+    # the official streaming subscriber (StreamingPull) with the same credentials
+    received = []
+    done = threading.Event()
+
+    def handle(message):
+        received.append(message.data)
+        message.ack()
+        done.set()
+
+    pub.publish(topic, b"streamed over tls").result(timeout=10)
+    future = sub.subscribe(subscription, handle)
+    try:
+        assert done.wait(30)
+    finally:
+        future.cancel()
+    assert b"streamed over tls" in received
+
     ch = kit.channel(secure.address)
     get = pb["GetTopicRequest"](topic=topic).SerializeToString()
     assert call(ch, "/google.pubsub.v1.Publisher/GetTopic", get)[0] == grpc.StatusCode.UNAUTHENTICATED

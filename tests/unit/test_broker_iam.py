@@ -43,3 +43,15 @@ def test_grants_on_the_project_hold_on_everything_in_it_and_admins_hold_all():
     assert effective(policies, frozenset(), "user:ann@x.org", "projects/q/subscriptions/s") == frozenset()
     assert "pubsub.topics.delete" in effective({}, frozenset({"user:root@x.org"}), "user:root@x.org", TOPIC)
     assert effective(policies, frozenset(), "node:n1", SUB) == frozenset()  # a node vouches, it holds nothing
+
+
+def test_a_conditional_binding_grants_nothing_and_is_refused():
+    from google.type import expr_pb2
+
+    from pigeon.broker.iam import check_policy, granted
+
+    p = policy_pb2.Policy(bindings=[policy_pb2.Binding(role="roles/pubsub.admin", members=["user:ann@x.org"],
+                                                       condition=expr_pb2.Expr(expression="request.time < x"))])
+    assert granted(p, "user:ann@x.org") == set()
+    with pytest.raises(InvalidArgument, match="conditions"):
+        check_policy(p)
