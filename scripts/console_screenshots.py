@@ -55,7 +55,7 @@ def traffic(base: str, stop: threading.Event) -> None:
         t0 = time.monotonic()
         orders = [{"data": base64.b64encode(json.dumps({"order": i + k, "total": 12.5}).encode()).decode(),
                    "attributes": {"region": "eu" if (i + k) % 3 else "us", "poison": str((i + k) % 97 == 0)},
-                   "orderingKey": f"customer-{i % 20}"} for k in range(30)]  # one key per request, as Pub/Sub asks
+                   "orderingKey": f"customer-{i // 30 % 7}"} for k in range(30)]  # one key per request, as Pub/Sub asks
         call(base, "POST", f"/v1/{P}/topics/orders:publish", {"messages": orders})
         pays = [{"data": base64.b64encode(f"payment {i + k}".encode()).decode()} for k in range(8)]
         call(base, "POST", f"/v1/{P}/topics/payments:publish", {"messages": pays})

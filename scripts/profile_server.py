@@ -6,6 +6,8 @@ functions by inclusive time, and writes a speedscope file (open it at https://ww
     python scripts/profile_server.py latency          # 1,000 msg/s open loop, durable
     python scripts/profile_server.py publish --plan quick
     python scripts/profile_server.py idle             # publish + consume while 10,000 idle streams are held
+    python scripts/profile_server.py latency --cluster            # a 3-node cluster: the topic's owner
+    python scripts/profile_server.py latency --cluster --member   # … one of its ledger's other members
 
 Sizes come from the benchmark's plans (`--plan full` by default); loopback only; bounded like the benchmark.
 """
@@ -122,18 +124,33 @@ def main() -> int:
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--idle-streams", type=int, default=None, help="idle: how many streams (default: the plan's)")
     ap.add_argument("--out", default=None, help="speedscope file (default: a temporary file, printed)")
+    ap.add_argument("--cluster", action="store_true", help="a 3-node cluster (pigeon bench's pigeon-cluster): "
+                                                            "profile the node that owns the workload's topic")
+    ap.add_argument("--member", action="store_true", help="with --cluster: profile another node instead")
     args = ap.parse_args()
     plan = PLANS[args.plan]
     if args.idle_streams is not None:
         plan = plan.scaled(idle_streams=args.idle_streams)
     root = tempfile.mkdtemp(prefix="pigeon-profile-")
     out = args.out or os.path.join(root, f"{args.workload}.speedscope.json")
-    server = PigeonServer(root, plan)
+    if args.cluster:
+        from pigeon.bench.cluster import PigeonClusterServer
+
+        server = PigeonClusterServer(root, plan)
+    else:
+        server = PigeonServer(root, plan)
     server.start()
     try:
         call = run_workload(args.workload, server, plan)
+        target = server.main()
+        if args.cluster:
+            key = {"consume": "publish"}.get(args.workload, args.workload)
+            owner = server.owner_of(server.driver.topic(key))
+            name = next(n for n in server.nodes if n != owner) if args.member else owner
+            target = server.nodes[name]
+            console.print(f"profiling {name} ({'a member' if args.member else 'the owner'} of {key}'s topic)")
         spy = subprocess.Popen(
-            [os.path.join(os.path.dirname(sys.executable), "py-spy"), "record", "--pid", str(server.main().pid),
+            [os.path.join(os.path.dirname(sys.executable), "py-spy"), "record", "--pid", str(target.pid),
              "--subprocesses", "--native", "--threads", "--rate", str(args.rate), "--format", "speedscope",
              "-o", out], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         time.sleep(1.0)  # py-spy attaches

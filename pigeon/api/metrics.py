@@ -158,6 +158,14 @@ class NodeCollector(Collector):
         yield omitted
         yield _histogram("pigeon_publish_latency_seconds", "From a Publish reaching the engine to its messages "
                          "being durable (and, in a cluster, replicated)", st.publish_latency)
+        yield _histogram("pigeon_subscription_ack_latency_seconds", "From handing a message out to its ack "
+                         "(sampled: the first message of every 16th batch delivered)", st.ack_latency)
+        hot = CounterMetricFamily("pigeon_topic_ordering_key_message_count", "Messages published with each of the "
+                                  "hottest ordering keys (space-saving estimate: at most over)",
+                                  labels=["topic", "ordering_key"])
+        for topic, key, n in st.hot_keys:
+            hot.add_metric([topic, key], n)
+        yield hot
 
         # the journal
         yield GaugeMetricFamily("pigeon_journal_bytes", "Journal bytes on disk", value=j.journal.bytes)
@@ -168,6 +176,7 @@ class NodeCollector(Collector):
         yield CounterMetricFamily("pigeon_group_commits", "Group commits written", value=j.group_commits)
         yield CounterMetricFamily("pigeon_group_commit_entries", "Entries in them", value=j.group_commit_entries)
         yield CounterMetricFamily("pigeon_group_commit_bytes", "Bytes in them", value=j.group_commit_bytes)
+        yield _histogram("pigeon_group_commit_size_entries", "Entries per group commit", j.group_commit_sizes)
         yield GaugeMetricFamily("pigeon_disk_free_bytes", "Free bytes on the data directory's disk",
                                 value=j.space.free_bytes)
         yield GaugeMetricFamily("pigeon_disk_full", "1 while publishes are refused for a full disk",

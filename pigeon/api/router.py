@@ -7,12 +7,17 @@ details) passed back as it came — so a client may use any node. Owns the rules
   * a call is forwarded at most once: a node that receives a forwarded call for a bundle it does not own (the
     ownership moved meanwhile) answers UNAVAILABLE, which the clients retry, rather than forwarding again;
   * a bundle with no owner (moving between nodes) answers UNAVAILABLE as well;
+  * a forwarded call that waits by design (Pull, StreamingPull, Take) ends with UNAVAILABLE as soon as the
+    bundle's owner is no longer the node it went to: a paused or cut-off owner would otherwise hold it until
+    its own deadline, long after the bundle moved (the client's retry reaches the new owner);
   * on a secured cluster a forwarded call goes over mutual TLS with this node's certificate and carries the
     caller's verified principal, never its credential (api.access believes it only from a node)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from typing import NamedTuple
 
 import grpc
 
@@ -26,6 +31,14 @@ from pigeon.ops import tls
 log = logging.getLogger("pigeon.router")
 
 FORWARDED = "x-pigeon-forwarded"
+_MOVED = "The topic's bundle moved to another node; retry."
+
+
+class Owner(NamedTuple):
+    """Where a call goes: the owner's address, and the log whose owner it is."""
+    address: str
+    log_id: int
+
 _same = lambda b: b  # noqa: E731 — bytes pass through unparsed
 _RETRYABLE = "The topic's bundle is moving between nodes; retry."
 
@@ -37,8 +50,8 @@ class Router:
         self.forwarded = 0  # calls passed to another node
 
     # --- where a call goes ---------------------------------------------------------------------------------
-    def _owner(self, log_id: int, context) -> str | None:
-        """None to serve here; else the owner's address."""
+    def _owner(self, log_id: int, context) -> Owner | None:
+        """None to serve here; else the owner."""
         if log_id == META_LOG or self.engine.owns(log_id):
             return None
         if any(k == FORWARDED for k, _ in (context.invocation_metadata() or ())):
@@ -46,12 +59,12 @@ class Router:
         address = self.cluster.address_of(log_id)
         if address is None or address == self.cluster.info.address:  # no owner, or this node is taking it over
             raise Unavailable(_RETRYABLE)
-        return address
+        return Owner(address, log_id)
 
-    def for_topic(self, topic: str, context) -> str | None:
+    def for_topic(self, topic: str, context) -> Owner | None:
         return self._owner(bundle_log(topic, self.engine.config.bundles), context)
 
-    async def for_subscription(self, name: str, context) -> str | None:
+    async def for_subscription(self, name: str, context) -> Owner | None:
         state = self.engine.state
         if name not in state.subs and self.engine.meta_log is not None:
             await self.engine.meta_log.catch_up()
@@ -81,42 +94,81 @@ class Router:
         caller = access.CALLER.get()
         return ((access.PRINCIPAL, caller),) if caller is not None else ()
 
-    async def unary(self, address: str, method: str, request: bytes, context, waits: bool = False) -> bytes:
+    async def unary(self, owner: Owner, method: str, request: bytes, context, waits: bool = False) -> bytes:
         """Forward one call. One that does not wait by design (all but a Pull) gets at most
         limits.forward_s_max: an owner that does not answer by then is paused or cut off, and the client's
-        retry finds the bundle's new owner once it has been taken over (UNAVAILABLE meanwhile)."""
-        call = self._channel(address).unary_unary(method, request_serializer=_same, response_deserializer=_same)
+        retry finds the bundle's new owner once it has been taken over (UNAVAILABLE meanwhile). One that waits
+        ends when the bundle moves away from the owner."""
+        call = self._channel(owner.address).unary_unary(method, request_serializer=_same,
+                                                        response_deserializer=_same)
         self.forwarded += 1
         left = context.time_remaining()
         timeout = left if waits else min(left or limits.forward_s_max, limits.forward_s_max)
+        pending = call(request, timeout=timeout, metadata=self._metadata(context))
         try:
-            return await call(request, timeout=timeout, metadata=self._metadata(context))
+            if not waits:
+                return await pending
+            async with self._cut_when_moved(owner, pending):
+                return await pending
         except grpc.aio.AioRpcError as e:
-            raise _relayed(e, address) from None
+            raise _relayed(e, owner.address) from None
 
-    async def stream(self, address: str, method: str, first: bytes, requests, context):
+    async def stream(self, owner: Owner, method: str, first: bytes, requests, context):
         """Forward a bidirectional stream: `first` then every later request (parsed: re-encoded) up, every
-        response down."""
+        response down, until the bundle moves away from the owner."""
         async def up():
             yield first
             async for req in requests:
                 yield req.SerializeToString()
 
-        call = self._channel(address).stream_stream(method, request_serializer=_same, response_deserializer=_same)
+        call = self._channel(owner.address).stream_stream(method, request_serializer=_same,
+                                                          response_deserializer=_same)
         self.forwarded += 1
         it = call(up(), metadata=self._metadata(context))
         try:
-            async for resp in it:
-                yield resp
+            async with self._cut_when_moved(owner, it):
+                async for resp in it:
+                    yield resp
         except grpc.aio.AioRpcError as e:
-            raise _relayed(e, address) from None
+            raise _relayed(e, owner.address) from None
         finally:
             it.cancel()
+
+    def _cut_when_moved(self, owner: Owner, call) -> "_MoveWatch":
+        return _MoveWatch(self.cluster, owner, call)
 
     async def close(self) -> None:
         for ch in self._channels.values():
             await ch.close()
         self._channels.clear()
+
+
+class _MoveWatch:
+    """While its block runs, cancels `call` once the cluster's routes say `owner` no longer owns the log; the
+    block then raises Unavailable (the cancellation is this watch's, not the caller's)."""
+
+    def __init__(self, cluster, owner: Owner, call):
+        self.cluster, self.owner, self.call = cluster, owner, call
+        self.moved = False
+        self._task: asyncio.Task | None = None
+
+    async def _watch(self) -> None:
+        while True:
+            await self.cluster.routes_changed().wait()
+            if self.cluster.address_of(self.owner.log_id) != self.owner.address:
+                self.moved = True
+                self.call.cancel()
+                return
+
+    async def __aenter__(self):
+        self._task = asyncio.get_running_loop().create_task(self._watch())
+        return self
+
+    async def __aexit__(self, kind, exc, tb):
+        self._task.cancel()
+        if self.moved and (kind is None or issubclass(kind, (asyncio.CancelledError, grpc.aio.AioRpcError))):
+            raise Unavailable(_MOVED)
+        return False
 
 
 def _relayed(e: grpc.aio.AioRpcError, address: str) -> Relayed:

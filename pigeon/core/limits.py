@@ -32,6 +32,7 @@ list_page_size_max = 1_000
 list_page_size_default = 100
 stats_page_size_max = 10_000  # pigeon.v1.Monitoring: subscriptions or topics with their figures per page
 stats_page_size_default = 1_000
+hot_keys_exported = 100  # /metrics: the hottest ordering keys over every topic, one series each
 # quotas (Pub/Sub's defaults): a create past one is RESOURCE_EXHAUSTED naming it
 topics_per_project_max = 10_000
 subscriptions_per_project_max = 10_000

@@ -53,6 +53,7 @@ class ClusterNode:
         self.meta_log = MetaLog(self.meta, engine)
         self.logs = BundleLogs(self, Replication(config.replicas, config.replicas, config.ack_quorum))
         self.routes: dict[int, str] = {}  # bundle → its owner's address, as last read (the router's map)
+        self._routes_event = asyncio.Event()  # set (and replaced) whenever `routes` changes
         self.etcd_down = False  # the last placement pass could not reach etcd
         self.changed = asyncio.Event()  # something placement depends on may have changed
         self._tasks: list[asyncio.Task] = []
@@ -63,6 +64,15 @@ class ClusterNode:
     def owned(self) -> dict[int, int]:
         """bundle → ownership epoch, for the bundles this node holds now."""
         return self.membership.owned
+
+    def routes_changed(self) -> asyncio.Event:
+        """An event set the next time the routes change (wait on it, then read them again)."""
+        return self._routes_event
+
+    def _routes_moved(self, before: dict[int, str]) -> None:
+        if self.routes != before:
+            ev, self._routes_event = self._routes_event, asyncio.Event()
+            ev.set()
 
     def address_of(self, log_id: int) -> str | None:
         """The address of the node that owns the bundle of `log_id`, as last read; None when it has no owner."""
@@ -245,6 +255,13 @@ class ClusterNode:
 
     async def rebalance(self) -> tuple[list[int], list[int]]:
         """Take the free bundles placement gives this node, give up the ones it gives another: (taken, released)."""
+        before = dict(self.routes)
+        try:
+            return await self._rebalance()
+        finally:
+            self._routes_moved(before)
+
+    async def _rebalance(self) -> tuple[list[int], list[int]]:
         members = await self.membership.members()
         want = await self.membership.placement(self.config.bundles, members)
         owners = await self.membership.owners()

@@ -28,6 +28,7 @@ from pigeon.node.iam_ops import IamOps
 from pigeon.node.push import PushManager
 from pigeon.node.queue_ops import QueueOps
 from pigeon.node.reader import MessageReader, ReaderStats
+from pigeon.node.samples import AckLatency, HotKeys
 from pigeon.node.schema_service import SchemaService
 from pigeon.node.streams import Signal, Stream, StreamStats, WallClock
 from pigeon.node.journal import JournalWriter, WriterStats
@@ -49,6 +50,8 @@ class NodeStats:
     admission: AdmissionStats
     topic_stats: tuple[tuple[str, int, int, int], ...]  # (name, publish requests, messages, bytes) since start
     publish_latency: HistogramStats  # from a Publish reaching the engine to its messages being durable
+    ack_latency: HistogramStats  # sampled: from handing a message out to its ack (node.samples)
+    hot_keys: tuple[tuple[str, str, int], ...]  # (topic, ordering key, messages): the hottest keys
 
 
 class DataDirInUse(Exception):
@@ -73,6 +76,8 @@ class Engine:
         self.clock = clock or WallClock()
         self.state = BrokerState()
         self.publish_latency = Histogram()
+        self.ack_latency = AckLatency()  # sampled, from delivery to ack
+        self.hot_keys = HotKeys()  # the ordering keys published most, per topic
         self.journal = JournalWriter(os.path.join(config.data_dir, "wal"), config.fsync, config.segment_bytes)
         self.reader = MessageReader(self.journal, limits.read_cache_bytes_max)
         self.epoch = 0  # this process's epoch: it fences every log it writes at it
@@ -366,6 +371,8 @@ class Engine:
         t.publish_requests += 1
         t.published += count
         t.published_bytes += len(request)
+        if ordering_key:
+            self.hot_keys.published(t.name, ordering_key, count)
         ix = t.shards[rec.shard]
         end = rec.base + rec.count
         if ix.durable < end:
@@ -381,6 +388,7 @@ class Engine:
         client wait for it)."""
         if nums:
             self.commit(R.Ack(s.uid, nums))
+            self.ack_latency.acked(s.uid, nums, self.clock.now())
 
     # --- delivery --------------------------------------------------------------------------------
     def deliver(self, s: SubscriptionState, max_messages: int, max_bytes: int, owner, deadline_s: float) -> list[bytes]:
@@ -398,6 +406,8 @@ class Engine:
             if len(out) < len(picks.out):  # the rest did not fit: given back before anything is leased
                 s.untake(picks, len(out))
         self.commit(picks.record(s.uid, now + deadline_s), owner)
+        if out:
+            self.ack_latency.delivered(s.uid, picks.out[0][0], now)
         if owner is not None and out:  # nothing ran since the commit: every leased message is the stream's
             if picks.fresh:
                 owner.hold(map(itemgetter(0), picks.out), sizes)
@@ -414,6 +424,8 @@ class Engine:
         if not picks:
             return []
         self.commit(picks.record(s.uid, now + deadline_s), owner)
+        if picks.out:
+            self.ack_latency.delivered(s.uid, picks.out[0][0], now)
         return picks.out
 
     def read(self, s: SubscriptionState, nums: list[int]) -> list[tuple[bytes, bytes]]:
@@ -565,13 +577,16 @@ class Engine:
         """Plain values of every part, for the metrics endpoint (nothing reaches inside for them); without
         `subscriptions`, none of theirs (see subscription_statistics)."""
         now = self.clock.now()
+        self.ack_latency.prune(self.state.subs_by_uid)
+        self.hot_keys.prune(self.state.topics)
         return NodeStats(self.journal.statistics(), self.reader.statistics(),
                          tuple(s.statistics(now) for s in self.state.subs_by_uid.values()) if subscriptions else (),
                          tuple(st.statistics() for st in self.streams), len(self.state.topics),
                          self.admission.statistics(),
                          tuple((t.name, t.publish_requests, t.published, t.published_bytes)
                                for t in self.state.topics.values()),
-                         self.publish_latency.snapshot())
+                         self.publish_latency.snapshot(), self.ack_latency.histogram.snapshot(),
+                         tuple(self.hot_keys.hottest(limits.hot_keys_exported)))
 
     def ack_nowait(self, s: SubscriptionState, ack_ids) -> dict[str, str]:
         """Apply acks (logged, not yet durable). Returns exactly-once failures {ack_id: code}: with

@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass
 
 from pigeon.core import limits
+from pigeon.core.histogram import Histogram, HistogramStats
 from pigeon.core.errors import ResourceExhausted, Unavailable
 from pigeon.node.disk import OsDisk
 from pigeon.node.readahead import ReadAhead
@@ -37,6 +38,7 @@ class FsyncPolicy(str, enum.Enum):
 
 
 SYNC_BUCKETS_MS = (0.5, 1, 2, 5, 10, 25, 50, 100, 250, 1000)  # fdatasync latency histogram bounds
+BATCH_BOUNDS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)  # entries per group commit
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +52,7 @@ class WriterStats:
     group_commits: int  # batches written
     group_commit_entries: int  # entries in them, in all
     group_commit_bytes: int
+    group_commit_sizes: HistogramStats  # entries per group commit
     failed: str  # why the writer stopped ("" while it works)
     space: SpaceStats  # free space, the reserve, whether publishes are refused
     enospc: int  # writes or syncs that failed with a full disk (each kept and tried again)
@@ -75,6 +78,7 @@ class JournalWriter:
         self._syncs = 0
         self._sync_s = self._sync_max_s = 0.0
         self._sync_hist = [0] * len(SYNC_BUCKETS_MS)
+        self._batch_sizes = Histogram(BATCH_BOUNDS)  # entries per group commit
         self._batches = self._batch_entries = self._batch_bytes = 0
         self._enospc = 0  # writes or syncs that failed with a full disk (writer thread)
         self._stuck = False  # the last write failed with a full disk and nothing was written since (loop thread)
@@ -210,6 +214,7 @@ class JournalWriter:
                     journal.write(cursor, batch)
                     written += nbytes
                     self._batches += 1
+                    self._batch_sizes.observe(len(batch))
                     self._batch_entries += len(batch)
                     self._batch_bytes += nbytes
                     if always:
@@ -303,7 +308,8 @@ class JournalWriter:
         """Plain values for metrics; read from the loop thread while the writer counts (a moment's skew only)."""
         return WriterStats(self.journal.statistics(), tuple(self.log(i).statistics() for i in sorted(self.journal.logs)),
                            self._syncs, self._sync_s, self._sync_max_s, tuple(self._sync_hist), self._batches,
-                           self._batch_entries, self._batch_bytes, "" if self._failed is None else str(self._failed), self.space.statistics(),
+                           self._batch_entries, self._batch_bytes, self._batch_sizes.snapshot(),
+                           "" if self._failed is None else str(self._failed), self.space.statistics(),
                            self._enospc)
 
     # --- reading ---------------------------------------------------------------------------------

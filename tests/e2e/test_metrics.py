@@ -85,8 +85,31 @@ def test_the_grafana_dashboard_asks_for_metrics_the_node_exports(server_factory,
     http = server_factory(http=True).http
     call(http, "PUT", f"/v1/{P}/topics/dash", {})
     call(http, "PUT", f"/v1/{P}/subscriptions/dash-reader", {"topic": f"{P}/topics/dash"})
-    exported = {k[0] for k in scrape(http)}
+    call(http, "POST", f"/v1/{P}/topics/dash:publish", {"messages": [{"data": "eA==", "orderingKey": "k"}]})
+    exported = {k[0] for k in scrape(http)}  # (a family shows once it has a series: some traffic first)
     cluster_only = {n for n in asked if n.startswith("pigeon_cluster_")}
     assert asked - cluster_only <= exported, sorted(asked - cluster_only - exported)
     assert cluster_only == {"pigeon_cluster_bundles_owned", "pigeon_cluster_under_replicated_ledgers",
                             "pigeon_cluster_ledger_rolls_total"}
+
+
+def test_ack_latency_hot_keys_and_group_commit_sizes(server_factory):
+    http = server_factory(http=True).http
+    topic, sub = f"{P}/topics/keyed", f"{P}/subscriptions/keyed-reader"
+    call(http, "PUT", f"/v1/{topic}", {})
+    call(http, "PUT", f"/v1/{sub}", {"topic": topic})
+    for key, requests, size in (("hot", 3, 5), ("cold", 1, 1)):
+        for _ in range(requests):
+            msgs = [{"data": base64.b64encode(b"x").decode(), "orderingKey": key}] * size
+            assert call(http, "POST", f"/v1/{topic}:publish", {"messages": msgs})[0] == 200
+    for _ in range(16):  # one message a pull: the 16th batch handed out is the sampled one
+        got = call(http, "POST", f"/v1/{sub}:pull", {"maxMessages": 1})[1]["receivedMessages"]
+        call(http, "POST", f"/v1/{sub}:acknowledge", {"ackIds": [m["ackId"] for m in got]})
+
+    m = scrape(http)
+    assert m[("pigeon_subscription_ack_latency_seconds_count", ())] == 1
+    assert m[("pigeon_subscription_ack_latency_seconds_sum", ())] >= 0
+    keyed = lambda k: ("pigeon_topic_ordering_key_message_count_total", (("ordering_key", k), ("topic", topic)))  # noqa: E731
+    assert (m[keyed("hot")], m[keyed("cold")]) == (15, 1)
+    assert m[("pigeon_group_commit_size_entries_count", ())] == m[("pigeon_group_commits_total", ())] > 0
+    assert m[("pigeon_group_commit_size_entries_sum", ())] == m[("pigeon_group_commit_entries_total", ())]
