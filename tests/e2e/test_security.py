@@ -322,7 +322,7 @@ def test_the_audit_log_holds_admin_changes_and_refusals(kit, secure):
 
 
 def test_mutual_tls_identity(kit, tmp_path):
-    srv = ServerProcess(str(tmp_path / "data"), extra=kit.serve_args(mtls=True)).start()
+    srv = ServerProcess(str(tmp_path / "data"), http=True, extra=kit.serve_args(mtls=True)).start()
     try:
         ch = kit.channel(srv.address, kit.client_cert("client-admin", email="admin@ops.iam.gserviceaccount.com"))
         create = pb["Topic"](name="projects/mtls-p/topics/by-cert").SerializeToString()
@@ -336,6 +336,23 @@ def test_mutual_tls_identity(kit, tmp_path):
         # without a certificate the handshake fails
         assert call(kit.channel(srv.address), "/google.pubsub.v1.Publisher/GetTopic", get,
                     token=kit.admin_token, timeout=5)[0] == grpc.StatusCode.UNAVAILABLE
+        # over HTTPS the REST front verifies the certificate and passes its identity on
+        import ssl
+        import urllib.request
+
+        def rest(name: str):
+            ctx = ssl.create_default_context(cafile=kit.ca_path)
+            ctx.load_cert_chain(os.path.join(kit.dir, f"{name}.pem"), os.path.join(kit.dir, f"{name}-key.pem"))
+            url = srv.http.replace("http://127.0.0.1", "https://localhost") + "/v1/projects/mtls-p/topics/by-cert"
+            try:
+                with urllib.request.urlopen(url, context=ctx, timeout=10) as r:
+                    return r.status, json.loads(r.read())
+            except urllib.error.HTTPError as e:
+                return e.code, json.loads(e.read())
+
+        assert rest("client-admin") == (200, {"name": "projects/mtls-p/topics/by-cert"})
+        code, body = rest("client-other")
+        assert code == 403 and body["error"]["status"] == "PERMISSION_DENIED"
     finally:
         srv.kill()
 
