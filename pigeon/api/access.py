@@ -83,6 +83,8 @@ class Guard:
         self.admins = config.admin_principals
         self.mtls = bool(config.tls_client_ca)
         self.streams: set[_Watched] = set()
+        self._decisions: dict[tuple[str, str, str], bool] = {}
+        self._policies, self._version = None, -1
         self._seen_version = -1
         self.denied = 0
         self.unauthenticated = 0
@@ -112,7 +114,19 @@ class Guard:
         return self.authn.principal(authorization, cert), False
 
     def allowed(self, principal: str, permission: str, resource: str) -> bool:
-        return permission in iam.effective(self.engine.state.policies, self.admins, principal, resource)
+        """Decisions are remembered until the policies change (their change counter): a repeated call costs a
+        dict lookup, however long the policies."""
+        policies = self.engine.state.policies
+        if policies is not self._policies or policies.version != self._version:
+            self._policies, self._version = policies, policies.version
+            self._decisions.clear()
+        key = (principal, permission, resource)
+        hit = self._decisions.get(key)
+        if hit is None:
+            if len(self._decisions) >= limits.decision_cache_max:
+                self._decisions.clear()
+            hit = self._decisions[key] = permission in iam.effective(policies, self.admins, principal, resource)
+        return hit
 
     def resources(self, need: Need, request) -> list[tuple[str, str]]:
         """(permission, resource) pairs a need asks for with this request; [] when an optional field is empty.

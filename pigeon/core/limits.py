@@ -129,6 +129,7 @@ placement_check_s = 1.0  # a node compares what it owns with placement at least 
 
 # --- security (docs/security.md) ---------------------------------------------------------------------------
 token_cache_max = 100_000  # verified credentials remembered (hash → principal, expiry): a call costs a lookup
+decision_cache_max = 100_000  # (principal, permission, resource) → allowed, kept until the policies change
 jwt_leeway_s = 30  # clock skew allowed between the token's issuer and this node (exp, nbf, iat)
 jwks_refresh_s = 300.0  # an issuer's JWKS URL is read again this often (keys rotate: new ones appear first)
 security_watch_s = 1.0  # open streams are checked again (policies changed, token file changed) this often
