@@ -50,6 +50,12 @@ def serve(
                                             "authentication or TLS, knowingly"),
     audit_log: Optional[str] = typer.Option(None, "--audit-log", help="file for the audit log's JSON lines "
                                             "(default: the server's log)"),
+    publish_bytes_per_s: Optional[int] = typer.Option(None, "--publish-bytes-per-s", help="quota: publish bytes "
+                                                      "per second of each project (0: none)"),
+    admin_ops_per_min: Optional[int] = typer.Option(None, "--admin-ops-per-min", help="quota: admin operations "
+                                                    "per minute of each project (0: none)"),
+    backlog_bytes_per_project: Optional[int] = typer.Option(None, "--backlog-bytes-per-project", help="quota: "
+                                                            "unacknowledged bytes each project may retain (0: none)"),
 ):
     """Start a node: on its embedded defaults one process with one data directory; with --etcd a member of a
     cluster (docs/cluster.md)."""
@@ -63,7 +69,8 @@ def serve(
                    http_port=http_port, log_format=log_format, tls_cert=tls_cert, tls_key=tls_key,
                    tls_client_ca=tls_client_ca, auth_token_file=auth_token_file, oidc_issuer=oidc_issuer,
                    oidc_audience=oidc_audience, oidc_jwks=oidc_jwks, admins=admins, insecure=insecure,
-                   audit_log=audit_log)
+                   audit_log=audit_log, publish_bytes_per_s=publish_bytes_per_s,
+                   admin_ops_per_min=admin_ops_per_min, backlog_bytes_per_project=backlog_bytes_per_project)
     except (ValueError, OSError) as e:
         typer.echo(f"pigeon: {e}", err=True)
         raise typer.Exit(2)

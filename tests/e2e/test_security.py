@@ -358,8 +358,8 @@ def test_mutual_tls_identity(kit, tmp_path):
 
 
 def test_quotas_per_project_with_quota_failure_details(kit, tmp_path):
-    srv = ServerProcess(str(tmp_path / "data"), http=True, extra=kit.serve_args(), env={
-        "PIGEON_PUBLISH_BYTES_PER_S": "20000", "PIGEON_ADMIN_OPS_PER_MIN": "4"}).start()
+    srv = ServerProcess(str(tmp_path / "data"), http=True, extra=kit.serve_args(more=(
+        "--publish-bytes-per-s", "20000")), env={"PIGEON_ADMIN_OPS_PER_MIN": "4"}).start()  # (flag and environment)
     try:
         ch = kit.channel(srv.address)
         P = "/google.pubsub.v1.Publisher/"
