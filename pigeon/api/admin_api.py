@@ -6,7 +6,7 @@ from __future__ import annotations
 import grpc
 from google.iam.v1 import iam_policy_pb2
 
-from pigeon.api import errors
+from pigeon.api import access, errors
 from pigeon.api.errors import translate
 from pigeon.api.grpc_api import pb
 from pigeon.core import names
@@ -81,8 +81,9 @@ class IamApi:
 
     @translate
     async def test_iam_permissions(self, req, context):
-        # No authentication yet: the caller may do everything (the security issue answers per caller).
-        granted = self.engine.iam.test_permissions(req.resource, list(req.permissions), principal=None)
+        # answered for the caller (api.access set it); with security off there is no caller: everything applies
+        granted = self.engine.iam.test_permissions(req.resource, list(req.permissions), access.CALLER.get(),
+                                                   self.engine.config.admin_principals)
         return iam_policy_pb2.TestIamPermissionsResponse(permissions=granted).SerializeToString()
 
 

@@ -21,22 +21,36 @@ log = logging.getLogger("pigeon.api")
 INTERNAL_MESSAGE = "Internal error in the server (it is logged there); the request may be retried."
 
 
-def _info(e: PigeonError) -> error_details_pb2.ErrorInfo | None:
+def _details(e: PigeonError) -> list:
+    """The google.rpc detail messages an operational error carries: ErrorInfo, QuotaFailure, RetryInfo."""
+    out = []
     info = e.error_info()
-    if info is None:
-        return None
-    reason, domain, metadata = info
-    return error_details_pb2.ErrorInfo(reason=reason, domain=domain, metadata=metadata)
+    if info is not None:
+        reason, domain, metadata = info
+        out.append(error_details_pb2.ErrorInfo(reason=reason, domain=domain, metadata=metadata))
+    violations = e.quota_violations()
+    if violations:
+        out.append(error_details_pb2.QuotaFailure(violations=[
+            error_details_pb2.QuotaFailure.Violation(subject=s, description=d) for s, d in violations]))
+    retry = e.retry_after_s()
+    if retry is not None:
+        r = error_details_pb2.RetryInfo()
+        r.retry_delay.FromNanoseconds(int(retry * 1e9))
+        out.append(r)
+    return out
 
 
 def grpc_status(e: PigeonError) -> tuple[grpc.StatusCode, str, tuple]:
     """(code, message, trailing metadata) of an operational error."""
     trailers = ()
-    info = _info(e)
-    if info is not None:
-        detail = any_pb2.Any()
-        detail.Pack(info)
-        st = status_pb2.Status(code=code_pb2.Code.Value(e.code), message=e.message, details=[detail])
+    details = _details(e)
+    if details:
+        packed = []
+        for d in details:
+            a = any_pb2.Any()
+            a.Pack(d)
+            packed.append(a)
+        st = status_pb2.Status(code=code_pb2.Code.Value(e.code), message=e.message, details=packed)
         trailers = (("grpc-status-details-bin", st.SerializeToString()),)
     return grpc.StatusCode[e.code], e.message, trailers
 
@@ -132,10 +146,11 @@ def http_error(e: BaseException) -> tuple[int, dict]:
     if not isinstance(e, PigeonError):
         log.error("unexpected error", exc_info=e)
         return 500, {"error": {"code": 500, "message": INTERNAL_MESSAGE, "status": "INTERNAL", "details": []}}
+    from google.protobuf import json_format
+
     details = []
-    info = e.error_info()
-    if info is not None:
-        reason, domain, metadata = info
-        details.append({"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": reason, "domain": domain,
-                        "metadata": dict(metadata)})
+    for d in _details(e):
+        a = any_pb2.Any()
+        a.Pack(d)
+        details.append(json_format.MessageToDict(a))
     return e.http, {"error": {"code": e.http, "message": e.message, "status": e.code, "details": details}}

@@ -213,9 +213,47 @@ class NodeCollector(Collector):
             yield GaugeMetricFamily("pigeon_cluster_ready", "1 while joined with etcd answering", value=int(ready))
 
 
-def registry(engine, cluster=None, lag: LoopLag | None = None, top: int = 500) -> CollectorRegistry:
+class SecurityCollector(Collector):
+    """Refusals at the boundary (api.access) and each project's use of its quotas (ops.quotas)."""
+
+    def __init__(self, guard):
+        self.guard = guard
+
+    def collect(self):
+        g, q = self.guard, self.guard.quotas
+        yield CounterMetricFamily("pigeon_auth_unauthenticated", "calls refused UNAUTHENTICATED",
+                                  value=g.unauthenticated)
+        yield CounterMetricFamily("pigeon_auth_permission_denied", "calls refused PERMISSION_DENIED",
+                                  value=g.denied)
+        yield GaugeMetricFamily("pigeon_auth_streams_watched", "open streams re-checked when policies change",
+                                value=len(g.streams))
+        published = CounterMetricFamily("pigeon_project_publish_bytes", "bytes published, per project",
+                                        labels=["project"])
+        for p, n in q.published_bytes.items():
+            published.add_metric([p], n)
+        yield published
+        admin = CounterMetricFamily("pigeon_project_admin_operations", "admin operations, per project",
+                                    labels=["project"])
+        for p, n in q.admin_ops.items():
+            admin.add_metric([p], n)
+        yield admin
+        refused = CounterMetricFamily("pigeon_project_quota_exceeded", "calls refused by a quota, per project",
+                                      labels=["project", "quota"])
+        for (p, quota), n in q.refused.items():
+            refused.add_metric([p, quota], n)
+        yield refused
+        backlog = GaugeMetricFamily("pigeon_project_backlog_bytes", "unacknowledged bytes retained, per project "
+                                    "(measured with a backlog quota set)", labels=["project"])
+        for p, n in q.backlog.items():
+            backlog.add_metric([p], n)
+        yield backlog
+
+
+def registry(engine, cluster=None, lag: LoopLag | None = None, top: int = 500, guard=None) -> CollectorRegistry:
     reg = CollectorRegistry(auto_describe=False)
     reg.register(NodeCollector(engine, cluster, lag, top))
+    if guard is not None:
+        reg.register(SecurityCollector(guard))
     return reg
 
 

@@ -53,7 +53,7 @@ class MonitoringApi:
             call = self.router._channel(address).unary_unary(f"/{SERVICE}/{method}", request_serializer=None,
                                                              response_deserializer=response_cls.FromString)
             try:
-                return await call(payload, timeout=limits.forward_s_max)
+                return await call(payload, timeout=limits.forward_s_max, metadata=self.router.peer_metadata())
             except grpc.aio.AioRpcError as e:
                 log.info("monitoring: %s did not answer %s (%s); its bundles are left out", address, method,
                          e.code().name)

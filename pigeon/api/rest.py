@@ -60,10 +60,26 @@ class RestError(Exception):
         self.code, self.message = code, message
 
 
-def error_response(code: grpc.StatusCode, message: str) -> web.Response:
+def error_response(code: grpc.StatusCode, message: str, details: list | None = None) -> web.Response:
     status = HTTP_CODE.get(code, 500)
     body = {"error": {"code": status, "message": message, "status": code.name}}
+    if details:
+        body["error"]["details"] = details
     return web.json_response(body, status=status)
+
+
+def _status_details(trailers) -> list:
+    """The google.rpc details (ErrorInfo, QuotaFailure, RetryInfo) of a gRPC status, as Google's JSON shows them."""
+    from google.rpc import status_pb2
+
+    for k, v in trailers or ():
+        if k == "grpc-status-details-bin":
+            try:
+                st = status_pb2.Status.FromString(v)
+                return [json_format.MessageToDict(d) for d in st.details]
+            except Exception:  # noqa: BLE001 — details we cannot read are left out, the status stands
+                return []
+    return []
 
 
 # --- routes, from the annotations ------------------------------------------------------------------------
@@ -373,7 +389,8 @@ async def request_message(route: Route, values: tuple[str, ...], req: web.Reques
 class RestApi:
     """Answers the REST API by calling the node's own gRPC server at `grpc_target`."""
 
-    def __init__(self, grpc_target: str, ready=None, metrics=None):
+    def __init__(self, grpc_target: str, ready=None, metrics=None, mtls: bool = False):
+        self.mtls = mtls  # mutual TLS: a caller without a token is its certificate's identity
         self.channel = grpc.aio.insecure_channel(grpc_target, options=[
             ("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)])
         self.ready = ready  # () → (ok, why): readiness for /readyz
@@ -397,11 +414,15 @@ class RestApi:
         except RestError as e:
             return error_response(e.code, e.message)
         metadata = [(k.lower(), v) for k, v in req.headers.items() if k.lower() == "authorization"]
+        if self.mtls and not metadata:
+            who = _cert_identity(req)
+            if who:
+                metadata.append(("x-pigeon-principal", who))
         try:
             payload = msg if type(msg) is bytes else msg.SerializeToString()
             raw = await self._call(route.rpc)(payload, timeout=_CALL_S, metadata=metadata or None)
         except grpc.aio.AioRpcError as e:
-            return error_response(e.code(), e.details() or e.code().name)
+            return error_response(e.code(), e.details() or e.code().name, _status_details(e.trailing_metadata()))
         out = route.response.FromString(raw)
         if route.rpc.startswith("/pigeon.v1.Queue/"):
             return web.json_response(_embedded_json(out, json_format.MessageToDict(out)))
@@ -456,10 +477,21 @@ async def _errors(req: web.Request, handler):
         return error_response(grpc.StatusCode.INTERNAL, "Internal error.")
 
 
-async def start(api: RestApi, host: str, port: int) -> web.AppRunner:
+def _cert_identity(req: web.Request) -> str:
+    """The principal the client certificate of this HTTPS connection names (verified by the TLS handshake)."""
+    import ssl
+
+    from pigeon.ops import certs
+
+    obj = req.transport.get_extra_info("ssl_object") if req.transport is not None else None
+    der = obj.getpeercert(binary_form=True) if obj is not None else None
+    return certs.identity_of(ssl.DER_cert_to_PEM_cert(der).encode()) if der else ""
+
+
+async def start(api: RestApi, host: str, port: int, ssl_context=None) -> web.AppRunner:
     runner = web.AppRunner(api.app(), access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, host, port, reuse_address=True)
+    site = web.TCPSite(runner, host, port, reuse_address=True, ssl_context=ssl_context)
     await site.start()
     return runner
 

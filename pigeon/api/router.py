@@ -9,7 +9,9 @@ details) passed back as it came — so a client may use any node. Owns the rules
   * a bundle with no owner (moving between nodes) answers UNAVAILABLE as well;
   * a forwarded call that waits by design (Pull, StreamingPull, Take) ends with UNAVAILABLE as soon as the
     bundle's owner is no longer the node it went to: a paused or cut-off owner would otherwise hold it until
-    its own deadline, long after the bundle moved (the client's retry reaches the new owner)."""
+    its own deadline, long after the bundle moved (the client's retry reaches the new owner);
+  * on a secured cluster a forwarded call goes over mutual TLS with this node's certificate and carries the
+    caller's verified principal, never its credential (api.access believes it only from a node)."""
 
 from __future__ import annotations
 
@@ -19,10 +21,12 @@ from typing import NamedTuple
 
 import grpc
 
+from pigeon.api import access
 from pigeon.api.errors import Relayed
 from pigeon.core import limits
 from pigeon.core.bundles import META_LOG, bundle_log
 from pigeon.core.errors import Unavailable
+from pigeon.ops import tls
 
 log = logging.getLogger("pigeon.router")
 
@@ -72,13 +76,23 @@ class Router:
     def _channel(self, address: str) -> grpc.aio.Channel:
         ch = self._channels.get(address)
         if ch is None:
-            ch = self._channels[address] = grpc.aio.insecure_channel(address, options=[
+            ch = self._channels[address] = tls.peer_channel(self.engine.config, address, [
                 ("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)])
         return ch
 
     def _metadata(self, context):
-        return tuple((k, v) for k, v in (context.invocation_metadata() or ()) if not k.startswith("grpc-")) + (
-            (FORWARDED, self.cluster.info.node_id),)
+        """The call's metadata for the owner, marked forwarded. On a secured node the caller's credential stays
+        here: its verified principal travels instead, believed only from a node (api.access)."""
+        caller = access.CALLER.get()
+        drop = (access.PRINCIPAL, "authorization") if caller is not None else ()
+        md = tuple((k, v) for k, v in (context.invocation_metadata() or ()) if not k.startswith("grpc-")
+                   and k not in drop) + ((FORWARDED, self.cluster.info.node_id),)
+        return md + ((access.PRINCIPAL, caller),) if caller is not None else md
+
+    def peer_metadata(self) -> tuple:
+        """Metadata of a node's own call to a peer on its caller's behalf (the monitoring pages)."""
+        caller = access.CALLER.get()
+        return ((access.PRINCIPAL, caller),) if caller is not None else ()
 
     async def unary(self, owner: Owner, method: str, request: bytes, context, waits: bool = False) -> bytes:
         """Forward one call. One that does not wait by design (all but a Pull) gets at most

@@ -12,7 +12,7 @@ import signal
 
 import grpc
 
-from pigeon.api import admin_api, monitoring_api, pigeon_api, queue_api, storage_api
+from pigeon.api import admin_api, monitoring_api, pigeon_api, queue_api, security, storage_api
 from pigeon.api.grpc_api import PubSubApi
 from pigeon.api.router import Router
 from pigeon.core import limits
@@ -64,15 +64,23 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
     )
     router = Router(engine, cluster) if cluster is not None else None
     api = PubSubApi(engine, router)
-    server.add_generic_rpc_handlers(api.handlers() + admin_api.handlers(engine) + queue_api.handlers(engine, router))
-    server.add_generic_rpc_handlers(pigeon_api.handlers(engine))  # pigeon.v1.Ranges (data pipelines)
-    server.add_generic_rpc_handlers(monitoring_api.handlers(engine, cluster, router))  # the console's figures
+    handlers = api.handlers() + admin_api.handlers(engine) + queue_api.handlers(engine, router)
+    handlers += pigeon_api.handlers(engine)  # pigeon.v1.Ranges (data pipelines)
+    handlers += monitoring_api.handlers(engine, cluster, router)  # the console's figures
     if cluster is not None:
-        server.add_generic_rpc_handlers(storage_api.handlers(cluster.store))  # pigeon.v1.Storage (node to node)
+        handlers += storage_api.handlers(cluster.store)  # pigeon.v1.Storage (node to node)
+    guard = security.guard(config, engine) if config.secured else None
+    # with security off the handlers are served as they are: the embedded default's path is unchanged
+    server.add_generic_rpc_handlers(guard.wrap(handlers) if guard is not None else handlers)
     address = f"{config.host}:{config.port}"
-    port = server.add_insecure_port(address)
+    try:
+        port = server.add_secure_port(address, security.server_credentials(config)) if config.tls_cert else \
+            server.add_insecure_port(address)
+    except RuntimeError:
+        port = 0
     if port == 0:
         raise SystemExit(f"cannot listen on {address}")
+    local = security.local_socket(server) if config.secured else None  # the REST front's way in
     if config.http_port != 0:  # the REST routes (descriptors compiled from the protos) are startup's too
         from pigeon.api import metrics, rest  # noqa: F401
 
@@ -85,9 +93,12 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
     await server.start()
     if cluster is not None:
         await cluster.listening()
-    http = await _start_http(config, port, engine, cluster)
-    log.info("pigeon serving on %s:%d (data %s, fsync=%s%s)", config.host, port, config.data_dir, config.fsync,
-             f", node {config.node_id} of cluster {cluster.cluster_id}" if cluster else "")
+    watch = asyncio.get_running_loop().create_task(security.watch(guard, engine), name="pigeon-security") \
+        if guard is not None else None
+    http = await _start_http(config, port, engine, cluster, guard, local)
+    log.info("pigeon serving on %s:%d (data %s, fsync=%s%s%s)", config.host, port, config.data_dir, config.fsync,
+             f", node {config.node_id} of cluster {cluster.cluster_id}" if cluster else "",
+             security.describe(config))
     print(f"pigeon: listening on {config.host}:{port}", flush=True)
     if ready is not None:
         ready.set()
@@ -102,6 +113,11 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
         await runner.cleanup()
         await rest_api.close()
     await server.stop(grace=2.0)
+    if watch is not None:
+        watch.cancel()
+        guard.audit.close()
+    if local is not None:
+        local.close()
     if cluster is not None:
         await router.close()
         await cluster.leave()
@@ -109,21 +125,24 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
     log.info("stopped")
 
 
-async def _start_http(config: Config, grpc_port: int, engine, cluster):
+async def _start_http(config: Config, grpc_port: int, engine, cluster, guard=None, local=None):
     """The HTTP port (pigeon.api.rest): REST, health. When it is only the default (the gRPC port + 1) and taken,
-    the node serves gRPC without it, saying so."""
+    the node serves gRPC without it, saying so. Secured, it speaks HTTPS and reaches the gRPC API through the
+    unix socket (`local`), passing on the caller's credential (and its certificate's identity under mutual
+    TLS)."""
     if config.http_port == 0:
         return None
     from pigeon.api import metrics, rest
 
     port = config.http_port if config.http_port > 0 else grpc_port + 1
-    target = f"{'127.0.0.1' if config.host in ('0.0.0.0', '::', '') else config.host}:{grpc_port}"
+    target = local.target if local is not None else \
+        f"{'127.0.0.1' if config.host in ('0.0.0.0', '::', '') else config.host}:{grpc_port}"
     lag = metrics.LoopLag()
-    reg = metrics.registry(engine, cluster, lag, config.metrics_top)
+    reg = metrics.registry(engine, cluster, lag, config.metrics_top, guard)
     api = rest.RestApi(target, ready=cluster.ready if cluster is not None else None,
-                       metrics=lambda: metrics.render(reg))
+                       metrics=lambda: metrics.render(reg), mtls=bool(config.tls_client_ca))
     try:
-        runner = await rest.start(api, config.host, port)
+        runner = await rest.start(api, config.host, port, security.http_context(config) if config.tls_cert else None)
     except OSError as e:
         await api.close()
         if config.http_port > 0:
@@ -132,7 +151,8 @@ async def _start_http(config: Config, grpc_port: int, engine, cluster):
                     config.host, port, e.strerror)
         return None
     lag.start()
-    log.info("REST API, /metrics and health checks on http://%s:%d/", config.host, port)
+    log.info("REST API, /metrics and health checks on %s://%s:%d/", "https" if config.tls_cert else "http",
+             config.host, port)
     return runner, api, lag
 
 

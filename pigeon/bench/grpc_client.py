@@ -69,10 +69,19 @@ def messages(response: bytes) -> tuple[list[str], list[bytes], list[str]]:
     return ids, datas, keys
 
 
-def channel(address: str, own_connection: bool = False) -> grpc.aio.Channel:
+def channel(address: str, own_connection: bool = False, secure: tuple[bytes, str] | None = None) -> grpc.aio.Channel:
+    """`secure`: (the CA's PEM or b"", a bearer token) — TLS (or, without a CA, loopback in the clear) and the token
+    on every call, as an authenticated client."""
     opts = list(_OPTIONS)
     if own_connection:  # channels with equal arguments otherwise share one TCP connection
         opts.append(("grpc.use_local_subchannel_pool", 1))
+    if secure is not None:
+        ca, token = secure
+        # without a CA: a token on loopback in the clear (gRPC sends call credentials over "local" TCP only)
+        transport = grpc.ssl_channel_credentials(ca) if ca else grpc.local_channel_credentials(
+            grpc.LocalConnectionType.LOCAL_TCP)
+        creds = grpc.composite_channel_credentials(transport, grpc.access_token_call_credentials(token))
+        return grpc.aio.secure_channel(address, creds, options=opts)
     return grpc.aio.insecure_channel(address, options=opts)
 
 
@@ -133,9 +142,14 @@ class GrpcDriver:
     supports = frozenset({"publish", "consume", "mixed", "latency", "ordered", "connections", "idle", "backlog",
                           "restart"})
 
-    def __init__(self, address: str, client: str = "raw grpc.aio, pre-serialized requests, raw protobuf views"):
+    def __init__(self, address: str, client: str = "raw grpc.aio, pre-serialized requests, raw protobuf views",
+                 secure: tuple[bytes, str] | None = None):
         self.address = address
         self.client = client
+        self.secure = secure  # (CA PEM, token): plain bytes, so the driver crosses a fork; channels made after
+
+    def _chan(self, own_connection: bool = False) -> grpc.aio.Channel:
+        return channel(self.address, own_connection, self.secure)
 
     @staticmethod
     def topic(key: str) -> str:
@@ -148,7 +162,7 @@ class GrpcDriver:
     # -- setup and probes (run in a forked child) --
 
     async def setup(self, key: str, ordered: bool = False) -> None:
-        async with channel(self.address) as ch:
+        async with self._chan() as ch:
             create_topic = ch.unary_unary("/google.pubsub.v1.Publisher/CreateTopic",
                                           request_serializer=types.Topic.pb().SerializeToString,
                                           response_deserializer=None)
@@ -163,7 +177,7 @@ class GrpcDriver:
     async def serving(self, key: str, expect: int) -> bool:
         """Does a Pull hand out a backlogged message? (Pull leases it: used only after the backlog workloads.)"""
         try:
-            async with channel(self.address) as ch:
+            async with self._chan() as ch:
                 pull = ch.unary_unary("/google.pubsub.v1.Subscriber/Pull",
                                       request_serializer=types.PullRequest.pb().SerializeToString,
                                       response_deserializer=types.PullResponse.pb().FromString)
@@ -178,7 +192,7 @@ class GrpcDriver:
     async def publish(self, key: str, size: int, batch: int, inflight: int, gate) -> dict:
         req = publish_request(self.topic(key), [os.urandom(size) for _ in range(batch)])
         count = 0
-        async with channel(self.address) as ch:
+        async with self._chan() as ch:
             call = ch.unary_unary(_PUBLISH, request_serializer=None, response_deserializer=None)
 
             async def lane():
@@ -197,7 +211,7 @@ class GrpcDriver:
         official clients do (the count of such errors is returned)."""
         count, t_first, t_last = 0, 0.0, 0.0
         errors: dict[str, int] = {}
-        async with channel(self.address) as ch:
+        async with self._chan() as ch:
             await gate.wait_start()
             while not gate.finished():
                 stream = StreamingPull(ch, self.subscription(key), outstanding)
@@ -219,7 +233,7 @@ class GrpcDriver:
 
     async def latency_publish(self, key: str, size: int, rate: int, gate) -> dict:
         topic, pad = self.topic(key), os.urandom(max(0, size - 8))
-        async with channel(self.address) as ch:
+        async with self._chan() as ch:
             call = ch.unary_unary(_PUBLISH, request_serializer=None, response_deserializer=None)
             await ch.channel_ready()
             await call(publish_request(topic, [bytes(8) + pad]), timeout=30)  # warm: connected, first call done
@@ -233,7 +247,7 @@ class GrpcDriver:
 
     async def latency_consume(self, key: str, outstanding: int, gate, grace_s: float) -> dict:
         lat_us: list[float] = []
-        async with channel(self.address) as ch:
+        async with self._chan() as ch:
             stream = StreamingPull(ch, self.subscription(key), outstanding)
             await gate.wait_start()
             stopper = asyncio.create_task(_stop_when(gate, stream, grace_s))
@@ -254,7 +268,7 @@ class GrpcDriver:
                                             for s in range(j, j + batch)], ordering_key=f"k{k}")
                     for j in range(0, per_key, batch)] for k in keys}
         count = 0
-        async with channel(self.address) as ch:
+        async with self._chan() as ch:
             call = ch.unary_unary(_PUBLISH, request_serializer=None, response_deserializer=None)
 
             async def one_key(k):
@@ -276,7 +290,7 @@ class GrpcDriver:
         next_seq: dict[bytes, int] = {}
         count = redelivered = violations = 0
         t_first = t_last = 0.0
-        async with channel(self.address) as ch:
+        async with self._chan() as ch:
             stream = StreamingPull(ch, self.subscription(key), outstanding)
             await gate.wait_start()
             stopper = asyncio.create_task(_stop_when(gate, stream))
@@ -304,7 +318,7 @@ class GrpcDriver:
 
     async def many_publishers(self, key: str, tasks: int, channels: int, batch: int, size: int, gate) -> dict:
         req = publish_request(self.topic(key), [os.urandom(size) for _ in range(batch)])
-        chans = [channel(self.address, own_connection=True) for _ in range(channels)]
+        chans = [self._chan(own_connection=True) for _ in range(channels)]
         calls = [c.unary_unary(_PUBLISH, request_serializer=None, response_deserializer=None) for c in chans]
         per_task = [0] * tasks
         errors: dict[str, int] = {}
@@ -333,7 +347,7 @@ class GrpcDriver:
         connections; count them in `opened` (a shared Value) once sent, hold them until `release` (an Event) is set,
         reopening any that fails (as the client libraries do); report how many were open then and what ended
         the others."""
-        chans = [channel(self.address, own_connection=True) for _ in range(channels)]
+        chans = [self._chan(own_connection=True) for _ in range(channels)]
         for c in chans:
             await c.channel_ready()
         ended: dict[str, int] = {}
@@ -373,7 +387,7 @@ class GrpcDriver:
         return {"still_open": still_open, "ended": ended, "first_errors": first}
 
     async def many_subscribers(self, key: str, tasks: int, channels: int, outstanding: int, gate) -> dict:
-        chans = [channel(self.address, own_connection=True) for _ in range(channels)]
+        chans = [self._chan(own_connection=True) for _ in range(channels)]
         for c in chans:
             await c.channel_ready()
         streams = [StreamingPull(chans[i % channels], self.subscription(key), outstanding) for i in range(tasks)]

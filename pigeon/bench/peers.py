@@ -5,6 +5,8 @@ group) when its workloads end, whatever happened.
 | target               | server, settings                                                                |
 |----------------------|----------------------------------------------------------------------------------|
 | pigeon               | `pigeon serve --fsync always`                                                    |
+| pigeon-tls           | the same with TLS and bearer tokens: every call authenticated and authorized     |
+| pigeon-auth          | bearer tokens on loopback without TLS: the cost of the checks alone              |
 | rabbitmq-classic     | RabbitMQ, durable classic queue, persistent messages, publisher confirms         |
 | rabbitmq-quorum      | RabbitMQ, quorum queue (always persistent), publisher confirms                   |
 | nats-js              | NATS JetStream, file storage, default sync (fsync every 2 min; ack before fsync) |
@@ -144,7 +146,8 @@ class PigeonServer(Server):
         http = getattr(self, "http_port", 0)  # the REST API: only when a target publishes through it
         self.server = f"Pigeon {version('pigeon')}, fsync=always"
         cmd = [sys.executable, "-m", "pigeon", "serve", "--host", "127.0.0.1", "--port", str(port),
-               "--data-dir", os.path.join(self.root, "data"), "--fsync", "always", "--http-port", str(http)]
+               "--data-dir", os.path.join(self.root, "data"), "--fsync", "always", "--http-port", str(http),
+               *self.extra_args()]
         env, cwd, note = server_tree()  # before/after comparisons: the same load generator, another server
         self.server += note
         d = Daemon("pigeon", cmd, port, os.path.join(self.root, "pigeon.log"), self.plan.peer_wall_s_max, env=env,
@@ -152,6 +155,56 @@ class PigeonServer(Server):
         self.daemons.append(d.start(self.plan.peer_start_s_max,
                                     ready=lambda: port_open(port) and (not http or port_open(http))))
         self.driver = GrpcDriver(f"127.0.0.1:{port}")
+
+    def extra_args(self) -> list[str]:
+        return []
+
+
+class PigeonTlsServer(PigeonServer):
+    """The same server with TLS on and authentication and authorization enforced: a development CA and a
+    bearer token for an admin principal are made in its directory, and every call of the load carries the
+    token over TLS (the per-call cost of the check, the per-stream cost of StreamingPull's)."""
+
+    name = "pigeon-tls"
+    restartable = False
+
+    def extra_args(self) -> list[str]:
+        from pigeon.ops import certs
+        from pigeon.ops.auth import token_hash
+
+        pki = os.path.join(self.root, "pki")
+        certs.make_ca(pki)
+        cert, key = certs.issue(pki, "server", hosts=["127.0.0.1", "localhost"])
+        self.token = "bench-" + os.urandom(16).hex()
+        tokens = os.path.join(pki, "tokens.txt")
+        with open(tokens, "w") as f:
+            f.write(f"{token_hash(self.token)} serviceAccount:bench@bench.iam.gserviceaccount.com\n")
+        with open(os.path.join(pki, "ca.pem"), "rb") as f:
+            self.ca = f.read()
+        return ["--tls-cert", cert, "--tls-key", key, "--auth-token-file", tokens,
+                "--admins", "serviceAccount:bench@bench.iam.gserviceaccount.com"]
+
+    def start(self) -> None:
+        from pigeon.bench.grpc_client import GrpcDriver
+
+        super().start()
+        self.server += ", TLS + bearer tokens, every call authorized"
+        self.driver = GrpcDriver(self.driver.address, secure=(self.ca, self.token))
+
+
+class PigeonAuthServer(PigeonTlsServer):
+    """Bearer tokens and authorization on loopback, no TLS: what the checks cost without the encryption."""
+
+    name = "pigeon-auth"
+
+    def extra_args(self) -> list[str]:
+        args = super().extra_args()
+        self.ca = b""
+        return args[4:]  # without --tls-cert/--tls-key
+
+    def start(self) -> None:
+        super().start()
+        self.server = self.server.replace("TLS + bearer tokens", "bearer tokens without TLS")
 
 
 class PigeonRestServer(PigeonServer):
@@ -324,5 +377,5 @@ class RabbitQuorumServer(RabbitServer):
     queue_type = "quorum"
 
 
-PEERS = {c.name: c for c in (PigeonRestServer, RabbitServer, RabbitQuorumServer, NatsServer, NatsSyncAlwaysServer, RedisServer,
+PEERS = {c.name: c for c in (PigeonRestServer, PigeonTlsServer, PigeonAuthServer, RabbitServer, RabbitQuorumServer, NatsServer, NatsSyncAlwaysServer, RedisServer,
                              EmulatorServer)}

@@ -23,8 +23,8 @@ from google.pubsub_v1 import types
 
 from pigeon.core import limits, names, rawproto
 from pigeon.core.bundles import META_LOG, bundle_log
-from pigeon.core.errors import NotFound, ResourceExhausted
-from pigeon.broker import resources
+from pigeon.core.errors import LimitExceeded, NotFound
+from pigeon.broker import iam, resources
 from pigeon.broker.resources import Policy, Schema, Snapshot, Subscription, Topic
 from pigeon.broker.subscription import SubscriptionState
 from pigeon.broker.topic import ShardIndex, TopicState
@@ -97,7 +97,7 @@ class BrokerState:
         self.subs_by_uid: dict[int, SubscriptionState] = {}
         self.snapshots: dict[str, SnapshotState] = {}
         self.schemas: dict[str, list] = {}  # name → revisions (Schema protos), oldest first
-        self.policies: dict[str, object] = {}  # resource name → google.iam.v1.Policy
+        self.policies: dict[str, object] = iam.Policies()  # resource name → google.iam.v1.Policy
         self.next_uid = 1
         self.quotas = Quotas()
         self.census: Counter = Counter()  # (project, kind) → how many it holds; (None, None) → the server's total
@@ -124,8 +124,8 @@ class BrokerState:
                                    ((None, None), self.quotas.server, "resources-per-server")):
             current = self.census[key]
             if current >= maximum:
-                raise ResourceExhausted(f'Your project has exceeded a limit: (type="{what}", current={current}, '
-                                        f'maximum={maximum}).')
+                raise LimitExceeded(f'Your project has exceeded a limit: (type="{what}", current={current}, '
+                                    f'maximum={maximum}).', f"projects/{key[0]}" if key[0] else "server")
 
     def _count(self, name: str, kind: str, n: int) -> None:
         self.census[(_project(name), kind)] += n

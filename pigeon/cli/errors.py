@@ -27,10 +27,10 @@ def debugging(argv: list[str]) -> bool:
     return "--debug" in argv or os.environ.get("PIGEON_DEBUG", "") not in ("", "0")
 
 
-def check_reachable(address: str) -> None:
+def check_reachable(address: str, credentials=None) -> None:
     """Fail fast (Unreachable) when nothing answers at `address`: the client libraries would retry for a
-    minute in silence."""
-    channel = grpc.insecure_channel(address)
+    minute in silence. (`credentials`: a secured server's, so the TLS handshake is part of the answer.)"""
+    channel = grpc.secure_channel(address, credentials) if credentials is not None else grpc.insecure_channel(address)
     try:
         grpc.channel_ready_future(channel).result(timeout=limits.cli_connect_s_max)
     except grpc.FutureTimeoutError:

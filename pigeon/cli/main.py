@@ -34,6 +34,28 @@ def serve(
     log_format: Optional[str] = typer.Option(None, "--log-format", help="text | json (one object per line)"),
     http_port: Optional[int] = typer.Option(None, "--http-port", help="REST API, /metrics, /healthz, /readyz "
                                             "(default: the gRPC port + 1; 0 turns it off)"),
+    tls_cert: Optional[str] = typer.Option(None, "--tls-cert", help="PEM certificate chain of the gRPC and HTTP "
+                                           "ports (and of node-to-node calls)"),
+    tls_key: Optional[str] = typer.Option(None, "--tls-key", help="its PEM private key"),
+    tls_client_ca: Optional[str] = typer.Option(None, "--tls-client-ca", help="mutual TLS: clients and peer nodes "
+                                                "present certificates this CA signed; their identity authenticates"),
+    auth_token_file: Optional[str] = typer.Option(None, "--auth-token-file", help="bearer tokens, hashed "
+                                                  "(`pigeon tokens add`)"),
+    oidc_issuer: Optional[str] = typer.Option(None, "--oidc-issuer", help="OIDC/JWT tokens: the issuer (iss)"),
+    oidc_audience: Optional[str] = typer.Option(None, "--oidc-audience", help="OIDC/JWT tokens: the audience (aud)"),
+    oidc_jwks: Optional[str] = typer.Option(None, "--oidc-jwks", help="OIDC/JWT tokens: the issuer's keys (a JWKS "
+                                            "file or URL)"),
+    admins: Optional[str] = typer.Option(None, help="comma-separated principals with every permission (bootstrap)"),
+    insecure: Optional[bool] = typer.Option(None, "--insecure", help="serve a non-loopback address without "
+                                            "authentication or TLS, knowingly"),
+    audit_log: Optional[str] = typer.Option(None, "--audit-log", help="file for the audit log's JSON lines "
+                                            "(default: the server's log)"),
+    publish_bytes_per_s: Optional[int] = typer.Option(None, "--publish-bytes-per-s", help="quota: publish bytes "
+                                                      "per second of each project (0: none)"),
+    admin_ops_per_min: Optional[int] = typer.Option(None, "--admin-ops-per-min", help="quota: admin operations "
+                                                    "per minute of each project (0: none)"),
+    backlog_bytes_per_project: Optional[int] = typer.Option(None, "--backlog-bytes-per-project", help="quota: "
+                                                            "unacknowledged bytes each project may retain (0: none)"),
 ):
     """Start a node: on its embedded defaults one process with one data directory; with --etcd a member of a
     cluster (docs/cluster.md)."""
@@ -44,7 +66,11 @@ def serve(
         cfg = load(config, host=host, port=port, data_dir=data_dir, fsync=fsync,
                    shards_per_topic=shards_per_topic, log_level=log_level, etcd=etcd, node_id=node_id,
                    advertise=advertise, zone=zone, bundles=bundles, replicas=replicas, ack_quorum=ack_quorum,
-                   http_port=http_port, log_format=log_format)
+                   http_port=http_port, log_format=log_format, tls_cert=tls_cert, tls_key=tls_key,
+                   tls_client_ca=tls_client_ca, auth_token_file=auth_token_file, oidc_issuer=oidc_issuer,
+                   oidc_audience=oidc_audience, oidc_jwks=oidc_jwks, admins=admins, insecure=insecure,
+                   audit_log=audit_log, publish_bytes_per_s=publish_bytes_per_s,
+                   admin_ops_per_min=admin_ops_per_min, backlog_bytes_per_project=backlog_bytes_per_project)
     except (ValueError, OSError) as e:
         typer.echo(f"pigeon: {e}", err=True)
         raise typer.Exit(2)
@@ -71,7 +97,8 @@ def bench(
                                                        "consume, latency, ordered, connections, idle, backlog, restart, failover)"),
     peers: str = typer.Option("none", help="none | all | cluster | comma-separated peers (rabbitmq-classic, "
                                             "rabbitmq-quorum, nats-js, nats-js-sync-always, redis-streams, "
-                                            "pubsub-emulator, pigeon-cluster, nats-js-r3)"),
+                                            "pubsub-emulator, pigeon-cluster, nats-js-r3; pigeon-rest, pigeon-tls, "
+                                            "pigeon-auth: Pigeon over REST, with TLS + tokens, with tokens only)"),
     address: Optional[str] = typer.Option(None, help="benchmark a Pigeon already serving here (default: start one "
                                                      "with fsync=always on a fresh temporary data directory)"),
     no_pigeon: bool = typer.Option(False, "--no-pigeon", help="run the peers only"),
@@ -90,6 +117,60 @@ def bench(
                                      workloads))
 
 
+@app.command()
+def certs(
+    directory: str = typer.Argument("./certs", help="where the CA, keys and certificates go"),
+    server: list[str] = typer.Option(["localhost", "127.0.0.1"], "--host", help="a host name or IP address the "
+                                     "server certificate serves (repeatable)"),
+    client: list[str] = typer.Option([], "--client", help="a client certificate for this e-mail identity "
+                                     "(repeatable): user or service account"),
+    node: list[str] = typer.Option([], "--node", help="a node certificate for this node id (repeatable)"),
+):
+    """Make a local CA and certificates for development: ca.pem, server.pem (+ -key.pem), one per --client and
+    --node. The CA is reused when the directory has one."""
+    import os
+
+    from pigeon.ops import certs as c
+
+    if not os.path.exists(os.path.join(directory, "ca.pem")):
+        c.make_ca(directory)
+    made = [c.issue(directory, "server", hosts=server)[0]]
+    for email in client:
+        made.append(c.issue(directory, f"client-{email.split('@')[0]}", email=email)[0])
+    for n in node:
+        made.append(c.issue(directory, f"node-{n}", hosts=server, node_id=n)[0])
+    typer.echo(f"CA: {os.path.join(directory, 'ca.pem')}")
+    for m in made:
+        typer.echo(f"certificate: {m} (key: {m[:-4]}-key.pem)")
+
+
+tokens_cli = typer.Typer(help="bearer tokens of --auth-token-file")
+
+
+@tokens_cli.command("add")
+def tokens_add(
+    principal: str = typer.Argument(..., help="whom the token authenticates, e.g. serviceAccount:ci@demo.iam."
+                                              "gserviceaccount.com or user:ann@example.com"),
+    file: str = typer.Option("./tokens.txt", "--file", help="the token file (only hashes are stored)"),
+):
+    """Make a random token for PRINCIPAL, add its hash to the file and print the token (shown once). A running
+    server reads the file again within a second."""
+    import os
+    import secrets
+
+    from pigeon.ops.auth import token_hash
+
+    if ":" not in principal:
+        typer.echo("pigeon: a principal is kind:identity, e.g. user:ann@example.com", err=True)
+        raise typer.Exit(2)
+    token = "pgn_" + secrets.token_urlsafe(32)
+    fd = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    with os.fdopen(fd, "a") as f:
+        f.write(f"{token_hash(token)} {principal}\n")
+    typer.echo(token)
+
+
+app.add_typer(tokens_cli, name="tokens")
 verbs.register(app)
 app.add_typer(cluster_cli.cluster, name="cluster")
 
@@ -138,9 +219,14 @@ def export(
 @app.callback()
 def _options(
     debug: bool = typer.Option(False, "--debug", help="show the traceback of a failure (also PIGEON_DEBUG=1)"),
+    ca_file: Optional[str] = typer.Option(None, "--ca-file", envvar="PIGEON_CA_FILE", help="a secured server: "
+                                          "TLS, trusting this CA (PEM)"),
+    token_file: Optional[str] = typer.Option(None, "--token-file", envvar="PIGEON_TOKEN_FILE",
+                                             help="a secured server: the bearer token in this file"),
 ):
     """Pigeon: a durable Pub/Sub-compatible message server. Errors print one line and exit with 1 (the server
     refused: status and its message), 2 (the command line is wrong) or 3 (no server at the address)."""
+    verbs.secure(ca_file, token_file)
 
 
 def main() -> None:

@@ -17,13 +17,39 @@ ADDRESS = typer.Option(None, "--address", "-a", envvar="PUBSUB_EMULATOR_HOST", h
 PROJECT = typer.Option("default", "--project", "-p", help="project of the names given without one")
 
 
-def _clients(address: str | None):
+CREDENTIALS = None  # a secured server's channel credentials (`pigeon --ca-file … --token-file …`), else None
+
+
+def secure(ca_file: str | None, token_file: str | None) -> None:
+    """Talk to a secured server: TLS trusting `ca_file` (else the system's roots), the token in `token_file`."""
+    global CREDENTIALS
+    if not (ca_file or token_file):
+        return
+    from pigeon.client import secure_credentials
+
+    ca = open(ca_file, "rb").read() if ca_file else None
+    token = open(token_file, encoding="utf-8").read().strip() if token_file else None
+    CREDENTIALS = secure_credentials(ca, token)
+
+
+def _clients(address: str | None, **publisher_options):
     address = address or DEFAULT_ADDRESS
-    check_reachable(address)
-    os.environ["PUBSUB_EMULATOR_HOST"] = address
+    check_reachable(address, CREDENTIALS)
     from google.cloud import pubsub_v1
 
-    return pubsub_v1.PublisherClient(), pubsub_v1.SubscriberClient()
+    options = {"publisher_options": pubsub_v1.types.PublisherOptions(**publisher_options)} if publisher_options \
+        else {}
+    if CREDENTIALS is not None:
+        import grpc
+        from google.pubsub_v1.services.publisher.transports import PublisherGrpcTransport
+        from google.pubsub_v1.services.subscriber.transports import SubscriberGrpcTransport
+
+        return (pubsub_v1.PublisherClient(transport=PublisherGrpcTransport(
+                    channel=grpc.secure_channel(address, CREDENTIALS)), **options),
+                pubsub_v1.SubscriberClient(transport=SubscriberGrpcTransport(
+                    channel=grpc.secure_channel(address, CREDENTIALS))))
+    os.environ["PUBSUB_EMULATOR_HOST"] = address
+    return pubsub_v1.PublisherClient(**options), pubsub_v1.SubscriberClient()
 
 
 def _full(name: str, project: str, kind: str) -> str:
@@ -106,7 +132,7 @@ def publish(
     bad = [a for a in attribute if "=" not in a]
     if bad:
         raise typer.BadParameter(f"{bad[0]!r} is not key=value", param_hint="--attribute")
-    pub, _ = _clients(address)
+    pub, _ = _clients(address, **({"enable_message_ordering": True} if ordering_key else {}))
     attrs = dict(a.split("=", 1) for a in attribute)
     if delay:
         attrs["pigeon-delay"] = delay
@@ -115,11 +141,6 @@ def publish(
     if idempotency_key:
         attrs["pigeon-idempotency-key"] = idempotency_key
     kwargs = {"ordering_key": ordering_key} if ordering_key else {}
-    if ordering_key:
-        from google.cloud import pubsub_v1
-
-        pub = pubsub_v1.PublisherClient(
-            publisher_options=pubsub_v1.types.PublisherOptions(enable_message_ordering=True))
     console.print(pub.publish(_full(topic, project, "topics"), data.encode(), **kwargs, **attrs).result(timeout=30))
 
 
@@ -144,8 +165,8 @@ def _pigeon(address):
     from pigeon.client import PigeonClient
 
     address = address or DEFAULT_ADDRESS
-    check_reachable(address)
-    return PigeonClient(address)
+    check_reachable(address, CREDENTIALS)
+    return PigeonClient(address, credentials=CREDENTIALS)
 
 
 @queue.command("take")

@@ -66,14 +66,34 @@ class Peeked:
     activate_at: datetime | None
 
 
+def secure_credentials(ca_pem: bytes | None = None, token: str | None = None,
+                       tls: bool = True) -> grpc.ChannelCredentials:
+    """Channel credentials for a secured Pigeon: TLS trusting `ca_pem` (None: the system's roots) and, with
+    `token`, the bearer token on every call. `tls=False`: a token to a loopback server without TLS (gRPC sends
+    call credentials in the clear over "local" TCP and nowhere else)."""
+    transport = grpc.ssl_channel_credentials(ca_pem) if tls else grpc.local_channel_credentials(
+        grpc.LocalConnectionType.LOCAL_TCP)
+    return grpc.composite_channel_credentials(transport, grpc.access_token_call_credentials(token)) if token \
+        else transport
+
+
 class PigeonClient:
-    def __init__(self, address: str | None = None, *, publisher: pubsub_v1.PublisherClient | None = None):
+    def __init__(self, address: str | None = None, *, publisher: pubsub_v1.PublisherClient | None = None,
+                 credentials: grpc.ChannelCredentials | None = None):
+        """`credentials`: a secured server's (TLS, and a token as call credentials: `secure_credentials`)."""
         self.address = address or os.environ.get("PUBSUB_EMULATOR_HOST", "localhost:8085")
+        options = [("grpc.max_receive_message_length", 32 << 20)]
+        if publisher is None and credentials is not None:
+            from google.pubsub_v1.services.publisher.transports import PublisherGrpcTransport
+
+            publisher = pubsub_v1.PublisherClient(transport=PublisherGrpcTransport(
+                channel=grpc.secure_channel(self.address, credentials)))
         if publisher is None:
             os.environ.setdefault("PUBSUB_EMULATOR_HOST", self.address)
             publisher = pubsub_v1.PublisherClient()
         self.publisher = publisher
-        self._channel = grpc.insecure_channel(self.address, options=[("grpc.max_receive_message_length", 32 << 20)])
+        self._channel = grpc.secure_channel(self.address, credentials, options=options) if credentials is not None \
+            else grpc.insecure_channel(self.address, options=options)
 
     def close(self) -> None:
         self._channel.close()

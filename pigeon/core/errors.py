@@ -18,6 +18,14 @@ class PigeonError(Exception):
         """(reason, domain, metadata) of a google.rpc.ErrorInfo detail the client is given, or None."""
         return None
 
+    def quota_violations(self) -> list[tuple[str, str]]:
+        """(subject, description) pairs of a google.rpc.QuotaFailure detail, or none."""
+        return []
+
+    def retry_after_s(self) -> float | None:
+        """A google.rpc.RetryInfo detail's delay, or None."""
+        return None
+
 
 class InvalidArgument(PigeonError):
     code, http = "INVALID_ARGUMENT", 400
@@ -64,3 +72,49 @@ class AckIdFailure(InvalidArgument):
 
     def error_info(self) -> tuple[str, str, dict[str, str]]:
         return self.reason, self.domain, self.failures
+
+
+class Unauthenticated(PigeonError):
+    """A missing, malformed, expired or unverifiable credential. Says what was wrong with the credential, never
+    anything about the resource asked for."""
+
+    code, http = "UNAUTHENTICATED", 401
+
+
+class PermissionDenied(PigeonError):
+    """The caller is known but may not do this. The message is the same whatever the reason — missing
+    permission, missing resource, another tenant's resource — so the caller learns nothing more."""
+
+    code, http = "PERMISSION_DENIED", 403
+    MESSAGE = "User not authorized to perform this action."
+
+    def __init__(self, message: str = MESSAGE):
+        super().__init__(message)
+
+
+class LimitExceeded(ResourceExhausted):
+    """A count quota (topics or subscriptions of a project, resources of the server) is full: a QuotaFailure
+    detail names it; no RetryInfo, since only a delete makes room."""
+
+    def __init__(self, message: str, subject: str):
+        super().__init__(message)
+        self.subject = subject
+
+    def quota_violations(self) -> list[tuple[str, str]]:
+        return [(self.subject, self.message)]
+
+
+class QuotaExceeded(ResourceExhausted):
+    """A per-project quota ran out. Carried as google.rpc.QuotaFailure (which quota, whose) and RetryInfo (when a
+    retry may succeed) details."""
+
+    def __init__(self, project: str, quota: str, limit: int, unit: str, retry_after_s: float):
+        super().__init__(f"Quota exceeded for quota metric '{quota}' of project {project}: limit {limit} {unit}; "
+                         f"retry after {retry_after_s:.1f} s.")
+        self.project, self.quota, self.retry_after = project, quota, retry_after_s
+
+    def quota_violations(self) -> list[tuple[str, str]]:
+        return [(f"projects/{self.project}", self.message)]
+
+    def retry_after_s(self) -> float | None:
+        return self.retry_after

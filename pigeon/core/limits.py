@@ -126,3 +126,14 @@ member_silence_s = 5.0  # a ledger member that answers none of the entries sent 
 #                        peer takes no entries and refuses none: without this its writer would wait for it forever)
 peer_connect_s = 1.0  # a connection attempt to a peer that takes longer tells nothing
 placement_check_s = 1.0  # a node compares what it owns with placement at least this often
+
+# --- security (docs/security.md) ---------------------------------------------------------------------------
+token_cache_max = 100_000  # verified credentials remembered (hash → principal, expiry): a call costs a lookup
+decision_cache_max = 100_000  # (principal, permission, resource) → allowed, kept until the policies change
+jwt_leeway_s = 30  # clock skew allowed between the token's issuer and this node (exp, nbf, iat)
+jwks_refresh_s = 300.0  # an issuer's JWKS URL is read again this often (keys rotate: new ones appear first)
+security_watch_s = 1.0  # open streams are checked again (policies changed, token file changed) this often
+quota_window_s = 1.0  # publish throughput is metered over this window …
+admin_quota_window_s = 60.0  # … admin operations over this one
+quota_refusal_hold_s_max = 1.0  # a call refused by a quota is answered when its retry hint is due, at most this late
+assert 0 < security_watch_s <= 5.0  # revocation reaches open streams "within seconds"

@@ -220,7 +220,7 @@ class BundleLogs:
             return self._local
         c = self._clients.get(address)
         if c is None:
-            c = self._clients[address] = StorageClient(address)
+            c = self._clients[address] = StorageClient(address, self.cluster.config)
         return c
 
     def _replication_of(self, lg: LedgerInfo) -> Replication:

@@ -19,6 +19,7 @@ from pigeon.node.proto import pigeon_storage_pb2 as pb
 from pigeon.cluster.ledger import (Close, Confirmed, Failed, Fence, Read, Recovery, Roll, Send, Write, Writer)
 from pigeon.cluster.quorum import Replication
 from pigeon.node.ledger_store import FENCE_EPOCH
+from pigeon.ops import tls
 
 _TYPE = struct.Struct("<I")
 _CALL_S = 10.0
@@ -38,10 +39,12 @@ class RecoveryFailed(Exception):
 
 
 class StorageClient:
-    def __init__(self, address: str):
+    def __init__(self, address: str, config=None):
+        """`config`: a secured cluster's node calls its peers over mutual TLS with its node certificate."""
         self.address = address
-        self.channel = grpc.aio.insecure_channel(address, options=[
-            ("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)])
+        options = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
+        self.channel = tls.peer_channel(config, address, options) if config is not None else \
+            grpc.aio.insecure_channel(address, options=options)
         self._append = self.channel.stream_stream("/pigeon.v1.Storage/Append",  # requests: append_wire's bytes
                                                   request_serializer=None,
                                                   response_deserializer=pb.AppendResponse.FromString)

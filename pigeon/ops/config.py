@@ -5,6 +5,7 @@ the environment."""
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
 import re
 import tomllib
@@ -51,6 +52,21 @@ class Config:
     ack_quorum: int = 2  # Qa: how many of them hold a record durably before it is answered
     log_snapshot_entries: int = 20_000  # a bundle log's owner writes its state into the log this often (entries):
     #                                     takeover reads the log from the latest snapshot nothing needed precedes
+    # security (docs/security.md): all off by default, which is allowed only while every listener is on loopback
+    tls_cert: str = ""  # PEM certificate chain the gRPC and HTTP ports (and node-to-node calls) present
+    tls_key: str = ""  # its PEM private key
+    tls_client_ca: str = ""  # mutual TLS: every client (and peer node) presents a certificate this CA signed
+    auth_token_file: str = ""  # bearer tokens: lines "sha256:<hex of the token> <principal>" (`pigeon tokens`)
+    oidc_issuer: str = ""  # OIDC/JWT access tokens: the `iss` they must carry…
+    oidc_audience: str = ""  # … the `aud` they must carry…
+    oidc_jwks: str = ""  # … and the issuer's keys: a JWKS file or an https URL
+    admins: str = ""  # comma-separated principals holding every permission on everything (the bootstrap)
+    insecure: bool = False  # serve a non-loopback address without authentication or TLS, knowingly
+    audit_log: str = ""  # JSON lines of admin changes and denied calls: a file, or "" for the log (pigeon.audit)
+    # per-project quotas (0: none beyond the limits above); past one: RESOURCE_EXHAUSTED with a QuotaFailure
+    publish_bytes_per_s: int = 0  # publish throughput of one project
+    admin_ops_per_min: int = 0  # admin operations (creates, updates, deletes, policies) of one project
+    backlog_bytes_per_project: int = 0  # unacknowledged bytes retained for one project's subscriptions
 
     def __post_init__(self):
         if self.log_format not in ("text", "json"):
@@ -75,11 +91,75 @@ class Config:
                              f"replicas={self.replicas}, ack_quorum={self.ack_quorum})")
         if not limits.session_ttl_s_min <= self.session_ttl_s <= limits.session_ttl_s_max:
             raise ValueError(f"session_ttl_s must be in {limits.session_ttl_s_min}..{limits.session_ttl_s_max}")
+        self._check_security()
+
+    def _check_security(self) -> None:
+        """The loopback rule: without authentication (and TLS to carry credentials) a node serves only loopback,
+        unless `insecure` says otherwise out loud."""
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ValueError("--tls-cert and --tls-key go together")
+        if self.tls_client_ca and not self.tls_cert:
+            raise ValueError("--tls-client-ca (mutual TLS) needs --tls-cert and --tls-key")
+        if self.oidc_jwks and not (self.oidc_issuer and self.oidc_audience):
+            raise ValueError("--oidc-jwks needs --oidc-issuer and --oidc-audience (the iss and aud tokens carry)")
+        if (self.oidc_issuer or self.oidc_audience) and not self.oidc_jwks:
+            raise ValueError("--oidc-issuer/--oidc-audience need --oidc-jwks (the issuer's keys)")
+        if self.etcd and self.secured and not self.tls_client_ca:
+            raise ValueError("a cluster node with TLS or authentication needs --tls-client-ca (the cluster's CA): "
+                             "peers prove they are nodes with node certificates before a forwarded caller's "
+                             "identity is trusted")
+        for q in ("publish_bytes_per_s", "admin_ops_per_min", "backlog_bytes_per_project"):
+            if getattr(self, q) < 0:
+                raise ValueError(f"{q} must be 0 (no quota) or more")
+        if self.insecure or all(loopback(h) for h in self.listeners):
+            return
+        if not self.authenticated:
+            raise ValueError(f"refusing to serve {self.host} (not loopback) without authentication: give "
+                             "--auth-token-file, --oidc-jwks or --tls-client-ca, or --insecure to serve it open")
+        if not self.tls_cert:
+            raise ValueError(f"refusing to take credentials in the clear on {self.host} (not loopback): give "
+                             "--tls-cert and --tls-key, or --insecure")
+
+    @property
+    def listeners(self) -> tuple[str, ...]:
+        """The hosts this node listens on (the gRPC and the HTTP port share the host)."""
+        return (self.host,)
+
+    @property
+    def authenticated(self) -> bool:
+        """Whether callers must prove who they are (any way in configured)."""
+        return bool(self.auth_token_file or self.oidc_jwks or self.tls_client_ca)
+
+    @property
+    def secured(self) -> bool:
+        """Whether anything of security is on: the embedded default (off) keeps today's code path exactly."""
+        return self.authenticated or bool(self.tls_cert)
+
+    @property
+    def admin_principals(self) -> frozenset[str]:
+        return frozenset(p.strip() for p in self.admins.split(",") if p.strip())
 
     @property
     def address(self) -> str:
         """Where peers reach this node."""
         return self.advertise or f"{self.host}:{self.port}"
+
+
+def loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _bool(raw: str) -> bool:
+    if raw.lower() in ("1", "true", "yes", "on"):
+        return True
+    if raw.lower() in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(f"not a boolean: {raw!r}")
 
 
 def load(file: str | None = None, env: dict[str, str] | None = None, **flags) -> Config:
@@ -93,7 +173,7 @@ def load(file: str | None = None, env: dict[str, str] | None = None, **flags) ->
     for name, f in fields.items():
         raw = env.get(f"PIGEON_{name.upper()}")
         if raw is not None:
-            values[name] = type(f.default)(raw)
+            values[name] = _bool(raw) if type(f.default) is bool else type(f.default)(raw)
     values.update({k: v for k, v in flags.items() if v is not None})
     unknown = set(values) - set(fields)
     if unknown:

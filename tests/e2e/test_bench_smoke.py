@@ -40,3 +40,14 @@ def test_smoke_plan_publishes_and_consumes_alone_and_at_once(tmp_path):
     assert both["backlog_left"] == both["published"] - both["consumed"]
     assert both["publish_msgs_per_s"] > 0 and both["consume_msgs_per_s"] > 0
     assert {"busy_pct", "bench_pct", "other_pct"} <= set(published["cpu"])
+
+
+def test_the_authenticated_tls_rows_measure_a_secured_server(tmp_path):
+    """`pigeon-tls` (TLS + tokens, every call authorized) and `pigeon-auth` (tokens, no TLS) beside plain Pigeon."""
+    out = tmp_path / "bench.json"
+    run = subprocess.run([sys.executable, "-m", "pigeon", "bench", "--plan", "smoke", "--workloads", "publish",
+                          "--peers", "pigeon-tls,pigeon-auth", "--json", str(out)], capture_output=True, text=True,
+                         timeout=180)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    text = out.read_text()
+    assert "pigeon-tls" in text and "pigeon-auth" in text and "TLS + bearer tokens" in text

@@ -28,3 +28,30 @@ def test_a_policy_answers_per_principal():
 def test_strings_that_are_not_permissions_are_refused(bad):
     with pytest.raises(InvalidArgument, match="not valid|wildcards"):
         iam.test_permissions(None, None, TOPIC, ["pubsub.topics.get", bad])
+
+
+def test_grants_on_the_project_hold_on_everything_in_it_and_admins_hold_all():
+    from pigeon.broker.iam import effective
+
+    project = policy_pb2.Policy(bindings=[policy_pb2.Binding(role="roles/pubsub.subscriber",
+                                                             members=["user:ann@x.org"])])
+    topic = policy_pb2.Policy(bindings=[policy_pb2.Binding(role="roles/pubsub.publisher", members=["user:ann@x.org"])])
+    policies = {"projects/p": project, TOPIC: topic}
+    assert "pubsub.subscriptions.consume" in effective(policies, frozenset(), "user:ann@x.org", SUB)
+    assert "pubsub.topics.publish" in effective(policies, frozenset(), "user:ann@x.org", TOPIC)
+    assert "pubsub.topics.publish" not in effective(policies, frozenset(), "user:ann@x.org", "projects/p/topics/u")
+    assert effective(policies, frozenset(), "user:ann@x.org", "projects/q/subscriptions/s") == frozenset()
+    assert "pubsub.topics.delete" in effective({}, frozenset({"user:root@x.org"}), "user:root@x.org", TOPIC)
+    assert effective(policies, frozenset(), "node:n1", SUB) == frozenset()  # a node vouches, it holds nothing
+
+
+def test_a_conditional_binding_grants_nothing_and_is_refused():
+    from google.type import expr_pb2
+
+    from pigeon.broker.iam import check_policy, granted
+
+    p = policy_pb2.Policy(bindings=[policy_pb2.Binding(role="roles/pubsub.admin", members=["user:ann@x.org"],
+                                                       condition=expr_pb2.Expr(expression="request.time < x"))])
+    assert granted(p, "user:ann@x.org") == set()
+    with pytest.raises(InvalidArgument, match="conditions"):
+        check_policy(p)

@@ -1,0 +1,92 @@
+"""Wiring of a secured node (docs/security.md): the guard (api.access) with its authenticator, audit log and
+quotas; TLS credentials; the unix socket the node's own REST front reaches its gRPC API through; the watch that
+re-checks open streams when policies change, reloads the token file and the issuer's keys, and measures each
+project's backlog. Owns the rule: a node whose configuration says nothing of security gets none of this."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+import tempfile
+
+from pigeon.api import access
+from pigeon.core import limits
+from pigeon.ops import audit, auth, quotas, tls
+from pigeon.ops.config import Config
+
+log = logging.getLogger("pigeon.security")
+
+server_credentials = tls.server_credentials
+http_context = tls.http_context
+
+
+def guard(config: Config, engine) -> access.Guard:
+    try:
+        authn = auth.Authenticator(config)
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"pigeon: cannot read the credentials' configuration: {e}")
+    q = quotas.ProjectQuotas(config.publish_bytes_per_s, config.admin_ops_per_min, config.backlog_bytes_per_project)
+    return access.Guard(engine, authn, config, audit.Audit(config.audit_log), q)
+
+
+class LocalSocket:
+    """A unix socket in a directory only this user may enter: the REST front's way into the gRPC API (it
+    forwards the caller's credential; a certificate identity it verified itself rides in x-pigeon-principal,
+    which the guard believes from this socket only)."""
+
+    def __init__(self, server):
+        self.dir = tempfile.mkdtemp(prefix="pigeon-")  # mode 0700
+        self.path = os.path.join(self.dir, "grpc.sock")
+        self.target = f"unix:{self.path}"
+        if server.add_insecure_port(self.target) == 0:
+            raise SystemExit(f"pigeon: cannot listen on {self.target}")
+
+    def close(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def local_socket(server) -> LocalSocket:
+    return LocalSocket(server)
+
+
+def describe(config: Config) -> str:
+    if not config.secured:
+        return ""
+    ways = [w for w, on in (("tokens", config.auth_token_file), ("OIDC", config.oidc_jwks),
+                            ("client certificates", config.tls_client_ca)) if on]
+    return f", TLS {'on' if config.tls_cert else 'off'}, authentication: {', '.join(ways) or 'none'}"
+
+
+async def watch(g: access.Guard, engine) -> None:
+    """Every `limits.security_watch_s`: streams whose caller lost the right end; a changed token file is read
+    again; the issuer's keys are fetched when due (off the event loop); each project's backlog is measured."""
+    authn = g.authn
+    while True:
+        await asyncio.sleep(limits.security_watch_s)
+        try:
+            g.recheck_if_changed()
+            if authn.config.auth_token_file and authn.reload_tokens():
+                log.info("token file read again (%d tokens)", len(authn.tokens))
+            if authn.keys_due():
+                await asyncio.to_thread(authn.refresh_keys)
+            if g.quotas.backlog_bytes:
+                g.quotas.measured(backlog_bytes(engine))
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001 — a bad token file or an unreachable issuer: logged, tried again
+            log.exception("security watch")
+
+
+def backlog_bytes(engine) -> dict[str, int]:
+    """Each project's unacknowledged retained bytes, estimated as each subscription's backlog times its topic's
+    mean message size (the index keeps no per-message sizes)."""
+    out: dict[str, int] = {}
+    for s in engine.state.subs_by_uid.values():
+        t = s.topic
+        if t is None or not t.published:
+            continue
+        project = s.name.split("/", 2)[1]
+        out[project] = out.get(project, 0) + s.backlog() * t.published_bytes // t.published
+    return out

@@ -1,0 +1,74 @@
+"""Per-project quotas. Owns the rules: each project has its own publish throughput (bytes per
+`limits.quota_window_s`), admin operations (per `limits.admin_quota_window_s`) and retained backlog bytes; a
+project past one is refused with QuotaExceeded (RESOURCE_EXHAUSTED, a QuotaFailure naming the quota, a RetryInfo
+saying when a retry may pass) and nothing else is charged for the refused call — another project's quota is
+never touched, so a noisy tenant cannot spend a quiet one's share.
+
+Fixed windows: the simplest meter that bounds a project's rate over every window; `now` is passed in. Usage
+(bytes and operations accepted, refusals) is counted per project for /metrics."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from pigeon.core import limits
+from pigeon.core.errors import QuotaExceeded
+
+
+@dataclass
+class _Window:
+    start: float = 0.0
+    used: float = 0.0
+
+
+class ProjectQuotas:
+    def __init__(self, publish_bytes_per_s: int, admin_ops_per_min: int, backlog_bytes: int):
+        self.publish_bytes_per_s, self.admin_ops_per_min, self.backlog_bytes = (
+            publish_bytes_per_s, admin_ops_per_min, backlog_bytes)
+        self._publish: dict[str, _Window] = {}
+        self._admin: dict[str, _Window] = {}
+        self.backlog: dict[str, int] = {}  # project → retained unacked bytes, as last measured (`measured`)
+        self.published_bytes: Counter = Counter()  # usage, for /metrics
+        self.admin_ops: Counter = Counter()
+        self.refused: Counter = Counter()  # (project, quota) → calls refused
+
+    @property
+    def active(self) -> bool:
+        return bool(self.publish_bytes_per_s or self.admin_ops_per_min or self.backlog_bytes)
+
+    def _take(self, windows: dict, project: str, amount: float, cap: float, span: float, now: float, quota: str,
+              unit: str) -> None:
+        w = windows.get(project)
+        if w is None:
+            w = windows[project] = _Window(now, 0.0)
+        if now - w.start >= span:
+            w.start, w.used = now - (now - w.start) % span, 0.0
+        # a call bigger than a whole window passes when the window is fresh: a limit below one request's size
+        # must not refuse it for ever
+        if w.used + amount > cap and w.used > 0:
+            self.refused[(project, quota)] += 1
+            raise QuotaExceeded(project, quota, int(cap), unit, max(0.0, w.start + span - now))
+        w.used += amount
+
+    def publish(self, project: str, nbytes: int, now: float) -> None:
+        """Charge a publish of `nbytes` to `project`, or refuse it (over throughput, or over retained backlog)."""
+        if self.backlog_bytes and self.backlog.get(project, 0) > self.backlog_bytes:
+            self.refused[(project, "backlog-bytes")] += 1
+            raise QuotaExceeded(project, "backlog-bytes", self.backlog_bytes, "bytes retained unacknowledged",
+                                limits.security_watch_s)
+        if self.publish_bytes_per_s:
+            self._take(self._publish, project, nbytes, self.publish_bytes_per_s * limits.quota_window_s,
+                       limits.quota_window_s, now, "publish-bytes-per-second", "bytes per second")
+        self.published_bytes[project] += nbytes
+
+    def admin(self, project: str, now: float) -> None:
+        """Charge one admin operation to `project`, or refuse it."""
+        if self.admin_ops_per_min:
+            self._take(self._admin, project, 1, self.admin_ops_per_min, limits.admin_quota_window_s, now,
+                       "admin-operations-per-minute", "operations per minute")
+        self.admin_ops[project] += 1
+
+    def measured(self, backlog: dict[str, int]) -> None:
+        """The retained unacked bytes of each project, as the node measured them."""
+        self.backlog = backlog
