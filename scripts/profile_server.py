@@ -123,6 +123,8 @@ def main() -> int:
     ap.add_argument("--rate", type=int, default=200, help="py-spy samples per second")
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--idle-streams", type=int, default=None, help="idle: how many streams (default: the plan's)")
+    ap.add_argument("--batch", type=int, default=None, help="publish: messages per request (default: the plan's "
+                                                              "first)")
     ap.add_argument("--out", default=None, help="speedscope file (default: a temporary file, printed)")
     ap.add_argument("--cluster", action="store_true", help="a 3-node cluster (pigeon bench's pigeon-cluster): "
                                                             "profile the node that owns the workload's topic "
@@ -132,6 +134,8 @@ def main() -> int:
     plan = PLANS[args.plan]
     if args.idle_streams is not None:
         plan = plan.scaled(idle_streams=args.idle_streams)
+    if args.batch is not None:
+        plan = plan.scaled(publish_batches=(args.batch,))
     root = tempfile.mkdtemp(prefix="pigeon-profile-")
     out = args.out or os.path.join(root, f"{args.workload}.speedscope.json")
     if args.cluster:
