@@ -1,7 +1,8 @@
 """The pigeon.v1.Storage gRPC surface (node to node): translation only, over the node's ledger store
 (pigeon.node.ledger_store). Append is pipelined: every entry of the stream is handed to the store as it arrives
-and answered, in order, once durable — so the entries in flight on a stream share group commits. Its requests
-are read in place (pigeon.node.append_wire), not parsed into messages."""
+and answered, in order, once durable — so the entries in flight on a stream share group commits, and the
+answers of requests made durable by one group commit go back as one (an answer covers every entry before its
+index). Its requests are read in place (pigeon.node.append_wire), not parsed into messages."""
 
 from __future__ import annotations
 
@@ -17,6 +18,13 @@ from pigeon.node import append_wire
 from pigeon.node.ledger_store import LedgerStore
 
 SERVICE = "pigeon.v1.Storage"
+
+
+_END = ("end",)  # the queue's end, once taken while merging answers
+
+
+def _durable(done) -> bool:
+    return done is not None and done.done() and not done.cancelled() and done.exception() is None
 
 
 class StorageApi:
@@ -42,12 +50,27 @@ class StorageApi:
                 answers.put_nowait(None)
 
         reader = asyncio.create_task(take())
+        held = None  # an answer taken from the queue but not merged into the one before it
         try:
-            while (item := await answers.get()) is not None:
+            while True:
+                item, held = (held, None) if held is not None else (await answers.get(), None)
+                if item is None:
+                    break
                 ledger, index, done, why = item
                 if done is not None:
                     await done
+                while not why:  # answers durable by now go in this message: an answer covers what is before it
+                    try:
+                        nxt = answers.get_nowait()
+                    except asyncio.QueueEmpty:
+                        break
+                    if nxt is None or nxt[0] != ledger or nxt[3] or not _durable(nxt[2]):
+                        held = nxt if nxt is not None else _END
+                        break
+                    index = nxt[1]
                 yield pb.AppendResponse(ledger=ledger, index=index, error=why).SerializeToString()
+                if held is _END:
+                    break
             await reader  # a request that did not parse ends the stream with its status
         except Exception as e:  # noqa: BLE001 — the boundary (api.errors)
             await errors.abort(context, e)
