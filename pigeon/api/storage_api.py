@@ -13,6 +13,7 @@ import grpc
 from pigeon.api import errors
 from pigeon.api.errors import translate
 from pigeon.node.proto import pigeon_storage_pb2 as pb
+from pigeon.core import limits
 from pigeon.core.errors import InvalidArgument, PigeonError
 from pigeon.node import append_wire
 from pigeon.node.ledger_store import LedgerStore
@@ -25,6 +26,15 @@ _END = ("end",)  # the queue's end, once taken while merging answers
 
 def _durable(done) -> bool:
     return done is not None and done.done() and not done.cancelled() and done.exception() is None
+
+
+def _fitting(entries: list) -> list:
+    size = 0
+    for i, e in enumerate(entries):
+        size += len(e.body)
+        if i and size > limits.storage_message_bytes_max:
+            return entries[:i]
+    return entries
 
 
 class StorageApi:
@@ -83,7 +93,9 @@ class StorageApi:
 
     @translate
     async def read(self, req, context):
-        got = self.store.read(req.ledger, req.start, req.end)
+        """The entries [start, end) that fit in limits.storage_message_bytes_max (one at least): the reader asks
+        again from where the answer stops."""
+        got = _fitting(self.store.read(req.ledger, req.start, req.end))
         return pb.ReadResponse(entries=[e.body for e in got], types=[e.rtype for e in got]).SerializeToString()
 
     @translate

@@ -50,6 +50,9 @@ bundles_default = 16  # bundles (hash ranges of topic names, one log each) of a 
 bundles_max = 4096
 segment_bytes_max = 64 * 1024 * 1024
 record_bytes_max = 16 * 1024 * 1024
+# node to node (pigeon.v1.Storage): an Append request carries the entries queued meanwhile up to this many bytes
+# (one entry always: a record is at most record_bytes_max), a Read answer as many as fit in it
+storage_message_bytes_max = 4 * 1024 * 1024
 group_commit_bytes_max = 8 * 1024 * 1024
 checkpoint_wal_bytes_max = 256 * 1024 * 1024  # take a checkpoint after this much WAL
 checkpoint_interval_s_max = 60.0
@@ -109,6 +112,8 @@ assert range_bytes_max + 1024 * 1024 <= grpc_receive_bytes_max
 assert range_messages_default <= range_messages_max
 assert publish_request_bytes_max + 1024 * 1024 <= record_bytes_max
 assert record_bytes_max <= segment_bytes_max
+assert record_bytes_max + 64 * 1024 <= grpc_receive_bytes_max  # one entry with its request's fields
+assert storage_message_bytes_max + 64 * 1024 <= grpc_receive_bytes_max
 assert publish_request_bytes_max <= grpc_receive_bytes_max
 assert ack_deadline_s_min <= ack_deadline_s_default <= ack_deadline_s_max
 assert snapshot_lifetime_s_min < snapshot_lifetime_s_max

@@ -78,7 +78,9 @@ class StorageClient:
 class AppendStream:
     """One Append stream to a member: `send` entries in order; `answers()` yields (index, error) in order, an
     answer covering every entry up to its index. Entries sent while the stream is busy go out together, in one
-    request (a batch of consecutive entries of one ledger)."""
+    request (a batch of consecutive entries of one ledger) of at most limits.storage_message_bytes_max — more
+    would pass the member's largest message, which it refuses: the ledger rolled, the next one was sent the same
+    batch, and so on without end (found by the cluster benchmark with 1 MB records)."""
 
     def __init__(self, client: StorageClient):
         self._q: list = []  # (ledger, epoch, index, type, entry) not yet sent
@@ -96,11 +98,12 @@ class AppendStream:
                 return
             batch, self._q = self._q, []
             i = 0
-            while i < len(batch):  # consecutive entries of one ledger and epoch share a request
+            while i < len(batch):  # consecutive entries of one ledger and epoch share a request, up to a size
                 ledger, epoch, index, rtype, entry = batch[i]
-                j = i + 1
+                j, size = i + 1, len(entry)
                 while j < len(batch) and batch[j][0] == ledger and batch[j][1] == epoch and \
-                        batch[j][2] == index + (j - i):
+                        batch[j][2] == index + (j - i) and size + len(batch[j][4]) <= limits.storage_message_bytes_max:
+                    size += len(batch[j][4])
                     j += 1
                 run = batch[i:j]
                 yield append_wire.encode(ledger, epoch, index, [e[3] for e in run], [e[4] for e in run])

@@ -13,6 +13,7 @@ import pytest
 
 from pigeon.api import storage_api
 from pigeon.cluster.quorum import Replication
+from pigeon.core import limits
 from pigeon.node.ledger_store import LedgerStore
 from pigeon.node.replication import LedgerRolled, LedgerWriter, StorageClient, recover_ledger
 from pigeon.bench.procs import free_port
@@ -26,7 +27,9 @@ class Member:
 
     async def start(self) -> "Member":
         await self.store.open()
-        self.server = grpc.aio.server()
+        self.server = grpc.aio.server(options=[  # as a node's server (pigeon.api.server)
+            ("grpc.max_receive_message_length", limits.grpc_receive_bytes_max),
+            ("grpc.max_send_message_length", limits.grpc_receive_bytes_max)])
         self.server.add_generic_rpc_handlers(storage_api.handlers(self.store))
         port = free_port()
         self.server.add_insecure_port(f"127.0.0.1:{port}")
@@ -136,5 +139,32 @@ def test_a_silent_member_rolls_the_ledger(tmp_path, monkeypatch):
         await w.close()
         for x in members.values():
             await x.stop()
+
+    asyncio.run(run())
+
+
+def test_megabyte_entries_appended_at_once_fit_the_members_messages(tmp_path):
+    """Thirty 1 MB records appended in one turn of the loop (a publish burst): the writer sends them in requests
+    a member takes (32 MB in one request passed its largest message: refused, rolled, resent, refused … without
+    end), and a new owner reads them back in answers that fit."""
+    async def run():
+        members = {f"m{i}": await Member(str(tmp_path / f"m{i}")).start() for i in range(3)}
+        clients = {m: StorageClient(x.address) for m, x in members.items()}
+        big = [bytes([i]) * (1024 * 1024) for i in range(30)]
+        w = LedgerWriter(9, 1, clients, Replication())
+        done = await asyncio.wait_for(asyncio.gather(*[w.append(3, b) for b in big]), 60)
+        assert done == list(range(30)) and w.rolled is None
+        await w.close()
+        read, start = [], 0
+        while start < 30:
+            got = await clients["m0"].read(9, start, 30)
+            assert got and sum(len(b) for _, b in got) <= max(limits.storage_message_bytes_max, len(got[0][1]))
+            read.extend(b for _, b in got)
+            start += len(got)
+        assert read == big
+        for c in clients.values():
+            await c.close()
+        for m in members.values():
+            await m.stop()
 
     asyncio.run(run())
