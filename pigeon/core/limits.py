@@ -53,6 +53,7 @@ record_bytes_max = 16 * 1024 * 1024
 # node to node (pigeon.v1.Storage): an Append request carries the entries queued meanwhile up to this many bytes
 # (one entry always: a record is at most record_bytes_max), a Read answer as many as fit in it
 storage_message_bytes_max = 4 * 1024 * 1024
+append_requests_in_flight_max = 2  # Append requests to one member not yet answered (pigeon.node.replication)
 group_commit_bytes_max = 8 * 1024 * 1024
 checkpoint_wal_bytes_max = 256 * 1024 * 1024  # take a checkpoint after this much WAL
 checkpoint_interval_s_max = 60.0

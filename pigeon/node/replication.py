@@ -80,34 +80,43 @@ class AppendStream:
     answer covering every entry up to its index. Entries sent while the stream is busy go out together, in one
     request (a batch of consecutive entries of one ledger) of at most limits.storage_message_bytes_max — more
     would pass the member's largest message, which it refuses: the ledger rolled, the next one was sent the same
-    batch, and so on without end (found by the cluster benchmark with 1 MB records)."""
+    batch, and so on without end (found by the cluster benchmark with 1 MB records). At most
+    limits.append_requests_in_flight_max requests wait for their answer: while the window is full, entries
+    gather into the next request (as Nagle's algorithm does) — a record alone is sent at once, records coming
+    faster than a member answers share requests instead of costing a message each."""
 
     def __init__(self, client: StorageClient):
         self._q: list = []  # (ledger, epoch, index, type, entry) not yet sent
         self._ready = asyncio.Event()
         self._closed = False
+        self._sent: deque[int] = deque()  # the last index of each request not yet answered, in order
+        self._room = asyncio.Event()  # set when an answer frees a place in the window
         self.call = client._append(self._requests())
 
     async def _requests(self):
+        pending: list = []
         while True:
-            while not self._q and not self._closed:
+            while not pending and not self._q and not self._closed:
                 self._ready.clear()
                 await self._ready.wait()
                 await asyncio.sleep(0)  # what the callbacks ready now append goes along in the same request
-            if not self._q:
+            while len(self._sent) >= limits.append_requests_in_flight_max and not self._closed:
+                self._room.clear()  # the window is full: what comes meanwhile joins the next request
+                await self._room.wait()
+            if self._closed:
                 return
-            batch, self._q = self._q, []
-            i = 0
-            while i < len(batch):  # consecutive entries of one ledger and epoch share a request, up to a size
-                ledger, epoch, index, rtype, entry = batch[i]
-                j, size = i + 1, len(entry)
-                while j < len(batch) and batch[j][0] == ledger and batch[j][1] == epoch and \
-                        batch[j][2] == index + (j - i) and size + len(batch[j][4]) <= limits.storage_message_bytes_max:
-                    size += len(batch[j][4])
-                    j += 1
-                run = batch[i:j]
-                yield append_wire.encode(ledger, epoch, index, [e[3] for e in run], [e[4] for e in run])
-                i = j
+            pending += self._q
+            self._q = []
+            # consecutive entries of one ledger and epoch share a request, up to a size
+            ledger, epoch, index, rtype, entry = pending[0]
+            j, size = 1, len(entry)
+            while j < len(pending) and pending[j][0] == ledger and pending[j][1] == epoch and \
+                    pending[j][2] == index + j and size + len(pending[j][4]) <= limits.storage_message_bytes_max:
+                size += len(pending[j][4])
+                j += 1
+            run, pending = pending[:j], pending[j:]
+            self._sent.append(index + j - 1)
+            yield append_wire.encode(ledger, epoch, index, [e[3] for e in run], [e[4] for e in run])
 
     def send(self, ledger: int, epoch: int, index: int, rtype: int, entry: bytes) -> None:
         self._q.append((ledger, epoch, index, rtype, entry))
@@ -115,11 +124,16 @@ class AppendStream:
 
     async def answers(self):
         async for r in self.call:
+            sent = self._sent
+            while sent and sent[0] <= r.index:
+                sent.popleft()
+            self._room.set()
             yield r.index, r.error
 
     def close(self) -> None:
         self._closed = True
         self._ready.set()
+        self._room.set()
         self.call.cancel()
 
 
