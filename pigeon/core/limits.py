@@ -54,6 +54,7 @@ record_bytes_max = 16 * 1024 * 1024
 # (one entry always: a record is at most record_bytes_max), a Read answer as many as fit in it
 storage_message_bytes_max = 4 * 1024 * 1024
 append_requests_in_flight_max = 2  # Append requests to one member not yet answered (pigeon.node.replication)
+replication_linger_s = 0.005  # an entry nobody waits for yet goes to its members at most this much later
 group_commit_bytes_max = 8 * 1024 * 1024
 checkpoint_wal_bytes_max = 256 * 1024 * 1024  # take a checkpoint after this much WAL
 checkpoint_interval_s_max = 60.0

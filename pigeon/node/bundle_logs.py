@@ -157,6 +157,12 @@ class BundleLogs:
             self._send(ol, p)
         return fut
 
+    def flush(self, log_id: int) -> None:
+        """Somebody waits for the log's records: send the ones lingering to the members now."""
+        ol = self.logs.get(log_id)
+        if ol is not None and ol.writer is not None:
+            ol.writer.flush()
+
     def _send(self, ol: OwnedLog, p: _Pending) -> None:
         try:
             wfut = ol.writer.append(p.rtype, p.body)
@@ -338,6 +344,8 @@ class BundleLogs:
             self._send(ol, p)
             if ol.rolling is not None:  # the new ledger failed at once: the next roll resends the rest
                 break
+        if ol.writer is not None and ol.pending:
+            ol.writer.flush()  # their callers wait
 
     async def widen(self) -> int:
         """Move every open ledger with fewer members than E to a full ensemble when enough nodes are up again (a
@@ -503,6 +511,7 @@ class BundleLogs:
                 got = await self._read_range(lg, start, min(count, start + READ_CHUNK))
                 for i, (rtype, body) in enumerate(got):
                     stream.send(lg.id, FENCE_EPOCH, start + i, rtype, body)
+                stream.flush()
                 start += len(got)
             async for index, error in stream.answers():
                 if error:
@@ -543,6 +552,8 @@ class BundleLogs:
         self.cluster.engine.log_moved(log_id)
         loop = asyncio.get_running_loop()
         give_up = loop.time() + RELEASE_WAIT_S
+        if ol.writer is not None:
+            ol.writer.flush()
         while ol.pending and ol.rolling is None and loop.time() < give_up:
             await asyncio.sleep(0.01)
         if ol.rolling is not None or ol.writer is None:  # the next owner fences and recovers the ledger

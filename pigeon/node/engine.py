@@ -207,6 +207,8 @@ class Engine:
         so far to `log_id` is held by Qa members of its ensemble (Unavailable when the log moved meanwhile). The
         owner's own journal must have it too: its reader serves messages from there."""
         replicated = self._replicated.get(log_id) if log_id is not None else None
+        if replicated is not None and not replicated.done():
+            self.replicas.flush(log_id)  # (records nobody waited for linger before they go to the members)
         await self.journal.wait_durable(self.journal.tail if end is None else end)
         if replicated is not None:
             await replicated
@@ -218,8 +220,12 @@ class Engine:
         if self.meta_log is not None and any(rec.META for rec in recs):
             await self.meta_log.commit(recs)  # validated against this state: no await may come before
         else:
+            logs = set()
             for rec in recs:
+                logs.add(self.state.log_of(rec, self.config.bundles))
                 self.commit(rec)
+            for log_id in logs - {META_LOG}:  # in a cluster a data record (a seek) is answered once replicated
+                await self.durable(log_id=log_id)
         await self.durable()
         for d in said:
             log.info("change: %s", d)
@@ -357,7 +363,7 @@ class Engine:
             ids = await self._store(t, request, len(fresh), ordering_key, [idem_keys[i] for i in fresh], sched)
             stored = dict(zip(fresh, ids))
         else:
-            await self.durable()  # the originals may still be on their way to disk
+            await self.durable(log_id=t.log_id)  # the originals may still be on their way to disk (and members)
         return [stored.get(i) or t.idempotency.get(k) for i, k in enumerate(idem_keys)]
 
     async def _store(self, t, request: bytes, count: int, ordering_key: str, keys, sched) -> list[str]:
@@ -452,7 +458,7 @@ class Engine:
             return
         if self.state.subs_by_uid.get(s.uid) is s:  # not deleted while the publish waited
             self.ack(s, nums)
-            await self.durable()
+            await self.durable(log_id=s.log_id)
 
     async def pull(self, name: str, max_messages: int, return_immediately: bool,
                    time_left_s: float | None = None) -> list[bytes]:

@@ -28,7 +28,7 @@ class QueueOps:
         s = self._sub(name)
         nums = self._locked(s, ack_ids)
         self.engine.ack(s, nums)
-        await self.engine.durable()
+        await self.engine.durable(log_id=s.log_id)  # (in a cluster: replicated)
         return len(set(nums))
 
     async def reschedule(self, name: str, ack_ids, activate_ms: int) -> int:
@@ -72,5 +72,5 @@ class QueueOps:
         nums = [queue.num_of(s, m) for m in message_ids]
         deleted = len({n for n in nums if not s.is_acked(n)})
         self.engine.ack(s, nums)
-        await self.engine.durable()
+        await self.engine.durable(log_id=s.log_id)  # (in a cluster: replicated)
         return deleted

@@ -82,12 +82,15 @@ class AppendStream:
     would pass the member's largest message, which it refuses: the ledger rolled, the next one was sent the same
     batch, and so on without end (found by the cluster benchmark with 1 MB records). At most
     limits.append_requests_in_flight_max requests wait for their answer: while the window is full, entries
-    gather into the next request (as Nagle's algorithm does) — a record alone is sent at once, records coming
-    faster than a member answers share requests instead of costing a message each."""
+    gather into the next request (as Nagle's algorithm does) — records coming faster than a member answers
+    share requests instead of costing a message each. An entry nobody waits for yet (a delivery, an ack on a
+    stream) lingers up to limits.replication_linger_s, so it rides with the next one somebody waits for (a
+    publish): `flush` sends what is queued at once."""
 
     def __init__(self, client: StorageClient):
         self._q: list = []  # (ledger, epoch, index, type, entry) not yet sent
-        self._ready = asyncio.Event()
+        self._ready = asyncio.Event()  # send what is queued now (flush, the linger's end, close)
+        self._timer: asyncio.TimerHandle | None = None
         self._closed = False
         self._sent: deque[int] = deque()  # the last index of each request not yet answered, in order
         self._room = asyncio.Event()  # set when an answer frees a place in the window
@@ -96,10 +99,14 @@ class AppendStream:
     async def _requests(self):
         pending: list = []
         while True:
-            while not pending and not self._q and not self._closed:
-                self._ready.clear()
+            if not pending:
                 await self._ready.wait()
                 await asyncio.sleep(0)  # what the callbacks ready now append goes along in the same request
+            if self._closed:
+                return
+            if not pending and not self._q:
+                self._ready.clear()
+                continue
             while len(self._sent) >= limits.append_requests_in_flight_max and not self._closed:
                 self._room.clear()  # the window is full: what comes meanwhile joins the next request
                 await self._room.wait()
@@ -115,12 +122,28 @@ class AppendStream:
                 size += len(pending[j][4])
                 j += 1
             run, pending = pending[:j], pending[j:]
+            if not pending:  # all taken: what is queued from now on lingers again
+                self._ready.clear()
+                if self._timer is not None:
+                    self._timer.cancel()
+                    self._timer = None
             self._sent.append(index + j - 1)
             yield append_wire.encode(ledger, epoch, index, [e[3] for e in run], [e[4] for e in run])
 
     def send(self, ledger: int, epoch: int, index: int, rtype: int, entry: bytes) -> None:
+        """Queue an entry: it goes out with the next flush, or at most limits.replication_linger_s from now."""
         self._q.append((ledger, epoch, index, rtype, entry))
+        if self._timer is None and not self._ready.is_set():
+            self._timer = asyncio.get_running_loop().call_later(limits.replication_linger_s, self._linger_over)
+
+    def _linger_over(self) -> None:
+        self._timer = None
         self._ready.set()
+
+    def flush(self) -> None:
+        """Send what is queued now: somebody waits for it."""
+        if self._q:
+            self._ready.set()
 
     async def answers(self):
         async for r in self.call:
@@ -132,6 +155,8 @@ class AppendStream:
 
     def close(self) -> None:
         self._closed = True
+        if self._timer is not None:
+            self._timer.cancel()
         self._ready.set()
         self._room.set()
         self.call.cancel()
@@ -181,6 +206,9 @@ class LocalAppend:
             if done is not None:
                 await done
             yield index, why
+
+    def flush(self) -> None:
+        pass  # (the ledger store's journal flushes when a future is awaited)
 
     def close(self) -> None:
         self._q.put_nowait(None)
@@ -271,6 +299,11 @@ class LedgerWriter:
                 self.failed.update(late)
                 self._perform(m.failed(late[0], f"no answer in {silence:g} s"))
 
+    def flush(self) -> None:
+        """Send every entry appended so far now (somebody waits for it) instead of after the linger."""
+        for st in self.streams.values():
+            st.flush()
+
     def stop(self, why: str) -> None:
         """Roll of the writer's own accord: appends fail with LedgerRolled from now on."""
         self._perform(self.machine.stop(why))
@@ -316,6 +349,7 @@ async def recover_ledger(ledger: int, members: dict[str, StorageClient], replica
         try:
             (rtype,), body = _TYPE.unpack_from(entry), entry[_TYPE.size:]
             stream.send(ledger, FENCE_EPOCH, offset, rtype, body)
+            stream.flush()
             async for index, error in stream.answers():
                 events.put_nowait(("gone", m, None) if error else ("written", m, index))
                 return
