@@ -23,9 +23,10 @@ _PERSISTENT = Basic.Properties(delivery_mode=2)
 class AmqpDriver:
     supports = frozenset({"publish", "consume", "mixed", "latency", "backlog", "restart"})
 
-    def __init__(self, host: str, port: int, queue_type: str):
+    def __init__(self, host: str, port: int, queue_type: str, replicas: int = 0):
         assert queue_type in ("classic", "quorum")
         self.host, self.port, self.queue_type = host, port, queue_type
+        self.replicas = replicas  # a quorum queue's members (0: the broker's default)
         self.url = f"amqp://guest:guest@{host}:{port}/"
         self.client = (f"lean AMQP 0-9-1 over asyncio (pamqp {version('pamqp')} frames, pre-serialized, confirms "
                        f"pipelined, multiple acks); aiormq {version('aiormq')} for latency")
@@ -34,7 +35,10 @@ class AmqpDriver:
         conn = await aiormq.connect(self.url)
         try:
             ch = await conn.channel()
-            await ch.queue_declare(key, durable=True, arguments={"x-queue-type": self.queue_type})
+            args = {"x-queue-type": self.queue_type}
+            if self.replicas:
+                args["x-quorum-initial-group-size"] = self.replicas
+            await ch.queue_declare(key, durable=True, arguments=args)
         finally:
             await conn.close()
 

@@ -21,11 +21,12 @@ import threading
 import time
 
 from pigeon.bench.grpc_client import GrpcDriver, publish_request
-from pigeon.bench.peers import Server, nats_binary, server_tree
+from pigeon.bench.peers import RABBIT, RabbitServer, Server, _dpkg_version, nats_binary, server_tree
 from pigeon.bench.procs import Daemon, free_port
 from pigeon.core.bundles import bundle_of
 
 ETCD = "/usr/bin/etcd"
+RABBITMQCTL = "/usr/lib/rabbitmq/bin/rabbitmqctl"
 NODES = 3
 BUNDLES = 16
 
@@ -199,6 +200,81 @@ class NatsClusterServer(Server):
 
     def rss(self) -> int:
         return sum(d.rss() for d, _ in self.servers.values())
+
+
+class RabbitClusterServer(Server):
+    """Three RabbitMQ nodes of one cluster (formed from a classic peer list at boot, one Erlang cookie) and quorum
+    queues with three members; the driver talks to the first node, which passes calls to each queue's leader."""
+
+    name = "rabbitmq-quorum-r3"
+    restartable = False
+
+    @classmethod
+    def missing(cls):
+        return RabbitServer.missing()
+
+    def start(self) -> None:
+        import secrets
+
+        from pigeon.bench.amqp_client import AmqpDriver
+
+        ports = [(free_port(), free_port()) for _ in range(NODES)]
+        epmd_port = free_port()
+        names = [f"bench{i + 1}x{port}@localhost" for i, (port, _) in enumerate(ports)]
+        home = os.path.join(self.root, "home")  # one Erlang cookie for every node and for rabbitmqctl
+        os.makedirs(home, exist_ok=True)
+        cookie = os.path.join(home, ".erlang.cookie")
+        with open(cookie, "w") as f:
+            f.write(secrets.token_hex(16).upper())
+        os.chmod(cookie, 0o400)
+        self.env = {"HOME": home, "ERL_EPMD_PORT": str(epmd_port)}
+        epmd = Daemon("epmd", ["epmd", "-address", "127.0.0.1", "-port", str(epmd_port)], epmd_port,
+                      os.path.join(self.root, "epmd.log"), self.plan.peer_wall_s_max)
+        self.daemons.append(epmd.start(10))
+        peers = "".join(f"cluster_formation.classic_config.nodes.{i + 1} = {n}\n" for i, n in enumerate(names))
+        nodes = []
+        for i, ((port, dist), name) in enumerate(zip(ports, names)):
+            d = os.path.join(self.root, f"r{i + 1}")
+            os.makedirs(d, exist_ok=True)
+            with open(os.path.join(d, "enabled_plugins"), "w") as f:
+                f.write("[].\n")
+            with open(os.path.join(d, "rabbitmq.conf"), "w") as f:
+                f.write(f"listeners.tcp.default = 127.0.0.1:{port}\nloopback_users = none\nlog.console = true\n"
+                        f"log.file = false\ncluster_formation.peer_discovery_backend = classic_config\n{peers}")
+            env = {**self.env, "RABBITMQ_NODENAME": name, "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1",
+                   "RABBITMQ_NODE_PORT": str(port), "RABBITMQ_DIST_PORT": str(dist),
+                   "RABBITMQ_MNESIA_BASE": os.path.join(d, "mnesia"), "RABBITMQ_LOG_BASE": os.path.join(d, "log"),
+                   "RABBITMQ_ENABLED_PLUGINS_FILE": os.path.join(d, "enabled_plugins"),
+                   "RABBITMQ_CONFIG_FILE": os.path.join(d, "rabbitmq"),
+                   "RABBITMQ_PID_FILE": os.path.join(d, "rabbit.pid")}
+            nodes.append(Daemon(f"rabbit-{i + 1}", [RABBIT], port, os.path.join(self.root, f"r{i + 1}.log"),
+                                self.plan.peer_wall_s_max, env=env, cwd=d))
+        starters = [threading.Thread(target=n.start, args=(self.plan.peer_start_s_max,)) for n in nodes]
+        for t in starters:  # nodes of a fresh cluster wait for their peers at boot: start them together
+            t.start()
+        for t in starters:
+            t.join()
+        self.daemons.extend(nodes)
+        self.names = names
+        self._await_cluster()
+        self.server = (f"RabbitMQ {_dpkg_version('rabbitmq-server') or ''} × {NODES} nodes, quorum queues with "
+                       f"{NODES} members, publisher confirms")
+        self.durable = "replicated; confirmed once a majority fsynced"
+        self.driver = AmqpDriver("127.0.0.1", ports[0][0], "quorum", replicas=NODES)
+
+    def _await_cluster(self, timeout_s: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            out = subprocess.run([RABBITMQCTL, "-n", self.names[0], "cluster_status", "--formatter", "json"],
+                                 env={**os.environ, **self.env}, capture_output=True, text=True, timeout=30)
+            if out.returncode == 0 and len(json.loads(out.stdout).get("running_nodes", [])) == NODES:
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"RabbitMQ formed no {NODES}-node cluster: {out.stdout[-300:]} {out.stderr[-300:]}")
+            time.sleep(1.0)
+
+    def rss(self) -> int:
+        return sum(d.rss() for d in self.daemons[1:])
 
 
 # --- failover ----------------------------------------------------------------------------------------------

@@ -43,7 +43,7 @@ FIGURES = [
 # Replicated targets against each other and against a single Pigeon: (row label, results key, field, unit, better)
 CLUSTER_FIGURES = [f for f in FIGURES if f[1] in ("publish_b1000", "publish_b100", "consume", "mixed", "latency",
                                                    "failover") and f[4] != "context"]
-CLUSTER_ROWS = (("pigeon-cluster", "nats-js-r3"), ("pigeon-cluster", "pigeon"))
+CLUSTER_ROWS = (("pigeon-cluster", "nats-js-r3"), ("pigeon-cluster", "rabbitmq-quorum-r3"), ("pigeon-cluster", "pigeon"))
 
 
 def value(doc: dict, target: str, key: str, field: str):
@@ -91,7 +91,7 @@ def _rows(doc: dict) -> list[tuple[str, list[str]]]:
 
 
 def cluster_rows(doc: dict) -> list[tuple[str, list[str]]]:
-    """pigeon-cluster's figures, each ÷ nats-js-r3's and ÷ a single Pigeon's from the same run."""
+    """pigeon-cluster's figures, each ÷ nats-js-r3's, rabbitmq-quorum-r3's and a single Pigeon's from the same run."""
     pairs = [(a, b) for a, b in CLUSTER_ROWS if a in doc["targets"] and b in doc["targets"]
              and "missing" not in doc["targets"][a] and "missing" not in doc["targets"][b]]
     rows = []

@@ -17,12 +17,13 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 
 from pigeon.bench import workloads as w
-from pigeon.bench.cluster import NatsClusterServer, PigeonClusterServer, nats_failover, pigeon_failover
+from pigeon.bench.cluster import NatsClusterServer, PigeonClusterServer, RabbitClusterServer, nats_failover, \
+    pigeon_failover
 from pigeon.bench.peers import PEERS, ExternalPigeon, PigeonServer
 from pigeon.bench.plan import QUICK_PEER_WORKLOADS, Plan
 from pigeon.bench.procs import CpuWatch, wait_quiet
 
-CLUSTERS = {c.name: c for c in (PigeonClusterServer, NatsClusterServer)}  # replicated, 3 members each
+CLUSTERS = {c.name: c for c in (PigeonClusterServer, NatsClusterServer, RabbitClusterServer)}  # replicated, 3 each
 FAILOVER = {PigeonClusterServer.name: pigeon_failover, NatsClusterServer.name: nats_failover}
 TARGETS = ("pigeon", *PEERS, *CLUSTERS)
 
