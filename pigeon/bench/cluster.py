@@ -1,5 +1,6 @@
-"""Replicated targets: a 3-node Pigeon cluster (with its etcd) and a 3-server NATS JetStream cluster with
-replicas = 3, on this one machine, and the failover workload. Owns the rule: both clusters run with every
+"""Replicated targets: a 3-node Pigeon cluster (with its etcd), a 3-server NATS JetStream cluster with
+replicas = 3 and a 3-node RabbitMQ cluster with quorum queues, on this one machine, and the failover workload
+(Pigeon's and NATS's). Owns the rule: every cluster runs with every
 member on loopback, each bounded by `plan.peer_wall_s_max`, and their figures are read the same way as a single
 server's (the same workloads and drivers).
 
@@ -7,6 +8,7 @@ server's (the same workloads and drivers).
 |----------------|----------------------------------------------------------------------------------------------|
 | pigeon-cluster | etcd + 3 × `pigeon serve --etcd … --fsync always`: ledgers on 3 nodes, answered at 2 (Qa = 2)  |
 | nats-js-r3     | 3 × nats-server in one cluster, JetStream file storage, stream replicas = 3 (default sync)   |
+| rabbitmq-quorum-r3 | 3 × rabbitmq-server in one cluster, quorum queues with 3 members (confirmed at a majority) |
 
 The Pigeon driver sends each topic's calls to the node that owns its bundle (Pulsar's clients look a topic's
 owner up the same way); a Pub/Sub client sent to any other node is forwarded there, one hop more."""
