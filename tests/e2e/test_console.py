@@ -39,15 +39,25 @@ def browser():
 
 def wait_for(driver, check, what: str):
     """Wait for `check`; a timeout says what the console showed last (its message line, the browser's log)."""
-    from selenium.common.exceptions import TimeoutException
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException, TimeoutException
     from selenium.webdriver.support.ui import WebDriverWait
 
+    # the console re-renders its tables every poll: an element found a moment ago may be gone, so look again
+    waiting = WebDriverWait(driver, WAIT_S, poll_frequency=0.2,
+                            ignored_exceptions=(NoSuchElementException, StaleElementReferenceException))
     try:
-        return WebDriverWait(driver, WAIT_S, poll_frequency=0.2).until(lambda d: check(d))
+        return waiting.until(lambda d: check(d))
     except TimeoutException:
         shown = driver.execute_script("const t = document.getElementById('toast'); return t ? t.textContent : ''")
         raise AssertionError(f"waiting for {what}: the console said {shown!r}; browser log: "
                              f"{[e['message'] for e in driver.get_log('browser')]}") from None
+
+
+def click(driver, selector: str) -> None:
+    """Click what `selector` names, finding it again if a re-render replaced it under the click."""
+    from selenium.webdriver.common.by import By
+
+    wait_for(driver, lambda d: d.find_element(By.CSS_SELECTOR, selector).click() or True, f"to click {selector}")
 
 
 def test_create_publish_watch_backlog_pull_delete(server_factory, browser):
@@ -76,7 +86,7 @@ def test_create_publish_watch_backlog_pull_delete(server_factory, browser):
     wait_for(d, lambda d: d.find_elements(By.CSS_SELECTOR, row), "the subscription's row")
     code, sub = rest(base, "GET", "/v1/projects/console/subscriptions/orders-worker")
     assert code == 200 and sub["topic"] == "projects/console/topics/orders"
-    assert d.find_element(By.CSS_SELECTOR, row).text == "0"
+    wait_for(d, lambda d: d.find_element(By.CSS_SELECTOR, row).text == "0", "a backlog of 0")
 
     # publish from the topic's page; the subscription's backlog shows it
     d.get(f"{base}/?project=console#/topics/orders")
@@ -92,9 +102,10 @@ def test_create_publish_watch_backlog_pull_delete(server_factory, browser):
     wait_for(d, lambda d: d.find_element(By.CSS_SELECTOR, "[data-testid=sub-backlog]").text == "1", "the backlog")
     d.find_element(By.CSS_SELECTOR, "#pull input[name=ack]").click()
     d.find_element(By.CSS_SELECTOR, "[data-testid=pull]").click()
-    cells = wait_for(d, lambda d: d.find_elements(By.CSS_SELECTOR, "[data-testid=message-data]"), "the message")
-    assert [c.text for c in cells] == ["hello from the console"]
-    assert "kind=order" in d.find_element(By.CSS_SELECTOR, "[data-testid=message]").text
+    cells = wait_for(d, lambda d: [c.text for c in d.find_elements(By.CSS_SELECTOR, "[data-testid=message-data]")],
+                     "the message")
+    assert cells == ["hello from the console"]
+    assert "kind=order" in wait_for(d, lambda d: d.find_element(By.CSS_SELECTOR, "[data-testid=message]").text, "it")
     wait_for(d, lambda d: d.find_element(By.CSS_SELECTOR, "[data-testid=sub-backlog]").text == "0", "backlog 0")
     code, pulled = rest(base, "POST", "/v1/projects/console/subscriptions/orders-worker:pull",
                         {"maxMessages": 10, "returnImmediately": True})
@@ -103,12 +114,12 @@ def test_create_publish_watch_backlog_pull_delete(server_factory, browser):
     # delete both from their lists
     d.get(f"{base}/?project=console#/subscriptions")
     wait_for(d, lambda d: d.find_elements(By.CSS_SELECTOR, "[data-delete=orders-worker]"), "the delete button")
-    d.find_element(By.CSS_SELECTOR, "[data-delete=orders-worker]").click()
+    click(d, "[data-delete=orders-worker]")
     d.switch_to.alert.accept()
     wait_for(d, lambda d: not d.find_elements(By.CSS_SELECTOR, "tr[data-sub=orders-worker]"), "the row to go")
     d.get(f"{base}/?project=console#/topics")
     wait_for(d, lambda d: d.find_elements(By.CSS_SELECTOR, "[data-delete=orders]"), "the delete button")
-    d.find_element(By.CSS_SELECTOR, "[data-delete=orders]").click()
+    click(d, "[data-delete=orders]")
     d.switch_to.alert.accept()
     wait_for(d, lambda d: not d.find_elements(By.CSS_SELECTOR, "tr[data-topic=orders]"), "the row to go")
     assert rest(base, "GET", "/v1/projects/console/subscriptions/orders-worker")[0] == 404
@@ -141,13 +152,13 @@ def test_dead_letters_browsed_and_sent_back(server_factory, browser):
     d = browser
     d.get(f"{base}/?project=dlq#/topics/jobs-dead")  # the dead-letter topic's page says whose it is
     wait_for(d, lambda d: d.find_element(By.ID, "dlq").is_displayed(), "the dead-letter panel")
-    assert "jobs-worker" in d.find_element(By.ID, "dlq-body").text
+    assert "jobs-worker" in wait_for(d, lambda d: d.find_element(By.ID, "dlq-body").text, "the feeding subscriptions")
 
     d.get(f"{base}/?project=dlq#/subscriptions/jobs-dead-reader")
     wait_for(d, lambda d: d.find_element(By.CSS_SELECTOR, "[data-testid=sub-backlog]").text == "1", "a dead letter")
     d.find_element(By.CSS_SELECTOR, "[data-testid=pull]").click()  # not acknowledged: handed back at once
     wait_for(d, lambda d: d.find_elements(By.CSS_SELECTOR, "[data-resend]"), "the send-back button")
-    row = d.find_element(By.CSS_SELECTOR, "[data-testid=message]").text
+    row = wait_for(d, lambda d: d.find_element(By.CSS_SELECTOR, "[data-testid=message]").text, "the message")
     assert "poison" in row and "CloudPubSubDeadLetterSourceSubscription=jobs-worker" in row
     d.find_element(By.CSS_SELECTOR, "[data-resend]").click()
     wait_for(d, lambda d: d.find_element(By.CSS_SELECTOR, "[data-resend]").text == "sent back", "sent back")
