@@ -37,6 +37,8 @@ FIGURES = [
     ("latency p50 ms", "latency", "p50_ms"),
     ("latency p99 ms", "latency", "p99_ms"),
     ("latency p999 ms", "latency", "p999_ms"),
+    ("publish-ack latency p50 ms", "latency", "ack_p50_ms"),
+    ("publish-ack latency p99 ms", "latency", "ack_p99_ms"),
     ("disk probe: slowest fdatasync ms", "latency", "disk_probe_max_ms"),
     ("ordered publish msg/s", "ordered", "publish_msgs_per_s"),
     ("ordered consume msg/s", "ordered", "consume_msgs_per_s"),
