@@ -1,6 +1,6 @@
-"""The journal's group commit on real files (fsync=always): every record is written at once, but fdatasync runs
-when someone waits for a record; records nobody waits for ride along with the next group commit or are synced
-within LAZY_FLUSH_S; closing writes everything."""
+"""The journal's group commit on real files (fsync=always): the writer writes and fdatasyncs when someone waits for
+a record; records nobody waits for ride along with the next group commit, or are written within LAZY_WRITE_S and
+synced within LAZY_FLUSH_S; closing writes everything."""
 
 from __future__ import annotations
 
@@ -78,19 +78,43 @@ def test_a_record_nobody_waits_for_is_synced_soon_anyway(tmp_path):
     asyncio.run(go())
 
 
-def test_records_nobody_waits_for_reach_the_file_at_once_without_fdatasync(tmp_path, monkeypatch):
+def test_records_nobody_waits_for_reach_the_file_soon_without_fdatasync(tmp_path, monkeypatch):
     monkeypatch.setattr(wal_mod, "LAZY_FLUSH_S", 3600.0)  # only a waiter could start the fdatasync
 
     async def go():
         w = await _open(tmp_path, "always")
         for i in range(10):
             w.append(_rec(i))
-        for _ in range(200):  # a killed process would lose none of them: they are in the file
+        for _ in range(200):  # after LAZY_WRITE_S a killed process would lose none of them: they are in the file
             if _on_disk(tmp_path) == w.tail:
                 break
             await asyncio.sleep(0.01)
         assert _on_disk(tmp_path) == w.tail
         assert w.flushes == 0 and w.durable == 0  # not reported durable: no fdatasync covered them yet
+        await w.close()
+
+    asyncio.run(go())
+
+
+def test_the_writer_thread_is_not_woken_per_record_nobody_waits_for(tmp_path, monkeypatch):
+    monkeypatch.setattr(wal_mod, "LAZY_FLUSH_S", 3600.0)
+    monkeypatch.setattr(wal_mod, "LAZY_WRITE_S", 3600.0)  # no timer within the test: only a waiter wakes it
+
+    async def go():
+        w = await _open(tmp_path, "always")
+        first = _rec(0)
+        await w.wait_durable(w.append(first) + _size(first))
+        await asyncio.sleep(0.05)  # the writer is parked, waiting to be woken
+        lazy = [_rec(i) for i in range(1, 11)]
+        for r in lazy:
+            w.append(r)
+            await asyncio.sleep(0.001)
+        await asyncio.sleep(0.05)
+        assert _on_disk(tmp_path) == _size(first), "a record nobody waits for woke the writer"
+        urgent = _rec(99)
+        await w.wait_durable(w.append(urgent) + _size(urgent))
+        assert _on_disk(tmp_path) == w.tail == _size(first) + sum(map(_size, lazy)) + _size(urgent)
+        assert w.flushes == 2  # the first record's group commit, then one for the other eleven
         await w.close()
 
     asyncio.run(go())
