@@ -24,7 +24,11 @@ def serve(
     etcd: Optional[str] = typer.Option(None, help="join a cluster: comma-separated etcd endpoints "
                                                    "(http://127.0.0.1:2379)"),
     node_id: Optional[str] = typer.Option(None, "--node-id", help="this node's id in the cluster"),
-    advertise: Optional[str] = typer.Option(None, help="HOST:PORT peers reach this node at (default --host:--port)"),
+    advertise: Optional[str] = typer.Option(None, help="HOST:PORT clients (and peers, without --peer-port) reach this "
+                                            "node at (default --host:--port)"),
+    peer_port: Optional[int] = typer.Option(None, "--peer-port", help="cluster: a port of its own for node-to-node "
+                                            "calls (on --advertise's host); secured, it asks node certificates of "
+                                            "peers and the client port asks none of clients (default: none)"),
     zone: Optional[str] = typer.Option(None, help="the node's zone: ledger ensembles span distinct zones"),
     bundles: Optional[int] = typer.Option(None, help="hash ranges topics are spread over (fixed per data "
                                                      "directory and cluster)"),
@@ -37,8 +41,14 @@ def serve(
     tls_cert: Optional[str] = typer.Option(None, "--tls-cert", help="PEM certificate chain of the gRPC and HTTP "
                                            "ports (and of node-to-node calls)"),
     tls_key: Optional[str] = typer.Option(None, "--tls-key", help="its PEM private key"),
-    tls_client_ca: Optional[str] = typer.Option(None, "--tls-client-ca", help="mutual TLS: clients and peer nodes "
-                                                "present certificates this CA signed; their identity authenticates"),
+    tls_client_ca: Optional[str] = typer.Option(None, "--tls-client-ca", help="mutual TLS: clients (and peer nodes, "
+                                                "without --peer-port) present certificates this CA signed; their "
+                                                "identity authenticates"),
+    peer_cert: Optional[str] = typer.Option(None, "--peer-cert", help="the node certificate of the peer port and of "
+                                            "calls to peers (default --tls-cert)"),
+    peer_key: Optional[str] = typer.Option(None, "--peer-key", help="its PEM private key (default --tls-key)"),
+    peer_ca: Optional[str] = typer.Option(None, "--peer-ca", help="the cluster's CA: the peer port requires node "
+                                          "certificates it signed (default --tls-client-ca)"),
     auth_token_file: Optional[str] = typer.Option(None, "--auth-token-file", help="bearer tokens, hashed "
                                                   "(`pigeon tokens add`)"),
     oidc_issuer: Optional[str] = typer.Option(None, "--oidc-issuer", help="OIDC/JWT tokens: the issuer (iss)"),
@@ -65,9 +75,10 @@ def serve(
     try:
         cfg = load(config, host=host, port=port, data_dir=data_dir, fsync=fsync,
                    shards_per_topic=shards_per_topic, log_level=log_level, etcd=etcd, node_id=node_id,
-                   advertise=advertise, zone=zone, bundles=bundles, replicas=replicas, ack_quorum=ack_quorum,
-                   http_port=http_port, log_format=log_format, tls_cert=tls_cert, tls_key=tls_key,
-                   tls_client_ca=tls_client_ca, auth_token_file=auth_token_file, oidc_issuer=oidc_issuer,
+                   advertise=advertise, peer_port=peer_port, zone=zone, bundles=bundles, replicas=replicas,
+                   ack_quorum=ack_quorum, http_port=http_port, log_format=log_format, tls_cert=tls_cert, tls_key=tls_key,
+                   tls_client_ca=tls_client_ca, peer_cert=peer_cert, peer_key=peer_key, peer_ca=peer_ca,
+                   auth_token_file=auth_token_file, oidc_issuer=oidc_issuer,
                    oidc_audience=oidc_audience, oidc_jwks=oidc_jwks, admins=admins, insecure=insecure,
                    audit_log=audit_log, publish_bytes_per_s=publish_bytes_per_s,
                    admin_ops_per_min=admin_ops_per_min, backlog_bytes_per_project=backlog_bytes_per_project)
