@@ -30,9 +30,10 @@ $(ETCD_BIN):
 	command -v etcd >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
 		--no-install-recommends etcd-server; }
 
-# three etcd members and three nodes on loopback in the foreground, one coloured log; Ctrl-C stops everything
+# three etcd members and three nodes on loopback in the foreground, one coloured log; Ctrl-C stops everything.
+# SECURE=1: TLS and a bearer token for clients (no client certificate), node certificates on a peer port each
 cluster: $(STAMP) $(ETCD_BIN)
-	$(BIN)/python scripts/cluster.py --dir ./cluster
+	$(BIN)/python scripts/cluster.py --dir ./cluster $(if $(SECURE),--secure)
 
 # the web console's tests drive Debian's Chromium through its chromedriver (Selenium); nothing is downloaded at test time
 CHROMEDRIVER := /usr/bin/chromedriver

@@ -1,21 +1,29 @@
 """`make cluster`: three etcd members and three Pigeon nodes on loopback, in the foreground, their logs in one
 coloured stream; prints the addresses to use. Ctrl-C (or SIGTERM) stops everything it started.
 
-    python scripts/cluster.py [--nodes 3] [--dir ./cluster] [--port 8085]
+    python scripts/cluster.py [--nodes 3] [--dir ./cluster] [--port 8085] [--secure]
 
 Node i listens on --port + 2i (gRPC) and the port after it (REST, /metrics, the web console).
+
+--secure (`make cluster SECURE=1`) makes a development CA, a server certificate, a node certificate per node and an
+admin's bearer token under DIR/pki, and starts the nodes secured the way a client needs no certificate: the client
+ports serve TLS and tokens, and each node has a peer port (--port + 2n + i) where the nodes call one another with
+mutual TLS and their node certificates.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import secrets
 import signal
 import sys
 import threading
 import time
 
 from pigeon.bench.procs import free_port
+from pigeon.ops import certs
+from pigeon.ops.auth import token_hash
 from pigeon.testing.cluster import await_status, node_process
 from pigeon.testing.etcd import EtcdProcess
 
@@ -44,9 +52,15 @@ def main() -> int:
     ap.add_argument("--dir", default="./cluster")
     ap.add_argument("--port", type=int, default=8085, help="the first node's gRPC port; the others follow it, "
                                                            "two apart (each node's HTTP port is its gRPC port + 1)")
+    ap.add_argument("--secure", action="store_true", help="TLS and bearer tokens for clients, a peer port with node "
+                                                           "certificates between the nodes")
     args = ap.parse_args()
     root = os.path.abspath(args.dir)
     os.makedirs(root, exist_ok=True)
+    pki = os.path.join(root, "pki")
+    extra = {f"n{i + 1}": [] for i in range(args.nodes)}
+    if args.secure:
+        extra = secure(pki, args.nodes, args.port)
     stop = threading.Event()
     quiet = threading.Event()  # the logs are followed until everything has stopped
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -57,7 +71,7 @@ def main() -> int:
     etcds = [EtcdProcess(os.path.join(root, name), name, peer_port=port, initial_cluster=initial, token=token)
              for name, port in peers.items()]
     nodes = [node_process(root, ",".join(e.endpoint for e in etcds), f"n{i + 1}", zone=f"z{i + 1}",
-                          port=args.port + 2 * i, http=True) for i in range(args.nodes)]
+                          port=args.port + 2 * i, http=True, extra=extra[f"n{i + 1}"]) for i in range(args.nodes)]
     for n in nodes:  # REST, /metrics and the console beside each node's gRPC port, as on a single node
         n.http_port = n.port + 1
     followers = [threading.Thread(target=follow, args=(p.log_path, label, COLOURS[i % len(COLOURS)], quiet),
@@ -76,10 +90,25 @@ def main() -> int:
             n.start()
         endpoints = ",".join(e.endpoint for e in etcds)
         await_status(endpoints, lambda st: st["unowned"] == 0 and len(st["nodes"]) == len(nodes), timeout=60)
-        print(f"\npigeon cluster ready (data in {root}):\n  nodes: {' '.join(n.address for n in nodes)}\n"
-              f"  console, REST: {' '.join(n.http + '/' for n in nodes)}\n"
-              f"  etcd:  {endpoints}\n  try:   PUBSUB_EMULATOR_HOST={nodes[0].address} pigeon topics create t1\n"
-              f"         pigeon cluster status --etcd {endpoints}\n  Ctrl-C stops everything.\n", flush=True)
+        if args.secure:
+            addresses = [n.address.replace("127.0.0.1", "localhost") for n in nodes]
+            access = f"pigeon --tls-ca {pki}/ca.pem --token-file {pki}/token"
+            print(f"\npigeon cluster ready, secured (data in {root}; certificates and the admin's token in {pki}):\n"
+                  f"  nodes: {' '.join(addresses)} (TLS; clients bring a token, no certificate)\n"
+                  f"  peers: {' '.join(n.extra[n.extra.index('--peer-port') + 1] for n in nodes)} (mutual TLS, "
+                  f"node certificates)\n"
+                  f"  console, REST: {' '.join(n.http.replace('http:', 'https:') + '/' for n in nodes)}\n"
+                  f"  etcd:  {endpoints}\n"
+                  f"  try:   {access} topics create orders -a {addresses[0]}\n"
+                  f"         {access} subscriptions create orders-sub --topic orders -a {addresses[-1]}\n"
+                  f"         {access} publish orders hello -a {addresses[1 % len(addresses)]}\n"
+                  f"         {access} pull orders-sub --ack -a {addresses[-1]}\n"
+                  f"         pigeon cluster status --etcd {endpoints}\n  Ctrl-C stops everything.\n", flush=True)
+        else:
+            print(f"\npigeon cluster ready (data in {root}):\n  nodes: {' '.join(n.address for n in nodes)}\n"
+                  f"  console, REST: {' '.join(n.http + '/' for n in nodes)}\n"
+                  f"  etcd:  {endpoints}\n  try:   PUBSUB_EMULATOR_HOST={nodes[0].address} pigeon topics create orders\n"
+                  f"         pigeon cluster status --etcd {endpoints}\n  Ctrl-C stops everything.\n", flush=True)
         while not stop.is_set():
             stop.wait(0.5)
     except KeyboardInterrupt:
@@ -97,6 +126,31 @@ def main() -> int:
         quiet.set()
         print("stopped: every node and etcd member this started", flush=True)
     return 0
+
+
+def secure(pki: str, count: int, port: int) -> dict[str, list[str]]:
+    """Certificates and an admin token in `pki` (kept across runs); each node's flags: a server certificate and
+    the token file on the client port, its node certificate and the CA on a peer port of its own."""
+    if not os.path.exists(os.path.join(pki, "ca.pem")):
+        certs.make_ca(pki)
+    hosts = ["localhost", "127.0.0.1"]
+    server, server_key = certs.issue(pki, "server", hosts=hosts)
+    tokens, token = os.path.join(pki, "tokens.txt"), os.path.join(pki, "token")
+    admin = "serviceAccount:admin@pigeon-dev.iam.gserviceaccount.com"
+    if not os.path.exists(token):
+        value = "pgn_" + secrets.token_urlsafe(32)
+        with open(os.open(tokens, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+            f.write(f"{token_hash(value)} {admin}\n")
+        with open(os.open(token, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+            f.write(value + "\n")
+    out = {}
+    for i in range(count):
+        node = f"n{i + 1}"
+        cert, key = certs.issue(pki, f"node-{node}", hosts=hosts, node_id=node)
+        out[node] = ["--tls-cert", server, "--tls-key", server_key, "--auth-token-file", tokens, "--admins", admin,
+                     "--peer-port", str(port + 2 * count + i), "--peer-cert", cert, "--peer-key", key,
+                     "--peer-ca", os.path.join(pki, "ca.pem")]
+    return out
 
 
 if __name__ == "__main__":

@@ -8,9 +8,12 @@ its caller lost the right; quotas are charged here (a refusal is answered when i
 most `limits.quota_refusal_hold_s_max` later); every admin change and every refusal is audited.
 
 A forwarded call (api.router) carries its caller's verified principal in `x-pigeon-principal`, which is
-believed only from a peer that proved it is a node (its client certificate, under mutual TLS) or from the
-node's own REST front (the unix socket in its data directory). With security off nothing here is wired in:
-the embedded default's calls never pass through it."""
+believed only from a peer that proved it is a node (its client certificate, under mutual TLS) on a listener
+that takes peers, or from the node's own REST front (the unix socket in its data directory). A node serves
+one of two arrangements (api.server): one port for clients and peers alike (SHARED), or a client port (CLIENTS:
+no caller vouches for another there, whatever certificate it shows) beside a peer port (PEERS: every caller
+must be a node). With security off nothing here is wired in: the embedded default's calls never pass through
+it."""
 
 from __future__ import annotations
 
@@ -31,6 +34,7 @@ from pigeon.ops import certs
 log = logging.getLogger("pigeon.access")
 
 PRINCIPAL = "x-pigeon-principal"
+SHARED, CLIENTS, PEERS = "shared", "clients", "peers"  # the listener a call came on (see the module's docstring)
 FORWARDED = "x-pigeon-forwarded"  # (api.router's marker)
 CALLER: contextvars.ContextVar[str | None] = contextvars.ContextVar("pigeon_caller", default=None)
 
@@ -90,9 +94,10 @@ class Guard:
         self.unauthenticated = 0
 
     # --- who and what ----------------------------------------------------------------------------------------
-    def principal(self, context) -> tuple[str, bool]:
+    def principal(self, context, listener: str = SHARED) -> tuple[str, bool]:
         """(who calls, whether a node already authorized the call: it forwarded it after checking it with this
-        same map, so the owner does not check again — its copy of the policies may be a moment behind)."""
+        same map, so the owner does not check again — its copy of the policies may be a moment behind).
+        On the peer port only a node is answered: the principal it vouches for, else its own."""
         authorization = forwarded = None
         routed = False
         for k, v in context.invocation_metadata() or ():
@@ -103,13 +108,18 @@ class Guard:
             elif k == FORWARDED:
                 routed = True
         cert = None
-        if self.mtls:
+        if self.mtls or listener == PEERS:
             pem = (context.auth_context() or {}).get("x509_pem_cert")
             cert = pem[0] if pem else None
+        if listener == PEERS:
+            node = certs.identity_of(cert) if cert is not None else ""
+            if not node.startswith("node:"):
+                raise PermissionDenied()  # a certificate of the cluster's CA that names no node
+            return (forwarded, routed) if forwarded else (node, False)
         if forwarded:
             if (context.peer() or "").startswith("unix:"):  # this node's REST front: checked here
                 return forwarded, False
-            if cert is not None and certs.identity_of(cert).startswith("node:"):
+            if listener == SHARED and cert is not None and certs.identity_of(cert).startswith("node:"):
                 return forwarded, routed
         return self.authn.principal(authorization, cert), False
 
@@ -191,22 +201,24 @@ class Guard:
         self.audit.record(principal, method, resource, e.code)
 
     # --- wiring ----------------------------------------------------------------------------------------------
-    def wrap(self, handlers: list[grpc.GenericRpcHandler]) -> list[grpc.GenericRpcHandler]:
-        return [_Guarded(self, h) for h in handlers]
+    def wrap(self, handlers: list[grpc.GenericRpcHandler], listener: str = SHARED) -> list[grpc.GenericRpcHandler]:
+        """The handlers of one listener (SHARED, CLIENTS or PEERS), each call checked here first."""
+        assert listener in (SHARED, CLIENTS, PEERS), listener
+        return [_Guarded(self, h, listener) for h in handlers]
 
-    def method(self, name: str, handler):
+    def method(self, name: str, handler, listener: str = SHARED):
         rule = RULES.get(name)
         if handler.unary_unary is not None:
-            return handler._replace(unary_unary=self._unary(name, rule, handler.unary_unary))
+            return handler._replace(unary_unary=self._unary(name, rule, handler.unary_unary, listener))
         if handler.stream_stream is not None:
-            return handler._replace(stream_stream=self._stream(name, rule, handler.stream_stream))
+            return handler._replace(stream_stream=self._stream(name, rule, handler.stream_stream, listener))
         raise AssertionError(f"{name}: only unary and bidirectional methods are served")
 
-    def _unary(self, method: str, rule: Rule | None, inner):
+    def _unary(self, method: str, rule: Rule | None, inner, listener: str):
         async def guarded(request, context):
             who = "-"
             try:
-                who, checked = self.principal(context)
+                who, checked = self.principal(context, listener)
                 if rule is None:
                     raise PermissionDenied()
                 if checked:  # forwarded by the node that checked it: served as asked
@@ -285,13 +297,13 @@ class Guard:
         parent = getattr(request, "project", "") or getattr(request, "parent", "")
         return bool(parent) and self.allowed(who, listing.permission, iam.project_of(parent))
 
-    def _stream(self, method: str, rule: Rule | None, inner):
+    def _stream(self, method: str, rule: Rule | None, inner, listener: str):
         async def guarded(request_iterator, context):
             who = "-"
             first = None
             checked = False
             try:
-                who, checked = self.principal(context)
+                who, checked = self.principal(context, listener)
                 if rule is None:
                     raise PermissionDenied()
                 try:
@@ -355,8 +367,8 @@ def _response_class(full_name: str):
 class _Guarded(grpc.GenericRpcHandler):
     """A service's handlers, each wrapped once by the guard (grpc asks for the handler on every call)."""
 
-    def __init__(self, guard: Guard, inner: grpc.GenericRpcHandler):
-        self.guard, self.inner = guard, inner
+    def __init__(self, guard: Guard, inner: grpc.GenericRpcHandler, listener: str):
+        self.guard, self.inner, self.listener = guard, inner, listener
         self._wrapped: dict[str, object] = {}
 
     def service(self, handler_call_details):
@@ -366,5 +378,5 @@ class _Guarded(grpc.GenericRpcHandler):
             h = self.inner.service(handler_call_details)
             if h is None:
                 return None
-            h = self._wrapped[name] = self.guard.method(name, h)
+            h = self._wrapped[name] = self.guard.method(name, h, self.listener)
         return h

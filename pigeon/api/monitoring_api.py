@@ -42,7 +42,7 @@ class MonitoringApi:
         """The answers of the other nodes that own bundles, asked for their own bundles only."""
         if self.cluster is None or req.local:
             return []
-        me = self.cluster.info.address
+        me = self.cluster.info.dial
         addresses = sorted({a for a in self.cluster.routes.values() if a and a != me})
         local = type(req)()
         local.CopyFrom(req)

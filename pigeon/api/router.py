@@ -57,7 +57,7 @@ class Router:
         if any(k == FORWARDED for k, _ in (context.invocation_metadata() or ())):
             raise Unavailable(_RETRYABLE)
         address = self.cluster.address_of(log_id)
-        if address is None or address == self.cluster.info.address:  # no owner, or this node is taking it over
+        if address is None or address == self.cluster.info.dial:  # no owner, or this node is taking it over
             raise Unavailable(_RETRYABLE)
         return Owner(address, log_id)
 

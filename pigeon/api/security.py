@@ -19,6 +19,7 @@ from pigeon.ops.config import Config
 log = logging.getLogger("pigeon.security")
 
 server_credentials = tls.server_credentials
+peer_server_credentials = tls.peer_server_credentials
 http_context = tls.http_context
 
 

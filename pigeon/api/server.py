@@ -1,4 +1,5 @@
-"""Runs one node: the engine and the gRPC server on one event loop, until SIGTERM/SIGINT.
+"""Runs one node: the engine and the gRPC server (and a cluster node's peer server, with --peer-port) on one
+event loop, until SIGTERM/SIGINT.
 
 Shutdown order: refuse new work and end open streams with UNAVAILABLE (clients reconnect elsewhere or
 later), let in-flight calls finish, write a checkpoint, close the WAL."""
@@ -12,7 +13,7 @@ import signal
 
 import grpc
 
-from pigeon.api import admin_api, monitoring_api, pigeon_api, queue_api, security, storage_api
+from pigeon.api import access, admin_api, monitoring_api, pigeon_api, queue_api, security, storage_api
 from pigeon.api.grpc_api import PubSubApi
 from pigeon.api.router import Router
 from pigeon.core import limits
@@ -51,35 +52,22 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
         if not joined:
             await engine.stop()
             return
-    server = grpc.aio.server(
-        options=[
-            ("grpc.max_receive_message_length", limits.grpc_receive_bytes_max),
-            ("grpc.max_send_message_length", limits.grpc_receive_bytes_max),
-            ("grpc.so_reuseport", 0),
-            # a peer that vanished (killed, cut off) is found and its connection closed, freeing its streams
-            ("grpc.keepalive_time_ms", int(limits.keepalive_s * 1000)),
-            ("grpc.keepalive_timeout_ms", int(limits.keepalive_timeout_s * 1000)),
-            ("grpc.keepalive_permit_without_calls", 1),
-        ]
-    )
+    server = _grpc_server()
     router = Router(engine, cluster) if cluster is not None else None
     api = PubSubApi(engine, router)
     handlers = api.handlers() + admin_api.handlers(engine) + queue_api.handlers(engine, router)
     handlers += pigeon_api.handlers(engine)  # pigeon.v1.Ranges (data pipelines)
     handlers += monitoring_api.handlers(engine, cluster, router)  # the console's figures
-    if cluster is not None:
-        handlers += storage_api.handlers(cluster.store)  # pigeon.v1.Storage (node to node)
+    storage = storage_api.handlers(cluster.store) if cluster is not None else []  # pigeon.v1.Storage (node to node)
     guard = security.guard(config, engine) if config.secured else None
-    # with security off the handlers are served as they are: the embedded default's path is unchanged
-    server.add_generic_rpc_handlers(guard.wrap(handlers) if guard is not None else handlers)
-    address = f"{config.host}:{config.port}"
-    try:
-        port = server.add_secure_port(address, security.server_credentials(config)) if config.tls_cert else \
-            server.add_insecure_port(address)
-    except RuntimeError:
-        port = 0
-    if port == 0:
-        raise SystemExit(f"cannot listen on {address}")
+    peers = None
+    if config.peer_port:
+        server.add_generic_rpc_handlers(_guarded(guard, handlers, access.CLIENTS))
+        peers = _peer_server(config, guard, handlers + storage)
+    else:
+        server.add_generic_rpc_handlers(_guarded(guard, handlers + storage, access.SHARED))
+    port = _listen(server, f"{config.host}:{config.port}",
+                   security.server_credentials(config) if config.tls_cert else None)
     local = security.local_socket(server) if config.secured else None  # the REST front's way in
     if config.http_port != 0:  # the REST routes (descriptors compiled from the protos) are startup's too
         from pigeon.api import metrics, rest  # noqa: F401
@@ -91,6 +79,8 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
     gc.collect()
     gc.freeze()
     await server.start()
+    if peers is not None:
+        await peers.start()
     if cluster is not None:
         await cluster.listening()
     watch = asyncio.get_running_loop().create_task(security.watch(guard, engine), name="pigeon-security") \
@@ -99,6 +89,9 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
     log.info("pigeon serving on %s:%d (data %s, fsync=%s%s%s)", config.host, port, config.data_dir, config.fsync,
              f", node {config.node_id} of cluster {cluster.cluster_id}" if cluster else "",
              security.describe(config))
+    if peers is not None:
+        log.info("node-to-node calls on %s:%d (%s)", config.host, config.peer_port,
+                 "mutual TLS with node certificates" if config.secured else "plaintext")
     print(f"pigeon: listening on {config.host}:{port}", flush=True)
     if ready is not None:
         ready.set()
@@ -112,7 +105,7 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
         lag.stop()
         await runner.cleanup()
         await rest_api.close()
-    await server.stop(grace=2.0)
+    await asyncio.gather(server.stop(grace=2.0), *([peers.stop(grace=2.0)] if peers is not None else []))
     if watch is not None:
         watch.cancel()
         guard.audit.close()
@@ -123,6 +116,58 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
         await cluster.leave()
     await engine.stop()
     log.info("stopped")
+
+
+def _grpc_server() -> grpc.aio.Server:
+    return grpc.aio.server(
+        options=[
+            ("grpc.max_receive_message_length", limits.grpc_receive_bytes_max),
+            ("grpc.max_send_message_length", limits.grpc_receive_bytes_max),
+            ("grpc.so_reuseport", 0),
+            # a peer that vanished (killed, cut off) is found and its connection closed, freeing its streams
+            ("grpc.keepalive_time_ms", int(limits.keepalive_s * 1000)),
+            ("grpc.keepalive_timeout_ms", int(limits.keepalive_timeout_s * 1000)),
+            ("grpc.keepalive_permit_without_calls", 1),
+        ]
+    )
+
+
+def _guarded(guard, handlers: list, listener: str) -> list:
+    # with security off the handlers are served as they are: the embedded default's path is unchanged
+    return guard.wrap(handlers, listener) if guard is not None else handlers
+
+
+def _listen(server: grpc.aio.Server, address: str, credentials: grpc.ServerCredentials | None) -> int:
+    try:
+        port = server.add_secure_port(address, credentials) if credentials is not None else \
+            server.add_insecure_port(address)
+    except RuntimeError:
+        port = 0
+    if port == 0:
+        raise SystemExit(f"cannot listen on {address}")
+    return port
+
+
+def _peer_server(config: Config, guard, handlers: list) -> grpc.aio.Server:
+    """The peer port: a second gRPC server, on the same event loop, for what nodes call on one another — calls
+    forwarded to a bundle's owner, the monitoring pages' fan-out, and the storage service (ledger replication),
+    which is served here only. Secured, it requires a node certificate the cluster's CA signed of every caller
+    (mutual TLS), and the guard believes the principal a forwarded call carries only here; the client port then
+    asks clients for no certificate (gRPC's server credentials can require one or not ask, nothing between), so
+    a client may bring only a token.
+
+    Why a server of its own rather than a second port on the client port's server, telling them apart by
+    `context.auth_context()`: a servicer context says who is calling, not on which port, so on one server every
+    service would be on both ports and the rule "a principal is believed only from a node on the peer port"
+    could only be "… from a node certificate, on any port" — a client port under mutual TLS would then take node
+    certificates and serve the storage service too. Two servers make the split structural: what the client
+    port's server has no handler for (pigeon.v1.Storage) it cannot serve, its guard never believes a principal
+    sent over TCP, and the peer port can be firewalled to the nodes' network without touching the clients'."""
+    server = _grpc_server()
+    server.add_generic_rpc_handlers(_guarded(guard, handlers, access.PEERS))
+    _listen(server, f"{config.host}:{config.peer_port}",
+            security.peer_server_credentials(config) if config.secured else None)
+    return server
 
 
 async def _start_http(config: Config, grpc_port: int, engine, cluster, guard=None, local=None):

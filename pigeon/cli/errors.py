@@ -27,10 +27,12 @@ def debugging(argv: list[str]) -> bool:
     return "--debug" in argv or os.environ.get("PIGEON_DEBUG", "") not in ("", "0")
 
 
-def check_reachable(address: str, credentials=None) -> None:
+def check_reachable(address: str, auth=None) -> None:
     """Fail fast (Unreachable) when nothing answers at `address`: the client libraries would retry for a
-    minute in silence. (`credentials`: a secured server's, so the TLS handshake is part of the answer.)"""
-    channel = grpc.secure_channel(address, credentials) if credentials is not None else grpc.insecure_channel(address)
+    minute in silence. (`auth`: a secured server's ClientAuth, so the TLS handshake is part of the answer.)"""
+    from pigeon.client.access import channel as open_channel
+
+    channel = open_channel(address, auth)
     try:
         grpc.channel_ready_future(channel).result(timeout=limits.cli_connect_s_max)
     except grpc.FutureTimeoutError:
@@ -39,9 +41,16 @@ def check_reachable(address: str, credentials=None) -> None:
         channel.close()
 
 
+_GLOBAL_VALUED = ("--tls-ca", "--ca-file", "--token", "--token-file", "--client-cert", "--client-key")
+
+
 def verb(argv: list[str]) -> str:
-    """`pigeon topics create` from the arguments (the words before the first option or operand)."""
-    words = [a for a in argv[:2] if not a.startswith("-")]
+    """`pigeon topics create` from the arguments (the words before the first option or operand, after the global
+    options such as `--tls-ca CA`)."""
+    i = 0
+    while i < len(argv) and argv[i].startswith("-"):
+        i += 2 if argv[i] in _GLOBAL_VALUED else 1
+    words = [a for a in argv[i:i + 2] if not a.startswith("-")]
     if words and words[0] in _GROUPS:
         return "pigeon " + " ".join(words[:2])
     return "pigeon " + words[0] if words else "pigeon"

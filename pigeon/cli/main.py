@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from pigeon.cli import cluster as cluster_cli, errors, verbs
+from pigeon.cli import cluster as cluster_cli, credentials, errors, verbs
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
 
@@ -24,7 +24,11 @@ def serve(
     etcd: Optional[str] = typer.Option(None, help="join a cluster: comma-separated etcd endpoints "
                                                    "(http://127.0.0.1:2379)"),
     node_id: Optional[str] = typer.Option(None, "--node-id", help="this node's id in the cluster"),
-    advertise: Optional[str] = typer.Option(None, help="HOST:PORT peers reach this node at (default --host:--port)"),
+    advertise: Optional[str] = typer.Option(None, help="HOST:PORT clients (and peers, without --peer-port) reach this "
+                                            "node at (default --host:--port)"),
+    peer_port: Optional[int] = typer.Option(None, "--peer-port", help="cluster: a port of its own for node-to-node "
+                                            "calls (on --advertise's host); secured, it asks node certificates of "
+                                            "peers and the client port asks none of clients (default: none)"),
     zone: Optional[str] = typer.Option(None, help="the node's zone: ledger ensembles span distinct zones"),
     bundles: Optional[int] = typer.Option(None, help="hash ranges topics are spread over (fixed per data "
                                                      "directory and cluster)"),
@@ -37,8 +41,14 @@ def serve(
     tls_cert: Optional[str] = typer.Option(None, "--tls-cert", help="PEM certificate chain of the gRPC and HTTP "
                                            "ports (and of node-to-node calls)"),
     tls_key: Optional[str] = typer.Option(None, "--tls-key", help="its PEM private key"),
-    tls_client_ca: Optional[str] = typer.Option(None, "--tls-client-ca", help="mutual TLS: clients and peer nodes "
-                                                "present certificates this CA signed; their identity authenticates"),
+    tls_client_ca: Optional[str] = typer.Option(None, "--tls-client-ca", help="mutual TLS: clients (and peer nodes, "
+                                                "without --peer-port) present certificates this CA signed; their "
+                                                "identity authenticates"),
+    peer_cert: Optional[str] = typer.Option(None, "--peer-cert", help="the node certificate of the peer port and of "
+                                            "calls to peers (default --tls-cert)"),
+    peer_key: Optional[str] = typer.Option(None, "--peer-key", help="its PEM private key (default --tls-key)"),
+    peer_ca: Optional[str] = typer.Option(None, "--peer-ca", help="the cluster's CA: the peer port requires node "
+                                          "certificates it signed (default --tls-client-ca)"),
     auth_token_file: Optional[str] = typer.Option(None, "--auth-token-file", help="bearer tokens, hashed "
                                                   "(`pigeon tokens add`)"),
     oidc_issuer: Optional[str] = typer.Option(None, "--oidc-issuer", help="OIDC/JWT tokens: the issuer (iss)"),
@@ -65,9 +75,10 @@ def serve(
     try:
         cfg = load(config, host=host, port=port, data_dir=data_dir, fsync=fsync,
                    shards_per_topic=shards_per_topic, log_level=log_level, etcd=etcd, node_id=node_id,
-                   advertise=advertise, zone=zone, bundles=bundles, replicas=replicas, ack_quorum=ack_quorum,
-                   http_port=http_port, log_format=log_format, tls_cert=tls_cert, tls_key=tls_key,
-                   tls_client_ca=tls_client_ca, auth_token_file=auth_token_file, oidc_issuer=oidc_issuer,
+                   advertise=advertise, peer_port=peer_port, zone=zone, bundles=bundles, replicas=replicas,
+                   ack_quorum=ack_quorum, http_port=http_port, log_format=log_format, tls_cert=tls_cert,
+                   tls_key=tls_key, tls_client_ca=tls_client_ca, peer_cert=peer_cert, peer_key=peer_key,
+                   peer_ca=peer_ca, auth_token_file=auth_token_file, oidc_issuer=oidc_issuer,
                    oidc_audience=oidc_audience, oidc_jwks=oidc_jwks, admins=admins, insecure=insecure,
                    audit_log=audit_log, publish_bytes_per_s=publish_bytes_per_s,
                    admin_ops_per_min=admin_ops_per_min, backlog_bytes_per_project=backlog_bytes_per_project)
@@ -185,13 +196,20 @@ def probe(
                                      "(0: none)"),
     deadline: float = typer.Option(10.0, help="a message not delivered this long after its publish is lost"),
     json_out: bool = typer.Option(False, "--json", help="print a JSON summary at the end"),
+    tls_ca: Optional[str] = credentials.CA,
+    token: Optional[str] = credentials.TOKEN,
+    token_file: Optional[str] = credentials.TOKEN_FILE,
+    client_cert: Optional[str] = credentials.CERT,
+    client_key: Optional[str] = credentials.KEY,
 ):
     """Publish and receive at a steady rate through the official client: end-to-end latency and failures, live
-    and as metrics — the black-box check of a running service."""
+    and as metrics — the black-box check of a running service. Exits 0 when everything sent arrived, 1 when
+    something was lost or failed, 2 when the probe could not start (the target refused it or is not there)."""
     from pigeon.cli.probe import main as run_probe
 
+    auth = credentials.client_auth(tls_ca, token, token_file, client_cert, client_key)
     try:
-        raise typer.Exit(run_probe(target, project, rate, duration, metrics_port, deadline, json_out))
+        raise typer.Exit(run_probe(target, project, rate, duration, metrics_port, deadline, json_out, auth))
     except KeyboardInterrupt:
         raise typer.Exit(0)
 
@@ -204,29 +222,37 @@ def export(
                                               "Delta table under _bigquery/"),
     once: bool = typer.Option(False, "--once", help="export what is there now, then exit"),
     master: Optional[str] = typer.Option(None, help="Spark master (default local[*]; SPARK_REMOTE for Spark Connect)"),
+    tls_ca: Optional[str] = credentials.CA,
+    token: Optional[str] = credentials.TOKEN,
+    token_file: Optional[str] = credentials.TOKEN_FILE,
+    client_cert: Optional[str] = credentials.CERT,
+    client_key: Optional[str] = credentials.KEY,
 ):
     """Run a Spark structured-streaming job per subscription with cloud_storage_config (Parquet files) or
     bigquery_config (a Delta table). Needs pyspark, pyarrow and deltalake (the spark extra)."""
+    credentials.client_auth(tls_ca, token, token_file, client_cert, client_key)  # a bad setting: said here, exit 2
     try:
-        from pigeon.spark import export as exporter
+        from pigeon.spark import export as exporter, options
     except ImportError as e:
         typer.echo(f"pigeon export needs the spark extra (pip install 'pigeon[spark]'): {e}", err=True)
         raise typer.Exit(2)
-    n = exporter.run(endpoint, project, root, once=once, master=master)
+    access = options.access_options(*credentials.settings(tls_ca, token, token_file, client_cert, client_key))
+    n = exporter.run(endpoint, project, root, once=once, master=master, access=access)
     typer.echo(f"pigeon export: {n} subscription(s) exported")
 
 
 @app.callback()
 def _options(
     debug: bool = typer.Option(False, "--debug", help="show the traceback of a failure (also PIGEON_DEBUG=1)"),
-    ca_file: Optional[str] = typer.Option(None, "--ca-file", envvar="PIGEON_CA_FILE", help="a secured server: "
-                                          "TLS, trusting this CA (PEM)"),
-    token_file: Optional[str] = typer.Option(None, "--token-file", envvar="PIGEON_TOKEN_FILE",
-                                             help="a secured server: the bearer token in this file"),
+    ca_file: Optional[str] = credentials.option("ca_file", env=True),
+    token: Optional[str] = credentials.option("token", env=True),
+    token_file: Optional[str] = credentials.option("token_file", env=True),
+    client_cert: Optional[str] = credentials.option("cert_file", env=True),
+    client_key: Optional[str] = credentials.option("key_file", env=True),
 ):
     """Pigeon: a durable Pub/Sub-compatible message server. Errors print one line and exit with 1 (the server
     refused: status and its message), 2 (the command line is wrong) or 3 (no server at the address)."""
-    verbs.secure(ca_file, token_file)
+    credentials.remember(ca_file, token, token_file, client_cert, client_key)
 
 
 def main() -> None:

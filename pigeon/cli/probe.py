@@ -5,12 +5,13 @@ summary (for scripts and tests).
 
 A message counts as lost when it has not arrived `--deadline` seconds after its publish was acknowledged; a
 publish that fails or times out counts as a publish failure. Each message carries its sequence number and send
-time; duplicates (redeliveries) are counted, not measured twice."""
+time; duplicates (redeliveries) are counted, not measured twice. A secured target is reached as
+pigeon.client.access says (`--tls-ca`, `--token`/`--token-file`, `--client-cert`/`--client-key`); a target that
+refuses the probe's credentials is said so in one line, and the probe exits 2 as for any target it cannot set up."""
 
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 import uuid
@@ -18,13 +19,16 @@ from collections import deque
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 
+from pigeon.client.access import ClientAuth, pubsub_clients
+
 SETUP_S = 10.0  # creating the probe's topic and subscription: longer, and the target is not serving
 LATENCY_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
 
 
 class Prober:
-    def __init__(self, target: str, project: str, rate: float, deadline_s: float, registry: CollectorRegistry):
-        self.target, self.project, self.rate, self.deadline_s = target, project, rate, deadline_s
+    def __init__(self, target: str, project: str, rate: float, deadline_s: float, registry: CollectorRegistry,
+                 auth: ClientAuth | None = None):
+        self.target, self.project, self.rate, self.deadline_s, self.auth = target, project, rate, deadline_s, auth
         self.run_id = uuid.uuid4().hex[:8]
         self.topic = f"projects/{project}/topics/pigeon-probe"
         self.subscription = f"projects/{project}/subscriptions/pigeon-probe-{self.run_id}"
@@ -43,10 +47,7 @@ class Prober:
         self.m_lost = Counter("pigeon_probe_lost", "Messages not delivered within the deadline", registry=registry)
 
     def _clients(self):
-        os.environ["PUBSUB_EMULATOR_HOST"] = self.target
-        from google.cloud import pubsub_v1
-
-        return pubsub_v1.PublisherClient(), pubsub_v1.SubscriberClient()
+        return pubsub_clients(self.target, self.auth)
 
     def setup(self) -> None:
         from google.api_core import exceptions
@@ -155,8 +156,24 @@ class Prober:
         return {**self.counts, "p50_ms": q(0.5), "p99_ms": q(0.99), "max_ms": round(lat[-1] * 1000, 2) if lat else None}
 
 
+def setup_failure(target: str, e: Exception, secured: bool = True) -> str:
+    """One line for a probe that could not create its topic and subscription."""
+    from google.api_core import exceptions
+
+    if not secured and isinstance(e, (exceptions.RetryError, exceptions.ServiceUnavailable)):
+        return (f"{target} does not answer in plaintext: {e}. If it serves TLS, give --tls-ca (and --token or "
+                "--token-file)")
+    if isinstance(e, exceptions.Unauthenticated):
+        return (f"{target} refused the probe's credentials (UNAUTHENTICATED: {e.message}); give a valid token with "
+                "--token or --token-file")
+    if isinstance(e, exceptions.PermissionDenied):
+        return (f"{target} refused the probe (PERMISSION_DENIED: {e.message}); its principal needs to create and "
+                "use topics and subscriptions of the probe's project (--project)")
+    return f"{target} does not serve the probe's topic and subscription: {e}"
+
+
 def main(target: str, project: str, rate: float, duration_s: float | None, metrics_port: int, deadline_s: float,
-         as_json: bool) -> int:
+         as_json: bool, auth: ClientAuth | None = None) -> int:
     from rich.console import Console
     from rich.live import Live
     from rich.table import Table
@@ -164,12 +181,12 @@ def main(target: str, project: str, rate: float, duration_s: float | None, metri
     registry = CollectorRegistry()
     if metrics_port:
         start_http_server(metrics_port, registry=registry)
-    p = Prober(target, project, rate, deadline_s, registry)
+    p = Prober(target, project, rate, deadline_s, registry, auth)
     console = Console(stderr=True)
     try:
         p.setup()
     except Exception as e:  # noqa: BLE001 — the target does not answer: that is the probe's finding
-        console.print(f"pigeon probe: {target} does not serve the probe's topic and subscription: {e}")
+        console.print(f"pigeon probe: {setup_failure(target, e, auth is not None)}", highlight=False, markup=False)
         if as_json:
             print(json.dumps({**p.summary(), "error": str(e)}))
         return 2

@@ -4,11 +4,11 @@ They talk to the server through the official client and pigeon.client, like any 
 from __future__ import annotations
 
 import json
-import os
 from typing import Optional
 
 import typer
 
+from pigeon.cli.credentials import client_auth
 from pigeon.cli.errors import check_reachable
 from pigeon.cli.output import FORMAT, RECEIVED, Format, console, show
 
@@ -17,39 +17,14 @@ ADDRESS = typer.Option(None, "--address", "-a", envvar="PUBSUB_EMULATOR_HOST", h
 PROJECT = typer.Option("default", "--project", "-p", help="project of the names given without one")
 
 
-CREDENTIALS = None  # a secured server's channel credentials (`pigeon --ca-file … --token-file …`), else None
-
-
-def secure(ca_file: str | None, token_file: str | None) -> None:
-    """Talk to a secured server: TLS trusting `ca_file` (else the system's roots), the token in `token_file`."""
-    global CREDENTIALS
-    if not (ca_file or token_file):
-        return
-    from pigeon.client import secure_credentials
-
-    ca = open(ca_file, "rb").read() if ca_file else None
-    token = open(token_file, encoding="utf-8").read().strip() if token_file else None
-    CREDENTIALS = secure_credentials(ca, token)
-
-
 def _clients(address: str | None, **publisher_options):
+    """The official clients, secured as the global options say (`pigeon --tls-ca … --token-file … VERB`)."""
+    from pigeon.client.access import pubsub_clients
+
     address = address or DEFAULT_ADDRESS
-    check_reachable(address, CREDENTIALS)
-    from google.cloud import pubsub_v1
-
-    options = {"publisher_options": pubsub_v1.types.PublisherOptions(**publisher_options)} if publisher_options \
-        else {}
-    if CREDENTIALS is not None:
-        import grpc
-        from google.pubsub_v1.services.publisher.transports import PublisherGrpcTransport
-        from google.pubsub_v1.services.subscriber.transports import SubscriberGrpcTransport
-
-        return (pubsub_v1.PublisherClient(transport=PublisherGrpcTransport(
-                    channel=grpc.secure_channel(address, CREDENTIALS)), **options),
-                pubsub_v1.SubscriberClient(transport=SubscriberGrpcTransport(
-                    channel=grpc.secure_channel(address, CREDENTIALS))))
-    os.environ["PUBSUB_EMULATOR_HOST"] = address
-    return pubsub_v1.PublisherClient(**options), pubsub_v1.SubscriberClient()
+    auth = client_auth()
+    check_reachable(address, auth)
+    return pubsub_clients(address, auth, **publisher_options)
 
 
 def _full(name: str, project: str, kind: str) -> str:
@@ -165,8 +140,9 @@ def _pigeon(address):
     from pigeon.client import PigeonClient
 
     address = address or DEFAULT_ADDRESS
-    check_reachable(address, CREDENTIALS)
-    return PigeonClient(address, credentials=CREDENTIALS)
+    auth = client_auth()
+    check_reachable(address, auth)
+    return PigeonClient(address, credentials=auth.credentials() if auth is not None else None)
 
 
 @queue.command("take")

@@ -21,6 +21,7 @@ from google.cloud import pubsub_v1
 from google.pubsub_v1 import types
 
 from pigeon.api.proto import pigeon_queue_pb2 as q
+from pigeon.client.access import ClientAuth, channel, pubsub_clients  # noqa: F401 — re-exported
 
 ATTR_IDEMPOTENCY_KEY = "pigeon-idempotency-key"
 ATTR_ACTIVATE_AT = "pigeon-activate-at"
@@ -70,11 +71,12 @@ def secure_credentials(ca_pem: bytes | None = None, token: str | None = None,
                        tls: bool = True) -> grpc.ChannelCredentials:
     """Channel credentials for a secured Pigeon: TLS trusting `ca_pem` (None: the system's roots) and, with
     `token`, the bearer token on every call. `tls=False`: a token to a loopback server without TLS (gRPC sends
-    call credentials in the clear over "local" TCP and nowhere else)."""
-    transport = grpc.ssl_channel_credentials(ca_pem) if tls else grpc.local_channel_credentials(
-        grpc.LocalConnectionType.LOCAL_TCP)
-    return grpc.composite_channel_credentials(transport, grpc.access_token_call_credentials(token)) if token \
-        else transport
+    call credentials in the clear over "local" TCP and nowhere else). (pigeon.client.access.ClientAuth also
+    takes a client certificate, and reads files.)"""
+    if tls:
+        return ClientAuth(ca_pem=ca_pem, token=token).credentials()
+    local = grpc.local_channel_credentials(grpc.LocalConnectionType.LOCAL_TCP)
+    return grpc.composite_channel_credentials(local, grpc.access_token_call_credentials(token)) if token else local
 
 
 class PigeonClient:

@@ -54,7 +54,7 @@ _MOVED = "The topic's bundle moved to another node; retry."
 class LedgerInfo:
     id: int
     epoch: int  # the ownership epoch of the node that wrote it
-    members: dict[str, str]  # node id → address, the ensemble in order
+    members: dict[str, str]  # node id → where it is dialled (NodeInfo.dial), the ensemble in order
     first: int  # the log offset of its first entry
     end: int | None = None  # the log offset after its last entry, once closed
     start: int | None = None  # on the list's first ledger once the log was cut: where reading it starts (a
@@ -219,7 +219,7 @@ class BundleLogs:
         if size < self.replication.ack_quorum:
             raise Unavailable(f"{len(zones)} storage node(s) are up; {self.replication.ack_quorum} are needed")
         chosen = choose_ensemble(lid, zones, size)
-        return LedgerInfo(lid, epoch, {n: members[n].address for n in chosen}, first)
+        return LedgerInfo(lid, epoch, {n: members[n].dial for n in chosen}, first)
 
     def _member(self, node: str, address: str):
         if node == self.me:
@@ -474,20 +474,20 @@ class BundleLogs:
                 if lg.end is None or not live or len(live) >= size or not spare:
                     continue
                 new = choose_ensemble(lg.id, {n: members[n].zone for n in spare}, 1)[0]
-                await self._copy(lg, live, new, members[new].address)
+                await self._copy(lg, live, new, members[new].dial)
                 ol = self.logs.get(log_id)
                 if ol is None:
                     return repaired
                 kv, ledgers = await self._ledgers(log_id)
                 if all(other.id != lg.id for other in ledgers):  # the log was cut past it meanwhile
-                    await self._delete([LedgerInfo(lg.id, lg.epoch, {new: members[new].address}, lg.first)])
+                    await self._delete([LedgerInfo(lg.id, lg.epoch, {new: members[new].dial}, lg.first)])
                     continue
                 for other in ledgers:
                     if other.id == lg.id:
                         dead = [n for n in other.members if n not in up]
                         if dead:
                             del other.members[dead[0]]
-                        other.members[new] = members[new].address
+                        other.members[new] = members[new].dial
                 try:
                     await self._put_ledgers(log_id, ol.epoch, kv, ledgers)
                 except (Lost, Conflict):  # the list changed meanwhile (a roll): the next pass looks again

@@ -46,13 +46,13 @@ class ClusterNode:
         self.config, self.engine = config, engine
         self.meta = meta or EtcdMetadata(config.etcd)
         self.info = NodeInfo(config.node_id, config.address, config.zone, home=_home(config.data_dir),
-                             listening=False)
+                             listening=False, peer=config.peer_address)
         self.membership = Membership(self.meta, self.info, config.session_ttl_s)
         self.store = LedgerStore(config.data_dir, config.fsync)
         self.cluster_id = ""
         self.meta_log = MetaLog(self.meta, engine)
         self.logs = BundleLogs(self, Replication(config.replicas, config.replicas, config.ack_quorum))
-        self.routes: dict[int, str] = {}  # bundle → its owner's address, as last read (the router's map)
+        self.routes: dict[int, str] = {}  # bundle → where its owner is dialled (NodeInfo.dial), as last read
         self._routes_event = asyncio.Event()  # set (and replaced) whenever `routes` changes
         self.etcd_down = False  # the last placement pass could not reach etcd
         self.changed = asyncio.Event()  # something placement depends on may have changed
@@ -75,7 +75,8 @@ class ClusterNode:
             ev.set()
 
     def address_of(self, log_id: int) -> str | None:
-        """The address of the node that owns the bundle of `log_id`, as last read; None when it has no owner."""
+        """Where the node that owns the bundle of `log_id` is dialled (its peer port, if it has one), as last read;
+        None when it has no owner."""
         return self.routes.get(bundle_of_log(log_id))
 
     # --- joining -------------------------------------------------------------------------------------------
@@ -160,7 +161,7 @@ class ClusterNode:
             info = NodeInfo.decode(node_id, kv.value)
             if not info.listening:
                 return  # it is starting: it may not listen yet
-            host, _, port = info.address.rpartition(":")
+            host, _, port = info.dial.rpartition(":")
             for _ in range(limits.peer_refusals):
                 try:
                     _, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)),
@@ -172,7 +173,7 @@ class ClusterNode:
             now = await self.meta.get(M.node_key(node_id))
             if now is not None and now.lease == kv.lease:
                 log.warning("node %s refuses connections at %s: its process is gone; ending its session",
-                            node_id, info.address)
+                            node_id, info.dial)
                 await self.meta.revoke(kv.lease)
         except (OSError, asyncio.TimeoutError, M.StoreUnavailable, ValueError) as e:
             log.debug("checking node %s: %s", node_id, e)
@@ -265,7 +266,7 @@ class ClusterNode:
         members = await self.membership.members()
         want = await self.membership.placement(self.config.bundles, members)
         owners = await self.membership.owners()
-        self.routes = {b: members[n].address for b, (n, _) in owners.items() if n in members}
+        self.routes = {b: members[n].dial for b, (n, _) in owners.items() if n in members}
         me = self.info.node_id
         released = []
         for b in sorted(self.owned):
@@ -281,7 +282,7 @@ class ClusterNode:
                 epoch = await self.membership.claim(b)
                 if epoch is not None:
                     claimed.append((b, epoch))
-                    self.routes[b] = self.info.address
+                    self.routes[b] = self.info.dial
         taken = [b for b, ok in zip([b for b, _ in claimed], await self._take(claimed)) if ok]
         for b in released:
             self.routes.pop(b, None)

@@ -35,16 +35,25 @@ class NodeInfo:
     draining: bool = False
     home: str = ""  # the id of the node's data directory: the same on a restart, different on any other node
     listening: bool = True  # its server answers (storage included): ensembles are chosen among such nodes
+    peer: str = ""  # its peer port's address, when it has one: node-to-node calls go there
+
+    @property
+    def dial(self) -> str:
+        """Where another node calls it: its peer port, else the address its clients use."""
+        return self.peer or self.address
 
     def encode(self) -> bytes:
-        return json.dumps({"address": self.address, "zone": self.zone, "draining": self.draining,
-                           "home": self.home, "listening": self.listening}).encode()
+        d = {"address": self.address, "zone": self.zone, "draining": self.draining, "home": self.home,
+             "listening": self.listening}
+        if self.peer:
+            d["peer"] = self.peer
+        return json.dumps(d).encode()
 
     @staticmethod
     def decode(node_id: str, raw: bytes) -> "NodeInfo":
         d = json.loads(raw)
         return NodeInfo(node_id, d["address"], d.get("zone", ""), d.get("draining", False), d.get("home", ""),
-                        d.get("listening", True))
+                        d.get("listening", True), d.get("peer", ""))
 
 
 async def cluster_id(meta, data_dir_id: str | None) -> str:

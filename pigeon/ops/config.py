@@ -45,7 +45,8 @@ class Config:
     # cluster (docs/cluster.md): without `etcd` the node is the embedded single node
     etcd: str = ""  # comma-separated etcd endpoints (host:port or http://host:port)
     node_id: str = ""  # this node's id in the cluster (one live node per id)
-    advertise: str = ""  # host:port peers and routed clients reach this node at (default host:port)
+    advertise: str = ""  # host:port clients (and, without a peer port, peers) reach this node at (default host:port)
+    peer_port: int = 0  # a port of its own for node-to-node calls (0: none, peers use the client port as clients do)
     zone: str = ""  # ensembles span distinct zones when nodes carry them
     session_ttl_s: int = limits.session_ttl_s_default  # a node silent this long is gone: its bundles move
     replicas: int = 3  # E = Qw: the storage nodes that hold each ledger of a bundle log
@@ -55,7 +56,11 @@ class Config:
     # security (docs/security.md): all off by default, which is allowed only while every listener is on loopback
     tls_cert: str = ""  # PEM certificate chain the gRPC and HTTP ports (and node-to-node calls) present
     tls_key: str = ""  # its PEM private key
-    tls_client_ca: str = ""  # mutual TLS: every client (and peer node) presents a certificate this CA signed
+    tls_client_ca: str = ""  # mutual TLS: every client (and, without a peer port, peer node) presents a certificate
+    #                          this CA signed
+    peer_cert: str = ""  # the node certificate the peer port presents and peer calls carry (default: tls_cert)
+    peer_key: str = ""  # its PEM private key (default: tls_key)
+    peer_ca: str = ""  # the cluster's CA: the peer port requires node certificates it signed (default: tls_client_ca)
     auth_token_file: str = ""  # bearer tokens: lines "sha256:<hex of the token> <principal>" (`pigeon tokens`)
     oidc_issuer: str = ""  # OIDC/JWT access tokens: the `iss` they must carry…
     oidc_audience: str = ""  # … the `aud` they must carry…
@@ -104,10 +109,7 @@ class Config:
             raise ValueError("--oidc-jwks needs --oidc-issuer and --oidc-audience (the iss and aud tokens carry)")
         if (self.oidc_issuer or self.oidc_audience) and not self.oidc_jwks:
             raise ValueError("--oidc-issuer/--oidc-audience need --oidc-jwks (the issuer's keys)")
-        if self.etcd and self.secured and not self.tls_client_ca:
-            raise ValueError("a cluster node with TLS or authentication needs --tls-client-ca (the cluster's CA): "
-                             "peers prove they are nodes with node certificates before a forwarded caller's "
-                             "identity is trusted")
+        self._check_peers()
         for q in ("publish_bytes_per_s", "admin_ops_per_min", "backlog_bytes_per_project"):
             if getattr(self, q) < 0:
                 raise ValueError(f"{q} must be 0 (no quota) or more")
@@ -119,6 +121,55 @@ class Config:
         if not self.tls_cert:
             raise ValueError(f"refusing to take credentials in the clear on {self.host} (not loopback): give "
                              "--tls-cert and --tls-key, or --insecure")
+
+    def _check_peers(self) -> None:
+        """A secured cluster's nodes prove to each other that they are nodes with node certificates (mutual TLS)
+        before a forwarded caller's identity is believed: on the shared port that makes every client present a
+        certificate too; a peer port asks it of peers only."""
+        if self.peer_port and not self.etcd:
+            raise ValueError("--peer-port is a cluster node's (node-to-node calls): give --etcd and --node-id")
+        if not 0 <= self.peer_port <= 65535 or self.peer_port and self.peer_port == self.port:
+            raise ValueError(f"--peer-port must be a port of its own, not the client port (got {self.peer_port})")
+        if bool(self.peer_cert) != bool(self.peer_key):
+            raise ValueError("--peer-cert and --peer-key go together")
+        if (self.peer_cert or self.peer_ca) and not self.peer_port:
+            raise ValueError("--peer-cert, --peer-key and --peer-ca are the peer port's: give --peer-port")
+        if not (self.etcd and self.secured):
+            if self.peer_cert or self.peer_ca:
+                raise ValueError("--peer-cert and --peer-ca secure the peer port of a secured node: give --tls-cert "
+                                 "and --tls-key (and a way to authenticate) too")
+            return
+        if not self.peer_port and not self.tls_client_ca:
+            raise ValueError("a cluster node with TLS or authentication needs --tls-client-ca (the cluster's CA): "
+                             "peers prove they are nodes with node certificates before a forwarded caller's "
+                             "identity is trusted. Or give --peer-port and --peer-ca: node certificates are then "
+                             "asked for on the peer port only, and clients need none")
+        if self.peer_port and not (self.node_cert and self.cluster_ca):
+            raise ValueError("a secured cluster node's peer port needs its node certificate (--peer-cert and "
+                             "--peer-key, or --tls-cert and --tls-key) and the cluster's CA (--peer-ca, or "
+                             "--tls-client-ca)")
+
+    @property
+    def node_cert(self) -> str:
+        """The certificate this node proves it is a node with (on the peer port and on its calls to peers)."""
+        return self.peer_cert or self.tls_cert
+
+    @property
+    def node_key(self) -> str:
+        return self.peer_key or self.tls_key
+
+    @property
+    def cluster_ca(self) -> str:
+        """The CA whose node certificates this node trusts as peers."""
+        return (self.peer_ca or self.tls_client_ca) if self.peer_port else self.tls_client_ca
+
+    @property
+    def peer_address(self) -> str:
+        """Where peers dial this node: the peer port on the advertised host ("" without a peer port: they use
+        `address`, as clients do)."""
+        if not self.peer_port:
+            return ""
+        return f"{self.address.rpartition(':')[0]}:{self.peer_port}"
 
     @property
     def listeners(self) -> tuple[str, ...]:
@@ -141,7 +192,7 @@ class Config:
 
     @property
     def address(self) -> str:
-        """Where peers reach this node."""
+        """Where clients reach this node (and peers, when it has no peer port)."""
         return self.advertise or f"{self.host}:{self.port}"
 
 

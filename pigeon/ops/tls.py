@@ -1,8 +1,12 @@
-"""TLS material of a node. Owns the rules: the gRPC port, the HTTP port and node-to-node calls present the same
-certificate (`tls_cert`/`tls_key`); with `tls_client_ca` every client must present a certificate that CA signed
-(mutual TLS) — gRPC's server credentials can require a client certificate or not ask for one, nothing between —
-and a node calls its peers presenting its own certificate and trusting only that CA, so nodes of one cluster
-authenticate each other with node certificates (pigeon.ops.certs)."""
+"""TLS material of a node. Owns the rules:
+
+  * the client port (gRPC) and the HTTP port present `tls_cert`/`tls_key`; with `tls_client_ca` every client
+    must present a certificate that CA signed (mutual TLS) — gRPC's server credentials can require a client
+    certificate or not ask for one, nothing between;
+  * nodes of one cluster authenticate each other with node certificates (pigeon.ops.certs): a node presents its
+    node certificate (`node_cert`, by default `tls_cert`) and trusts only the cluster's CA (`cluster_ca`), both on
+    its calls to peers and, when it has a peer port, on that port, which requires a certificate of every caller.
+    Without a peer port, peers use the client port, so its clients need certificates as well."""
 
 from __future__ import annotations
 
@@ -19,9 +23,16 @@ def _read(path: str) -> bytes:
 
 
 def server_credentials(config: Config) -> grpc.ServerCredentials:
+    """The client port's."""
     ca = _read(config.tls_client_ca) if config.tls_client_ca else None
     return grpc.ssl_server_credentials([(_read(config.tls_key), _read(config.tls_cert))], root_certificates=ca,
                                        require_client_auth=ca is not None)
+
+
+def peer_server_credentials(config: Config) -> grpc.ServerCredentials:
+    """The peer port's: the node certificate, and a certificate the cluster's CA signed required of every caller."""
+    return grpc.ssl_server_credentials([(_read(config.node_key), _read(config.node_cert))],
+                                       root_certificates=_read(config.cluster_ca), require_client_auth=True)
 
 
 def http_context(config: Config) -> ssl.SSLContext:
@@ -35,8 +46,8 @@ def http_context(config: Config) -> ssl.SSLContext:
 
 def peer_channel(config: Config, address: str, options: list) -> grpc.aio.Channel:
     """A channel to another node: mutual TLS with this node's certificate when the cluster is secured."""
-    if not config.tls_cert:
+    if not config.secured:
         return grpc.aio.insecure_channel(address, options=options)
-    creds = grpc.ssl_channel_credentials(root_certificates=_read(config.tls_client_ca),
-                                         private_key=_read(config.tls_key), certificate_chain=_read(config.tls_cert))
+    creds = grpc.ssl_channel_credentials(root_certificates=_read(config.cluster_ca),
+                                         private_key=_read(config.node_key), certificate_chain=_read(config.node_cert))
     return grpc.aio.secure_channel(address, creds, options=options)

@@ -2,8 +2,9 @@
 extension (offsets, range reads, cursors) and Publish. Owns the rule: calls that are safe to repeat are
 retried on UNAVAILABLE with backoff; nothing else is retried.
 
-Used on the driver and on executors alike, so it holds only an endpoint and opens its channel lazily
-(a pickled client carries no channel)."""
+Used on the driver and on executors alike, so it holds only an endpoint and, for a secured node, its access
+(pigeon.client.access: the CA, token and client certificate as bytes), and opens its channel lazily (a pickled
+client carries no channel)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import grpc
 from google.pubsub_v1 import types
 
 from pigeon.api.proto import pigeon_ranges_pb2 as pb
+from pigeon.client.access import ClientAuth, channel
 
 _PublishRequest = types.PublishRequest.pb()
 _PublishResponse = types.PublishResponse.pb()
@@ -29,16 +31,16 @@ _RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
 
 
 class PigeonClient:
-    def __init__(self, endpoint: str):
-        self.endpoint = endpoint
+    def __init__(self, endpoint: str, auth: ClientAuth | None = None):
+        self.endpoint, self.auth = endpoint, auth
         self._channel: grpc.Channel | None = None
         self._calls: dict = {}
 
     def __getstate__(self):
-        return {"endpoint": self.endpoint}
+        return {"endpoint": self.endpoint, "auth": self.auth}
 
     def __setstate__(self, state):
-        self.__init__(state["endpoint"])
+        self.__init__(state["endpoint"], state.get("auth"))
 
     def close(self) -> None:
         if self._channel is not None:
@@ -49,11 +51,9 @@ class PigeonClient:
         c = self._calls.get(path)
         if c is None:
             if self._channel is None:
-                self._channel = grpc.insecure_channel(
-                    self.endpoint,
-                    options=[("grpc.max_receive_message_length", receive_bytes_max),
-                             ("grpc.max_send_message_length", receive_bytes_max)],
-                )
+                self._channel = channel(self.endpoint, self.auth,
+                                        options=[("grpc.max_receive_message_length", receive_bytes_max),
+                                                 ("grpc.max_send_message_length", receive_bytes_max)])
             c = self._calls[path] = self._channel.unary_unary(
                 path, request_serializer=lambda m: m.SerializeToString(), response_deserializer=response_cls.FromString
             )

@@ -33,6 +33,7 @@ import pyarrow.parquet as pq
 
 from pigeon.broker.filter import compile_filter
 from pigeon.core import names
+from pigeon.spark import options as opt
 from pigeon.spark.client import PigeonClient
 
 log = logging.getLogger("pigeon.export")
@@ -216,13 +217,15 @@ def write_delta(spec: ExportSpec, root: str, table: pa.Table, batch_id: int) -> 
 
 # --- the streaming job -----------------------------------------------------------------------------
 def start_export(spark, endpoint: str, spec: ExportSpec, root: str, *, once: bool = False,
-                 max_rows_per_trigger: int = max_rows_per_trigger_default):
-    """Start the structured-streaming query for one export subscription; returns the StreamingQuery."""
+                 max_rows_per_trigger: int = max_rows_per_trigger_default, access: dict[str, str] | None = None):
+    """Start the structured-streaming query for one export subscription; returns the StreamingQuery. `access`: a
+    secured node's data source options (tlsCa, token or tokenFile, clientCert and clientKey)."""
     from pigeon.spark import register
 
     register(spark)
     flt = compile_filter(spec.filter)
-    client = PigeonClient(endpoint)
+    access = access or {}
+    client = PigeonClient(endpoint, opt.client_auth(access))
     shard_count = client.latest_offsets(spec.topic).shard_count
 
     def each_batch(df, batch_id: int) -> None:
@@ -251,6 +254,7 @@ def start_export(spark, endpoint: str, spec: ExportSpec, root: str, *, once: boo
         .option("startingPosition", "cursor")
         .option("failOnDataLoss", "false")  # what the subscription's retention dropped is gone for it
         .option("maxRowsPerTrigger", str(max_rows_per_trigger))
+        .options(**access)
         .load()
     )
     w = stream.writeStream.foreachBatch(each_batch).option("checkpointLocation", checkpoint_path(root, spec))
@@ -279,21 +283,23 @@ def session(master: str | None = None, app_name: str = "pigeon-export"):
 
 def run(endpoint: str, projects: list[str], root: str, *, once: bool = False, master: str | None = None,
         rescan_s: float = rescan_s_default, max_rows_per_trigger: int = max_rows_per_trigger_default,
-        spark=None) -> int:
+        spark=None, access: dict[str, str] | None = None) -> int:
     """Run one job per export subscription of `projects`. once: drain what is there now and return the
-    number of jobs; otherwise keep them running, starting and stopping jobs as subscriptions come and go."""
+    number of jobs; otherwise keep them running, starting and stopping jobs as subscriptions come and go.
+    `access`: a secured node's data source options (options.access_options), for this job and its queries."""
+    client = PigeonClient(endpoint, opt.client_auth(access or {}))
+    specs = find_exports(client, projects)  # a node that refuses the access (or is not there) fails before Spark
     spark = spark or session(master)
-    client = PigeonClient(endpoint)
     if once:
-        specs = find_exports(client, projects)
         for spec in specs:
-            q = start_export(spark, endpoint, spec, root, once=True, max_rows_per_trigger=max_rows_per_trigger)
+            q = start_export(spark, endpoint, spec, root, once=True, max_rows_per_trigger=max_rows_per_trigger,
+                             access=access)
             q.awaitTermination()
             log.info("exported %s", spec.subscription)
         return len(specs)
     running: dict[str, tuple[ExportSpec, object]] = {}
     while True:
-        wanted = {s.subscription: s for s in find_exports(client, projects)}
+        wanted = {s.subscription: s for s in specs}
         for name, (spec, q) in list(running.items()):
             if wanted.get(name) != spec or not q.isActive:
                 if q.isActive:
@@ -305,5 +311,6 @@ def run(endpoint: str, projects: list[str], root: str, *, once: bool = False, ma
             if name not in running:
                 log.info("starting export of %s (%s)", name, spec.kind)
                 running[name] = (spec, start_export(spark, endpoint, spec, root,
-                                                    max_rows_per_trigger=max_rows_per_trigger))
+                                                    max_rows_per_trigger=max_rows_per_trigger, access=access))
         time.sleep(rescan_s)
+        specs = find_exports(client, projects)

@@ -1,5 +1,10 @@
 """Options of the `pigeon` Spark data source, parsed once on the driver. Owns the rule: every option has
-one name, one default and one check, here; an unknown value fails before a query starts."""
+one name, one default and one check, here; an unknown value fails before a query starts.
+
+A secured node: tlsCa (a CA file: TLS, verifying the server), token or tokenFile (a bearer token), clientCert and
+clientKey (mutual TLS); unset, the environment's PIGEON_CA_FILE, PIGEON_TOKEN, PIGEON_TOKEN_FILE,
+PIGEON_CLIENT_CERT and PIGEON_CLIENT_KEY (as the command line takes them). The files are read here, on the
+driver, and their contents travel to the executors with the options (pigeon.client.access)."""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ import os
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
+from pigeon.client.access import ClientAuth
 from pigeon.core import names
 
 ENDPOINT_DEFAULT = "localhost:8085"
@@ -15,6 +21,10 @@ max_rows_per_partition_default = 1_000_000
 read_messages_per_call_default = 50_000  # fewer round trips; the byte cap bounds a call
 read_bytes_per_call_default = 8 * 1024 * 1024
 POSITIONS = ("earliest", "latest", "cursor", "time")
+# the options of a secured node: ClientAuth.from_files's argument → (option, environment variable)
+ACCESS = {"ca_file": ("tlsCa", "PIGEON_CA_FILE"), "token": ("token", "PIGEON_TOKEN"),
+          "token_file": ("tokenFile", "PIGEON_TOKEN_FILE"), "cert_file": ("clientCert", "PIGEON_CLIENT_CERT"),
+          "key_file": ("clientKey", "PIGEON_CLIENT_KEY")}
 
 
 @dataclass(frozen=True)
@@ -32,6 +42,7 @@ class Options:
     read_bytes_per_call: int
     sink_id: str | None
     batch_id: str | None
+    auth: ClientAuth | None = None  # a secured node's (None: plaintext)
 
 
 def _bool(v: str, name: str) -> bool:
@@ -71,6 +82,31 @@ def _resource(value: str, project: str | None, kind: str, option: str) -> str:
     full = names.join(project, kind, value)
     names.split(full, kind)
     return full
+
+
+def client_auth(options, env=None) -> ClientAuth | None:
+    """The access the options give (each unset option from its environment variable; a token or token file
+    given as an option replaces both of the environment's); None for plaintext. ValueError when they are wrong."""
+    o = {k.lower(): v for k, v in dict(options).items() if v not in (None, "")}
+    env = os.environ if env is None else env
+    given = {arg: o.get(name.lower()) for arg, (name, _) in ACCESS.items()}
+    from_env = {arg: env.get(var) or None for arg, (_, var) in ACCESS.items()}
+    for group in (("token", "token_file"), ("cert_file", "key_file"), ("ca_file",)):
+        if not any(given[a] for a in group):
+            given.update({a: from_env[a] for a in group})
+    try:
+        return ClientAuth.from_files(**given)
+    except ValueError as e:
+        raise ValueError(f"pigeon options tlsCa/token/tokenFile/clientCert/clientKey: {e}") from None
+
+
+def access_options(ca_file: str | None = None, token: str | None = None, token_file: str | None = None,
+                   cert_file: str | None = None, key_file: str | None = None) -> dict[str, str]:
+    """The data source options of these settings (files as absolute paths), for a job that starts queries."""
+    given = {"ca_file": ca_file, "token": token, "token_file": token_file, "cert_file": cert_file,
+             "key_file": key_file}
+    return {ACCESS[k][0]: (v if k == "token" else os.path.abspath(os.path.expanduser(v)))
+            for k, v in given.items() if v}
 
 
 def parse(options, *, need_topic: bool = True) -> Options:
@@ -116,4 +152,5 @@ def parse(options, *, need_topic: bool = True) -> Options:
         read_bytes_per_call=_int(o.get("readbytespercall", str(read_bytes_per_call_default)), "readBytesPerCall", 1),
         sink_id=o.get("sinkid"),
         batch_id=o.get("batchid"),
+        auth=client_auth(options),
     )

@@ -122,7 +122,7 @@ def read_partition(o: opt.Options, p: RangePartition) -> Iterator:
 
     if not isinstance(p, RangePartition):  # Spark reads one placeholder partition when a plan has none
         return
-    c = PigeonClient(o.endpoint)
+    c = PigeonClient(o.endpoint, o.auth)
     kw = dict(max_messages=o.read_messages_per_call, max_bytes=o.read_bytes_per_call,
               allow_data_loss=not o.fail_on_data_loss, topic_uid=p.topic_uid)
     try:
@@ -157,7 +157,7 @@ class PigeonBatchReader(DataSourceReader):
         self.o = o
 
     def partitions(self):
-        c = PigeonClient(self.o.endpoint)
+        c = PigeonClient(self.o.endpoint, self.o.auth)
         try:
             lo = c.latest_offsets(self.o.topic, self.o.starting_time_ms)
             if self.o.starting_position == "cursor" and self.o.starting_offsets is None:
@@ -182,7 +182,7 @@ class PigeonStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     @property
     def client(self) -> PigeonClient:
         if self._client is None:
-            self._client = PigeonClient(self.o.endpoint)
+            self._client = PigeonClient(self.o.endpoint, self.o.auth)
         return self._client
 
     def __getstate__(self):
@@ -273,7 +273,7 @@ class PigeonWriter(DataSourceArrowWriter):
 
     def write(self, iterator):
         partition, _ = _task()
-        n = publish_batches(PigeonClient(self.o.endpoint), self.o.topic, iterator,
+        n = publish_batches(PigeonClient(self.o.endpoint, self.o.auth), self.o.topic, iterator,
                             f"{self.sink_id}:{self.batch_id}:{partition}:")
         return PigeonCommit(partition, n)
 
@@ -288,7 +288,7 @@ class PigeonStreamWriter(DataSourceStreamArrowWriter):
         partition, batch_id = _task()
         if batch_id is None:
             raise RuntimeError("pigeon: the streaming writer runs without a micro-batch id")
-        n = publish_batches(PigeonClient(self.o.endpoint), self.o.topic, iterator,
+        n = publish_batches(PigeonClient(self.o.endpoint, self.o.auth), self.o.topic, iterator,
                             f"{self.sink_id}:{batch_id}:{partition}:")
         return PigeonCommit(partition, n)
 

@@ -1,7 +1,8 @@
-"""A secured cluster: three real nodes with node certificates from one CA and mutual TLS between them; clients
-present client certificates and bearer tokens. Calls about another node's bundle are forwarded with the caller's
-verified principal (never its credential); a principal is believed only from a peer with a node certificate;
-the node-to-node storage service answers nodes only."""
+"""A secured cluster: three real nodes with node certificates from one CA and mutual TLS between them. Calls about
+another node's bundle are forwarded with the caller's verified principal (never its credential); a principal is
+believed only from a peer with a node certificate; the node-to-node storage service answers nodes only. On one
+shared port clients present client certificates (and bearer tokens); with a peer port of its own, clients bring
+only a token, and only the peer port believes a node's vouching or serves storage."""
 
 from __future__ import annotations
 
@@ -10,11 +11,16 @@ import time
 
 import grpc
 import pytest
+from google.cloud import pubsub_v1
 from google.iam.v1 import iam_policy_pb2, policy_pb2
+from google.oauth2.credentials import Credentials
 from google.pubsub_v1 import types
+from google.pubsub_v1.services.publisher.transports import PublisherGrpcTransport
+from google.pubsub_v1.services.subscriber.transports import SubscriberGrpcTransport
 
 from pigeon.node.proto import pigeon_storage_pb2
 from pigeon.testing.cluster import await_status, node_process, owners, topic_owned_by, wipe
+from pigeon.testing.server import free_port
 from tests.e2e.security_kit import ADMIN, Kit, call
 
 pytestmark = pytest.mark.e2e
@@ -89,3 +95,100 @@ def test_only_a_node_may_vouch_for_a_caller_or_use_the_storage_service(secured_n
                                                 open(os.path.join(kit.dir, "node-n2-key.pem"), "rb").read()))
     assert node_ch.unary_unary(P + "CreateTopic")(types.Topic.pb()(name=topic).SerializeToString(),
                                                   metadata=[("x-pigeon-principal", ADMIN)], timeout=10)
+
+
+# --- a peer port: node certificates between nodes, none asked of clients -------------------------------------
+@pytest.fixture
+def token_only_nodes(etcd, tmp_path):
+    """Three nodes whose client ports serve TLS and tokens without asking for client certificates, and whose peer
+    ports require node certificates of the cluster's CA."""
+    kit = Kit(str(tmp_path / "pki"))
+    wipe(etcd.endpoint)
+    nodes = {}
+    for i in ("n1", "n2", "n3"):
+        kit.client_cert(f"node-{i}", node_id=i)
+        peer_port = free_port()
+        extra = [*kit.serve_args(), "--peer-port", str(peer_port), "--peer-cert",
+                 os.path.join(kit.dir, f"node-{i}.pem"), "--peer-key", os.path.join(kit.dir, f"node-{i}-key.pem"),
+                 "--peer-ca", kit.ca_path]
+        nodes[i] = node_process(str(tmp_path), etcd.endpoint, i, extra=extra)
+        nodes[i].peer_address = f"127.0.0.1:{peer_port}"
+        nodes[i].start()
+    await_status(etcd.endpoint, lambda st: st["unowned"] == 0 and len(st["nodes"]) == 3
+                 and all(r["bundles"] for r in st["nodes"]))
+    yield kit, nodes
+    for n in nodes.values():
+        n.kill()
+
+
+def test_a_token_only_client_publishes_and_pulls_through_a_node_that_does_not_own_the_topic(token_only_nodes, etcd):
+    kit, nodes = token_only_nodes
+    topic = topic_owned_by(owners(etcd.endpoint), "n2", "projects/tok-c/topics/routed")
+    sub = "projects/tok-c/subscriptions/routed-sub"
+    ssl = grpc.ssl_channel_credentials(kit.ca)  # the CA to trust the server; no client certificate
+
+    def official(node):
+        host = node.address.replace("127.0.0.1", "localhost")
+        return (pubsub_v1.PublisherClient(transport=PublisherGrpcTransport(
+                    host=host, credentials=Credentials(kit.admin_token), ssl_channel_credentials=ssl)),
+                pubsub_v1.SubscriberClient(transport=SubscriberGrpcTransport(
+                    host=host, credentials=Credentials(kit.admin_token), ssl_channel_credentials=ssl)))
+
+    pub1, sub1 = official(nodes["n1"])
+    _, sub3 = official(nodes["n3"])
+    pub1.create_topic(name=topic)
+    sub3.create_subscription(name=sub, topic=topic)  # made at the owner n2, through n3
+    # forwarded to n2: only over the peer port, as n2's client port believes no principal a caller vouches for
+    assert pub1.publish(topic, b"token only, through n1").result(timeout=15)
+    got = sub1.pull(subscription=sub, max_messages=10, timeout=15).received_messages  # through n1 again
+    assert [m.message.data for m in got] == [b"token only, through n1"]
+    sub1.acknowledge(subscription=sub, ack_ids=[m.ack_id for m in got])
+    # nobody's token is refused through any node, forwarded or not
+    nobody = kit.token("user:nobody@example.com")
+    publish = types.PublishRequest.pb()(topic=topic, messages=[{"data": b"x"}]).SerializeToString()
+    for n in nodes.values():
+        assert call(kit.channel(n.address), P + "Publish", publish, nobody)[0] == grpc.StatusCode.PERMISSION_DENIED
+
+
+def test_with_a_peer_port_only_a_node_on_it_may_vouch_for_a_caller_or_use_the_storage_service(token_only_nodes):
+    kit, nodes = token_only_nodes
+    n1 = nodes["n1"]
+    topic = "projects/tok-d/topics/spoofed"
+    create = types.Topic.pb()(name=topic).SerializeToString()
+    spoof = [("x-pigeon-principal", ADMIN), ("x-pigeon-forwarded", "n2")]
+    eve = kit.token("user:eve@example.com")
+    fence = pigeon_storage_pb2.FenceRequest(ledger=1).SerializeToString()
+
+    def attempt(channel, method, request, metadata, timeout=10):
+        try:
+            channel.unary_unary(method)(request, metadata=metadata, timeout=timeout)
+            return grpc.StatusCode.OK
+        except grpc.RpcError as e:
+            return e.code()
+
+    # the client port: a token-holder claiming to be forwarded for the admin is eve, and nobody else
+    client_port = kit.channel(n1.address)
+    assert attempt(client_port, P + "CreateTopic", create, spoof + [("authorization", f"Bearer {eve}")]) == \
+        grpc.StatusCode.PERMISSION_DENIED
+    assert attempt(client_port, P + "CreateTopic", create, spoof) == grpc.StatusCode.UNAUTHENTICATED
+    # … even when it holds a node's certificate: the client port asks for none, and believes no vouching
+    node_cert = (open(os.path.join(kit.dir, "node-n2.pem"), "rb").read(),
+                 open(os.path.join(kit.dir, "node-n2-key.pem"), "rb").read())
+    assert attempt(kit.channel(n1.address, node_cert), P + "CreateTopic", create, spoof) == \
+        grpc.StatusCode.UNAUTHENTICATED
+    # the storage service is not on the client port at all, not even for the admin's token
+    assert attempt(client_port, "/pigeon.v1.Storage/Fence", fence, [("authorization", f"Bearer {kit.admin_token}")]) \
+        == grpc.StatusCode.UNIMPLEMENTED
+    # the peer port: no TLS handshake without a certificate of the cluster's CA …
+    peer_no_cert = kit.channel(n1.peer_address)
+    assert attempt(peer_no_cert, "/pigeon.v1.Storage/Fence", fence,
+                   [("authorization", f"Bearer {kit.admin_token}")], timeout=3) == grpc.StatusCode.UNAVAILABLE
+    assert attempt(peer_no_cert, P + "CreateTopic", create, spoof, timeout=3) == grpc.StatusCode.UNAVAILABLE
+    # … and a certificate of that CA that names no node gets nothing there
+    client = kit.client_cert("client-eve", email="eve@example.com")
+    peer_client_cert = kit.channel(n1.peer_address, client)
+    assert attempt(peer_client_cert, "/pigeon.v1.Storage/Fence", fence, None) == grpc.StatusCode.PERMISSION_DENIED
+    assert attempt(peer_client_cert, P + "CreateTopic", create, spoof) == grpc.StatusCode.PERMISSION_DENIED
+    # a node's certificate on the peer port may vouch (as n2 does when it forwards the admin's call)
+    assert attempt(kit.channel(n1.peer_address, node_cert), P + "CreateTopic", create,
+                   [("x-pigeon-principal", ADMIN)]) == grpc.StatusCode.OK

@@ -1,10 +1,11 @@
 """`pigeon probe` against a real server: it publishes at a steady rate, receives everything it sent, measures each
 message, serves its metrics, and says so in its JSON summary; against a node that is gone it reports failures
-and exits non-zero."""
+and exits non-zero; a secured node it reaches with a CA and a token, and a refused token it names."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -14,6 +15,7 @@ import urllib.request
 import pytest
 
 from pigeon.bench.procs import free_port
+from tests.e2e.security_kit import Kit
 
 pytestmark = pytest.mark.e2e
 
@@ -56,3 +58,29 @@ def test_a_probe_of_a_node_that_is_gone_fails(tmp_path):
     p = probe(f"127.0.0.1:{free_port()}", "--rate", "5", "--duration", "2", "--metrics-port", "0", "--deadline", "2")
     out, _ = p.communicate(timeout=120)
     assert p.returncode != 0
+
+
+def test_the_probe_reaches_a_node_with_tls_and_tokens_and_says_when_its_token_is_refused(server_factory, tmp_path):
+    kit = Kit(str(tmp_path / "pki"))
+    srv = server_factory(extra=kit.serve_args())
+    target = srv.address.replace("127.0.0.1", "localhost")  # the name the server's certificate carries
+    (tmp_path / "token").write_text(kit.admin_token + "\n")
+
+    def run(*access: str, env: dict | None = None) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "pigeon", "probe", "--target", target, "--json", "--rate", "20",
+                               "--duration", "2", "--metrics-port", "0", "--deadline", "5", *access],
+                              capture_output=True, text=True, timeout=60, env=env)
+
+    ok = run("--tls-ca", kit.ca_path, "--token-file", str(tmp_path / "token"))
+    s = json.loads(ok.stdout.strip().splitlines()[-1])
+    assert ok.returncode == 0, ok.stderr
+    assert s["sent"] >= 20 and s["received"] == s["sent"] and s["lost"] == 0, s
+    # the token from the environment, as the global options read it
+    env = {**os.environ, "PIGEON_TOKEN": "not-a-token", "PIGEON_CA_FILE": kit.ca_path}
+    bad = run(env=env)
+    assert bad.returncode == 2
+    assert "refused the probe's credentials (UNAUTHENTICATED" in " ".join(bad.stderr.split()), bad.stderr
+    assert "error" in json.loads(bad.stdout.strip().splitlines()[-1])
+    # a setting that cannot work is the command line's mistake, said before anything is called
+    unreadable = run("--tls-ca", str(tmp_path / "no-such-ca.pem"), "--token", kit.admin_token)
+    assert unreadable.returncode == 2 and "cannot read the CA file" in unreadable.stderr
