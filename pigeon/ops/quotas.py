@@ -1,11 +1,14 @@
-"""Per-project quotas. Owns the rules: each project has its own publish throughput (bytes per
-`limits.quota_window_s`), admin operations (per `limits.admin_quota_window_s`) and retained backlog bytes; a
-project past one is refused with QuotaExceeded (RESOURCE_EXHAUSTED, a QuotaFailure naming the quota, a RetryInfo
-saying when a retry may pass) and nothing else is charged for the refused call — another project's quota is
-never touched, so a noisy tenant cannot spend a quiet one's share.
+"""Per-project quotas. Owns the rules: each project has its own publish throughput (bytes per second),
+admin operations (per `limits.admin_quota_window_s`) and retained backlog bytes; a project past one is refused
+with QuotaExceeded (RESOURCE_EXHAUSTED, a QuotaFailure naming the quota, a RetryInfo saying when a retry may pass)
+and nothing else is charged for the refused call — another project's quota is never touched, so a noisy tenant
+cannot spend a quiet one's share.
 
-Fixed windows: the simplest meter that bounds a project's rate over every window; `now` is passed in. Usage
-(bytes and operations accepted, refusals) is counted per project for /metrics."""
+Publish throughput is a token bucket holding `limits.quota_burst_s` of the project's rate, refilled continuously:
+a tenant publishing flat out gets its bytes spread evenly over each second instead of all at the start of a
+fixed window — a 1 s window let a noisy tenant write its whole second's quota in one burst, and the quiet
+tenants' group commits in that burst were its p99. Admin operations use fixed windows (a per-minute count). `now`
+is passed in. Usage (bytes and operations accepted, refusals) is counted per project for /metrics."""
 
 from __future__ import annotations
 
@@ -22,11 +25,17 @@ class _Window:
     used: float = 0.0
 
 
+@dataclass
+class _Bucket:
+    tokens: float  # may go below 0: a request bigger than the bucket passes when it is full, and is paid back
+    at: float
+
+
 class ProjectQuotas:
     def __init__(self, publish_bytes_per_s: int, admin_ops_per_min: int, backlog_bytes: int):
         self.publish_bytes_per_s, self.admin_ops_per_min, self.backlog_bytes = (
             publish_bytes_per_s, admin_ops_per_min, backlog_bytes)
-        self._publish: dict[str, _Window] = {}
+        self._publish: dict[str, _Bucket] = {}
         self._admin: dict[str, _Window] = {}
         self.backlog: dict[str, int] = {}  # project → retained unacked bytes, as last measured (`measured`)
         self.published_bytes: Counter = Counter()  # usage, for /metrics
@@ -58,9 +67,21 @@ class ProjectQuotas:
             raise QuotaExceeded(project, "backlog-bytes", self.backlog_bytes, "bytes retained unacknowledged",
                                 limits.security_watch_s)
         if self.publish_bytes_per_s:
-            self._take(self._publish, project, nbytes, self.publish_bytes_per_s * limits.quota_window_s,
-                       limits.quota_window_s, now, "publish-bytes-per-second", "bytes per second")
+            self._drain(project, nbytes, now)
         self.published_bytes[project] += nbytes
+
+    def _drain(self, project: str, nbytes: int, now: float) -> None:
+        rate = self.publish_bytes_per_s
+        cap = rate * limits.quota_burst_s
+        b = self._publish.get(project)
+        if b is None:
+            b = self._publish[project] = _Bucket(cap, now)
+        b.tokens, b.at = min(cap, b.tokens + (now - b.at) * rate), now
+        if nbytes > b.tokens and b.tokens < cap:  # a request bigger than the bucket passes when it is full
+            self.refused[(project, "publish-bytes-per-second")] += 1
+            raise QuotaExceeded(project, "publish-bytes-per-second", rate, "bytes per second",
+                                max(limits.quota_retry_s_min, (min(nbytes, cap) - b.tokens) / rate))
+        b.tokens -= nbytes
 
     def admin(self, project: str, now: float) -> None:
         """Charge one admin operation to `project`, or refuse it."""
