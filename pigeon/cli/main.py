@@ -136,9 +136,13 @@ def certs(
     client: list[str] = typer.Option([], "--client", help="a client certificate for this e-mail identity "
                                      "(repeatable): user or service account"),
     node: list[str] = typer.Option([], "--node", help="a node certificate for this node id (repeatable)"),
+    etcd: bool = typer.Option(False, "--etcd", help="also etcd.pem (+ -key.pem): etcd's server certificate for the "
+                              "--host names (its --cert-file; also a client certificate, as etcd's "
+                              "--client-cert-auth needs); node and --client certificates are etcd client "
+                              "certificates (--etcd-cert)"),
 ):
     """Make a local CA and certificates for development: ca.pem, server.pem (+ -key.pem), one per --client and
-    --node. The CA is reused when the directory has one."""
+    --node, and etcd.pem with --etcd. The CA is reused when the directory has one."""
     import os
 
     from pigeon.ops import certs as c
@@ -150,6 +154,8 @@ def certs(
         made.append(c.issue(directory, f"client-{email.split('@')[0]}", email=email)[0])
     for n in node:
         made.append(c.issue(directory, f"node-{n}", hosts=server, node_id=n)[0])
+    if etcd:
+        made.append(c.etcd_server(directory, server)[0])
     typer.echo(f"CA: {os.path.join(directory, 'ca.pem')}")
     for m in made:
         typer.echo(f"certificate: {m} (key: {m[:-4]}-key.pem)")
