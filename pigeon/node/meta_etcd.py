@@ -97,7 +97,7 @@ class EtcdMetadata:
         where = ", ".join(endpoints)
         if self.access.tls:
             return StoreUnavailable(f"etcd cannot be reached at {where} over TLS: {details}{_tls_hint(details)}")
-        hint = " — if etcd takes TLS only, give https:// endpoints and --etcd-ca" if "Socket closed" in details else ""
+        hint = " — if etcd takes TLS only, give https:// endpoints" if "Socket closed" in details else ""
         return StoreUnavailable(f"etcd cannot be reached at {where}: {details}{hint}")
 
     async def _call(self, fn, request):

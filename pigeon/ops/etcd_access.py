@@ -53,8 +53,9 @@ def parse(endpoints: str | Iterable[str], ca: str = "", cert: str = "", key: str
     scheme = schemes.pop()
     files = [f for f, v in zip(_FLAGS, (ca, cert, key)) if v]
     if scheme == "http" and files:
-        raise ValueError(f"{' and '.join(files)} secure a TLS connection to etcd, but its endpoints say http:// "
-                         f"({', '.join(given)}): give https:// endpoints (etcd's --listen-client-urls https://…)")
+        raise ValueError(f"{' and '.join(files)} {'is' if len(files) == 1 else 'are'} for TLS to etcd, but its "
+                         f"endpoints say http:// ({', '.join(given)}): give https:// endpoints (etcd's "
+                         "--listen-client-urls https://…)")
     hosts = tuple(e.partition("://")[2] if "://" in e else e for e in given)
     for h in hosts:
         if not h.rpartition(":")[0] or not h.rpartition(":")[2].isdigit():

@@ -26,8 +26,9 @@ def test_which_endpoints_mean_tls(endpoints, files, hosts, tls):
 
 
 @pytest.mark.parametrize("endpoints, files, says", [
-    ("http://a:2379", {"ca": "ca.pem"}, "--etcd-ca secure a TLS connection to etcd, but its endpoints say http://"),
-    ("http://a:2379", {"cert": "c", "key": "k"}, "--etcd-cert and --etcd-key secure a TLS connection to etcd, but"),
+    ("http://a:2379", {"ca": "ca.pem"}, "--etcd-ca is for TLS to etcd, but its endpoints say http:// "
+                                        "(http://a:2379): give https:// endpoints"),
+    ("http://a:2379", {"cert": "c", "key": "k"}, "--etcd-cert and --etcd-key are for TLS to etcd, but"),
     ("https://a:2379", {"cert": "c.pem"}, "--etcd-cert and --etcd-key go together"),
     ("https://a:2379", {"key": "k.pem"}, "--etcd-cert and --etcd-key go together"),
     ("http://a:2379,https://b:2379", {}, "etcd endpoints mix schemes"),
@@ -59,7 +60,7 @@ def test_serve_settings_keep_the_rules_and_take_them_from_the_environment():
            "PIGEON_ETCD_CERT": "n1.pem", "PIGEON_ETCD_KEY": "n1-key.pem"}
     cfg = load(env=env)
     assert (cfg.etcd_ca, cfg.etcd_cert, cfg.etcd_key) == ("ca.pem", "n1.pem", "n1-key.pem")
-    with pytest.raises(ValueError, match="--etcd-ca secure a TLS connection to etcd, but its endpoints say http://"):
+    with pytest.raises(ValueError, match=r"--etcd-ca is for TLS to etcd, but its endpoints say http:// \(http://e"):
         load(env={**env, "PIGEON_ETCD": "http://e:2379", "PIGEON_ETCD_CERT": "", "PIGEON_ETCD_KEY": ""})
     with pytest.raises(ValueError, match="--etcd-cert and --etcd-key go together"):
         load(env={}, etcd="https://e:2379", node_id="n1", etcd_cert="n1.pem")
