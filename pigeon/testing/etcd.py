@@ -61,11 +61,12 @@ class EtcdProcess:
         assert self.pki, "a plaintext etcd has no certificates"
         return os.path.join(self.pki, f"{name}.pem")
 
-    def flags(self, client: str = "node-n1") -> list[str]:
-        """The command line's options that reach this etcd presenting the certificate `client` of its PKI."""
+    def tls_flags(self, client: str = "node-n1") -> list[str]:
+        """The command line's options (besides --etcd) that reach this etcd presenting the certificate `client` of
+        its PKI."""
         if not self.pki:
-            return ["--etcd", self.url]
-        return ["--etcd", self.url, "--etcd-ca", self.pki_file("ca"), "--etcd-cert", self.pki_file(client),
+            return []
+        return ["--etcd-ca", self.pki_file("ca"), "--etcd-cert", self.pki_file(client),
                 "--etcd-key", self.pki_file(f"{client}-key")]
 
     def access(self, client: str = "node-n1") -> etcd_access.EtcdAccess:
