@@ -1,7 +1,8 @@
 """A cluster node whose etcd is secured as in production — https client URLs, client certificates of etcd's CA
 required (--client-cert-auth) — with a real `pigeon serve --etcd https://… --etcd-ca --etcd-cert --etcd-key` and
 the official client: it joins, owns the bundles, publishes and delivers; `pigeon cluster status` reaches the same
-etcd with the same options, and without a certificate is refused in one line."""
+etcd with the same options, and without a certificate is refused in one line. Settings that cannot work stop
+`pigeon serve` and `pigeon cluster` before anything is dialled."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import sys
 
 import pytest
 
+from pigeon.bench.procs import free_port
 from pigeon.testing.cluster import await_status, clients_of, node_process, wipe
 from tests.e2e.e2e_helpers import E2E_MARKS, collect
 
@@ -62,3 +64,24 @@ def test_a_node_on_a_tls_etcd_owns_bundles_serves_the_official_client_and_shows_
     ours = [line for line in out.stderr.splitlines() if line.startswith("pigeon: ")]  # besides gRPC's own log
     assert len(ours) == 1 and ours[0].startswith(f"pigeon: etcd cannot be reached at {etcd_tls.endpoint} over TLS: ")
     assert "etcd likely refused this client's certificate" in ours[0]
+
+
+def test_etcd_tls_settings_that_cannot_work_stop_serve_and_cluster_in_one_line(tmp_path):
+    def pigeon(*args) -> tuple[int, str]:
+        out = subprocess.run([sys.executable, "-m", "pigeon", *args], capture_output=True, text=True, timeout=30)
+        return out.returncode, out.stderr.strip().splitlines()[-1]
+
+    serve = ["serve", "--port", str(free_port()), "--http-port", "0", "--data-dir", str(tmp_path / "d"),
+             "--node-id", "n1"]
+    assert pigeon(*serve, "--etcd", "http://127.0.0.1:2379", "--etcd-ca", "ca.pem") == (
+        2, "pigeon: --etcd-ca is for TLS to etcd, but its endpoints say http:// (http://127.0.0.1:2379): give "
+           "https:// endpoints (etcd's --listen-client-urls https://…)")
+    assert pigeon(*serve, "--etcd", "https://127.0.0.1:2379", "--etcd-cert", "n1.pem") == (
+        2, "pigeon: --etcd-cert and --etcd-key go together (this node's client certificate for etcd and its key)")
+    missing = str(tmp_path / "missing.pem")
+    assert pigeon(*serve, "--etcd", "https://127.0.0.1:2379", "--etcd-ca", missing) == (
+        1, f"pigeon: --etcd-ca {missing}: No such file or directory")  # read at start, before etcd is dialled
+    assert pigeon("cluster", "status", "--etcd", "http://127.0.0.1:2379", "--etcd-cert", "c.pem", "--etcd-key",
+                  "k.pem") == (2, "pigeon: --etcd-cert and --etcd-key are for TLS to etcd, but its endpoints say "
+                                  "http:// (http://127.0.0.1:2379): give https:// endpoints (etcd's "
+                                  "--listen-client-urls https://…)")
