@@ -5,10 +5,12 @@ coloured stream; prints the addresses to use. Ctrl-C (or SIGTERM) stops everythi
 
 Node i listens on --port + 2i (gRPC) and the port after it (REST, /metrics, the web console).
 
---secure (`make cluster SECURE=1`) makes a development CA, a server certificate, a node certificate per node and an
-admin's bearer token under DIR/pki, and starts the nodes secured the way a client needs no certificate: the client
-ports serve TLS and tokens, and each node has a peer port (--port + 2n + i) where the nodes call one another with
-mutual TLS and their node certificates.
+--secure (`make cluster SECURE=1`) makes a development CA, a server certificate, a node certificate per node, etcd's
+certificate, an operator's client certificate and an admin's bearer token under DIR/pki, and starts the nodes
+secured the way a client needs no certificate: the client ports serve TLS and tokens, and each node has a peer port
+(--port + 2n + i) where the nodes call one another with mutual TLS and their node certificates. etcd takes TLS
+only on its client URLs and requires a certificate of the CA: each node presents its node certificate, `pigeon
+cluster status` the operator's. (etcd's members talk to one another in plaintext on loopback.)
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import threading
 import time
 
 from pigeon.bench.procs import free_port
-from pigeon.ops import certs
+from pigeon.ops import certs, etcd_access
 from pigeon.ops.auth import token_hash
 from pigeon.testing.cluster import await_status, node_process
 from pigeon.testing.etcd import EtcdProcess
@@ -68,9 +70,11 @@ def main() -> int:
     peers = {f"e{i}": free_port() for i in range(3)}
     initial = ",".join(f"{name}=http://127.0.0.1:{port}" for name, port in peers.items())
     token = f"pigeon-cluster-{os.getpid()}"
-    etcds = [EtcdProcess(os.path.join(root, name), name, peer_port=port, initial_cluster=initial, token=token)
+    etcds = [EtcdProcess(os.path.join(root, name), name, peer_port=port, initial_cluster=initial, token=token,
+                         pki=pki if args.secure else None)
              for name, port in peers.items()]
-    nodes = [node_process(root, ",".join(e.endpoint for e in etcds), f"n{i + 1}", zone=f"z{i + 1}",
+    endpoints = ",".join(e.url for e in etcds)
+    nodes = [node_process(root, endpoints, f"n{i + 1}", zone=f"z{i + 1}",
                           port=args.port + 2 * i, http=True, extra=extra[f"n{i + 1}"]) for i in range(args.nodes)]
     for n in nodes:  # REST, /metrics and the console beside each node's gRPC port, as on a single node
         n.http_port = n.port + 1
@@ -88,27 +92,29 @@ def main() -> int:
             t.join()
         for n in nodes:
             n.start()
-        endpoints = ",".join(e.endpoint for e in etcds)
-        await_status(endpoints, lambda st: st["unowned"] == 0 and len(st["nodes"]) == len(nodes), timeout=60)
+        operator = etcds[0].tls_flags("client-ops")  # `pigeon cluster …`'s options: none without --secure
+        access = etcd_access.read(endpoints, *operator[1::2])
+        await_status(access, lambda st: st["unowned"] == 0 and len(st["nodes"]) == len(nodes), timeout=60)
+        status_command = " ".join(["pigeon cluster status --etcd", endpoints, *operator])
         if args.secure:
             addresses = [n.address.replace("127.0.0.1", "localhost") for n in nodes]
-            access = f"pigeon --tls-ca {pki}/ca.pem --token-file {pki}/token"
+            client = f"pigeon --tls-ca {pki}/ca.pem --token-file {pki}/token"
             print(f"\npigeon cluster ready, secured (data in {root}; certificates and the admin's token in {pki}):\n"
                   f"  nodes: {' '.join(addresses)} (TLS; clients bring a token, no certificate)\n"
                   f"  peers: {' '.join(n.extra[n.extra.index('--peer-port') + 1] for n in nodes)} (mutual TLS, "
                   f"node certificates)\n"
                   f"  console, REST: {' '.join(n.http.replace('http:', 'https:') + '/' for n in nodes)}\n"
-                  f"  etcd:  {endpoints}\n"
-                  f"  try:   {access} topics create orders -a {addresses[0]}\n"
-                  f"         {access} subscriptions create orders-sub --topic orders -a {addresses[-1]}\n"
-                  f"         {access} publish orders hello -a {addresses[1 % len(addresses)]}\n"
-                  f"         {access} pull orders-sub --ack -a {addresses[-1]}\n"
-                  f"         pigeon cluster status --etcd {endpoints}\n  Ctrl-C stops everything.\n", flush=True)
+                  f"  etcd:  {endpoints} (TLS; client certificates of the CA required)\n"
+                  f"  try:   {client} topics create orders -a {addresses[0]}\n"
+                  f"         {client} subscriptions create orders-sub --topic orders -a {addresses[-1]}\n"
+                  f"         {client} publish orders hello -a {addresses[1 % len(addresses)]}\n"
+                  f"         {client} pull orders-sub --ack -a {addresses[-1]}\n"
+                  f"         {status_command}\n  Ctrl-C stops everything.\n", flush=True)
         else:
             print(f"\npigeon cluster ready (data in {root}):\n  nodes: {' '.join(n.address for n in nodes)}\n"
                   f"  console, REST: {' '.join(n.http + '/' for n in nodes)}\n"
                   f"  etcd:  {endpoints}\n  try:   PUBSUB_EMULATOR_HOST={nodes[0].address} pigeon topics create orders\n"
-                  f"         pigeon cluster status --etcd {endpoints}\n  Ctrl-C stops everything.\n", flush=True)
+                  f"         {status_command}\n  Ctrl-C stops everything.\n", flush=True)
         while not stop.is_set():
             stop.wait(0.5)
     except KeyboardInterrupt:
@@ -130,7 +136,8 @@ def main() -> int:
 
 def secure(pki: str, count: int, port: int) -> dict[str, list[str]]:
     """Certificates and an admin token in `pki` (kept across runs); each node's flags: a server certificate and
-    the token file on the client port, its node certificate and the CA on a peer port of its own."""
+    the token file on the client port, its node certificate and the CA on a peer port of its own and towards
+    etcd."""
     if not os.path.exists(os.path.join(pki, "ca.pem")):
         certs.make_ca(pki)
     hosts = ["localhost", "127.0.0.1"]
@@ -143,13 +150,16 @@ def secure(pki: str, count: int, port: int) -> dict[str, list[str]]:
             f.write(f"{token_hash(value)} {admin}\n")
         with open(os.open(token, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
             f.write(value + "\n")
+    certs.etcd_server(pki, hosts)
+    certs.issue(pki, "client-ops", email="ops@pigeon-dev.example")  # the operator's, for etcd
+    ca = os.path.join(pki, "ca.pem")
     out = {}
     for i in range(count):
         node = f"n{i + 1}"
         cert, key = certs.issue(pki, f"node-{node}", hosts=hosts, node_id=node)
         out[node] = ["--tls-cert", server, "--tls-key", server_key, "--auth-token-file", tokens, "--admins", admin,
                      "--peer-port", str(port + 2 * count + i), "--peer-cert", cert, "--peer-key", key,
-                     "--peer-ca", os.path.join(pki, "ca.pem")]
+                     "--peer-ca", ca, "--etcd-ca", ca, "--etcd-cert", cert, "--etcd-key", key]
     return out
 
 

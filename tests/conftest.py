@@ -48,6 +48,18 @@ def etcd(tmp_path_factory):
     e.kill()
 
 
+@pytest.fixture(scope="session")
+def etcd_tls(tmp_path_factory):
+    """One real etcd member secured as in production: TLS only, client certificates of its CA required (its PKI,
+    from pigeon.ops.certs: ca.pem, etcd.pem, node-n1.pem, client-ops.pem)."""
+    from pigeon.testing.etcd import EtcdProcess, make_pki
+
+    root = tmp_path_factory.mktemp("etcd-tls")
+    e = EtcdProcess(str(root / "data"), pki=make_pki(str(root / "pki"))).start()
+    yield e
+    e.kill()
+
+
 @pytest.fixture
 def three_nodes(etcd, tmp_path):
     """Three real cluster nodes n1, n2, n3 over the shared etcd (its Pigeon keys wiped first), each owning a share

@@ -42,7 +42,11 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
                          f"{config.data_dir}` explains it; {e.repair_plan()}.")
     cluster = None
     if config.etcd:  # a cluster node serves nothing before it has joined (docs/cluster.md)
-        cluster = ClusterNode(config, engine)
+        try:
+            cluster = ClusterNode(config, engine)
+        except ValueError as e:  # the TLS files for etcd cannot be read
+            await engine.stop()
+            raise SystemExit(f"pigeon: {e}")
         try:
             joined = await cluster.join(stop)
         except JoinRefused as e:

@@ -1,6 +1,7 @@
 """`pigeon cluster status | drain | undrain`: operate a cluster through its coordination store (etcd), which
 every node watches — so these work while any node is down, and a drain takes effect wherever placement is
-computed."""
+computed. They reach etcd as a node does (pigeon.ops.etcd_access): --etcd-ca, --etcd-cert and --etcd-key (or
+PIGEON_ETCD_CA, PIGEON_ETCD_CERT, PIGEON_ETCD_KEY, as `pigeon serve` reads them) for an etcd that takes TLS."""
 
 from __future__ import annotations
 
@@ -17,23 +18,35 @@ from pigeon.node.membership import status_of
 
 cluster = typer.Typer(help="Operate a cluster: its nodes, who owns which bundles, draining a node.",
                       no_args_is_help=True)
-ETCD = typer.Option("127.0.0.1:2379", "--etcd", envvar="PIGEON_ETCD", help="comma-separated etcd endpoints")
+ETCD = typer.Option("127.0.0.1:2379", "--etcd", envvar="PIGEON_ETCD", help="comma-separated etcd endpoints "
+                    "(https:// for TLS)")
+ETCD_CA = typer.Option(None, "--etcd-ca", envvar="PIGEON_ETCD_CA", help="TLS to etcd: the CA that signed etcd's "
+                       "certificate (default: the system's roots)")
+ETCD_CERT = typer.Option(None, "--etcd-cert", envvar="PIGEON_ETCD_CERT", help="TLS to etcd: a client certificate "
+                         "(etcd's --client-cert-auth)")
+ETCD_KEY = typer.Option(None, "--etcd-key", envvar="PIGEON_ETCD_KEY", help="its PEM private key")
 
 
 def _with_store(fn):
     from pigeon.node.membership import Membership, NodeInfo
     from pigeon.node.meta_etcd import EtcdMetadata
+    from pigeon.ops import etcd_access
 
-    async def go(endpoints: str):
-        meta = EtcdMetadata(endpoints)
+    async def go(access):
+        meta = EtcdMetadata(access)
         try:
             return await fn(meta, Membership(meta, NodeInfo("-", "-")))
         finally:
             await meta.close()
 
-    def run(endpoints: str):
+    def run(endpoints: str, ca: Optional[str], cert: Optional[str], key: Optional[str]):
         try:
-            return asyncio.run(go(endpoints))
+            access = etcd_access.read(endpoints, ca or "", cert or "", key or "")
+        except ValueError as e:
+            typer.echo(f"pigeon: {e}", err=True)
+            raise typer.Exit(2)
+        try:
+            return asyncio.run(go(access))
         except M.StoreUnavailable as e:
             typer.echo(f"pigeon: {e}", err=True)
             raise typer.Exit(UNREACHABLE)
@@ -42,9 +55,10 @@ def _with_store(fn):
 
 
 @cluster.command("status")
-def status(etcd: str = ETCD, fmt: Format = FORMAT):
+def status(etcd: str = ETCD, fmt: Format = FORMAT, etcd_ca: Optional[str] = ETCD_CA,
+           etcd_cert: Optional[str] = ETCD_CERT, etcd_key: Optional[str] = ETCD_KEY):
     """The cluster's nodes (up, draining, down), how many bundles each owns and how many have no owner."""
-    st = _with_store(lambda meta, members: status_of(meta))(etcd)
+    st = _with_store(lambda meta, members: status_of(meta))(etcd, etcd_ca, etcd_cert, etcd_key)
     if fmt is Format.json:
         print(json.dumps(st, indent=2))
         return
@@ -76,14 +90,16 @@ def _mark(node: str, draining: bool):
 
 
 @cluster.command("drain")
-def drain(node: str = typer.Argument(..., help="the node's id"), etcd: str = ETCD):
+def drain(node: str = typer.Argument(..., help="the node's id"), etcd: str = ETCD,
+          etcd_ca: Optional[str] = ETCD_CA, etcd_cert: Optional[str] = ETCD_CERT, etcd_key: Optional[str] = ETCD_KEY):
     """Move every bundle off NODE (it stays up, keeps storing ledgers and answering clients) until undrained."""
-    _with_store(_mark(node, True))(etcd)
+    _with_store(_mark(node, True))(etcd, etcd_ca, etcd_cert, etcd_key)
     console.print(f"draining {node}: its bundles move to the other nodes (see `pigeon cluster status`)")
 
 
 @cluster.command("undrain")
-def undrain(node: str = typer.Argument(..., help="the node's id"), etcd: Optional[str] = ETCD):
+def undrain(node: str = typer.Argument(..., help="the node's id"), etcd: str = ETCD,
+            etcd_ca: Optional[str] = ETCD_CA, etcd_cert: Optional[str] = ETCD_CERT, etcd_key: Optional[str] = ETCD_KEY):
     """Let NODE own bundles again: it takes its share back."""
-    _with_store(_mark(node, False))(etcd)
+    _with_store(_mark(node, False))(etcd, etcd_ca, etcd_cert, etcd_key)
     console.print(f"{node} takes bundles again")

@@ -22,7 +22,12 @@ def serve(
     config: Optional[str] = typer.Option(None, help="TOML settings file"),
     log_level: Optional[str] = typer.Option(None, help="DEBUG, INFO, WARNING, ERROR"),
     etcd: Optional[str] = typer.Option(None, help="join a cluster: comma-separated etcd endpoints "
-                                                   "(http://127.0.0.1:2379)"),
+                                                   "(http://127.0.0.1:2379; https:// for TLS)"),
+    etcd_ca: Optional[str] = typer.Option(None, "--etcd-ca", help="TLS to etcd: the CA that signed etcd's "
+                                          "certificate (default: the system's roots)"),
+    etcd_cert: Optional[str] = typer.Option(None, "--etcd-cert", help="TLS to etcd: this node's client "
+                                            "certificate (etcd's --client-cert-auth)"),
+    etcd_key: Optional[str] = typer.Option(None, "--etcd-key", help="its PEM private key"),
     node_id: Optional[str] = typer.Option(None, "--node-id", help="this node's id in the cluster"),
     advertise: Optional[str] = typer.Option(None, help="HOST:PORT clients (and peers, without --peer-port) reach this "
                                             "node at (default --host:--port)"),
@@ -74,7 +79,8 @@ def serve(
 
     try:
         cfg = load(config, host=host, port=port, data_dir=data_dir, fsync=fsync,
-                   shards_per_topic=shards_per_topic, log_level=log_level, etcd=etcd, node_id=node_id,
+                   shards_per_topic=shards_per_topic, log_level=log_level, etcd=etcd, etcd_ca=etcd_ca,
+                   etcd_cert=etcd_cert, etcd_key=etcd_key, node_id=node_id,
                    advertise=advertise, peer_port=peer_port, zone=zone, bundles=bundles, replicas=replicas,
                    ack_quorum=ack_quorum, http_port=http_port, log_format=log_format, tls_cert=tls_cert,
                    tls_key=tls_key, tls_client_ca=tls_client_ca, peer_cert=peer_cert, peer_key=peer_key,
@@ -136,9 +142,13 @@ def certs(
     client: list[str] = typer.Option([], "--client", help="a client certificate for this e-mail identity "
                                      "(repeatable): user or service account"),
     node: list[str] = typer.Option([], "--node", help="a node certificate for this node id (repeatable)"),
+    etcd: bool = typer.Option(False, "--etcd", help="also etcd.pem (+ -key.pem): etcd's server certificate for the "
+                              "--host names (its --cert-file; also a client certificate, as etcd's "
+                              "--client-cert-auth needs); node and --client certificates are etcd client "
+                              "certificates (--etcd-cert)"),
 ):
     """Make a local CA and certificates for development: ca.pem, server.pem (+ -key.pem), one per --client and
-    --node. The CA is reused when the directory has one."""
+    --node, and etcd.pem with --etcd. The CA is reused when the directory has one."""
     import os
 
     from pigeon.ops import certs as c
@@ -150,6 +160,8 @@ def certs(
         made.append(c.issue(directory, f"client-{email.split('@')[0]}", email=email)[0])
     for n in node:
         made.append(c.issue(directory, f"node-{n}", hosts=server, node_id=n)[0])
+    if etcd:
+        made.append(c.etcd_server(directory, server)[0])
     typer.echo(f"CA: {os.path.join(directory, 'ca.pem')}")
     for m in made:
         typer.echo(f"certificate: {m} (key: {m[:-4]}-key.pem)")

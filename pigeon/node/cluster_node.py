@@ -27,6 +27,7 @@ from pigeon.core.bundles import bundle_of_log
 from pigeon.node.meta_log import Diverged, MetaLog
 from pigeon.node.membership import Membership, NodeIdTaken, NodeInfo, OtherCluster, cluster_id
 from pigeon.node.meta_etcd import EtcdMetadata
+from pigeon.ops import etcd_access
 from pigeon.ops.config import Config
 
 log = logging.getLogger("pigeon.cluster")
@@ -44,7 +45,8 @@ class JoinRefused(Exception):
 class ClusterNode:
     def __init__(self, config: Config, engine, meta=None):
         self.config, self.engine = config, engine
-        self.meta = meta or EtcdMetadata(config.etcd)
+        self.meta = meta or EtcdMetadata(etcd_access.read(config.etcd, config.etcd_ca, config.etcd_cert,
+                                                          config.etcd_key))
         self.info = NodeInfo(config.node_id, config.address, config.zone, home=_home(config.data_dir),
                              listening=False, peer=config.peer_address)
         self.membership = Membership(self.meta, self.info, config.session_ttl_s)

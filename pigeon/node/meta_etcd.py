@@ -1,7 +1,9 @@
 """The metadata interface (pigeon.cluster.metadata) on etcd 3, through the gRPC stubs of the `aetcd` package (a
 maintained asyncio etcd client whose generated code works with this project's protobuf and grpcio): KV Range,
 Txn, Put and DeleteRange, leases, and one Watch stream per watch. Endpoints are tried in turn; a call that
-cannot reach any raises StoreUnavailable naming them."""
+cannot reach any raises StoreUnavailable naming them (and, over TLS, saying that a refused certificate looks the
+same). `_connect` is the one place a channel to etcd is made: plaintext, or TLS with the material of an
+EtcdAccess (pigeon.ops.etcd_access owns which)."""
 
 from __future__ import annotations
 
@@ -12,11 +14,25 @@ import grpc
 from aetcd import rpc
 
 from pigeon.cluster.metadata import KV, Cmp, Delete, Event, LeaseGone, Op, Put, StoreUnavailable
+from pigeon.ops import etcd_access
+from pigeon.ops.etcd_access import EtcdAccess
 
 _TARGET = {"value": rpc.Compare.VALUE, "mod": rpc.Compare.MOD, "create": rpc.Compare.CREATE}
 _RESULT = {"==": rpc.Compare.EQUAL, "!=": rpc.Compare.NOT_EQUAL, "<": rpc.Compare.LESS, ">": rpc.Compare.GREATER}
 _CALL_S = 5.0  # one etcd call
 _UNREACHABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
+
+
+def _tls_hint(details: str) -> str:
+    """What a failed TLS handshake most likely means (gRPC says only that the connection failed, in its own words;
+    etcd's log names a client certificate it rejected)."""
+    if "CERTIFICATE_VERIFY_FAILED" in details or "peer certificate" in details:
+        return (" — etcd's certificate is not trusted: --etcd-ca (else the system's roots) must hold the CA that "
+                "signed it, and it must name the host dialled")
+    if any(w in details for w in ("TSI_", "SSL", "andshake")):
+        return (" — the TLS handshake failed: etcd likely refused this client's certificate (--etcd-cert and "
+                "--etcd-key, signed by the CA of etcd's --trusted-ca-file, with clientAuth), or it speaks no TLS")
+    return ""
 
 
 def _prefix_end(prefix: bytes) -> bytes:
@@ -54,21 +70,35 @@ def _cmp(c: Cmp):
 
 
 class EtcdMetadata:
-    def __init__(self, endpoints: str | list[str]):
-        if isinstance(endpoints, str):
-            endpoints = [e for e in endpoints.split(",") if e.strip()]
-        self.endpoints = [e.strip().removeprefix("http://").removeprefix("https://").rstrip("/") for e in endpoints]
-        if not self.endpoints:
-            raise ValueError("etcd needs at least one endpoint (host:port)")
+    def __init__(self, access: EtcdAccess | str | list[str]):
+        """`access`: endpoints and TLS material (pigeon.ops.etcd_access.read), or endpoints alone (https:// ones
+        are TLS with the system's roots and no client certificate)."""
+        if not isinstance(access, EtcdAccess):
+            access = etcd_access.read(access)
+        self.access = access
+        self.endpoints = list(access.endpoints)
+        self._credentials = grpc.ssl_channel_credentials(access.ca, access.key, access.cert) if access.tls else None
         self._i = 0
         self._channel: grpc.aio.Channel | None = None
 
+    def _connect(self, endpoint: str) -> grpc.aio.Channel:
+        if self._credentials is None:
+            return grpc.aio.insecure_channel(endpoint)
+        return grpc.aio.secure_channel(endpoint, self._credentials)
+
     def _stubs(self):
         if self._channel is None:
-            self._channel = rpc.insecure_channel(self.endpoints[self._i])
+            self._channel = self._connect(self.endpoints[self._i])
             self.kv, self.lease = rpc.KVStub(self._channel), rpc.LeaseStub(self._channel)
             self.watcher = rpc.WatchStub(self._channel)
         return self
+
+    def _unreachable(self, endpoints: list[str], details: str) -> StoreUnavailable:
+        where = ", ".join(endpoints)
+        if self.access.tls:
+            return StoreUnavailable(f"etcd cannot be reached at {where} over TLS: {details}{_tls_hint(details)}")
+        hint = " — if etcd takes TLS only, give https:// endpoints" if "Socket closed" in details else ""
+        return StoreUnavailable(f"etcd cannot be reached at {where}: {details}{hint}")
 
     async def _call(self, fn, request):
         """One unary call, on the next endpoint when this one cannot be reached."""
@@ -84,8 +114,7 @@ class EtcdMetadata:
                     raise
                 last = e
                 await self._switch()
-        raise StoreUnavailable(f"etcd cannot be reached at {', '.join(self.endpoints)}: "
-                               f"{last.details() if last else 'no answer'}")
+        raise self._unreachable(self.endpoints, last.details() if last else "no answer")
 
     async def _switch(self) -> None:
         if self._channel is not None:
@@ -136,6 +165,7 @@ class EtcdMetadata:
                 return r
             return None
 
+        last = None
         for _ in range(len(self.endpoints)):
             try:
                 r = await once(self._stubs())
@@ -143,9 +173,10 @@ class EtcdMetadata:
             except grpc.aio.AioRpcError as e:
                 if e.code() not in _UNREACHABLE:
                     raise
+                last = e
                 await self._switch()
         else:
-            raise StoreUnavailable(f"etcd cannot be reached at {', '.join(self.endpoints)}")
+            raise self._unreachable(self.endpoints, last.details() if last else "no answer")
         if r is None or r.TTL <= 0:
             raise LeaseGone(f"lease {lease} has ended")
 
@@ -178,7 +209,7 @@ class EtcdMetadata:
                     yield Event("delete" if e.type == rpc.Event.DELETE else "put", _kv(e.kv))
         except grpc.aio.AioRpcError as e:
             if e.code() in _UNREACHABLE:
-                raise StoreUnavailable(f"etcd cannot be reached at {self.endpoints[self._i]}: {e.details()}") from None
+                raise self._unreachable([self.endpoints[self._i]], e.details()) from None
             raise
         finally:
             requests.put_nowait(None)

@@ -1,8 +1,11 @@
 """Development certificates (`pigeon certs`). Owns the rules: what a Pigeon certificate says about who holds it
 — a server certificate names the hosts it serves (DNS and IP subject alternative names), a client certificate
 names its principal (an e-mail SAN: `user:` or `serviceAccount:`), a node certificate names its cluster node (a
-URI SAN `spiffe://pigeon/node/<id>`, which peers trust to carry a caller's verified principal) — and how an
-identity is read back from a peer's certificate (`identity_of`).
+URI SAN `spiffe://pigeon/node/<id>`, which peers trust to carry a caller's verified principal), an etcd server
+certificate serves its hosts and is a client certificate too (etcd's own gateway dials etcd's client port with
+it, and under --client-cert-auth etcd refuses a certificate without clientAuth) — and how an identity is read back
+from a peer's certificate (`identity_of`). Every certificate with a principal or a node id is a client certificate
+(clientAuth), so a node's certificate or a --client one is what etcd's --client-cert-auth asks of Pigeon.
 
 Every key and certificate is made by the `cryptography` package; nothing here is hand-written cryptography.
 A local CA is for development and tests: production deployments bring their own PKI."""
@@ -87,10 +90,11 @@ def _sans(hosts: list[str]) -> list[x509.GeneralName]:
 
 
 def issue(directory: str, name: str, *, hosts: list[str] = (), email: str = "", node_id: str = "",
-          days: int = _DAYS) -> tuple[str, str]:
+          client: bool = False, days: int = _DAYS) -> tuple[str, str]:
     """A key and certificate signed by the CA in `directory`, written as <name>.pem and <name>-key.pem there.
     `hosts`: DNS names and IP addresses it serves (a server or node certificate); `email`: the principal of a
-    client certificate; `node_id`: a node certificate (serves `hosts` and is a client of its peers)."""
+    client certificate; `node_id`: a node certificate (serves `hosts` and is a client of its peers); `client`: a
+    server certificate that is a client's too (etcd's, `etcd_server`)."""
     ca, ca_key = _load_ca(directory)
     key = _key()
     sans = _sans(list(hosts))
@@ -101,7 +105,7 @@ def issue(directory: str, name: str, *, hosts: list[str] = (), email: str = "", 
     usages = []
     if hosts:
         usages.append(ExtendedKeyUsageOID.SERVER_AUTH)
-    if email or node_id or not hosts:
+    if email or node_id or client or not hosts:
         usages.append(ExtendedKeyUsageOID.CLIENT_AUTH)
     now = _now()
     b = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
@@ -117,6 +121,11 @@ def issue(directory: str, name: str, *, hosts: list[str] = (), email: str = "", 
     _write(path, _pem(cert))
     _write(key_path, _pem_key(key), private=True)
     return path, key_path
+
+
+def etcd_server(directory: str, hosts: list[str], name: str = "etcd") -> tuple[str, str]:
+    """etcd's server certificate (its --cert-file and --key-file) for `hosts`: serverAuth and clientAuth."""
+    return issue(directory, name, hosts=hosts, client=True)
 
 
 def principal_of_email(email: str) -> str:

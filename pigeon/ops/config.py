@@ -12,6 +12,7 @@ import tomllib
 from dataclasses import dataclass
 
 from pigeon.core import limits
+from pigeon.ops import etcd_access
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,10 @@ class Config:
     metrics_top: int = 500  # /metrics: per-subscription (and per-topic) series for this many, the largest backlogs
     http_port: int = -1  # REST API, /metrics, health checks: -1 = the gRPC port + 1 (8086 beside 8085), 0 = off
     # cluster (docs/cluster.md): without `etcd` the node is the embedded single node
-    etcd: str = ""  # comma-separated etcd endpoints (host:port or http://host:port)
+    etcd: str = ""  # comma-separated etcd endpoints (host:port, http://host:port, or https://host:port: TLS)
+    etcd_ca: str = ""  # TLS to etcd: the CA that signed etcd's certificate (default: the system's roots)
+    etcd_cert: str = ""  # this node's client certificate for etcd (what etcd's --client-cert-auth asks for)
+    etcd_key: str = ""  # its PEM private key
     node_id: str = ""  # this node's id in the cluster (one live node per id)
     advertise: str = ""  # host:port clients (and, without a peer port, peers) reach this node at (default host:port)
     peer_port: int = 0  # a port of its own for node-to-node calls (0: none, peers use the client port as clients do)
@@ -89,6 +93,10 @@ class Config:
         if self.node_id and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}", self.node_id):
             raise ValueError(f"node id {self.node_id!r}: 1 to 63 letters, digits, '.', '_' or '-', starting with a "
                              "letter or digit")
+        if self.etcd:
+            etcd_access.parse(self.etcd, self.etcd_ca, self.etcd_cert, self.etcd_key)
+        elif self.etcd_ca or self.etcd_cert or self.etcd_key:
+            raise ValueError("--etcd-ca, --etcd-cert and --etcd-key secure the connection to etcd: give --etcd too")
         if self.etcd and self.port == 0 and not self.advertise:
             raise ValueError("a cluster node on a port chosen by the system needs --advertise HOST:PORT")
         if not 1 <= self.ack_quorum <= self.replicas or 2 * self.ack_quorum <= self.replicas:

@@ -1,5 +1,5 @@
 """A cluster of real `pigeon serve --etcd …` processes on loopback (tests, `make cluster`, fault runs), and a
-reader of its state straight from etcd."""
+reader of its state straight from etcd (its endpoints, or an EtcdAccess for an etcd that takes TLS)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import os
 import time
 
 from pigeon.cluster import metadata as M
+from pigeon.ops.etcd_access import EtcdAccess
 from pigeon.testing.server import ServerProcess
 
 
@@ -39,7 +40,7 @@ def topic_owned_by(owner_of: dict[int, str], node: str, prefix: str, bundles: in
     raise AssertionError(f"no topic name found for {node}")
 
 
-async def _status(endpoint: str) -> dict:
+async def _status(endpoint: str | EtcdAccess) -> dict:
     from pigeon.node.membership import status_of
     from pigeon.node.meta_etcd import EtcdMetadata
 
@@ -50,12 +51,13 @@ async def _status(endpoint: str) -> dict:
         await meta.close()
 
 
-def status(endpoint: str) -> dict:
+def status(endpoint: str | EtcdAccess) -> dict:
     """What `pigeon cluster status --format json` prints."""
     return asyncio.run(_status(endpoint))
 
 
-def await_status(endpoint: str, ok, timeout: float = 30.0, what: str = "the cluster to settle") -> dict:
+def await_status(endpoint: str | EtcdAccess, ok, timeout: float = 30.0,
+                 what: str = "the cluster to settle") -> dict:
     """Poll the cluster's status until `ok(status)`; AssertionError (with the last status) after `timeout`."""
     deadline = time.monotonic() + timeout
     while True:
@@ -67,7 +69,7 @@ def await_status(endpoint: str, ok, timeout: float = 30.0, what: str = "the clus
         time.sleep(0.1)
 
 
-def wipe(endpoint: str) -> None:
+def wipe(endpoint: str | EtcdAccess) -> None:
     """Delete every key of Pigeon in etcd (a test's fresh start on a shared etcd)."""
     from pigeon.node.meta_etcd import EtcdMetadata
 
@@ -82,7 +84,7 @@ def wipe(endpoint: str) -> None:
     asyncio.run(go())
 
 
-def owners(endpoint: str) -> dict[int, str]:
+def owners(endpoint: str | EtcdAccess) -> dict[int, str]:
     """bundle → the node that owns it now."""
     from pigeon.node.membership import Membership, NodeInfo
     from pigeon.node.meta_etcd import EtcdMetadata
@@ -97,7 +99,7 @@ def owners(endpoint: str) -> dict[int, str]:
     return asyncio.run(go())
 
 
-def ledgers_of(endpoint: str, log: int) -> list[dict]:
+def ledgers_of(endpoint: str | EtcdAccess, log: int) -> list[dict]:
     """The ledger list of one bundle log, as etcd holds it."""
     import json
 
@@ -114,7 +116,7 @@ def ledgers_of(endpoint: str, log: int) -> list[dict]:
     return asyncio.run(go())
 
 
-def open_ledgers(endpoint: str) -> dict[int, list[str]]:
+def open_ledgers(endpoint: str | EtcdAccess) -> dict[int, list[str]]:
     """log → the members of its open ledger (logs whose last ledger is open)."""
     from pigeon.node.bundle_logs import LedgerInfo
     from pigeon.node.meta_etcd import EtcdMetadata

@@ -1,11 +1,14 @@
 """The metadata contract (pigeon.testing.meta_contract) against both stores: the embedded one and a real etcd
-process (Debian's etcd-server, started on free loopback ports). Plus what only one of them has: the embedded
-store's file across a restart, and etcd's endpoints failing over and being unreachable."""
+process (Debian's etcd-server, started on free loopback ports), plaintext and secured as production runs it (TLS,
+client certificates required). Plus what only one of them has: the embedded store's file across a restart, and
+etcd's endpoints failing over and being unreachable."""
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import os
+import time
 
 import pytest
 
@@ -18,10 +21,13 @@ from pigeon.bench.procs import free_port
 _prefixes = itertools.count()
 
 
-@pytest.fixture(params=["embedded", "etcd"])
+@pytest.fixture(params=["embedded", "etcd", "etcd-tls"])
 def store_factory(request, tmp_path):
     if request.param == "embedded":
         return lambda: LocalMetadata(str(tmp_path / "meta.json"))
+    if request.param == "etcd-tls":
+        access = request.getfixturevalue("etcd_tls").access("node-n1")
+        return lambda: EtcdMetadata(access)
     endpoint = request.getfixturevalue("etcd").endpoint
     return lambda: EtcdMetadata(endpoint)
 
@@ -116,3 +122,50 @@ def test_etcd_endpoints_fail_over_and_an_unreachable_store_says_so(etcd):
         await gone.close()
 
     asyncio.run(run())
+
+
+def _refused_access(etcd_tls, other_pki: str, case: str):
+    from pigeon.ops import etcd_access
+
+    ca, node = etcd_tls.pki_file("ca"), etcd_tls.pki_file("node-n1")
+    key = etcd_tls.pki_file("node-n1-key")
+    foreign, foreign_key = os.path.join(other_pki, "node-n1.pem"), os.path.join(other_pki, "node-n1-key.pem")
+    return {
+        "no client certificate": lambda: etcd_access.read(etcd_tls.url, ca),
+        "a certificate of another CA": lambda: etcd_access.read(etcd_tls.url, ca, foreign, foreign_key),
+        "etcd's certificate not from --etcd-ca": lambda: etcd_access.read(etcd_tls.url, os.path.join(other_pki,
+                                                                                                      "ca.pem"),
+                                                                          node, key),
+        "the system's roots": lambda: etcd_access.read(etcd_tls.url),
+        "plaintext": lambda: etcd_access.read(f"http://{etcd_tls.endpoint}"),
+    }[case]()
+
+
+@pytest.mark.parametrize("case, says", [
+    ("no client certificate", "the TLS handshake failed: etcd likely refused this client's certificate"),
+    ("a certificate of another CA", "the TLS handshake failed: etcd likely refused this client's certificate"),
+    ("etcd's certificate not from --etcd-ca", "etcd's certificate is not trusted"),
+    ("the system's roots", "etcd's certificate is not trusted"),
+    ("plaintext", "if etcd takes TLS only, give https:// endpoints"),
+])
+def test_a_client_etcd_does_not_trust_or_that_does_not_trust_etcd_is_told_so_at_once(etcd_tls, tmp_path, case, says):
+    from pigeon.ops import certs
+
+    other = str(tmp_path / "other-ca")
+    certs.make_ca(other, "another CA")
+    certs.issue(other, "node-n1", hosts=["127.0.0.1"], node_id="n1")
+
+    async def run():
+        m = EtcdMetadata(_refused_access(etcd_tls, other, case))
+        t0 = time.monotonic()
+        try:
+            with pytest.raises(StoreUnavailable) as e:
+                await m.put("/refused/k", b"v")
+        finally:
+            await m.close()
+        return str(e.value), time.monotonic() - t0
+
+    message, took = asyncio.run(run())
+    assert message.startswith(f"etcd cannot be reached at {etcd_tls.endpoint}")
+    assert says in message
+    assert took < 5.0  # one call's timeout (meta_etcd._CALL_S) at most: a refusal is no hang
