@@ -175,6 +175,11 @@ def test_streaming_subscriber_survives_a_server_restart_on_the_same_port(server_
         assert srv.stop() == 0
         srv2 = server_factory(data_dir=srv.data_dir, port=srv.port)
         pub2, _ = client_factory(srv2)
+        # a call on the subscriber's own client: its channel, idle in gRPC's connection backoff since the refused
+        # connects of the restart, connects again (the client library reopens the stream every 10 s at most and
+        # fails at once while the channel has no connection; left alone it came back after 10 s, or — when the
+        # restart fell badly in the backoff — not within 30 s)
+        sub.get_subscription(request={"subscription": subscription}, timeout=30)
         # the high-level publisher retries UNAVAILABLE: the process-wide gRPC subchannel to this address may
         # still be backing off from the subscriber's reconnect attempts while the server was down
         after = [pub2.publish(topic, f"a{i}".encode()).result(timeout=30) for i in range(10)]
