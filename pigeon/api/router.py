@@ -26,6 +26,7 @@ from pigeon.api.errors import Relayed
 from pigeon.core import limits
 from pigeon.core.bundles import META_LOG, bundle_log
 from pigeon.core.errors import Unavailable
+from pigeon.node.engine import SHUTTING_DOWN
 from pigeon.ops import tls
 
 log = logging.getLogger("pigeon.router")
@@ -47,6 +48,7 @@ class Router:
     def __init__(self, engine, cluster):
         self.engine, self.cluster = engine, cluster
         self._channels: dict[str, grpc.aio.Channel] = {}
+        self._waiting: set[_MoveWatch] = set()  # forwarded calls that wait by design, open now
         self.forwarded = 0  # calls passed to another node
 
     # --- where a call goes ---------------------------------------------------------------------------------
@@ -54,6 +56,7 @@ class Router:
         """None to serve here; else the owner."""
         if log_id == META_LOG or self.engine.owns(log_id):
             return None
+        self.engine._check_open()
         if any(k == FORWARDED for k, _ in (context.invocation_metadata() or ())):
             raise Unavailable(_RETRYABLE)
         address = self.cluster.address_of(log_id)
@@ -135,7 +138,13 @@ class Router:
             it.cancel()
 
     def _cut_when_moved(self, owner: Owner, call) -> "_MoveWatch":
-        return _MoveWatch(self.cluster, owner, call)
+        return _MoveWatch(self.cluster, owner, call, self._waiting)
+
+    def end_waiting(self) -> None:
+        """Shutting down: every forwarded call that waits by design ends now with UNAVAILABLE, which its client
+        retries on another node (left open, the server's grace period would end it CANCELLED: final)."""
+        for watch in list(self._waiting):
+            watch.cut(SHUTTING_DOWN)
 
     async def close(self) -> None:
         for ch in self._channels.values():
@@ -144,30 +153,36 @@ class Router:
 
 
 class _MoveWatch:
-    """While its block runs, cancels `call` once the cluster's routes say `owner` no longer owns the log; the
-    block then raises Unavailable (the cancellation is this watch's, not the caller's)."""
+    """While its block runs, cancels `call` once the cluster's routes say `owner` no longer owns the log (or
+    the node shuts down); the block then raises Unavailable (the cancellation is this watch's, not the
+    caller's)."""
 
-    def __init__(self, cluster, owner: Owner, call):
+    def __init__(self, cluster, owner: Owner, call, open_watches: set):
         self.cluster, self.owner, self.call = cluster, owner, call
-        self.moved = False
+        self.why: str | None = None  # set when this watch cut the call
+        self._open = open_watches
         self._task: asyncio.Task | None = None
+
+    def cut(self, why: str) -> None:
+        self.why = why
+        self.call.cancel()
 
     async def _watch(self) -> None:
         while True:
             await self.cluster.routes_changed().wait()
             if self.cluster.address_of(self.owner.log_id) != self.owner.address:
-                self.moved = True
-                self.call.cancel()
-                return
+                return self.cut(_MOVED)
 
     async def __aenter__(self):
         self._task = asyncio.get_running_loop().create_task(self._watch())
+        self._open.add(self)
         return self
 
     async def __aexit__(self, kind, exc, tb):
         self._task.cancel()
-        if self.moved and (kind is None or issubclass(kind, (asyncio.CancelledError, grpc.aio.AioRpcError))):
-            raise Unavailable(_MOVED)
+        self._open.discard(self)
+        if self.why and (kind is None or issubclass(kind, (asyncio.CancelledError, grpc.aio.AioRpcError))):
+            raise Unavailable(self.why)
         return False
 
 

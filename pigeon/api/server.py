@@ -1,8 +1,8 @@
 """Runs one node: the engine and the gRPC server (and a cluster node's peer server, with --peer-port) on one
 event loop, until SIGTERM/SIGINT.
 
-Shutdown order: refuse new work and end open streams with UNAVAILABLE (clients reconnect elsewhere or
-later), let in-flight calls finish, write a checkpoint, close the WAL."""
+Shutdown order: GOAWAY to every connection and close the listeners, end open streams with UNAVAILABLE (clients
+reconnect elsewhere or later) and refuse new work, let in-flight calls finish, write a checkpoint, close the WAL."""
 
 from __future__ import annotations
 
@@ -101,15 +101,25 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
         ready.set()
     await stop.wait()
     log.info("shutting down")
+    # GOAWAY first: stopping the servers closes their listeners and tells every connection to send no new calls.
+    # A call that reaches a stopping server is dropped by gRPC as CANCELLED — which the client libraries take as
+    # final for a StreamingPull — so open streams are ended (UNAVAILABLE, retried) only once their clients have
+    # had the GOAWAY: their reopened streams then go to a new connection, are refused, and retry until a server
+    # listens again.
+    stopping = asyncio.gather(server.stop(grace=limits.shutdown_grace_s),
+                              *([peers.stop(grace=limits.shutdown_grace_s)] if peers is not None else []))
+    await asyncio.sleep(limits.shutdown_goaway_s)
     engine.closing = True
     for s in engine.signals.values():
         s.notify_all()
+    if router is not None:
+        router.end_waiting()
     if http is not None:
         runner, rest_api, lag = http
         lag.stop()
         await runner.cleanup()
         await rest_api.close()
-    await asyncio.gather(server.stop(grace=2.0), *([peers.stop(grace=2.0)] if peers is not None else []))
+    await stopping
     if watch is not None:
         watch.cancel()
         guard.audit.close()

@@ -39,6 +39,8 @@ from pigeon.storage import records as R
 
 log = logging.getLogger("pigeon.engine")
 
+SHUTTING_DOWN = "The server is shutting down; retry on another connection."
+
 
 @dataclass(frozen=True, slots=True)
 class NodeStats:
@@ -163,7 +165,7 @@ class Engine:
 
     def _check_open(self) -> None:
         if self.closing:
-            raise Unavailable("The server is shutting down; retry on another connection.")
+            raise Unavailable(SHUTTING_DOWN)
 
     # --- the one way state changes -----------------------------------------------------------------
     def commit(self, rec: R.Record, owner=None) -> int:

@@ -146,9 +146,6 @@ def test_seek_and_snapshot_survive_restart(server_factory, client_factory, how):
     assert set(again) | set(ids_of(extra)) == set(ids[2:])
 
 
-@pytest.mark.skip(reason="flaky, being fixed: in about one run in three a StreamingPull the client reopens while the "
-                  "server shuts down is cancelled (CANCELLED, which the client library takes as final) instead of "
-                  "refused with UNAVAILABLE, and the subscriber never reconnects")
 def test_streaming_subscriber_survives_a_server_restart_on_the_same_port(server_factory, client_factory):
     """SIGTERM ends open streams with UNAVAILABLE; the client reconnects to the restarted server and keeps
     receiving, including what was published before the restart and not yet acked."""
