@@ -57,7 +57,8 @@ def _with_store(fn):
 @cluster.command("status")
 def status(etcd: str = ETCD, fmt: Format = FORMAT, etcd_ca: Optional[str] = ETCD_CA,
            etcd_cert: Optional[str] = ETCD_CERT, etcd_key: Optional[str] = ETCD_KEY):
-    """The cluster's nodes (up, draining, down), how many bundles each owns and how many have no owner."""
+    """The cluster's nodes (up, draining, cut off from their peers, down), how many bundles each owns and how many
+    have no owner."""
     st = _with_store(lambda meta, members: status_of(meta))(etcd, etcd_ca, etcd_cert, etcd_key)
     if fmt is Format.json:
         print(json.dumps(st, indent=2))

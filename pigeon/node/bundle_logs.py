@@ -201,6 +201,20 @@ class BundleLogs:
                 raise Conflict(f"the ledger list of log {log_id} changed meanwhile")
             raise Lost(f"bundle {bundle_of_log(log_id)} changed hands")
 
+    async def _storage_nodes(self) -> dict:
+        """node → NodeInfo of the nodes new ledgers (and repairs) may use: listening, and not cut off."""
+        return {n: i for n, i in (await self.cluster.membership.members()).items() if i.listening and not i.cut_off}
+
+    async def answering(self, peers: dict, timeout: float) -> int:
+        """How many of `peers` (node → NodeInfo) answer a storage call within `timeout`."""
+        answers = await asyncio.gather(*(self._member(n, i.dial).answers(timeout) for n, i in peers.items()))
+        return sum(answers)
+
+    def failed_within(self, seconds: float) -> set[str]:
+        """The members that failed a write of this node's within the last `seconds`."""
+        now = asyncio.get_running_loop().time()
+        return {n for n, t in self._suspects.items() if now - t <= seconds}
+
     def _suspected(self) -> set[str]:
         now = asyncio.get_running_loop().time()
         for n in [n for n, t in self._suspects.items() if now - t > self._suspect_s]:
@@ -211,7 +225,7 @@ class BundleLogs:
         """A ledger on an ensemble of the live nodes (E of them, or as many as are up when fewer: at least Qa)."""
         lid = ledger_id(log_id, seq)
         avoid = set(avoid) | self._suspected()
-        members = {n: i for n, i in (await self.cluster.membership.members()).items() if i.listening}
+        members = await self._storage_nodes()
         zones = {n: i.zone for n, i in members.items() if n not in avoid}  # a member that just failed is left out
         if len(zones) < self.replication.ack_quorum:  # … unless too few remain without it
             zones = {n: i.zone for n, i in members.items()}
@@ -317,6 +331,8 @@ class BundleLogs:
         self._suspects.update({n: now for n in failed})
         for n in failed:
             self.cluster.check_peer(n)
+        if failed:
+            self.cluster.changed.set()  # placement looks now whether this node is cut off from its peers
         ol.writer = None
         await old.close()
         log.warning("log %d: ledger %d stops at %d (%s); %d entries go to the next", ol.log_id, ol.ledger.id,
@@ -350,7 +366,7 @@ class BundleLogs:
     async def widen(self) -> int:
         """Move every open ledger with fewer members than E to a full ensemble when enough nodes are up again (a
         ledger opened while nodes were down): the writer rolls of its own accord. How many rolled."""
-        up = {n for n, i in (await self.cluster.membership.members()).items() if i.listening} - self._suspected()
+        up = set(await self._storage_nodes()) - self._suspected()
         size = min(len(up), self.replication.ensemble)
         rolled = 0
         for ol in list(self.logs.values()):
@@ -461,7 +477,7 @@ class BundleLogs:
         that is down (or missing: the ledger was opened while nodes were down) is replaced by a node that is up,
         after its entries were copied there from a member that has them; the ledger's member list then changes by
         the same owner-guarded transaction as every other change. How many ledgers were repaired."""
-        members = {n: i for n, i in (await self.cluster.membership.members()).items() if i.listening}
+        members = await self._storage_nodes()
         up = set(members) - self._suspected()
         size = min(len(up), self.replication.ensemble)
         repaired = short = 0

@@ -9,7 +9,12 @@ line with placement. Owns the rules of a node's life in the cluster:
     under a new one, giving up what it owned;
   * ownership follows placement: a node takes the free bundles placement gives it and gives up (releases) the
     ones placement gives another node, so a join, a leave or a drain moves about one node's share; while etcd
-    is unreachable a node keeps what it owns (fencing keeps data safe, not the lease's timing)."""
+    is unreachable a node keeps what it owns (fencing keeps data safe, not the lease's timing);
+  * a node that reaches etcd but too few of its peers to replicate (every peer failed its writes lately, and
+    fewer than Qa − 1 answer a call now) steps down: it says so in its node key, gives its bundles up at once
+    (their callers get UNAVAILABLE, the next owners fence and recover), and owns and stores nothing new until
+    enough peers answer it again — rather than hold its bundles, unable to acknowledge anything, for as long as
+    the cut lasts."""
 
 from __future__ import annotations
 
@@ -236,6 +241,7 @@ class ClusterNode:
             try:
                 if self.membership.lost.is_set():
                     await self._rejoin()
+                await self._check_cut_off()
                 await self.rebalance()
                 if unavailable:
                     log.info("etcd answers again")
@@ -248,6 +254,32 @@ class ClusterNode:
                 raise
             except Exception:
                 log.exception("following placement failed; trying again")
+
+    async def _check_cut_off(self) -> None:
+        """Step down when cut off from the peers; come back once enough of them answer (the module's rules)."""
+        needed = self.logs.replication.ack_quorum - 1  # peers a quorum needs besides this node
+        members = await self.membership.members()
+        me = self.info.node_id
+        peers = {n: i for n, i in members.items() if n != me and i.listening and not i.cut_off}
+        if not self.membership.info.cut_off:
+            if needed <= 0 or not self.owned or len(peers) < needed or \
+                    not set(peers) <= self.logs.failed_within(2 * limits.member_silence_s):
+                return
+            if await self.logs.answering(peers, limits.cut_off_probe_s) >= needed:
+                return
+            log.warning("node %s reaches etcd but fewer than %d of its peers (%s): stepping down — its %d bundles "
+                        "go to nodes that can replicate them", me, needed, ",".join(sorted(peers)), len(self.owned))
+            await self.membership.say_cut_off(True)
+            held = dict(self.owned)
+            for b in held:
+                self.logs.lose(b + 1, "cut off from its peers")
+            for b, epoch in held.items():
+                await self.membership.release(b, epoch)
+            return
+        if peers and await self.logs.answering(peers, limits.cut_off_probe_s) < needed:
+            return
+        log.info("node %s reaches its peers again: it takes bundles again", me)
+        await self.membership.say_cut_off(False)
 
     async def _rejoin(self) -> None:
         log.warning("node %s lost its session: joining again under a new one", self.info.node_id)

@@ -36,6 +36,7 @@ class NodeInfo:
     home: str = ""  # the id of the node's data directory: the same on a restart, different on any other node
     listening: bool = True  # its server answers (storage included): ensembles are chosen among such nodes
     peer: str = ""  # its peer port's address, when it has one: node-to-node calls go there
+    cut_off: bool = False  # it reaches too few peers to replicate: it owns nothing and stores nothing new until then
 
     @property
     def dial(self) -> str:
@@ -47,13 +48,15 @@ class NodeInfo:
              "listening": self.listening}
         if self.peer:
             d["peer"] = self.peer
+        if self.cut_off:
+            d["cut_off"] = True
         return json.dumps(d).encode()
 
     @staticmethod
     def decode(node_id: str, raw: bytes) -> "NodeInfo":
         d = json.loads(raw)
         return NodeInfo(node_id, d["address"], d.get("zone", ""), d.get("draining", False), d.get("home", ""),
-                        d.get("listening", True), d.get("peer", ""))
+                        d.get("listening", True), d.get("peer", ""), d.get("cut_off", False))
 
 
 async def cluster_id(meta, data_dir_id: str | None) -> str:
@@ -102,6 +105,12 @@ class Membership:
         self.info = dataclasses.replace(self.info, listening=True)
         await self.meta.put(M.node_key(self.info.node_id), self.info.encode(), self.lease)
 
+    async def say_cut_off(self, cut_off: bool) -> None:
+        """Say the node reaches too few of its peers to replicate (placement then gives it no bundle and new
+        ensembles leave it out), or that it reaches them again."""
+        self.info = dataclasses.replace(self.info, cut_off=cut_off)
+        await self.meta.put(M.node_key(self.info.node_id), self.info.encode(), self.lease)
+
     async def _keep(self) -> None:
         while True:
             await asyncio.sleep(self.ttl / 3)
@@ -135,10 +144,11 @@ class Membership:
         return {kv.key[len(prefix):] for kv in await self.meta.list(prefix)}
 
     async def placement(self, bundles: int, members: dict[str, NodeInfo] | None = None) -> dict[int, str]:
-        """Who should own each bundle, from the live nodes that are not draining (every node computes the same)."""
+        """Who should own each bundle, from the live nodes that are neither draining nor cut off from their peers
+        (every node computes the same)."""
         drained = await self.draining()
         members = await self.members() if members is None else members
-        live = [n for n, i in members.items() if not i.draining and n not in drained]
+        live = [n for n, i in members.items() if not i.draining and not i.cut_off and n not in drained]
         return assign(bundles, live) if live else {}
 
     async def owners(self) -> dict[int, tuple[str, int]]:
@@ -163,9 +173,11 @@ class Membership:
         self.owned[bundle] = epoch
         return epoch
 
-    async def release(self, bundle: int) -> bool:
-        """Give `bundle` up (after its log was closed): delete the owner key if it is still this node's."""
-        epoch = self.owned.pop(bundle, None)
+    async def release(self, bundle: int, epoch: int | None = None) -> bool:
+        """Give `bundle` up (after its log was closed): delete the owner key if it is still this node's (under
+        `epoch`: the one it holds the bundle under, by default)."""
+        held = self.owned.pop(bundle, None)
+        epoch = held if epoch is None else epoch
         if epoch is None:
             return False
         value = json.dumps({"node": self.info.node_id, "epoch": epoch}).encode()
@@ -199,7 +211,7 @@ async def status_of(meta) -> dict:
     rows = []
     for node in sorted(set(nodes) | drained | set(held)):
         info = nodes.get(node)
-        state = "down" if info is None else "draining" if node in drained else "up"
+        state = "down" if info is None else "draining" if node in drained else "cut off" if info.cut_off else "up"
         rows.append({"node": node, "address": info.address if info else "", "zone": info.zone if info else "",
                      "state": state, "bundles": len(held.get(node, []))})
     return {"cluster": cid.value.decode() if cid else "", "bundles": bundles,

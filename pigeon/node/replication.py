@@ -68,6 +68,14 @@ class StorageClient:
         r = await self._read(pb.ReadRequest(ledger=ledger, start=start, end=end), timeout=_CALL_S)
         return list(zip(r.types, r.entries))
 
+    async def answers(self, timeout: float) -> bool:
+        """Whether the member answers a call within `timeout` (an empty read: it costs the member nothing)."""
+        try:
+            await self._read(pb.ReadRequest(ledger=0, start=0, end=0), timeout=timeout)
+            return True
+        except grpc.aio.AioRpcError:
+            return False
+
     async def delete(self, ledgers: list[int]) -> int:
         return (await self._delete(pb.DeleteLedgersRequest(ledgers=ledgers), timeout=_CALL_S)).segments_removed
 

@@ -10,7 +10,7 @@ import itertools
 import pytest
 
 from pigeon.cluster import metadata as M
-from pigeon.node.membership import Membership, NodeIdTaken, NodeInfo, OtherCluster, cluster_id
+from pigeon.node.membership import Membership, NodeIdTaken, NodeInfo, OtherCluster, cluster_id, status_of
 from pigeon.node.meta_etcd import EtcdMetadata
 from pigeon.node.meta_local import LocalMetadata
 
@@ -84,6 +84,25 @@ def test_every_node_computes_the_same_placement_and_one_owner_per_bundle(make_st
         other = next(n for n in nodes if n is not holder)
         assert await holder.release(5)
         assert await other.claim(5) == 2
+        for n in nodes:
+            await n.leave()
+
+    asyncio.run(run())
+
+
+def test_a_node_that_says_it_is_cut_off_gets_no_bundles_until_it_says_otherwise(make_store):
+    async def run():
+        nodes = [node(make_store, f"n{i}") for i in range(3)]
+        for n in nodes:
+            await n.join()
+        await nodes[0].say_cut_off(True)
+        maps = [await n.placement(16) for n in nodes]
+        assert maps[0] == maps[1] == maps[2] and set(maps[0].values()) == {"n1", "n2"}
+        assert (await nodes[1].members())["n0"].cut_off
+        states = {r["node"]: r["state"] for r in (await status_of(nodes[1].meta))["nodes"]}
+        assert states == {"n0": "cut off", "n1": "up", "n2": "up"}
+        await nodes[0].say_cut_off(False)
+        assert set((await nodes[2].placement(16)).values()) == {"n0", "n1", "n2"}
         for n in nodes:
             await n.leave()
 
