@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -258,6 +259,8 @@ class RabbitClusterServer(Server):
             t.join()
         self.daemons.extend(nodes)
         self.names = names
+        self.nodes = dict(zip(names, nodes))
+        self.ports = dict(zip(names, (port for port, _ in ports)))
         self._await_cluster()
         self.server = (f"RabbitMQ {_dpkg_version('rabbitmq-server') or ''} × {NODES} nodes, quorum queues with "
                        f"{NODES} members, publisher confirms")
@@ -275,43 +278,52 @@ class RabbitClusterServer(Server):
                 raise RuntimeError(f"RabbitMQ formed no {NODES}-node cluster: {out.stdout[-300:]} {out.stderr[-300:]}")
             time.sleep(1.0)
 
+    def leader_of(self, queue: str) -> str:
+        """The node that leads `queue` (a quorum queue's Raft leader)."""
+        out = subprocess.run([RABBITMQCTL, "-n", self.names[0], "list_queues", "name", "leader", "--formatter",
+                              "json"], env={**os.environ, **self.env}, capture_output=True, text=True, timeout=30)
+        return next(q["leader"] for q in json.loads(out.stdout) if q["name"] == queue)
+
     def rss(self) -> int:
         return sum(d.rss() for d in self.daemons[1:])
 
 
 # --- failover ----------------------------------------------------------------------------------------------
-def _publisher(send, stop: threading.Event, log: list[tuple[float, bool]]) -> None:
+def _publisher(send, stop: threading.Event, log: list[tuple[float, float, bool]]) -> None:
     while not stop.is_set():
         t = time.monotonic()
         try:
             send()
-            log.append((t, True))
+            log.append((t, time.monotonic(), True))
         except Exception:  # noqa: BLE001 — refused or timed out: counted, and tried again
-            log.append((t, False))
+            log.append((t, time.monotonic(), False))
             time.sleep(0.01)
 
 
 def _measure(send, kill, plan, tick, warm_s: float = 3.0, after_s: float = 12.0) -> dict:
     """Publish one message at a time through a node that stays up; kill the owner (leader) with SIGKILL; the
-    figure is the time from the kill to the first publish sent after it that was answered."""
+    figure is the time from the signal to the answer of the first publish sent after it (`kill` sends the
+    signal and returns the victim's name and a function that waits until its processes are gone: a process
+    takes a while to exit, and waiting first would count that time as the failover's)."""
     stop, log = threading.Event(), []
     t = threading.Thread(target=_publisher, args=(send, stop, log), daemon=True)
     t.start()
     time.sleep(warm_s)
     tick(0.2, len(log))
+    victim, reap = kill()
     killed = time.monotonic()
-    victim = kill()
     deadline = killed + after_s
-    while time.monotonic() < deadline and not any(ok and s > killed for s, ok in log):
+    while time.monotonic() < deadline and not any(ok and s > killed for s, _, ok in log):
         time.sleep(0.05)
     time.sleep(1.0)
     stop.set()
     t.join(timeout=30)
+    reap()
     tick(1.0, len(log))
-    back = [s for s, ok in log if ok and s > killed]
+    back = [done for s, done, ok in log if ok and s > killed]
     return {"seconds": round(back[0] - killed, 3) if back else None, "killed": victim,
-            "failed_publishes": sum(1 for s, ok in log if not ok and s > killed),
-            "published": sum(1 for _, ok in log if ok)}
+            "failed_publishes": sum(1 for s, _, ok in log if not ok and s > killed),
+            "published": sum(1 for _, _, ok in log if ok)}
 
 
 def pigeon_failover(server: PigeonClusterServer, plan, key: str, tick) -> dict:
@@ -330,8 +342,9 @@ def pigeon_failover(server: PigeonClusterServer, plan, key: str, tick) -> dict:
     req = publish_request(topic, [os.urandom(plan.message_bytes)])
 
     def kill():
-        server.nodes[owner].kill()
-        return owner
+        daemon = server.nodes[owner]
+        daemon.signal(signal.SIGKILL)
+        return owner, daemon.kill
 
     try:
         return dict(_measure(lambda: publish(req, timeout=2), kill, plan, tick), via=via)
@@ -375,12 +388,65 @@ def nats_failover(server: NatsClusterServer, plan, key: str, tick) -> dict:
     runner.start()
 
     def kill():
-        server.servers[leader["name"]][0].kill()
-        return leader["name"]
+        daemon = server.servers[leader["name"]][0]
+        daemon.signal(signal.SIGKILL)
+        return leader["name"], daemon.kill
 
     try:
         return dict(_measure(send, kill, plan, tick), via=via)
     finally:
         asyncio.run_coroutine_threadsafe(conn["nc"].close(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        runner.join(timeout=10)
+
+
+def rabbit_failover(server: RabbitClusterServer, plan, key: str, tick) -> dict:
+    """As the others: one confirmed persistent publish at a time through a node that stays up, the queue's
+    leader's node killed; a publish that fails (its channel or connection closed) is sent again on a new one."""
+    import asyncio
+
+    import aiormq
+    from pamqp.commands import Basic
+
+    loop = asyncio.new_event_loop()
+    loop.run_until_complete(server.driver.setup(key))
+    leader = server.leader_of(key)
+    via = next(n for n in server.names if n != leader)
+    url = f"amqp://guest:guest@127.0.0.1:{server.ports[via]}/"
+    data = os.urandom(plan.message_bytes)
+    persistent = Basic.Properties(delivery_mode=2)
+    conn: dict = {}
+
+    async def publish():
+        if "ch" not in conn:
+            conn["conn"] = await aiormq.connect(url)
+            conn["ch"] = await conn["conn"].channel(publisher_confirms=True)
+        try:
+            confirm = await conn["ch"].basic_publish(data, routing_key=key, properties=persistent, mandatory=True)
+        except BaseException:
+            old = conn.pop("conn", None)
+            conn.pop("ch", None)
+            if old is not None:
+                await asyncio.wait_for(old.close(), 1)
+            raise
+        if not isinstance(confirm, Basic.Ack):
+            raise RuntimeError(f"not confirmed: {confirm}")
+
+    def send():
+        asyncio.run_coroutine_threadsafe(asyncio.wait_for(publish(), 2), loop).result(5)
+
+    runner = threading.Thread(target=loop.run_forever, daemon=True)
+    runner.start()
+
+    def kill():
+        daemon = server.nodes[leader]
+        daemon.signal(signal.SIGKILL)
+        return leader, daemon.kill
+
+    try:
+        return dict(_measure(send, kill, plan, tick), via=via)
+    finally:
+        if "conn" in conn:
+            asyncio.run_coroutine_threadsafe(conn["conn"].close(), loop).result(10)
         loop.call_soon_threadsafe(loop.stop)
         runner.join(timeout=10)

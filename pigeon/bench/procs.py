@@ -288,6 +288,10 @@ class Daemon:
         except OSError:
             return ""
 
+    def signal(self, sig: int) -> None:
+        """Send `sig` to every process of the server, without waiting for anything."""
+        self._signal_group(sig)
+
     def _signal_group(self, sig: int) -> None:
         try:
             os.killpg(self.proc.pid, sig)  # timeout made itself the group leader (start_new_session)

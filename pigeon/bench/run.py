@@ -18,13 +18,14 @@ from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, T
 
 from pigeon.bench import workloads as w
 from pigeon.bench.cluster import NatsClusterServer, PigeonClusterServer, RabbitClusterServer, nats_failover, \
-    pigeon_failover
+    pigeon_failover, rabbit_failover
 from pigeon.bench.peers import PEERS, ExternalPigeon, PigeonServer
 from pigeon.bench.plan import QUICK_PEER_WORKLOADS, Plan
 from pigeon.bench.procs import CpuWatch, wait_quiet
 
 CLUSTERS = {c.name: c for c in (PigeonClusterServer, NatsClusterServer, RabbitClusterServer)}  # replicated, 3 each
-FAILOVER = {PigeonClusterServer.name: pigeon_failover, NatsClusterServer.name: nats_failover}
+FAILOVER = {PigeonClusterServer.name: pigeon_failover, NatsClusterServer.name: nats_failover,
+            RabbitClusterServer.name: rabbit_failover}
 TARGETS = ("pigeon", *PEERS, *CLUSTERS)
 
 
