@@ -12,7 +12,7 @@ import functools
 import logging
 
 import grpc
-from google.pubsub_v1 import types
+from pigeon.node.pubsub_types import types
 
 from pigeon.broker import commands
 from pigeon.core import limits, names, wire

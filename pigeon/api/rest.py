@@ -16,6 +16,7 @@ import asyncio
 import base64
 import binascii
 import importlib
+import importlib.util
 import inspect
 import json
 import logging
@@ -114,8 +115,8 @@ def _compiled_protos() -> descriptor_pb2.FileDescriptorSet:
     """pubsub.proto and schema.proto of the installed client library, compiled with their imports."""
     from grpc_tools import protoc
 
-    pkg = importlib.import_module("google.cloud.pubsub_v1")
-    src = os.path.join(os.path.dirname(pkg.__file__), "proto")
+    # found, not imported: the handwritten client's package imports the whole generated client (node.pubsub_types)
+    src = os.path.join(importlib.util.find_spec("google.cloud.pubsub_v1").submodule_search_locations[0], "proto")
     site = os.path.dirname(os.path.dirname(os.path.dirname(annotations_pb2.__file__)))  # where google/api lives
     std = os.path.join(os.path.dirname(protoc.__file__), "_proto")
     with tempfile.TemporaryDirectory() as d:

@@ -73,11 +73,6 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
     port = _listen(server, f"{config.host}:{config.port}",
                    security.server_credentials(config) if config.tls_cert else None)
     local = security.local_socket(server) if config.secured else None  # the REST front's way in
-    if config.http_port != 0:  # the REST routes (descriptors compiled from the protos) are startup's too
-        from pigeon.api import metrics, rest  # noqa: F401
-
-        rest.routes()
-        rest.openapi()
     # What startup made (modules, protobuf descriptors, the recovered state) lives as long as the process:
     # freezing it keeps the collector's full passes, which pause the event loop, from walking it again.
     gc.collect()
@@ -193,6 +188,10 @@ async def _start_http(config: Config, grpc_port: int, engine, cluster, guard=Non
         return None
     from pigeon.api import metrics, rest
 
+    # The routes are compiled from the protos (protoc, then every binding: ~0.4 s) once gRPC already serves, on
+    # a thread: a restart's first calls do not wait for them, and the loop keeps answering meanwhile.
+    await asyncio.to_thread(lambda: (rest.routes(), rest.openapi()))
+    gc.freeze()  # they live as long as the process, as startup's other objects (serve)
     port = config.http_port if config.http_port > 0 else grpc_port + 1
     target = local.target if local is not None else \
         f"{'127.0.0.1' if config.host in ('0.0.0.0', '::', '') else config.host}:{grpc_port}"

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 
-from google.pubsub_v1 import types
+from pigeon.node.pubsub_types import types
 
 from pigeon.broker.resources import Schema
 from pigeon.core import limits, names
