@@ -21,7 +21,12 @@ $(SPARK_STAMP): pyproject.toml | $(STAMP)
 	$(BIN)/pip install --quiet -e '.[test,spark]'
 	touch $(SPARK_STAMP)
 
+# The package's bytecode, written ahead: a server start then loads it instead of compiling every module (~0.3 s
+# of each start where Python may not write its caches itself, as under PYTHONDONTWRITEBYTECODE)
+COMPILE := $(BIN)/python -m compileall -q pigeon
+
 run: $(STAMP)
+	$(COMPILE)
 	$(BIN)/pigeon serve --host 127.0.0.1 --port 8085 --data-dir $(DATA)
 
 # cluster tests start real etcd members: Debian's etcd-server, installed when missing (needs root, as CI has)
@@ -43,6 +48,7 @@ $(CHROMEDRIVER):
 
 test: $(STAMP) $(SPARK_STAMP) $(ETCD_BIN) $(CHROMEDRIVER)
 	$(BIN)/lint-imports
+	$(COMPILE)
 	$(BIN)/python -m pytest -q
 
 BENCH_STAMP := $(VENV)/.bench-installed
