@@ -29,7 +29,6 @@ from pigeon.api.permissions import RULES, Listing, Need, Rule
 from pigeon.broker import iam
 from pigeon.core import limits
 from pigeon.core.errors import PermissionDenied, PigeonError, QuotaExceeded, Unauthenticated
-from pigeon.ops import certs
 
 log = logging.getLogger("pigeon.access")
 
@@ -83,7 +82,10 @@ class _Chain:
 
 class Guard:
     def __init__(self, engine, authn, config, audit, quotas, clock=time.monotonic):
+        from pigeon.ops import certs  # (cryptography: loaded by secured servers only)
+
         self.engine, self.authn, self.audit, self.quotas, self.clock = engine, authn, audit, quotas, clock
+        self._identity = certs.identity_of
         self.admins = config.admin_principals
         self.mtls = bool(config.tls_client_ca)
         self.streams: set[_Watched] = set()
@@ -112,14 +114,14 @@ class Guard:
             pem = (context.auth_context() or {}).get("x509_pem_cert")
             cert = pem[0] if pem else None
         if listener == PEERS:
-            node = certs.identity_of(cert) if cert is not None else ""
+            node = self._identity(cert) if cert is not None else ""
             if not node.startswith("node:"):
                 raise PermissionDenied()  # a certificate of the cluster's CA that names no node
             return (forwarded, routed) if forwarded else (node, False)
         if forwarded:
             if (context.peer() or "").startswith("unix:"):  # this node's REST front: checked here
                 return forwarded, False
-            if listener == SHARED and cert is not None and certs.identity_of(cert).startswith("node:"):
+            if listener == SHARED and cert is not None and self._identity(cert).startswith("node:"):
                 return forwarded, routed
         return self.authn.principal(authorization, cert), False
 

@@ -13,7 +13,7 @@ import tempfile
 
 from pigeon.api import access
 from pigeon.core import limits
-from pigeon.ops import audit, auth, quotas, tls
+from pigeon.ops import tls
 from pigeon.ops.config import Config
 
 log = logging.getLogger("pigeon.security")
@@ -24,6 +24,8 @@ http_context = tls.http_context
 
 
 def guard(config: Config, engine) -> access.Guard:
+    from pigeon.ops import audit, auth, quotas  # (PyJWT, cryptography: loaded by secured servers only)
+
     try:
         authn = auth.Authenticator(config)
     except (OSError, ValueError) as e:
