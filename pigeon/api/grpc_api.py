@@ -12,7 +12,7 @@ import functools
 import logging
 
 import grpc
-from pigeon.node.pubsub_types import types
+from pigeon.core.pubsub_types import types
 
 from pigeon.broker import commands
 from pigeon.core import limits, names, wire

@@ -11,7 +11,7 @@ from __future__ import annotations
 import bisect
 from typing import NamedTuple
 
-from google.pubsub_v1 import types
+from pigeon.core.pubsub_types import types
 
 from pigeon.broker import resources
 from pigeon.broker.schedule import parse_activation

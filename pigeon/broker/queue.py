@@ -5,7 +5,7 @@ broker.commands: the executor (node.queue_ops) appends and applies what these re
 
 from __future__ import annotations
 
-from google.pubsub_v1 import types
+from pigeon.core.pubsub_types import types
 
 from pigeon.broker.subscription import SubscriptionState
 from pigeon.broker.topic import parse_message_id, split_msgnum

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 from google.iam.v1 import policy_pb2
-from google.pubsub_v1 import types
+from pigeon.core.pubsub_types import types
 
 from pigeon.core import limits, names
 from pigeon.core.errors import InvalidArgument

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from google.pubsub_v1 import types
+from pigeon.core.pubsub_types import types
 
 from pigeon.core import limits, names, rawproto
 from pigeon.core.bundles import META_LOG, bundle_log

@@ -23,9 +23,7 @@ import json
 import logging
 import re
 
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import padding, rsa
-from pigeon.node.pubsub_types import types
+from pigeon.core.pubsub_types import types
 
 from pigeon.core import ackid, limits
 
@@ -127,17 +125,23 @@ class TokenSigner:
     @property
     def key(self) -> rsa.RSAPrivateKey:
         if self._key is None:
+            from cryptography.hazmat.primitives.asymmetric import rsa  # (loaded by servers that sign tokens)
+
             self._key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
         return self._key
 
     @property
     def key_id(self) -> str:
+        from cryptography.hazmat.primitives import serialization
+
         der = self.key.public_key().public_bytes(
             serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
         )
         return hashlib.sha256(der).hexdigest()[:40]
 
     def public_pem(self) -> bytes:
+        from cryptography.hazmat.primitives import serialization
+
         return self.key.public_key().public_bytes(
             serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
         )
@@ -164,6 +168,9 @@ class TokenSigner:
             + "."
             + _b64url(json.dumps(claims, separators=(",", ":")).encode())
         )
+        from cryptography.hazmat.primitives import hashes
+        from cryptography.hazmat.primitives.asymmetric import padding
+
         sig = self.key.sign(signing_input.encode(), padding.PKCS1v15(), hashes.SHA256())
         tok = signing_input + "." + _b64url(sig)
         if len(self._cache) >= 1024:
@@ -250,6 +257,7 @@ class PushManager:
                 sig.notify_all()  # the worker re-reads the configuration (and ends when no longer wanted)
             return
         if self._started and not self.engine.closing and s is not None and wanted(s):
+            self.session  # (aiohttp is loaded with the first push subscription, not in its first push's path)
             self.workers[uid] = PushWorker(self, uid)
         elif s is not None and s.config.push_config.push_endpoint and not allowed(s.config.push_config.push_endpoint):
             log.warning("not pushing %s: endpoint %s is not allowed", s.name, s.config.push_config.push_endpoint)
@@ -261,7 +269,7 @@ class PushManager:
     @property
     def session(self) -> "aiohttp.ClientSession":
         if self._session is None:
-            import aiohttp  # here, not at the top: ~0.25 s of start-up for the servers that push nothing
+            import aiohttp  # here, not at the top: ~0.25 s of start-up for servers without push subscriptions
 
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=push_connections_max, limit_per_host=0),

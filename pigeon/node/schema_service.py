@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 
-from pigeon.node.pubsub_types import types
+from pigeon.core.pubsub_types import types
 
 from pigeon.broker.resources import Schema
 from pigeon.core import limits, names

@@ -1,5 +1,5 @@
 """Pub/Sub's message types (`google.pubsub_v1.types`, the client library's: every field of today's API) without
-the client library around them. Owns the rule: a server process imports the types through this module.
+the client library around them. Owns the rule: Pigeon's modules import the types through this one.
 
 `import google.pubsub_v1.types` runs the package's `__init__` first, and that imports the whole generated
 client — api_core, requests, urllib3, its async and REST transports — about 0.3 s of a server's start-up (of
