@@ -49,6 +49,7 @@ topic_offset_bits = 40  # message id = (topic uid << topic_offset_bits | offset)
 bundles_default = 16  # bundles (hash ranges of topic names, one log each) of a node or cluster
 bundles_max = 4096
 segment_bytes_max = 64 * 1024 * 1024
+recovery_kept_bytes_max = 256 * 1024 * 1024  # journal segments recovery's first pass read, kept for its second
 record_bytes_max = 16 * 1024 * 1024
 # node to node (pigeon.v1.Storage): an Append request carries the entries queued meanwhile up to this many bytes
 # (one entry always: a record is at most record_bytes_max), a Read answer as many as fit in it

@@ -157,6 +157,8 @@ class _Scan:
     tail: int
     cut: tuple[int, str, int, str] | None = None  # (segment index, file, byte, reason): the valid journal ends here
     unappliable: Unappliable | None = None
+    kept: dict[str, bytes] = field(default_factory=dict)  # segments read by pass one, for pass two (up to a bound)
+    kept_bytes: int = 0
 
 
 def _scan(disk, wal_dir, segments, start, logs, type_name, forgotten=frozenset()) -> _Scan:
@@ -171,6 +173,9 @@ def _scan(disk, wal_dir, segments, start, logs, type_name, forgotten=frozenset()
             out.cut = (i, path, 0, f"segment starts at {seg}, expected {expected}")
             return out
         buf = disk.read_file(path)
+        if out.kept_bytes + len(buf) <= limits.recovery_kept_bytes_max:  # pass two need not read it again
+            out.kept[path] = buf
+            out.kept_bytes += len(buf)
         pos = max(0, start - seg)
         if pos > len(buf):
             out.cut = (i, path, len(buf), f"segment ends at {seg + len(buf)} before the checkpoint position {start}")
@@ -237,7 +242,7 @@ def _apply(disk, wal_dir, segments, start, scan: _Scan, target, rep: Report, typ
         if seg > scan.tail:
             break
         path = join(wal_dir, segment_name(seg))
-        buf = disk.read_file(path)
+        buf = scan.kept.pop(path, None) or disk.read_file(path)  # (a cut only ever shortened it past scan.tail)
         end = min(len(buf), scan.tail - seg)
         pos = max(0, start - seg)
         while pos < end:
