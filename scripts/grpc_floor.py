@@ -5,7 +5,8 @@ against a real Pigeon — round trip from a sequential caller (one call, then a 
 
     python scripts/grpc_floor.py [--calls 3000] [--server-env GRPC_EXPERIMENTS=-event_engine_listener]
 
-Rows: the echo server's GetTopic-shaped and Publish-shaped calls, then Pigeon's GetTopic (no disk) and Publish of
+Rows: the echo servers' GetTopic-shaped and Publish-shaped calls (grpc.aio, and grpc's thread-pool server),
+then Pigeon's GetTopic (no disk) and Publish of
 one 1 KiB message (durable: fdatasync before the answer). Loopback only; each server is stopped by its pid.
 """
 
@@ -39,6 +40,19 @@ async def main():
     await server.start()
     await server.wait_for_termination()
 uvloop.run(main())
+"""
+
+SYNC_ECHO = """
+import grpc, sys
+from concurrent import futures
+server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+def echo(request, context):
+    return request
+methods = {m: grpc.unary_unary_rpc_method_handler(echo) for m in ("GetTopic", "Publish", "CreateTopic")}
+server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("google.pubsub.v1.Publisher", methods),))
+server.add_insecure_port("127.0.0.1:" + sys.argv[1])
+server.start()
+server.wait_for_termination()
 """
 
 
@@ -116,6 +130,9 @@ def main() -> None:
     rows: list = []
     port = _free_port()
     _measure("bare grpc.aio echo", [sys.executable, "-c", ECHO, str(port)], port, a.calls, env, rows, console)
+    port = _free_port()
+    _measure("bare grpc echo (threads)", [sys.executable, "-c", SYNC_ECHO, str(port)], port, a.calls, env, rows,
+             console)
     data = tempfile.mkdtemp(prefix="pigeon-floor-")
     try:
         port = _free_port()

@@ -1,8 +1,9 @@
-"""How long `pigeon serve` takes to open its gRPC port on an empty data directory, for two source trees
-alternating in one sitting (start-up is most of a restart's time: `pigeon bench`'s restart figure).
+"""How long `pigeon serve` takes to open its gRPC port on an empty data directory (or a copy of `--data`, e.g.
+one holding a backlog), for two source trees alternating in one sitting (start-up and recovery are most of a
+restart's time: `pigeon bench`'s restart figure).
 
     git worktree add /tmp/before HEAD~1
-    python scripts/startup_ab.py /tmp/before . --runs 8
+    python scripts/startup_ab.py /tmp/before . --runs 8 [--data ./data-with-a-backlog]
 
 Both trees' bytecode is written first (as installing a package does), so neither pays for compiling modules."""
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 import argparse
 import compileall
 import os
+import shutil
 import socket
 import statistics
 import subprocess
@@ -25,9 +27,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def once(tree: str) -> float:
+def once(tree: str, source: str | None) -> float:
     port = _free_port()
-    with tempfile.TemporaryDirectory() as data:
+    with tempfile.TemporaryDirectory() as tmp:
+        data = os.path.join(tmp, "data")
+        if source:
+            shutil.copytree(source, data)
         t0 = time.monotonic()
         proc = subprocess.Popen([sys.executable, "-m", "pigeon", "serve", "--port", str(port), "--data-dir", data],
                                 cwd=tree, env=dict(os.environ, PYTHONPATH=tree), stdout=subprocess.DEVNULL,
@@ -53,6 +58,7 @@ def main() -> None:
     ap.add_argument("a", help="the tree before (a checkout: its pigeon/ is started)")
     ap.add_argument("b", help="the tree after")
     ap.add_argument("--runs", type=int, default=8)
+    ap.add_argument("--data", help="start on a copy of this data directory (default: an empty one)")
     args = ap.parse_args()
     trees = [os.path.abspath(args.a), os.path.abspath(args.b)]
     for t in trees:
@@ -60,7 +66,7 @@ def main() -> None:
     times: dict[str, list[float]] = {t: [] for t in trees}
     for i in range(args.runs):
         for t in trees:
-            times[t].append(once(t))
+            times[t].append(once(t, args.data))
         print(f"run {i + 1}/{args.runs}", file=sys.stderr)
     for t in trees:
         print(f"{t}: gRPC port open after median {statistics.median(times[t]):.3f} s "
