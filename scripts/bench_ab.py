@@ -49,6 +49,7 @@ FIGURES = [
     ("few clients, same request size: consume msg/s", "connections_few", "consume_msgs_per_s"),
     ("RAM per backlogged message B", "backlog", "bytes_per_msg"),
     ("restart s", "restart", "seconds"),
+    ("failover s (pigeon-cluster)", "failover", "seconds"),
 ]
 
 

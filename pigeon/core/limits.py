@@ -132,7 +132,8 @@ slow_request_s = 1.0  # a call (but one that waits by design) slower than this g
 rest_body_bytes_max = 16 * 1024 * 1024  # a REST request body (a 10 MB publish is about 13.4 MB as base64 JSON)
 forward_s_max = 5.0  # a forwarded call (but a Pull, which waits by design) not answered by then is UNAVAILABLE
 cut_off_probe_s = 1.0  # a node whose writes every peer failed asks each this long for an answer before it steps down
-peer_refusals = 3  # a peer that refused this many connections in a row (0.1 s apart) is gone: its session ends
+peer_refusals = 3  # a peer that refused this many connections in a row … is gone: its session ends
+peer_refusal_interval_s = 0.02  # … this far apart (only a port nothing listens on refuses: a live node never does)
 member_silence_s = 5.0  # a ledger member that answers none of the entries sent to it this long has failed (a cut-off
 #                        peer takes no entries and refuses none: without this its writer would wait for it forever)
 peer_connect_s = 1.0  # a connection attempt to a peer that takes longer tells nothing

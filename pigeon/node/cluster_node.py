@@ -176,7 +176,7 @@ class ClusterNode:
                     writer.close()
                     return  # it answers
                 except ConnectionRefusedError:
-                    await asyncio.sleep(0.1)
+                    await asyncio.sleep(limits.peer_refusal_interval_s)
             now = await self.meta.get(M.node_key(node_id))
             if now is not None and now.lease == kv.lease:
                 log.warning("node %s refuses connections at %s: its process is gone; ending its session",
