@@ -288,10 +288,10 @@ def chart(doc: dict, path: str) -> bool:
     fig, axes = plt.subplots(rows, cols, figsize=(7.5 * cols, 3.9 * rows), squeeze=False)
     for ax in axes.flat[len(panels):]:
         ax.axis("off")
-    alphas = (1.0, 0.6, 0.35)
     for ax, (title, unit, better, log, series) in zip(axes.flat, panels):
         names = [t for t in doc["targets"] if any(value(doc, t, k, f) is not None for _, k, f in series)]
         height = 0.8 / len(series)
+        alphas = [1.0 - 0.7 * i / max(1, len(series) - 1) for i in range(len(series))]  # as many as the series
         for si, (label, key, field) in enumerate(series):
             for ni, t in enumerate(names):
                 v = value(doc, t, key, field)
