@@ -178,7 +178,7 @@ class Engine:
         parts = rec.parts()
         at = self.journal.append(log_id, self.epoch, rec.TYPE, parts)[1]
         if self.replicas is not None and log_id != META_LOG and rec.TYPE < R.RecordType.RESET:
-            self._replicated[log_id] = self.replicas.append(log_id, rec.TYPE, b"".join(parts))
+            self._replicated[log_id] = self.replicas.append(log_id, rec.TYPE, b"".join(parts), (at, self.journal.tail))
         effects = self.state.apply(rec, at, owner)
         if effects:
             self._perform(effects)
@@ -203,6 +203,14 @@ class Engine:
                 sig = self.signals.get(uid)
                 if sig is not None:
                     self._arm(self.state.subs_by_uid[uid], sig)
+
+    def journal_needed_from(self) -> int:
+        """Where the journal must be kept from for others than this state: a cluster node's ledger store refers to
+        records in it (node.ledger_store) — until the node has joined and opened it, nothing may go."""
+        if not self.config.etcd:
+            return self.journal.tail
+        low = self.replicas.store.needed_from() if self.replicas is not None else 0
+        return self.journal.tail if low is None else low
 
     async def durable(self, end: int | None = None, log_id: int | None = None) -> None:
         """Until everything committed so far (or up to `end`) is durable — and in a cluster, everything committed

@@ -11,13 +11,13 @@ import crc32c
 
 HEADER = struct.Struct("<IIB")
 HEADER_BYTES = HEADER.size  # 9
-_LEN_CRC = struct.Struct("<II")
-PREFIX_BYTES = _LEN_CRC.size  # length · crc: read these first to learn how long a record is
+LEN_CRC = struct.Struct("<II")
+PREFIX_BYTES = LEN_CRC.size  # length · crc: read these first to learn how long a record is
 
 
 def size_from_prefix(prefix: bytes | memoryview) -> int:
     """A record's whole size in bytes, from its first PREFIX_BYTES bytes."""
-    return _LEN_CRC.unpack_from(prefix, 0)[0] + PREFIX_BYTES
+    return LEN_CRC.unpack_from(prefix, 0)[0] + PREFIX_BYTES
 
 
 def encode(rtype: int, payload: bytes) -> bytes:
@@ -33,7 +33,7 @@ def encode_parts(rtype: int, parts: list[bytes]) -> bytes:
     for part in parts:
         crc = crc32c.crc32c(part, crc)
         length += len(part)
-    return b"".join([_LEN_CRC.pack(length, crc), head, *parts])
+    return b"".join([LEN_CRC.pack(length, crc), head, *parts])
 
 
 class Malformed(ValueError):
@@ -54,7 +54,7 @@ def decode_at(buf: bytes | memoryview, pos: int, record_bytes_max: int) -> tuple
     end = len(buf)
     if end - pos < HEADER_BYTES:
         raise Broken("short header")
-    length, crc = _LEN_CRC.unpack_from(buf, pos)
+    length, crc = LEN_CRC.unpack_from(buf, pos)
     if length < 1 or length > record_bytes_max:
         raise Broken(f"bad length {length}")
     start = pos + 8
