@@ -136,6 +136,10 @@ class Cluster:
     def owner_of(self, topic: str) -> str:
         return owners(self.etcd.endpoint)[bundle_of(topic, BUNDLES)]
 
+    def owner_now(self, topic: str) -> str | None:
+        """The owner of the topic's bundle, or None in the moment between one owner leaving it and the next."""
+        return owners(self.etcd.endpoint).get(bundle_of(topic, BUNDLES))
+
     def stop(self) -> None:
         for n in self.nodes.values():
             if n.proc is not None and n.proc.poll() is None:
@@ -358,7 +362,7 @@ def cut_owner(cluster, topic, rng, say, outage_s):
     say(f"cut {name} (the owner) off from its peers and etcd for {cut:.0f} s; clients still reach it")
     cluster.network.cut(name, etcd=True)
     time.sleep(cut)
-    now = cluster.owner_of(topic)
+    now = cluster.owner_now(topic)
     cluster.network.heal()
     say(f"healed; {now} owned the topic at the end of the cut")
     if now == name:
@@ -373,7 +377,7 @@ def cut_owner_peers(cluster, topic, rng, say, outage_s):
     t_cut = time.monotonic()
     moved = None
     while time.monotonic() - t_cut < cut:
-        if moved is None and cluster.owner_of(topic) != name:
+        if moved is None and cluster.owner_now(topic) != name:  # (none: it stepped down, nobody took it yet)
             moved = time.monotonic()
         time.sleep(0.2)
     without = sorted(log for log, members in open_ledgers(cluster.etcd.endpoint).items() if name not in members)
