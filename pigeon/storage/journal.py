@@ -27,6 +27,7 @@ from pigeon.storage.disk import Disk, join
 SUFFIX = ".wal"
 FENCE, TRUNCATE = 30, 31  # marker entries: journal-level, never a broker record
 MARKERS = (FENCE, TRUNCATE)
+GATHER_BYTES_MIN = 64 * 1024  # an entry this big is written from its parts, not copied into one record first
 _MARK = struct.Struct("<Q")
 
 
@@ -124,26 +125,35 @@ class Journal:
         if epoch < st.fenced:
             raise Fenced(log_id, epoch, st.fenced)
         offset = st.next
-        data = record.encode_entry(rtype, log_id, epoch, offset, parts)
-        pos = self._add(data)
+        body = sum(map(len, parts))
+        if body >= GATHER_BYTES_MIN and all(type(p) is bytes or (type(p) is memoryview and p.readonly)
+                                            for p in parts):
+            data = record.entry_buffers(rtype, log_id, epoch, offset, parts)
+            size = record.HEADER_BYTES + record.ENTRY_BYTES + body
+        else:
+            data = record.encode_entry(rtype, log_id, epoch, offset, parts)
+            size = len(data)
+        pos = self._add(data, size)
         st.next = offset + 1
         st.epoch = epoch
         st.unsynced.append((offset, self.tail))
         if not st.samples or st.samples[-1][1] < self.starts[-1]:
             st.samples.append((offset, pos))
         st.entries += 1
-        st.bytes += len(data)
+        st.bytes += size
         return offset, pos
 
-    def _add(self, data: bytes) -> int:
+    def _add(self, data, size: int | None = None) -> int:
+        """Queue a record — bytes, or a tuple of buffers written one after the other — of `size` bytes."""
+        size = len(data) if size is None else size
         pos = self.tail
         seg = self.starts[-1]
-        if pos - seg + len(data) > self.segment_bytes and pos > seg:
+        if pos - seg + size > self.segment_bytes and pos > seg:
             self.starts.append(pos)  # rotate: the writer opens a new file at this position
             seg = pos
-        self.tail = pos + len(data)
+        self.tail = pos + size
         self._pending.append((seg, data))
-        self._pending_bytes += len(data)
+        self._pending_bytes += size
         return pos
 
     def _marker(self, st: LogState, kind: int, epoch: int, value: int) -> int:
@@ -201,7 +211,10 @@ class Journal:
                 cursor.start = seg
                 cursor.handle = disk.open_append(self.path(seg))
                 disk.sync_dir(self.dir)
-            chunks.append(data)
+            if type(data) is tuple:  # a record in buffers (entry_buffers)
+                chunks.extend(data)
+            else:
+                chunks.append(data)
         if chunks:
             disk.writev(cursor.handle, chunks)
 
@@ -224,7 +237,7 @@ class Journal:
         """Put entries taken for writing back in front of the pending ones, in order (to write them again)."""
         again = [e for batch in batches for e in batch]
         self._pending[:0] = again
-        self._pending_bytes += sum(len(d) for _, d in again)
+        self._pending_bytes += sum(sum(map(len, d)) if type(d) is tuple else len(d) for _, d in again)
 
     def on_durable(self, end: int, callback) -> None:
         """Call `callback(None)` once the journal is durable up to `end` (at once when it is), or

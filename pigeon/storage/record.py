@@ -92,6 +92,19 @@ def encode_entry(rtype: int, log: int, epoch: int, offset: int, parts: list[byte
     return encode_parts(rtype, [ENTRY.pack(log, epoch, offset), *parts])
 
 
+def entry_buffers(rtype: int, log: int, epoch: int, offset: int, parts: list) -> tuple:
+    """`encode_entry`'s record as buffers to write one after the other — its header, then the parts themselves:
+    a megabyte body is not copied into a joined record (writev gathers it). The parts must not change until
+    written (bytes, or read-only views of bytes)."""
+    head = bytes((rtype,)) + ENTRY.pack(log, epoch, offset)
+    crc = crc32c.crc32c(head)
+    length = len(head)
+    for part in parts:
+        crc = crc32c.crc32c(part, crc)
+        length += len(part)
+    return (LEN_CRC.pack(length, crc) + head, *parts)
+
+
 def split_entry(payload) -> tuple[int, int, int, memoryview]:
     """(log, epoch, offset, body) of an entry's record payload. Raises Malformed when it is too short to be one."""
     if len(payload) < ENTRY_BYTES:
