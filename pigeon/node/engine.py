@@ -93,6 +93,7 @@ class Engine:
         self.meta_log = None  # a cluster node's metadata log (node.meta_log): metadata changes go through it
         self.owns = lambda log_id: True  # whether this node owns a log (a cluster node owns some bundles)
         self.replicas = None  # a cluster node's bundle logs (node.bundle_logs): data records are replicated
+        self.ledgers = None  # a cluster node's ledger store (node.ledger_store): it refers to records of this journal
         self._replicated: dict[int, asyncio.Future] = {}  # log → the replication of its latest record
         self.report: recovery.Report | None = None
         self._fenced: set[int] = set()  # logs fenced at self.epoch
@@ -209,7 +210,7 @@ class Engine:
         records in it (node.ledger_store) — until the node has joined and opened it, nothing may go."""
         if not self.config.etcd:
             return self.journal.tail
-        low = self.replicas.store.needed_from() if self.replicas is not None else 0
+        low = self.ledgers.needed_from() if self.ledgers is not None else 0
         return self.journal.tail if low is None else low
 
     async def durable(self, end: int | None = None, log_id: int | None = None) -> None:

@@ -377,3 +377,47 @@ def test_statistics_are_plain_values_of_every_part(tmp_path):
         await e.stop()
 
     run(go())
+
+
+def test_a_cluster_node_keeps_the_segments_its_ledger_store_refers_to(tmp_path):
+    """Invariant W1 (docs/cluster.md): the journal keeps every segment from the lowest position a kept ledger
+    refers to — nothing at all before the node's ledger store is open — and lets them go once it is deleted."""
+    async def go():
+        from pigeon.node.ledger_store import LedgerStore
+
+        clock = SimClock()
+        cfg = config(tmp_path, segment_bytes=16 * 1024 * 1024 + 1, checkpoint_wal_bytes=1, etcd="127.0.0.1:1",
+                     node_id="n1")
+        e = await started(cfg, clock)
+        await setup(e)
+        wal_dir = os.path.join(cfg.data_dir, "wal")
+        payload = b"x" * 1_000_000
+        for _ in range(20):
+            await publish(e, [payload])
+        referred = e.journal.tail  # the next record: the owner's ledger store will refer to it
+        for _ in range(30):  # ~50 MB in all: segments before and after it
+            await publish(e, [payload])
+        while got := await pull_all(e, n=100):
+            await e.acknowledge(S, [m.ack_id for m in got])
+
+        async def settle() -> int:
+            for _ in range(3):  # two checkpoints must lie past the acked data before segments go
+                await e.maintain_once()
+                await publish(e, [b"tick"])
+            return len(os.listdir(wal_dir))
+
+        before = len(os.listdir(wal_dir))
+        assert before >= 4 and await settle() == before, "no segment goes before the ledger store is open"
+        store = e.ledgers = LedgerStore(cfg.data_dir)
+        await store.open(e.journal)
+        await store.submit_ref(7, 1, 0, R.RecordType.PUBLISH, referred)
+        left = await settle()
+        assert 1 < left < before
+        assert min(int(f.split(".")[0]) for f in os.listdir(wal_dir)) <= referred, "its segment is kept"
+        assert len(store.read(7, 0, 1)[0].body) > 1_000_000
+        await store.delete([7])
+        assert await settle() == 1
+        await store.close()
+        await e.stop()
+
+    run(go())
