@@ -379,14 +379,14 @@ async def recover_ledger(ledger: int, members: dict[str, StorageClient], replica
     async def fence(m):
         try:
             events.put_nowait(("fenced", m, await members[m].fence(ledger)))
-        except grpc.aio.AioRpcError:
+        except (grpc.aio.AioRpcError, PigeonError):  # (this node's own store answers with PigeonError)
             events.put_nowait(("gone", m, None))
 
     async def read(m, offset):
         try:
             got = await members[m].read(ledger, offset, offset + 1)
             events.put_nowait(("read", m, (offset, _TYPE.pack(got[0][0]) + got[0][1] if got else None)))
-        except grpc.aio.AioRpcError:
+        except (grpc.aio.AioRpcError, PigeonError):  # (this node's own store answers with PigeonError)
             events.put_nowait(("gone", m, None))
 
     async def copy(m, offset, entry):
@@ -398,7 +398,7 @@ async def recover_ledger(ledger: int, members: dict[str, StorageClient], replica
             async for index, error in stream.answers():
                 events.put_nowait(("gone", m, None) if error else ("written", m, index))
                 return
-        except grpc.aio.AioRpcError:
+        except (grpc.aio.AioRpcError, PigeonError):  # (this node's own store answers with PigeonError)
             events.put_nowait(("gone", m, None))
         finally:
             stream.close()
