@@ -97,7 +97,6 @@ class _Pending:
     rtype: int
     body: bytes
     fut: asyncio.Future
-    ref: tuple[int, int] | None = None  # (position, end) of its record in this node's journal, when it is there
 
 
 @dataclass
@@ -142,17 +141,16 @@ class BundleLogs:
     def serving(self, log_id: int) -> bool:
         return log_id in self.logs
 
-    def append(self, log_id: int, rtype: int, body: bytes, ref: tuple[int, int] | None = None) -> asyncio.Future:
+    def append(self, log_id: int, rtype: int, body: bytes) -> asyncio.Future:
         """Replicate one record of an owned log: a future done once Qa members hold it durable; it fails with
-        Unavailable when the log is not (or no longer) this node's. `ref`: (position, end) of the record in this
-        node's journal — where this node's own ledger store refers to it instead of storing it again."""
+        Unavailable when the log is not (or no longer) this node's."""
         fut = asyncio.get_running_loop().create_future()
         fut.add_done_callback(_retrieve)
         ol = self.logs.get(log_id)
         if ol is None:
             fut.set_exception(Unavailable(_MOVED))
             return fut
-        p = _Pending(rtype, body, fut, ref)
+        p = _Pending(rtype, body, fut)
         ol.pending.append(p)
         ol.next_offset += 1
         if ol.rolling is None:
@@ -167,7 +165,7 @@ class BundleLogs:
 
     def _send(self, ol: OwnedLog, p: _Pending) -> None:
         try:
-            wfut = ol.writer.append(p.rtype, p.body, p.ref)
+            wfut = ol.writer.append(p.rtype, p.body)
         except LedgerRolled:
             self._start_roll(ol)
             return

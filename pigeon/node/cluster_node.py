@@ -110,8 +110,7 @@ class ClusterNode:
         self.engine.meta_log = self.meta_log
         self.engine.owns = self.logs.serving  # owned, taken over, and a ledger open
         self.engine.replicas = self.logs
-        self.engine.ledgers = self.store
-        await self.store.open(self.engine.journal)  # the owner's own copies are references into its journal
+        await self.store.open()
         self._tasks = [asyncio.create_task(self._watch(), name="pigeon-cluster-watch"),
                        asyncio.create_task(self._follow_placement(), name="pigeon-cluster-placement")]
         log.info("node %s joined cluster %s at %s (zone %s)", self.info.node_id, self.cluster_id, self.info.address,

@@ -93,7 +93,6 @@ class Engine:
         self.meta_log = None  # a cluster node's metadata log (node.meta_log): metadata changes go through it
         self.owns = lambda log_id: True  # whether this node owns a log (a cluster node owns some bundles)
         self.replicas = None  # a cluster node's bundle logs (node.bundle_logs): data records are replicated
-        self.ledgers = None  # a cluster node's ledger store (node.ledger_store): it refers to records of this journal
         self._replicated: dict[int, asyncio.Future] = {}  # log → the replication of its latest record
         self.report: recovery.Report | None = None
         self._fenced: set[int] = set()  # logs fenced at self.epoch
@@ -179,7 +178,7 @@ class Engine:
         parts = rec.parts()
         at = self.journal.append(log_id, self.epoch, rec.TYPE, parts)[1]
         if self.replicas is not None and log_id != META_LOG and rec.TYPE < R.RecordType.RESET:
-            self._replicated[log_id] = self.replicas.append(log_id, rec.TYPE, b"".join(parts), (at, self.journal.tail))
+            self._replicated[log_id] = self.replicas.append(log_id, rec.TYPE, b"".join(parts))
         effects = self.state.apply(rec, at, owner)
         if effects:
             self._perform(effects)
@@ -204,14 +203,6 @@ class Engine:
                 sig = self.signals.get(uid)
                 if sig is not None:
                     self._arm(self.state.subs_by_uid[uid], sig)
-
-    def journal_needed_from(self) -> int:
-        """Where the journal must be kept from for others than this state: a cluster node's ledger store refers to
-        records in it (node.ledger_store) — until the node has joined and opened it, nothing may go."""
-        if not self.config.etcd:
-            return self.journal.tail
-        low = self.ledgers.needed_from() if self.ledgers is not None else 0
-        return self.journal.tail if low is None else low
 
     async def durable(self, end: int | None = None, log_id: int | None = None) -> None:
         """Until everything committed so far (or up to `end`) is durable — and in a cluster, everything committed

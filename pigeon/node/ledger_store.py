@@ -8,62 +8,38 @@ appends share one group commit and one fdatasync, as a BookKeeper bookie's journ
     appends; recovery's copies (at the fence epoch) are still taken;
   * this journal is never `apply`d and never cut below a ledger that has not been deleted: start-up scans it
     whole to find every ledger's entries (no checkpoints here);
-  * an entry the owner itself wrote (this node owns the log) is not copied here: its node journal already holds
-    the record, durably, before the entry is taken. The entry stored is a *reference* (type REF: the ledger,
-    index, the record's journal position, type, length and CRC); reads resolve it there and check the record's
-    length and CRC, so a reference never reads another record. The node journal keeps every segment a kept
-    ledger refers to (`needed_from`);
   * a deleted ledger (its log was cut past it: node.bundle_logs) is forgotten for good — its id is kept in
     `deleted` (written durably before the delete is answered), it reads as empty and refuses appends and fences
     — and the journal segments below the first entry of every ledger still kept are removed. A kept ledger that
     holds a fence but no entry stops the removal (where its fence lies is not known; losing it could let a
     replaced writer in again).
 
-The node's own logs and state are untouched by it: a separate journal, separate files; references only read
-the node journal."""
+The node's own logs and state are untouched by it: a separate journal, separate files."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import os
-import struct
 from dataclasses import dataclass
 
-from pigeon.core.errors import FailedPrecondition, PigeonError
+from pigeon.core.errors import FailedPrecondition
 from pigeon.node.disk import OsDisk
 from pigeon.node.journal import FsyncPolicy, JournalWriter
-from pigeon.storage import record, recovery
-from pigeon.storage.journal import MARKERS, Entry
-from pigeon.storage.records import RecordType
+from pigeon.storage import recovery
+from pigeon.storage.journal import Entry
 
 FENCE_EPOCH = 0xFFFF_FFFF  # above every writer's epoch (epochs are 32-bit): recovery writes at it
-REF = 48  # an entry whose record is in the node journal; its body is _REF
-_REF = struct.Struct("<IQQBII")  # ledger · index · node journal position · record type · record length · its CRC
-assert REF not in MARKERS and REF not in set(RecordType)
 
 
-class BrokenReference(PigeonError):
-    """A reference whose record the node journal no longer holds as it was (its segment is gone, or the journal
-    was cut there after damage): the entry is not served from here; another member has it."""
-
-    code, http = "DATA_LOSS", 500
-
-
-class _Scan:
-    """Recovery's target for stored ledgers: nothing is applied; the scan's index is what is wanted, and where
-    each ledger's first reference points (the node journal keeps that much)."""
-
-    def __init__(self):
-        self.first_ref: dict[int, int] = {}
+class _NotApplied:
+    """Recovery's target for stored ledgers: nothing is applied, the scan's index is what is wanted."""
 
     def load(self, header, meta, images) -> None:
         raise ValueError("the ledger journal has no checkpoints")
 
     def apply(self, rtype: int, body, at: int) -> None:
-        if rtype == REF:
-            ledger, _, pos, _, _, _ = _REF.unpack_from(body)
-            self.first_ref.setdefault(ledger, pos)  # a ledger's references go up: the first is the lowest
+        pass
 
 
 @dataclass(frozen=True)
@@ -80,17 +56,13 @@ class LedgerStore:
         self.policy, self.segment_bytes = FsyncPolicy(policy), segment_bytes
         self.writer: JournalWriter | None = None
         self.deleted: set[int] = set()
-        self.main: JournalWriter | None = None  # the node journal references point into
-        self._first_ref: dict[int, int] = {}  # ledger → the node journal position its first reference names
         self._disk = OsDisk()
 
     @property
     def _deleted_path(self) -> str:
         return os.path.join(self.dir, "deleted")
 
-    async def open(self, main: JournalWriter | None = None) -> None:
-        """`main`: the node's own journal, where the records of `submit_ref` are (none: references are refused)."""
-        self.main = main
+    async def open(self) -> None:
         for sub in ("wal", "checkpoints"):  # (recovery looks in both; this journal never writes a checkpoint)
             os.makedirs(os.path.join(self.dir, sub), exist_ok=True)
         disk = OsDisk()
@@ -98,9 +70,8 @@ class LedgerStore:
             self.deleted = set(json.loads(self._disk.read_file(self._deleted_path)))
         gone = frozenset(self.deleted)
         found = await asyncio.get_running_loop().run_in_executor(
-            None, lambda: recovery.recover(disk, self.dir, _Scan, repair=True, forgotten=gone))
+            None, lambda: recovery.recover(disk, self.dir, _NotApplied, repair=True, forgotten=gone))
         logs = {lid: st for lid, st in found.logs.items() if lid not in self.deleted}
-        self._first_ref = {lid: pos for lid, pos in found.target.first_ref.items() if lid not in self.deleted}
         self.writer = JournalWriter(os.path.join(self.dir, "wal"), self.policy, self.segment_bytes, disk)
         self.writer.open(found.tail, logs)
 
@@ -135,23 +106,6 @@ class LedgerStore:
         if index == held:
             self.writer.append(ledger, epoch, rtype, [body])
 
-    def submit_ref(self, ledger: int, epoch: int, index: int, rtype: int, at: int) -> asyncio.Future:
-        """`submit` for an entry whose record — type `rtype` — is at position `at` of the node journal and durable
-        there: a reference to it is stored instead of its bytes (this node writes the ledger: it owns the log)."""
-        if self.main is None:
-            raise FailedPrecondition("this ledger store takes no references")
-        size, crc = record.LEN_CRC.unpack(self.main.read(at, record.PREFIX_BYTES))
-        self._submit(ledger, epoch, index, REF, _REF.pack(ledger, index, at, rtype, size, crc))
-        self._first_ref.setdefault(ledger, at)
-        return self.writer.wait_durable(self.writer.tail)
-
-    def needed_from(self) -> int | None:
-        """The lowest node journal position a kept ledger refers to (none: no reference is kept; 0 while the store
-        is not open: what it refers to is not known yet)."""
-        if self.writer is None:
-            return 0
-        return min(self._first_ref.values(), default=None)
-
     def submit_many(self, ledger: int, epoch: int, index: int, types: list[int], bodies: list) -> tuple[int, asyncio.Future]:
         """`submit` for entries `index`, `index + 1`, … at once: (the last one's index, a future done once all
         are durable). FailedPrecondition as `submit` (the entries before the refused one are taken)."""
@@ -174,26 +128,10 @@ class LedgerStore:
         return st is not None and st.fenced >= FENCE_EPOCH
 
     def read(self, ledger: int, start: int, end: int) -> list[Entry]:
-        """The durable entries of `ledger` in [start, end), in order (references resolved). BrokenReference when
-        a referenced record is not what was referred to."""
+        """The durable entries of `ledger` in [start, end), in order."""
         if ledger in self.deleted:
             return []
-        return [self._resolve(e) if e.rtype == REF else e for e in self.writer.journal.entries(ledger, start, end)]
-
-    def _resolve(self, e: Entry) -> Entry:
-        ledger, index, at, rtype, size, crc = _REF.unpack_from(e.body)
-        where = f"entry {index} of ledger {ledger} (node journal position {at})"
-        if self.main is None:
-            raise BrokenReference(f"{where}: the node journal is not open")
-        try:
-            if record.LEN_CRC.unpack(self.main.read(at, record.PREFIX_BYTES)) != (size, crc):
-                raise BrokenReference(f"{where}: another record is there")
-            got, payload = self.main.journal.read_record(at)
-        except (OSError, AssertionError, record.Broken, struct.error) as ex:
-            raise BrokenReference(f"{where}: {type(ex).__name__}: {ex}") from None
-        if got != rtype:
-            raise BrokenReference(f"{where}: a record of type {got}, not {rtype}")
-        return Entry(e.epoch, e.offset, rtype, bytes(record.split_entry(payload)[3]), e.at)
+        return list(self.writer.journal.entries(ledger, start, end))
 
     async def delete(self, ledgers) -> int:
         """Forget `ledgers` for good (durably, before answering) and remove the journal segments no kept ledger
@@ -204,8 +142,6 @@ class LedgerStore:
             await asyncio.get_running_loop().run_in_executor(
                 None, self._disk.write_durably, self._deleted_path, json.dumps(keep).encode())
             self.deleted.update(new)
-            for lid in new:
-                self._first_ref.pop(lid, None)
         return len(self.collect())
 
     def collect(self) -> list[int]:

@@ -33,7 +33,7 @@ async def maintain_once(engine) -> None:
     for rec in commands.retention(st, now):
         engine.commit(rec)
     st.prune(now, engine.config.idempotency_window_s)
-    need_pos = min(engine.journal.tail, st.trim_indexes(now), engine.journal_needed_from())
+    need_pos = min(engine.journal.tail, st.trim_indexes(now))
     grown = engine.journal.tail - (engine._checkpoints[-1] if engine._checkpoints else 0)
     if grown >= engine.config.checkpoint_wal_bytes or (
         grown > 0 and now - engine._last_ck_time >= engine.config.checkpoint_interval_s

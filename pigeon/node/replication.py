@@ -138,9 +138,8 @@ class AppendStream:
             self._sent.append(index + j - 1)
             yield append_wire.encode(ledger, epoch, index, [e[3] for e in run], [e[4] for e in run])
 
-    def send(self, ledger: int, epoch: int, index: int, rtype: int, entry: bytes, ref=None) -> None:
-        """Queue an entry: it goes out with the next flush, or at most limits.replication_linger_s from now.
-        (`ref` is for the owner's own store: LocalAppend.)"""
+    def send(self, ledger: int, epoch: int, index: int, rtype: int, entry: bytes) -> None:
+        """Queue an entry: it goes out with the next flush, or at most limits.replication_linger_s from now."""
         self._q.append((ledger, epoch, index, rtype, entry))
         if self._timer is None and not self._ready.is_set():
             self._timer = asyncio.get_running_loop().call_later(limits.replication_linger_s, self._linger_over)
@@ -196,47 +195,18 @@ class LocalMember:
 
 
 class LocalAppend:
-    """An Append stream to this node's own ledger store: answers in order, once durable. An entry sent with `ref`
-    — (position, end) of its record in the node journal, which the owner wrote first — is stored as a reference
-    once the node journal has the record durable (ledger_store.submit_ref): the owner's own copy costs no second
-    write of the bytes. Entries are handed to the store in the order sent (one waiting for its record holds back
-    the ones after it: a ledger's entries are dense)."""
+    """An Append stream to this node's own ledger store: answers in order, once durable."""
 
     def __init__(self, store):
         self.store = store
-        self._q: asyncio.Queue = asyncio.Queue()  # (index, future done once durable | None, refusal) in order
-        self._held: deque[list] = deque()  # [ledger, epoch, index, rtype, entry, ref, ready, refusal] in order
-        self._closed = False
+        self._q: asyncio.Queue = asyncio.Queue()
 
-    def send(self, ledger: int, epoch: int, index: int, rtype: int, entry: bytes, ref=None) -> None:
-        if ref is not None and self.store.main is None:
-            ref = None  # (a store without the node journal: the bytes are stored)
-        item = [ledger, epoch, index, rtype, entry, ref, ref is None, ""]
-        self._held.append(item)
-        if ref is not None:
-            self.store.main.wait_durable(ref[1]).add_done_callback(lambda f, item=item: self._durable(item, f))
-        self._hand()
-
-    def _durable(self, item: list, f: asyncio.Future) -> None:
-        if f.cancelled():
-            item[7] = "the node journal closed"
-        elif f.exception() is not None:
-            item[7] = f"the node journal failed: {f.exception()}"
-        item[6] = True
-        self._hand()
-
-    def _hand(self) -> None:
-        held = self._held
-        while held and held[0][6] and not self._closed:
-            ledger, epoch, index, rtype, entry, ref, _, why = held.popleft()
-            done = None
-            if not why:
-                try:
-                    done = self.store.submit(ledger, epoch, index, rtype, entry) if ref is None else \
-                        self.store.submit_ref(ledger, epoch, index, rtype, ref[0])
-                except PigeonError as e:
-                    why = str(e)
-            self._q.put_nowait((index, done, why))
+    def send(self, ledger: int, epoch: int, index: int, rtype: int, entry: bytes) -> None:
+        try:
+            done, why = self.store.submit(ledger, epoch, index, rtype, entry), ""
+        except PigeonError as e:
+            done, why = None, str(e)
+        self._q.put_nowait((index, done, why))
 
     async def answers(self):
         while (item := await self._q.get()) is not None:
@@ -249,8 +219,6 @@ class LocalAppend:
         pass  # (the ledger store's journal flushes when a future is awaited)
 
     def close(self) -> None:
-        self._closed = True
-        self._held.clear()
         self._q.put_nowait(None)
 
 
@@ -259,7 +227,6 @@ class LedgerWriter:
         self.ledger, self.epoch = ledger, epoch
         self.machine = Writer(0, list(members), replication)
         self.types: dict[int, int] = {}  # index → record type of the entries not yet confirmed
-        self.refs: dict[int, tuple[int, int]] = {}  # index → where the owner's journal has it (LocalAppend)
         self.waiters: deque[tuple[int, asyncio.Future]] = deque()  # in index order
         self.rolled: Roll | None = None
         self.failed: set[str] = set()  # members that failed or refused (the next ensemble leaves them out)
@@ -268,9 +235,9 @@ class LedgerWriter:
         self._readers = [asyncio.create_task(self._follow(m, s)) for m, s in self.streams.items()]
         self._readers.append(asyncio.create_task(self._watch(limits.member_silence_s)))
 
-    def append(self, rtype: int, body: bytes, ref: tuple[int, int] | None = None) -> asyncio.Future:
+    def append(self, rtype: int, body: bytes) -> asyncio.Future:
         """Append one entry; the future is done (with its index) once Qa members have it durable, or fails with
-        LedgerRolled. `ref`: (position, end) of the entry's record in this node's journal, when it is there."""
+        LedgerRolled."""
         if self.rolled is not None:
             raise LedgerRolled(self.rolled)
         actions = self.machine.append(body)
@@ -278,23 +245,19 @@ class LedgerWriter:
         fut = asyncio.get_running_loop().create_future()
         self.waiters.append((index, fut))
         self.types[index] = rtype
-        if ref is not None:
-            self.refs[index] = ref
         self._perform(actions)
         return fut
 
     def _perform(self, actions) -> None:
         for act in actions:
             if isinstance(act, Send):
-                rtype, ref = self.types[act.offset], self.refs.get(act.offset)
                 for m in act.members:
-                    self.streams[m].send(self.ledger, self.epoch, act.offset, rtype, act.entry, ref)
+                    self.streams[m].send(self.ledger, self.epoch, act.offset, self.types[act.offset], act.entry)
             elif isinstance(act, Confirmed):
-                waiters, types, refs = self.waiters, self.types, self.refs
+                waiters, types = self.waiters, self.types
                 while waiters and waiters[0][0] < act.lac:
                     i, fut = waiters.popleft()
                     types.pop(i, None)
-                    refs.pop(i, None)
                     if not fut.done():
                         fut.set_result(i)
             elif isinstance(act, Roll):
