@@ -343,6 +343,9 @@ def _kill_leftovers() -> None:
 # ---------------------------------------------------------------- load workers
 
 
+OPEN_LOOP_SETTLE_S = 30.0  # an open loop's publishes may still be answered this long after its gate's end
+
+
 class Gate:
     """Shared by the workers of one run: they report ready, start together, stop at `until` or `limit` messages.
 
@@ -490,12 +493,29 @@ def run_one(fn: Callable, *args, wall_s: float = 120.0):
     return run_workers([(fn, args)], None, wall_s)[0]
 
 
-async def open_loop(send, rate: int, gate) -> dict:
+async def open_loop(send, rate: int, gate, settle_s: float = OPEN_LOOP_SETTLE_S) -> dict:
     """Call `send(due)` at `rate` per second from the gate's start to its end without waiting for answers;
-    returns how many were sent, how late the sender was and the acknowledgement times."""
+    returns how many were sent, how late the sender was and the acknowledgement times. A send that fails is
+    counted (`failed`), not raised: one failure must not end the run and cancel every call still out (a slow
+    server's run then reported nothing). What has no answer `settle_s` after the gate's end is counted
+    (`unanswered`) and cancelled."""
     tasks: set = set()
     acks: list[float] = []
     lag: list[float] = []
+    failed = 0
+    closing = False
+
+    def done(f: asyncio.Future) -> None:
+        nonlocal failed
+        tasks.discard(f)
+        if f.cancelled():
+            if not closing:
+                failed += 1
+        elif f.exception() is not None:
+            failed += 1
+        else:
+            acks.append(f.result())
+
     await gate.wait_start()
     t0, i = gate.start_at, 0
     while True:
@@ -508,12 +528,20 @@ async def open_loop(send, rate: int, gate) -> dict:
         lag.append(time.monotonic() - due)
         t = asyncio.ensure_future(send(due))
         tasks.add(t)
-        t.add_done_callback(lambda f: (tasks.discard(f), acks.append(f.result())))
+        t.add_done_callback(done)
         i += 1
-    await asyncio.gather(*tasks)
+    if tasks:
+        await asyncio.wait(set(tasks), timeout=settle_s)
+    unanswered, closing = len(tasks), True
+    late = list(tasks)
+    for t in late:
+        t.cancel()
+    if late:
+        await asyncio.wait(late)
     lag.sort()
     acks.sort()
-    return {"sent": i, "send_lag_p50_ms": round(lag[len(lag) // 2] * 1e3, 3) if lag else None,
+    return {"sent": i, "failed": failed, "unanswered": unanswered,
+            "send_lag_p50_ms": round(lag[len(lag) // 2] * 1e3, 3) if lag else None,
             "send_lag_p99_ms": round(lag[int(len(lag) * 0.99)] * 1e3, 3) if lag else None,
             "ack_p50_ms": round(acks[len(acks) // 2] * 1e3, 3) if acks else None,
             "ack_p99_ms": round(acks[int(len(acks) * 0.99)] * 1e3, 3) if acks else None}
