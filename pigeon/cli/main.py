@@ -34,6 +34,9 @@ def serve(
     peer_port: Optional[int] = typer.Option(None, "--peer-port", help="cluster: a port of its own for node-to-node "
                                             "calls (on --advertise's host); secured, it asks node certificates of "
                                             "peers and the client port asks none of clients (default: none)"),
+    append_port: Optional[int] = typer.Option(None, "--append-port", help="cluster: the port peers send replicated "
+                                              "records to without gRPC (default 0: any free one, announced in "
+                                              "etcd; -1: none, over gRPC; a secured node has none)"),
     zone: Optional[str] = typer.Option(None, help="the node's zone: ledger ensembles span distinct zones"),
     bundles: Optional[int] = typer.Option(None, help="hash ranges topics are spread over (fixed per data "
                                                      "directory and cluster)"),
@@ -81,7 +84,7 @@ def serve(
         cfg = load(config, host=host, port=port, data_dir=data_dir, fsync=fsync,
                    shards_per_topic=shards_per_topic, log_level=log_level, etcd=etcd, etcd_ca=etcd_ca,
                    etcd_cert=etcd_cert, etcd_key=etcd_key, node_id=node_id,
-                   advertise=advertise, peer_port=peer_port, zone=zone, bundles=bundles, replicas=replicas,
+                   advertise=advertise, peer_port=peer_port, append_port=append_port, zone=zone, bundles=bundles, replicas=replicas,
                    ack_quorum=ack_quorum, http_port=http_port, log_format=log_format, tls_cert=tls_cert,
                    tls_key=tls_key, tls_client_ca=tls_client_ca, peer_cert=peer_cert, peer_key=peer_key,
                    peer_ca=peer_ca, auth_token_file=auth_token_file, oidc_issuer=oidc_issuer,

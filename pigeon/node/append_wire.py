@@ -8,7 +8,11 @@ and `decode` reads what it writes; the tests hold both to that."""
 
 from __future__ import annotations
 
+import struct
+
 from pigeon.core.wire import read_varint, varint
+
+_FRAME = struct.Struct("<I")
 
 _LEDGER, _EPOCH, _INDEX, _TYPE, _ENTRY, _MORE_TYPES, _MORE_ENTRIES = 1, 2, 3, 4, 5, 6, 7
 
@@ -21,8 +25,9 @@ _K_LEDGER, _K_EPOCH, _K_INDEX, _K_TYPE = (_key(f, 0) for f in (_LEDGER, _EPOCH, 
 _K_ENTRY, _K_MORE_TYPES, _K_MORE_ENTRIES = (_key(f, 2) for f in (_ENTRY, _MORE_TYPES, _MORE_ENTRIES))
 
 
-def encode(ledger: int, epoch: int, index: int, types: list[int], entries: list[bytes]) -> bytes:
-    """An AppendRequest for entries `index`, `index + 1`, … of `ledger` (at least one)."""
+def encode(ledger: int, epoch: int, index: int, types: list[int], entries: list[bytes], framed: bool = False) -> bytes:
+    """An AppendRequest for entries `index`, `index + 1`, … of `ledger` (at least one); `framed`: after its length
+    (u32, little endian), as the append channel sends it (pigeon.node.append_channel)."""
     parts = [_K_LEDGER, varint(ledger), _K_EPOCH, varint(epoch), _K_INDEX, varint(index), _K_TYPE, varint(types[0]),
              _K_ENTRY, varint(len(entries[0])), entries[0]]
     if len(entries) > 1:
@@ -30,6 +35,8 @@ def encode(ledger: int, epoch: int, index: int, types: list[int], entries: list[
         parts += [_K_MORE_TYPES, varint(len(packed)), packed]
         for e in entries[1:]:
             parts += [_K_MORE_ENTRIES, varint(len(e)), e]
+    if framed:
+        parts.insert(0, _FRAME.pack(sum(map(len, parts))))
     return b"".join(parts)
 
 

@@ -128,6 +128,7 @@ class BundleLogs:
         self.logs: dict[int, OwnedLog] = {}  # the logs served now
         self._clients: dict[str, StorageClient] = {}
         self._local = LocalMember(self.store)
+        self._append_at: dict[str, str] = {}  # node → its append channel, as last read from the membership
         self.taken = 0  # takeovers done (statistics)
         self.rolls = 0
         self.under_replicated = 0  # closed ledgers short of members that are up, at the last repair pass
@@ -203,7 +204,9 @@ class BundleLogs:
 
     async def _storage_nodes(self) -> dict:
         """node → NodeInfo of the nodes new ledgers (and repairs) may use: listening, and not cut off."""
-        return {n: i for n, i in (await self.cluster.membership.members()).items() if i.listening and not i.cut_off}
+        nodes = await self.cluster.membership.members()
+        self._append_at = {n: i.append for n, i in nodes.items() if i.append}
+        return {n: i for n, i in nodes.items() if i.listening and not i.cut_off}
 
     async def answering(self, peers: dict, timeout: float) -> int:
         """How many of `peers` (node → NodeInfo) answer a storage call within `timeout`."""
@@ -241,7 +244,8 @@ class BundleLogs:
         c = self._clients.get(address)
         if c is None:
             c = self._clients[address] = StorageClient(address, self.cluster.config)
-        return c
+        c.append_at = self._append_at.get(node, "")  # (a restarted member announces a new one: the roll that its
+        return c                                     # old one's failure causes reads the membership again)
 
     def _replication_of(self, lg: LedgerInfo) -> Replication:
         n = len(lg.members)

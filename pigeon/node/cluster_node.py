@@ -27,6 +27,7 @@ from pigeon.cluster import metadata as M
 from pigeon.core import limits
 from pigeon.cluster.quorum import Replication
 from pigeon.node.bundle_logs import BundleLogs
+from pigeon.node import append_channel
 from pigeon.node.ledger_store import LedgerStore
 from pigeon.core.bundles import bundle_of_log
 from pigeon.node.meta_log import Diverged, MetaLog
@@ -52,8 +53,13 @@ class ClusterNode:
         self.config, self.engine = config, engine
         self.meta = meta or EtcdMetadata(etcd_access.read(config.etcd, config.etcd_ca, config.etcd_cert,
                                                           config.etcd_key))
+        self._append_sock = append_channel.listen(config.host, max(config.append_port, 0)) \
+            if config.append_channel else None  # bound now: its port goes into the membership record
+        self._append_server = None
+        appends_at = "" if self._append_sock is None else \
+            f"{(config.peer_address or config.address).rpartition(':')[0]}:{self._append_sock.getsockname()[1]}"
         self.info = NodeInfo(config.node_id, config.address, config.zone, home=_home(config.data_dir),
-                             listening=False, peer=config.peer_address)
+                             listening=False, peer=config.peer_address, append=appends_at)
         self.membership = Membership(self.meta, self.info, config.session_ttl_s)
         self.store = LedgerStore(config.data_dir, config.fsync)
         self.cluster_id = ""
@@ -111,6 +117,9 @@ class ClusterNode:
         self.engine.owns = self.logs.serving  # owned, taken over, and a ledger open
         self.engine.replicas = self.logs
         await self.store.open()
+        if self._append_sock is not None:
+            self._append_server = await append_channel.serve(self._append_sock, self.store)
+            log.info("appends from peers on %s (the append channel)", self.info.append)
         self._tasks = [asyncio.create_task(self._watch(), name="pigeon-cluster-watch"),
                        asyncio.create_task(self._follow_placement(), name="pigeon-cluster-placement")]
         log.info("node %s joined cluster %s at %s (zone %s)", self.info.node_id, self.cluster_id, self.info.address,
@@ -204,6 +213,10 @@ class ClusterNode:
             log.warning("could not leave cleanly (%s): the session ends by itself within %d s", e,
                         self.config.session_ttl_s)
         await self.logs.close()
+        if self._append_server is not None:
+            self._append_server.close()
+        elif self._append_sock is not None:
+            self._append_sock.close()
         await self.store.close()
         await self.meta.close()
 

@@ -37,6 +37,7 @@ class NodeInfo:
     listening: bool = True  # its server answers (storage included): ensembles are chosen among such nodes
     peer: str = ""  # its peer port's address, when it has one: node-to-node calls go there
     cut_off: bool = False  # it reaches too few peers to replicate: it owns nothing and stores nothing new until then
+    append: str = ""  # its append channel's address (pigeon.node.append_channel), when it has one
 
     @property
     def dial(self) -> str:
@@ -50,13 +51,15 @@ class NodeInfo:
             d["peer"] = self.peer
         if self.cut_off:
             d["cut_off"] = True
+        if self.append:
+            d["append"] = self.append
         return json.dumps(d).encode()
 
     @staticmethod
     def decode(node_id: str, raw: bytes) -> "NodeInfo":
         d = json.loads(raw)
         return NodeInfo(node_id, d["address"], d.get("zone", ""), d.get("draining", False), d.get("home", ""),
-                        d.get("listening", True), d.get("peer", ""), d.get("cut_off", False))
+                        d.get("listening", True), d.get("peer", ""), d.get("cut_off", False), d.get("append", ""))
 
 
 async def cluster_id(meta, data_dir_id: str | None) -> str:

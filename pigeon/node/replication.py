@@ -14,7 +14,7 @@ import grpc
 
 from pigeon.core import limits
 from pigeon.core.errors import PigeonError
-from pigeon.node import append_wire
+from pigeon.node import append_channel, append_wire
 from pigeon.node.proto import pigeon_storage_pb2 as pb
 from pigeon.cluster.ledger import (Close, Confirmed, Failed, Fence, Read, Recovery, Roll, Send, Write, Writer)
 from pigeon.cluster.quorum import Replication
@@ -42,6 +42,7 @@ class StorageClient:
     def __init__(self, address: str, config=None):
         """`config`: a secured cluster's node calls its peers over mutual TLS with its node certificate."""
         self.address = address
+        self.append_at = ""  # its append channel (pigeon.node.append_channel), when it has one and it is known
         options = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
         self.channel = tls.peer_channel(config, address, options) if config is not None else \
             grpc.aio.insecure_channel(address, options=options)
@@ -58,8 +59,10 @@ class StorageClient:
                                                 request_serializer=pb.DeleteLedgersRequest.SerializeToString,
                                                 response_deserializer=pb.DeleteLedgersResponse.FromString)
 
-    def open_append(self) -> "AppendStream":
-        return AppendStream(self)
+    def open_append(self, channel: bool = False) -> "AppendStream":
+        """An Append stream to the member; `channel`: over its append channel when it has one (a ledger's
+        writer: the bulk of the bytes), else over gRPC (recovery's and repair's copies)."""
+        return ChannelAppend(self) if channel and self.append_at else AppendStream(self)
 
     async def fence(self, ledger: int) -> int:
         return (await self._fence(pb.FenceRequest(ledger=ledger), timeout=_CALL_S)).held
@@ -102,7 +105,14 @@ class AppendStream:
         self._closed = False
         self._sent: deque[int] = deque()  # the last index of each request not yet answered, in order
         self._room = asyncio.Event()  # set when an answer frees a place in the window
+        self.why_ended = "the member ended its stream"  # why `answers()` stopped without an error answer
+        self._open(client)
+
+    def _open(self, client: StorageClient) -> None:
         self.call = client._append(self._requests())
+
+    def _encode(self, ledger: int, epoch: int, index: int, types: list[int], entries: list) -> bytes:
+        return append_wire.encode(ledger, epoch, index, types, entries)
 
     async def _requests(self):
         pending: list = []
@@ -136,7 +146,7 @@ class AppendStream:
                     self._timer.cancel()
                     self._timer = None
             self._sent.append(index + j - 1)
-            yield append_wire.encode(ledger, epoch, index, [e[3] for e in run], [e[4] for e in run])
+            yield self._encode(ledger, epoch, index, [e[3] for e in run], [e[4] for e in run])
 
     def send(self, ledger: int, epoch: int, index: int, rtype: int, entry: bytes) -> None:
         """Queue an entry: it goes out with the next flush, or at most limits.replication_linger_s from now."""
@@ -155,19 +165,71 @@ class AppendStream:
 
     async def answers(self):
         async for r in self.call:
-            sent = self._sent
-            while sent and sent[0] <= r.index:
-                sent.popleft()
-            self._room.set()
-            yield r.index, r.error
+            yield self._answered(r)
+
+    def _answered(self, r: pb.AppendResponse) -> tuple[int, str]:
+        sent = self._sent
+        while sent and sent[0] <= r.index:
+            sent.popleft()
+        self._room.set()
+        return r.index, r.error
 
     def close(self) -> None:
+        self._stop()
+        self.call.cancel()
+
+    def _stop(self) -> None:
         self._closed = True
         if self._timer is not None:
             self._timer.cancel()
         self._ready.set()
         self._room.set()
-        self.call.cancel()
+
+
+class ChannelAppend(AppendStream):
+    """An Append stream over the member's append channel (pigeon.node.append_channel): the same requests, batching
+    and window as over gRPC, each request one frame on a connection of the stream's own. A connection that cannot
+    be made, or breaks, ends `answers()` (`why_ended` says why): the writer counts the member failed."""
+
+    def _open(self, client: StorageClient) -> None:
+        self.address = client.append_at
+        self._conn: asyncio.Future = asyncio.get_running_loop().create_future()  # (reader, writer) | None
+        self._pump = asyncio.create_task(self._send_all())
+
+    def _encode(self, ledger: int, epoch: int, index: int, types: list[int], entries: list) -> bytes:
+        return append_wire.encode(ledger, epoch, index, types, entries, framed=True)
+
+    async def _send_all(self) -> None:
+        try:
+            conn = await asyncio.wait_for(append_channel.connect(self.address), append_channel.CONNECT_S)
+        except (OSError, asyncio.TimeoutError) as e:
+            self.why_ended = f"its append channel at {self.address} cannot be reached ({e or type(e).__name__})"
+            self._conn.set_result(None)
+            return
+        self._conn.set_result(conn)
+        writer = conn[1]
+        try:
+            async for frame in self._requests():
+                writer.write(frame)
+                await writer.drain()
+        except OSError as e:
+            self.why_ended = f"its append channel at {self.address} broke ({e})"
+            writer.transport.abort()  # the answers end with it
+
+    async def answers(self):
+        conn = await self._conn
+        if conn is None:
+            return
+        async for r in append_channel.read_answers(conn[0]):
+            yield self._answered(r)
+
+    def close(self) -> None:
+        self._stop()
+        self._pump.cancel()
+        if self._conn.done() and self._conn.result() is not None:
+            self._conn.result()[1].transport.abort()
+        elif not self._conn.done():
+            self._conn.set_result(None)
 
 
 class LocalMember:
@@ -178,7 +240,7 @@ class LocalMember:
         self.store = store
         self.address = "local"
 
-    def open_append(self) -> "LocalAppend":
+    def open_append(self, channel: bool = False) -> "LocalAppend":
         return LocalAppend(self.store)
 
     async def fence(self, ledger: int) -> int:
@@ -196,6 +258,8 @@ class LocalMember:
 
 class LocalAppend:
     """An Append stream to this node's own ledger store: answers in order, once durable."""
+
+    why_ended = "this node's ledger store closed"
 
     def __init__(self, store):
         self.store = store
@@ -231,7 +295,7 @@ class LedgerWriter:
         self.rolled: Roll | None = None
         self.failed: set[str] = set()  # members that failed or refused (the next ensemble leaves them out)
         self.on_roll = None  # called once the ledger stops taking appends (also when none were waiting)
-        self.streams = {m: c.open_append() for m, c in members.items()}
+        self.streams = {m: c.open_append(channel=True) for m, c in members.items()}
         self._readers = [asyncio.create_task(self._follow(m, s)) for m, s in self.streams.items()]
         self._readers.append(asyncio.create_task(self._watch(limits.member_silence_s)))
 
@@ -278,7 +342,7 @@ class LedgerWriter:
                     return
                 self._perform(self.machine.acked_through(member, index + 1))
             self.failed.add(member)  # the member ended the stream (it is stopping): it takes no more entries
-            self._perform(self.machine.failed(member, "the member ended its stream"))
+            self._perform(self.machine.failed(member, stream.why_ended))
         except grpc.aio.AioRpcError as e:
             if e.code() != grpc.StatusCode.CANCELLED:
                 self.failed.add(member)

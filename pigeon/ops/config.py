@@ -51,6 +51,8 @@ class Config:
     node_id: str = ""  # this node's id in the cluster (one live node per id)
     advertise: str = ""  # host:port clients (and, without a peer port, peers) reach this node at (default host:port)
     peer_port: int = 0  # a port of its own for node-to-node calls (0: none, peers use the client port as clients do)
+    append_port: int = 0  # the append channel, replication's bytes without gRPC (pigeon.node.append_channel): 0 any
+    #                       free port (peers learn it from etcd), -1 none (appends go over gRPC); a secured node has none
     zone: str = ""  # ensembles span distinct zones when nodes carry them
     session_ttl_s: int = limits.session_ttl_s_default  # a node silent this long is gone: its bundles move
     replicas: int = 3  # E = Qw: the storage nodes that hold each ledger of a bundle log
@@ -138,6 +140,10 @@ class Config:
             raise ValueError("--peer-port is a cluster node's (node-to-node calls): give --etcd and --node-id")
         if not 0 <= self.peer_port <= 65535 or self.peer_port and self.peer_port == self.port:
             raise ValueError(f"--peer-port must be a port of its own, not the client port (got {self.peer_port})")
+        if not -1 <= self.append_port <= 65535 or self.append_port > 0 and self.append_port in (
+                self.port, self.peer_port, self.http_port):
+            raise ValueError(f"--append-port must be a port of its own, 0 (any free one) or -1 (none); got "
+                             f"{self.append_port}")
         if bool(self.peer_cert) != bool(self.peer_key):
             raise ValueError("--peer-cert and --peer-key go together")
         if (self.peer_cert or self.peer_ca) and not self.peer_port:
@@ -178,6 +184,11 @@ class Config:
         if not self.peer_port:
             return ""
         return f"{self.address.rpartition(':')[0]}:{self.peer_port}"
+
+    @property
+    def append_channel(self) -> bool:
+        """Whether this node opens an append channel (a cluster node, unsecured: the channel has no TLS)."""
+        return bool(self.etcd) and self.append_port >= 0 and not self.secured
 
     @property
     def listeners(self) -> tuple[str, ...]:

@@ -24,6 +24,7 @@ from concurrent import futures
 from dataclasses import dataclass, field
 
 from pigeon.core.bundles import bundle_of
+from pigeon.bench.procs import free_port
 from pigeon.testing.cluster import await_status, node_process, open_ledgers, owners, wipe
 from pigeon.testing.etcd import EtcdProcess
 from pigeon.testing.netsplit import Network
@@ -127,9 +128,13 @@ class Cluster:
         return self
 
     def add(self, node_id: str):
-        n = node_process(self.root, self.etcd.endpoint, node_id, extra=self.extra, env=dict(SNAPSHOTS))
+        extra, appends = list(self.extra), None
+        if self.network is not None:  # its append channel on a port known before it starts: the network cuts it too
+            appends = f"127.0.0.1:{free_port()}"
+            extra += ["--append-port", appends.rpartition(":")[2]]
+        n = node_process(self.root, self.etcd.endpoint, node_id, extra=extra, env=dict(SNAPSHOTS))
         if self.network is not None:
-            n.env.update(self.network.add(node_id, n.address))
+            n.env.update(self.network.add(node_id, n.address, appends))
         self.nodes[node_id] = n.start()
         return n
 

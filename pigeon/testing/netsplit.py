@@ -1,6 +1,7 @@
 """Network partitions between real processes on loopback, without privileges: every node is started with
 `grpc_proxy` pointing at a CONNECT proxy of its own, so each gRPC connection it opens (to its peers and to etcd)
-is a tunnel through that proxy, and the proxy knows which node opened it and where it goes.
+— and each append channel to a peer, which takes the same proxy — is a tunnel through that proxy, and the proxy
+knows which node opened it and where it goes.
 
 `cut(node)` isolates a node as a pulled cable would: tunnels from it and to it stop carrying bytes (they are read
 and dropped; no reset, so calls on them wait for their own deadlines) and new ones are never answered. With
@@ -31,7 +32,7 @@ class Network:
 
     def __init__(self, etcd: str):
         self.etcd = etcd.split("://")[-1]  # the etcd endpoint's host:port
-        self._address: dict[str, str] = {}  # node id → the address it listens on
+        self._address: dict[str, set[str]] = {}  # node id → the addresses it listens on
         self._cut: dict[str, bool] = {}  # node id → whether its etcd tunnels are cut too
         self._tunnels: set[_Tunnel] = set()
         self._healed: asyncio.Event | None = None
@@ -48,9 +49,10 @@ class Network:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout=10)
 
     # --- the test's side ----------------------------------------------------------------------------------
-    def add(self, node_id: str, address: str) -> dict[str, str]:
-        """Register a node listening on `address`; returns the environment to start it with."""
-        self._address[node_id] = address
+    def add(self, node_id: str, *addresses: str | None) -> dict[str, str]:
+        """Register a node listening on `addresses` (its gRPC port, its append channel); returns the environment
+        to start it with."""
+        self._address[node_id] = {a for a in addresses if a}
         port = self._call(self._listen(node_id))
         return {"grpc_proxy": f"http://127.0.0.1:{port}", "no_grpc_proxy": "", "no_proxy": ""}
 
@@ -72,7 +74,7 @@ class Network:
 
     # --- the proxies ----------------------------------------------------------------------------------------
     def _node_at(self, target: str) -> str | None:
-        return next((n for n, a in self._address.items() if a == target), None)
+        return next((n for n, a in self._address.items() if target in a), None)
 
     def _blocked(self, source: str, target: str) -> bool:
         if source in self._cut and (target != self.etcd or self._cut[source]):

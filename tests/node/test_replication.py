@@ -14,16 +14,20 @@ import pytest
 from pigeon.api import storage_api
 from pigeon.cluster.quorum import Replication
 from pigeon.core import limits
+from pigeon.node import append_channel
 from pigeon.node.ledger_store import LedgerStore
 from pigeon.node.replication import LedgerRolled, LedgerWriter, StorageClient, recover_ledger
 from pigeon.bench.procs import free_port
 
 
 class Member:
+    """A storage member: its ledger store behind a gRPC server and an append channel, as a node serves it."""
+
     def __init__(self, data_dir: str):
         self.store = LedgerStore(data_dir)
         self.server: grpc.aio.Server | None = None
-        self.address = ""
+        self.channel: append_channel.ChannelServer | None = None
+        self.address = self.appends_at = ""
 
     async def start(self) -> "Member":
         await self.store.open()
@@ -35,9 +39,20 @@ class Member:
         self.server.add_insecure_port(f"127.0.0.1:{port}")
         self.address = f"127.0.0.1:{port}"
         await self.server.start()
+        sock = append_channel.listen("127.0.0.1", 0)
+        self.appends_at = f"127.0.0.1:{sock.getsockname()[1]}"
+        self.channel = await append_channel.serve(sock, self.store)
         return self
 
+    def client(self, transport: str) -> StorageClient:
+        """A client of this member whose ledger writers append over `transport` ("grpc" or "channel")."""
+        c = StorageClient(self.address)
+        if transport == "channel":
+            c.append_at = self.appends_at
+        return c
+
     async def stop(self) -> None:
+        self.channel.close()
         await self.server.stop(0)
         await self.store.close()
 
@@ -46,10 +61,14 @@ def body(i: int) -> bytes:
     return b"entry-%d" % i
 
 
-def test_a_ledger_survives_a_member_and_its_writer(tmp_path):
+TRANSPORTS = pytest.mark.parametrize("transport", ["grpc", "channel"])
+
+
+@TRANSPORTS
+def test_a_ledger_survives_a_member_and_its_writer(tmp_path, transport):
     async def run():
         members = {f"m{i}": await Member(str(tmp_path / f"m{i}")).start() for i in range(3)}
-        clients = {m: StorageClient(x.address) for m, x in members.items()}
+        clients = {m: x.client(transport) for m, x in members.items()}
         rep = Replication()  # E = Qw = 3, Qa = 2
         w = LedgerWriter(42, 1, clients, rep)
         done = await asyncio.gather(*[w.append(3, body(i)) for i in range(50)])
@@ -101,7 +120,7 @@ class Silent:
 
     address = "silent"
 
-    def open_append(self):
+    def open_append(self, channel: bool = False):
         return self
 
     def send(self, *entry) -> None:
@@ -143,13 +162,14 @@ def test_a_silent_member_rolls_the_ledger(tmp_path, monkeypatch):
     asyncio.run(run())
 
 
-def test_megabyte_entries_appended_at_once_fit_the_members_messages(tmp_path):
+@TRANSPORTS
+def test_megabyte_entries_appended_at_once_fit_the_members_messages(tmp_path, transport):
     """Thirty 1 MB records appended in one turn of the loop (a publish burst): the writer sends them in requests
     a member takes (32 MB in one request passed its largest message: refused, rolled, resent, refused … without
     end), and a new owner reads them back in answers that fit."""
     async def run():
         members = {f"m{i}": await Member(str(tmp_path / f"m{i}")).start() for i in range(3)}
-        clients = {m: StorageClient(x.address) for m, x in members.items()}
+        clients = {m: x.client(transport) for m, x in members.items()}
         big = [bytes([i]) * (1024 * 1024) for i in range(30)]
         w = LedgerWriter(9, 1, clients, Replication())
         done = await asyncio.wait_for(asyncio.gather(*[w.append(3, b) for b in big]), 60)

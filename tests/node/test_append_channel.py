@@ -1,0 +1,149 @@
+"""The append channel (pigeon.node.append_channel) on loopback against a real ledger store: frames however the
+bytes arrive (one byte at a time, many frames in one read, a frame larger than the scratch buffer), answers in
+order once durable, refusals answered, a malformed or oversized frame ending the connection with nothing stored,
+an unreachable member ending the writer's stream with a reason, and a CONNECT proxy taken when the environment
+names one."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+
+import pytest
+
+from pigeon.core import limits
+from pigeon.node import append_channel, append_wire
+from pigeon.node.ledger_store import LedgerStore
+from pigeon.node.proto import pigeon_storage_pb2 as pb
+from pigeon.node.replication import StorageClient
+from pigeon.testing.netsplit import Network
+
+
+async def _member(tmp_path):
+    store = LedgerStore(str(tmp_path / "store"))
+    await store.open()
+    sock = append_channel.listen("127.0.0.1", 0)
+    server = await append_channel.serve(sock, store)
+    return store, server, sock.getsockname()[1]
+
+
+async def _answers(reader, count: int) -> list[pb.AppendResponse]:
+    got = []
+    async for r in append_channel.read_answers(reader):
+        got.append(r)
+        if len(got) == count:
+            break
+    return got
+
+
+def frame(ledger: int, index: int, bodies: list[bytes], epoch: int = 1) -> bytes:
+    return append_wire.encode(ledger, epoch, index, [3] * len(bodies), bodies, framed=True)
+
+
+def test_frames_are_taken_however_the_bytes_arrive(tmp_path):
+    async def run():
+        store, server, port = await _member(tmp_path)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        big = bytes(range(256)) * 1024  # 256 KiB: past the scratch buffer, read into its own
+        first = frame(7, 0, [b"a", b"b"])
+        for i in range(len(first)):  # one byte at a time
+            writer.write(first[i:i + 1])
+            await writer.drain()
+            await asyncio.sleep(0)
+        writer.write(frame(7, 2, [b"c"]) + frame(7, 3, [big]) + frame(7, 4, [b"d", b"e"]))  # several in one write
+        got = []
+        while not got or got[-1].index < 5:
+            got += await _answers(reader, 1)
+        assert [r.error for r in got] == [""] * len(got) and got[-1].index == 5
+        assert [r.index for r in got] == sorted(r.index for r in got), "answers come in order"
+        assert [bytes(e.body) for e in store.read(7, 0, 10)] == [b"a", b"b", b"c", big, b"d", b"e"]
+        writer.close()
+        server.close()
+        await store.close()
+
+    asyncio.run(run())
+
+
+def test_a_refused_entry_is_answered_with_the_reason(tmp_path):
+    async def run():
+        store, server, port = await _member(tmp_path)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(frame(8, 5, [b"past the end"]))  # entries 0..4 are not held: a gap
+        (r,) = await _answers(reader, 1)
+        assert "would leave a gap" in r.error and store.held(8) == 0
+        writer.close()
+        server.close()
+        await store.close()
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize("bad", ["malformed", "oversized"])
+def test_a_bad_frame_ends_the_connection_and_stores_nothing(tmp_path, bad):
+    async def run():
+        store, server, port = await _member(tmp_path)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        if bad == "malformed":
+            writer.write(struct.pack("<I", 3) + b"\x0a\xff\xff")  # a field running past the end
+        else:
+            writer.write(struct.pack("<I", limits.grpc_receive_bytes_max + 1) + b"x" * 100)
+        assert await asyncio.wait_for(reader.read(), 5) == b"", "the member closes the connection"
+        assert store.statistics().entries == 0
+        # the member keeps serving others
+        reader2, writer2 = await asyncio.open_connection("127.0.0.1", port)
+        writer2.write(frame(9, 0, [b"fine"]))
+        (r,) = await _answers(reader2, 1)
+        assert (r.index, r.error) == (0, "") and [bytes(e.body) for e in store.read(9, 0, 1)] == [b"fine"]
+        writer.close()
+        writer2.close()
+        server.close()
+        await store.close()
+
+    asyncio.run(run())
+
+
+def test_an_unreachable_member_ends_the_writers_stream_with_why(tmp_path):
+    async def run():
+        with socket.socket() as s:  # a port nobody listens on
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        c = StorageClient("127.0.0.1:1")
+        c.append_at = f"127.0.0.1:{port}"
+        stream = c.open_append(channel=True)
+        stream.send(1, 1, 0, 3, b"x")
+        stream.flush()
+        assert [a async for a in stream.answers()] == []
+        assert "cannot be reached" in stream.why_ended and str(port) in stream.why_ended
+        stream.close()
+        await c.close()
+
+    asyncio.run(run())
+
+
+def test_the_writer_goes_through_the_proxy_the_environment_names(tmp_path, monkeypatch):
+    network = Network("127.0.0.1:1")
+
+    async def run(proxy_env):
+        for k, v in proxy_env.items():
+            monkeypatch.setenv(k, v)
+        store, server, port = await _member(tmp_path)
+        c = StorageClient("127.0.0.1:1")
+        c.append_at = f"127.0.0.1:{port}"
+        stream = c.open_append(channel=True)
+        stream.send(4, 1, 0, 3, b"through")
+        stream.flush()
+        got = await asyncio.wait_for(stream.answers().__anext__(), 10)
+        assert got == (0, "")
+        tunnels = {(t.source, t.target) for t in network._tunnels}
+        stream.close()
+        server.close()
+        await store.close()
+        return port, tunnels
+
+    try:
+        env = network.add("owner", "127.0.0.1:2")
+        port, tunnels = asyncio.run(run(env))
+        assert ("owner", f"127.0.0.1:{port}") in tunnels, "the connection is a tunnel through the owner's proxy"
+    finally:
+        network.close()
