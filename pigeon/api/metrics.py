@@ -209,6 +209,12 @@ class NodeCollector(Collector):
             yield GaugeMetricFamily("pigeon_cluster_under_replicated_ledgers", "Closed ledgers of the logs this "
                                     "node owns with fewer members up than E (at the last repair pass)",
                                     value=logs.under_replicated)
+            taken = CounterMetricFamily("pigeon_cluster_append_requests", "Append requests this node took as a "
+                                        "ledger member, by the way they came (the append channel, or gRPC)",
+                                        labels=["transport"])
+            for transport, n in self.cluster.store.append_requests.items():
+                taken.add_metric([transport], n)
+            yield taken
             ready, _ = self.cluster.ready()
             yield GaugeMetricFamily("pigeon_cluster_ready", "1 while joined with etcd answering", value=int(ready))
 

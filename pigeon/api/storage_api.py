@@ -34,7 +34,7 @@ class StorageApi:
 
     async def append(self, request_iterator, context):
         try:
-            async for ledger, index, why in serve_appends(self.store, request_iterator):
+            async for ledger, index, why in serve_appends(self.store, request_iterator, "grpc"):
                 yield pb.AppendResponse(ledger=ledger, index=index, error=why).SerializeToString()
         except Exception as e:  # noqa: BLE001 — the boundary (api.errors); a request that did not parse
             await errors.abort(context, e)

@@ -45,16 +45,18 @@ def _durable(done) -> bool:
     return done is not None and done.done() and not done.cancelled() and done.exception() is None
 
 
-async def serve_appends(store, requests):
+async def serve_appends(store, requests, transport: str):
     """The member's side of an Append stream: every request of `requests` (AppendRequest bytes) handed to `store`
     as it arrives, and (ledger, index, refusal) yielded in order once durable — the answers a group commit made
     durable merged into one (an answer covers what is before it). InvalidArgument, after the answers of what came
-    before, when a request does not parse."""
+    before, when a request does not parse. `transport` ("channel" or "grpc") is counted in the store's
+    statistics."""
     answers: asyncio.Queue = asyncio.Queue()
 
     async def take():
         try:
             async for raw in requests:
+                store.append_requests[transport] += 1
                 try:
                     ledger, epoch, index, types, entries = append_wire.decode(raw)
                 except append_wire.Malformed as e:
@@ -156,7 +158,7 @@ class _Connection(asyncio.BufferedProtocol):
 
     async def _answer(self) -> None:
         try:
-            async for ledger, index, why in serve_appends(self.store, self._requests()):
+            async for ledger, index, why in serve_appends(self.store, self._requests(), "channel"):
                 raw = pb.AppendResponse(ledger=ledger, index=index, error=why).SerializeToString()
                 self.transport.write(LENGTH.pack(len(raw)) + raw)
         except asyncio.CancelledError:

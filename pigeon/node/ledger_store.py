@@ -56,6 +56,7 @@ class LedgerStore:
         self.policy, self.segment_bytes = FsyncPolicy(policy), segment_bytes
         self.writer: JournalWriter | None = None
         self.deleted: set[int] = set()
+        self.append_requests = {"channel": 0, "grpc": 0}  # Append requests taken, by the way they came (statistics)
         self._disk = OsDisk()
 
     @property
