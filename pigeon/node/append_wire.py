@@ -25,9 +25,16 @@ _K_LEDGER, _K_EPOCH, _K_INDEX, _K_TYPE = (_key(f, 0) for f in (_LEDGER, _EPOCH, 
 _K_ENTRY, _K_MORE_TYPES, _K_MORE_ENTRIES = (_key(f, 2) for f in (_ENTRY, _MORE_TYPES, _MORE_ENTRIES))
 
 
-def encode(ledger: int, epoch: int, index: int, types: list[int], entries: list[bytes], framed: bool = False) -> bytes:
-    """An AppendRequest for entries `index`, `index + 1`, … of `ledger` (at least one); `framed`: after its length
-    (u32, little endian), as the append channel sends it (pigeon.node.append_channel)."""
+def encode(ledger: int, epoch: int, index: int, types: list[int], entries: list[bytes]) -> bytes:
+    """An AppendRequest for entries `index`, `index + 1`, … of `ledger` (at least one)."""
+    return b"".join(encode_parts(ledger, epoch, index, types, entries))
+
+
+def encode_parts(ledger: int, epoch: int, index: int, types: list[int], entries: list[bytes],
+                 framed: bool = False) -> list[bytes]:
+    """`encode`'s bytes as the pieces they are made of, the entries themselves among them (not copied: a
+    transport that gathers its writes sends them from where they are); `framed`: after the request's length (u32,
+    little endian), as the append channel sends it (pigeon.node.append_channel)."""
     parts = [_K_LEDGER, varint(ledger), _K_EPOCH, varint(epoch), _K_INDEX, varint(index), _K_TYPE, varint(types[0]),
              _K_ENTRY, varint(len(entries[0])), entries[0]]
     if len(entries) > 1:
@@ -37,7 +44,7 @@ def encode(ledger: int, epoch: int, index: int, types: list[int], entries: list[
             parts += [_K_MORE_ENTRIES, varint(len(e)), e]
     if framed:
         parts.insert(0, _FRAME.pack(sum(map(len, parts))))
-    return b"".join(parts)
+    return parts
 
 
 class Malformed(ValueError):

@@ -196,8 +196,8 @@ class ChannelAppend(AppendStream):
         self._conn: asyncio.Future = asyncio.get_running_loop().create_future()  # (reader, writer) | None
         self._pump = asyncio.create_task(self._send_all())
 
-    def _encode(self, ledger: int, epoch: int, index: int, types: list[int], entries: list) -> bytes:
-        return append_wire.encode(ledger, epoch, index, types, entries, framed=True)
+    def _encode(self, ledger: int, epoch: int, index: int, types: list[int], entries: list) -> list[bytes]:
+        return append_wire.encode_parts(ledger, epoch, index, types, entries, framed=True)
 
     async def _send_all(self) -> None:
         try:
@@ -209,8 +209,8 @@ class ChannelAppend(AppendStream):
         self._conn.set_result(conn)
         writer = conn[1]
         try:
-            async for frame in self._requests():
-                writer.write(frame)
+            async for parts in self._requests():
+                writer.writelines(parts)  # gathered by the transport: the entries are not joined into a copy
                 await writer.drain()
         except OSError as e:
             self.why_ended = f"its append channel at {self.address} broke ({e})"

@@ -38,7 +38,7 @@ async def _answers(reader, count: int) -> list[pb.AppendResponse]:
 
 
 def frame(ledger: int, index: int, bodies: list[bytes], epoch: int = 1) -> bytes:
-    return append_wire.encode(ledger, epoch, index, [3] * len(bodies), bodies, framed=True)
+    return b"".join(append_wire.encode_parts(ledger, epoch, index, [3] * len(bodies), bodies, framed=True))
 
 
 def test_frames_are_taken_however_the_bytes_arrive(tmp_path):
