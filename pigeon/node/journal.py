@@ -213,20 +213,28 @@ class JournalWriter:
         try:
             while True:
                 batch = None
+                idle_sync = False
                 try:
                     with self._cv:
-                        while not (journal.pending() or self._closing or self._want > synced):
+                        # asked for: durable (always), else written — under batch a waiter is answered once its
+                        # entry is written, and waiting for the sync here would spin until BATCH_SYNC_S passed
+                        while not (journal.pending() or self._closing or self._want > (synced if always else written)):
                             if batch_policy and written > synced:  # sync soon after the last write, even when idle
                                 self._cv.wait(BATCH_SYNC_S)
-                                if not (journal.pending() or self._closing or self._want > synced):
-                                    self._sync(cursor.handle)
-                                    synced, last_sync = written, time.monotonic()
+                                if not (journal.pending() or self._closing):
+                                    idle_sync = True  # … outside the lock: appends go on meanwhile
+                                    break
                             else:
                                 self._cv.wait()
-                        if not journal.pending() and self._closing:
-                            break
-                        batch, nbytes = journal.take_pending()
-                        want = self._want
+                        if not idle_sync:
+                            if not journal.pending() and self._closing:
+                                break
+                            batch, nbytes = journal.take_pending()
+                            want = self._want
+                    if idle_sync:
+                        self._sync(cursor.handle)
+                        synced, last_sync = written, time.monotonic()
+                        continue
                     journal.write(cursor, batch)
                     written += nbytes
                     self._batches += 1

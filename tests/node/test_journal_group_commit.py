@@ -132,3 +132,25 @@ def test_close_writes_what_is_pending(tmp_path, monkeypatch):
         assert _on_disk(tmp_path) == sum(map(_size, recs))
 
     asyncio.run(go())
+
+
+def test_under_batch_a_waiter_is_answered_once_written_and_the_writer_then_rests(tmp_path, monkeypatch):
+    """fsync=batch answers once the entry is written and syncs within BATCH_SYNC_S. The writer used to take a
+    waiter's position for one to be synced: until the periodic sync it went round empty — thousands of empty
+    group commits, each waking the event loop, for every answer."""
+    syncs = []
+    real = wal_mod.OsDisk.sync
+    monkeypatch.setattr(wal_mod.OsDisk, "sync", lambda self, fd: (syncs.append(fd), real(self, fd))[1])
+
+    async def go():
+        w = await _open(tmp_path, "batch")
+        parts = _rec(1)
+        pos = w.append(parts)
+        await asyncio.wait_for(w.wait_durable(pos + _size(parts)), 5)
+        assert _on_disk(tmp_path) == w.tail, "answered once written"
+        await asyncio.sleep(10 * wal_mod.BATCH_SYNC_S)
+        assert w.flushes <= 2, f"{w.flushes} group commits for one entry: the writer went round empty"
+        assert syncs, "synced within BATCH_SYNC_S of the write, though nobody waits for that"
+        await w.close()
+
+    asyncio.run(go())
