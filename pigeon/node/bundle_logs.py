@@ -287,10 +287,7 @@ class BundleLogs:
         new = await self._new_ledger(log_id, epoch, _next_seq(ledgers), first)
         await self._put_ledgers(log_id, epoch, kv, ledgers + [new])
         engine = self.cluster.engine
-        engine.rebuild_log(log_id, entries)
-        # serve only once the journal holds what was applied: its reader reads the messages from the journal's
-        # files, and a Pull in the moment after a takeover read an empty record (chaos, cut-owner-peers seed 25)
-        await engine.journal.wait_durable(engine.journal.tail)
+        await engine.rebuild_log(log_id, entries)  # returns once the journal holds what it applied
         start = (ledgers[0].start or ledgers[0].first) if ledgers else 0
         ol = self.logs[log_id] = OwnedLog(log_id, epoch, new, next_offset=first, snapshot_at=start, start=start)
         ol.writer = self._writer(ol, new)

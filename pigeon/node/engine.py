@@ -304,12 +304,14 @@ class Engine:
         return s
 
     # --- a cluster node's bundles ----------------------------------------------------------------
-    def rebuild_log(self, log_id: int, entries) -> None:
+    async def rebuild_log(self, log_id: int, entries) -> None:
         """Take a bundle over: its state starts over as created — or as the Snapshot record the log starts with
         says, when the log was cut — and the log, read back from its ledgers ((type, body) in log order), is
         applied again — kept in this node's journal too, behind that Reset or Snapshot, so a restart rebuilds the
         same. Later snapshots are skipped: they describe the state the entries before them built. The new owner's
-        first step in serving it (node.bundle_logs)."""
+        first step in serving it (node.bundle_logs). Its messages become visible once the journal holds them, as
+        a publish's do: the reader reads them from the journal's files (chaos found a Pull, 3 ms after a
+        takeover, reading a record its writer had not yet written)."""
         entries = iter(entries)
         first = next(entries, None)
         if first is not None and first[0] == R.RecordType.SNAPSHOT:  # the log was cut: it starts with its state
@@ -326,6 +328,7 @@ class Engine:
             if rtype == R.RecordType.PUBLISH and rec.topic not in topics:
                 continue  # its topic was deleted since (the metadata log runs ahead of this one): nothing to keep
             apply(rec, append(log_id, epoch, rtype, [body])[1])
+        await self.journal.wait_durable(self.journal.tail)
         self.state.resume_log(log_id, self.config.bundles, self.clock.now())
         for t in self.state.topics_by_uid.values():
             for uid in t.subscriptions:
