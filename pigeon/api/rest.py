@@ -489,10 +489,10 @@ def _cert_identity(req: web.Request) -> str:
     return certs.identity_of(ssl.DER_cert_to_PEM_cert(der).encode()) if der else ""
 
 
-async def start(api: RestApi, host: str, port: int, ssl_context=None) -> web.AppRunner:
+async def start(api: RestApi, host: str, port: int, ssl_context=None, reuse_port: bool = False) -> web.AppRunner:
     runner = web.AppRunner(api.app(), access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, host, port, reuse_address=True, ssl_context=ssl_context)
+    site = web.TCPSite(runner, host, port, reuse_address=True, reuse_port=reuse_port or None, ssl_context=ssl_context)
     await site.start()
     return runner
 

@@ -20,7 +20,7 @@ from pigeon.core import limits
 from pigeon.node import recovery
 from pigeon.node.cluster_node import ClusterNode, JoinRefused
 from pigeon.node.engine import DataDirInUse, Engine
-from pigeon.ops import allocator
+from pigeon.ops import allocator, workers
 from pigeon.ops.config import Config
 
 log = logging.getLogger("pigeon.server")
@@ -56,7 +56,7 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
         if not joined:
             await engine.stop()
             return
-    server = _grpc_server()
+    server = _grpc_server(reuse_port=config.reuse_port)
     router = Router(engine, cluster) if cluster is not None else None
     api = PubSubApi(engine, router)
     handlers = api.handlers() + admin_api.handlers(engine) + queue_api.handlers(engine, router)
@@ -127,12 +127,14 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
     log.info("stopped")
 
 
-def _grpc_server() -> grpc.aio.Server:
+def _grpc_server(reuse_port: bool = False) -> grpc.aio.Server:
+    """A gRPC server of ours. Its port is its own (a port taken is an error at start) but for a worker's client
+    port, which the workers share (SO_REUSEPORT: the kernel spreads connections over them)."""
     return grpc.aio.server(
         options=[
             ("grpc.max_receive_message_length", limits.grpc_receive_bytes_max),
             ("grpc.max_send_message_length", limits.grpc_receive_bytes_max),
-            ("grpc.so_reuseport", 0),
+            ("grpc.so_reuseport", int(reuse_port)),
             # a peer that vanished (killed, cut off) is found and its connection closed, freeing its streams
             ("grpc.keepalive_time_ms", int(limits.keepalive_s * 1000)),
             ("grpc.keepalive_timeout_ms", int(limits.keepalive_timeout_s * 1000)),
@@ -200,7 +202,8 @@ async def _start_http(config: Config, grpc_port: int, engine, cluster, guard=Non
     api = rest.RestApi(target, ready=cluster.ready if cluster is not None else None,
                        metrics=lambda: metrics.render(reg), mtls=bool(config.tls_client_ca))
     try:
-        runner = await rest.start(api, config.host, port, security.http_context(config) if config.tls_cert else None)
+        runner = await rest.start(api, config.host, port, security.http_context(config) if config.tls_cert else None,
+                                  reuse_port=config.reuse_port)
     except OSError as e:
         await api.close()
         if config.http_port > 0:
@@ -259,6 +262,11 @@ def run(config: Config) -> None:
         logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("grpc._cython.cygrpc").addFilter(_client_went_away)
     logging.getLogger("aiohttp.server").addFilter(_bad_http)
+    if config.workers > 1:  # a supervisor: its workers are this command again, each a process of its own
+        raise SystemExit(workers.Supervisor(config).run())
+    why = workers.refuse_as_single(config.data_dir)
+    if why is not None:
+        raise SystemExit(f"pigeon: {why}")
     allocator.tune()
     try:
         import uvloop

@@ -17,6 +17,7 @@ group) when its workloads end, whatever happened.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -24,6 +25,7 @@ import sys
 import time
 
 from pigeon.bench.procs import Daemon, free_port, port_open
+from pigeon.ops import local_ports
 
 RABBIT = "/usr/lib/rabbitmq/bin/rabbitmq-server"
 EMULATOR_DIR = "/usr/lib/google-cloud-sdk/platform/pubsub-emulator"
@@ -168,6 +170,41 @@ class PigeonServer(Server):
 
     def extra_args(self) -> list[str]:
         return []
+
+
+class PigeonWorkersServer(PigeonServer):
+    """The same server with `--workers 2` (pigeon.ops.workers): two worker processes behind the one port, each
+    owning half of the bundles, with an etcd of their own. Compared with `pigeon` (one process) in the same run."""
+    name = "pigeon-workers"
+    restartable = False  # the restart workload measures one process's recovery
+
+    @classmethod
+    def missing(cls) -> str | None:
+        return None if local_ports.etcd_binary() else "etcd is not installed (Debian: etcd-server)"
+
+    def start(self) -> None:
+        super().start()
+        self.server = self.server.replace("fsync=always", "fsync=always, --workers 2")
+        self._settle()
+
+    def _settle(self, timeout_s: float = 60.0) -> None:
+        """Until every worker serves: a call for each bundle is answered (the workers share one port)."""
+        from pigeon.bench.cluster import cluster_status
+
+        with open(os.path.join(self.root, "data", "workers.json")) as f:
+            etcd = json.load(f)["etcd_client"]
+        deadline = time.monotonic() + timeout_s
+        while True:
+            st = cluster_status(f"127.0.0.1:{etcd}")
+            up = [r for r in st["nodes"] if r["state"] == "up"]
+            if st["unowned"] == 0 and len(up) == 2 and st["ledgers"]["open"] >= st["bundles"]:
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the workers did not settle in {timeout_s:.0f} s: {st}")
+            time.sleep(0.2)
+
+    def extra_args(self) -> list[str]:
+        return ["--workers", "2"]
 
 
 class PigeonTlsServer(PigeonServer):
@@ -387,5 +424,6 @@ class RabbitQuorumServer(RabbitServer):
     queue_type = "quorum"
 
 
-PEERS = {c.name: c for c in (PigeonRestServer, PigeonTlsServer, PigeonAuthServer, RabbitServer, RabbitQuorumServer, NatsServer, NatsSyncAlwaysServer, RedisServer,
+PEERS = {c.name: c for c in (PigeonRestServer, PigeonWorkersServer, PigeonTlsServer, PigeonAuthServer, RabbitServer,
+                             RabbitQuorumServer, NatsServer, NatsSyncAlwaysServer, RedisServer,
                              EmulatorServer)}

@@ -14,7 +14,6 @@ import atexit
 import multiprocessing as mp
 import os
 import queue
-import random
 import signal
 import socket
 import subprocess
@@ -24,32 +23,9 @@ import time
 import traceback
 from typing import Callable
 
+from pigeon.ops.local_ports import free_port  # noqa: F401  (re-exported: the benchmark's servers use it)
+
 _live: set["Daemon"] = set()
-
-
-def _ephemeral_low() -> int:
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            return int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768  # Linux's default
-
-
-def free_port() -> int:
-    """A loopback port nobody listens on, for a server to start on — chosen below the ephemeral range. A port
-    the kernel hands out (bind to 0) is one it may also hand to a client's outgoing connection before the server
-    binds it, or while a killed server restarts on it; below the range only servers take ports."""
-    low = _ephemeral_low()
-    rng = random.SystemRandom()
-    for _ in range(200):
-        port = rng.randrange(max(1024, low - 16384), low)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError(f"no free loopback port below {low}")
 
 
 def port_open(port: int, host: str = "127.0.0.1") -> bool:
@@ -171,10 +147,12 @@ class CpuWatch:
     programs on a shared machine make every figure noisier: the report shows it). Processes of the benchmark
     that ended in between (a killed server) are not counted, so `other_pct` errs high, never wildly."""
 
-    def __init__(self):
+    def __init__(self, servers: tuple[int, ...] = ()):
         self.pid = os.getpid()
+        self.servers = servers  # the pids of the measured server's processes: their trees' CPU is reported apart
         self.busy0, self.total0 = _machine_jiffies()
         self.ours0 = tree_cpu(self.pid)
+        self.server0 = self._server_cpu()
         self.disk0 = _disk_io_ms()
         self.t0 = time.monotonic()
 
@@ -187,8 +165,18 @@ class CpuWatch:
         ours_s = sum(max(0.0, t - self.ours0.get(p, 0.0)) for p, t in ours1.items())
         pct = lambda x: round(min(100.0, max(0.0, 100 * x / wall / cores)), 1)  # noqa: E731
         disk = round(min(100.0, (_disk_io_ms() - self.disk0) / 10 / wall), 1)
-        return {"busy_pct": pct(busy_s), "bench_pct": pct(ours_s), "other_pct": pct(busy_s - ours_s),
-                "disk_busy_pct": disk}
+        out = {"busy_pct": pct(busy_s), "bench_pct": pct(ours_s), "other_pct": pct(busy_s - ours_s),
+               "disk_busy_pct": disk}
+        if self.servers:  # in cores (1.0 = one core busy all along), to say whether a server used more than one
+            server_s = sum(max(0.0, t - self.server0.get(p, 0.0)) for p, t in self._server_cpu().items())
+            out["server_cores"] = round(server_s / wall, 2)
+        return out
+
+    def _server_cpu(self) -> dict[int, float]:
+        out: dict[int, float] = {}
+        for pid in self.servers:
+            out.update(tree_cpu(pid))
+        return out
 
 
 class DiskProbe:

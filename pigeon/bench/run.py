@@ -109,7 +109,7 @@ def run_target(server, plan: Plan, bars: Bars, workloads: tuple[str, ...]) -> di
 
     def attempt(key: str, description: str, fn, *args):
         tick, finish = bars.step(f"{name}: {description}")
-        cpu = CpuWatch()
+        cpu = CpuWatch(tuple(d.pid for d in server.daemons if d.running()))
         try:
             r = fn(*args, tick) if fn is not w.ordered else fn(*args, tick, tick)
         except Exception as e:  # noqa: BLE001 — record and go on with the next workload

@@ -43,6 +43,9 @@ def serve(
     replicas: Optional[int] = typer.Option(None, help="cluster: storage nodes that hold each ledger (default 3)"),
     ack_quorum: Optional[int] = typer.Option(None, "--ack-quorum", help="cluster: how many of them hold a "
                                              "record before it is answered (default 2, a majority)"),
+    workers: Optional[int] = typer.Option(None, help="worker processes behind the one port, each owning a share "
+                                           "of the topics (default 1; N > 1 starts an etcd of their own: "
+                                           "docs/workers.md)"),
     log_format: Optional[str] = typer.Option(None, "--log-format", help="text | json (one object per line)"),
     http_port: Optional[int] = typer.Option(None, "--http-port", help="REST API, /metrics, /healthz, /readyz "
                                             "(default: the gRPC port + 1; 0 turns it off)"),
@@ -83,10 +86,10 @@ def serve(
     try:
         cfg = load(config, host=host, port=port, data_dir=data_dir, fsync=fsync,
                    shards_per_topic=shards_per_topic, log_level=log_level, etcd=etcd, etcd_ca=etcd_ca,
-                   etcd_cert=etcd_cert, etcd_key=etcd_key, node_id=node_id,
-                   advertise=advertise, peer_port=peer_port, append_port=append_port, zone=zone, bundles=bundles, replicas=replicas,
-                   ack_quorum=ack_quorum, http_port=http_port, log_format=log_format, tls_cert=tls_cert,
-                   tls_key=tls_key, tls_client_ca=tls_client_ca, peer_cert=peer_cert, peer_key=peer_key,
+                   etcd_cert=etcd_cert, etcd_key=etcd_key, node_id=node_id, advertise=advertise,
+                   peer_port=peer_port, append_port=append_port, zone=zone, bundles=bundles, replicas=replicas,
+                   ack_quorum=ack_quorum, workers=workers, http_port=http_port, log_format=log_format,
+                   tls_cert=tls_cert, tls_key=tls_key, tls_client_ca=tls_client_ca, peer_cert=peer_cert, peer_key=peer_key,
                    peer_ca=peer_ca, auth_token_file=auth_token_file, oidc_issuer=oidc_issuer,
                    oidc_audience=oidc_audience, oidc_jwks=oidc_jwks, admins=admins, insecure=insecure,
                    audit_log=audit_log, publish_bytes_per_s=publish_bytes_per_s,

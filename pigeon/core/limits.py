@@ -127,6 +127,8 @@ assert snapshot_lifetime_s_min < snapshot_lifetime_s_max
 session_ttl_s_default = 5  # a node whose session lease is not renewed this long is gone: its bundles move
 session_ttl_s_min = 2
 session_ttl_s_max = 60
+workers_max = 64  # `pigeon serve --workers N`: worker processes behind one port (pigeon.ops.workers)
+worker_restart_s_max = 5.0  # a worker that exited is started again after at most this long (backing off)
 etcd_retry_s_max = 5.0  # an unreachable etcd is tried again at most this far apart
 slow_request_s = 1.0  # a call (but one that waits by design) slower than this gets a log line with its duration
 rest_body_bytes_max = 16 * 1024 * 1024  # a REST request body (a 10 MB publish is about 13.4 MB as base64 JSON)

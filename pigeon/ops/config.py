@@ -54,6 +54,10 @@ class Config:
     append_port: int = 0  # the append channel, replication's bytes without gRPC (pigeon.node.append_channel): 0 any
     #                       free port (peers learn it from etcd), -1 none (appends go over gRPC); a secured node has none
     zone: str = ""  # ensembles span distinct zones when nodes carry them
+    workers: int = 1  # worker processes behind the one port (pigeon.ops.workers): 1 is the single process; N > 1
+    #                   N cluster nodes on this machine with an embedded etcd, their journals under the data dir
+    reuse_port: bool = False  # share the client and HTTP ports with other processes (SO_REUSEPORT): a worker's
+    #                           (the supervisor sets it; the kernel spreads the connections over the workers)
     session_ttl_s: int = limits.session_ttl_s_default  # a node silent this long is gone: its bundles move
     replicas: int = 3  # E = Qw: the storage nodes that hold each ledger of a bundle log
     ack_quorum: int = 2  # Qa: how many of them hold a record durably before it is answered
@@ -90,6 +94,14 @@ class Config:
             raise ValueError(f"bundles must be in 1..{limits.bundles_max}")
         if not limits.record_bytes_max <= self.segment_bytes:
             raise ValueError(f"segment_bytes must be at least {limits.record_bytes_max}")
+        if not 1 <= self.workers <= limits.workers_max:
+            raise ValueError(f"--workers must be in 1..{limits.workers_max} (got {self.workers})")
+        if self.workers > 1 and self.etcd:
+            raise ValueError("--workers with --etcd is not built: a node of a cluster is one process; run one node "
+                             "per core instead (each with its own --node-id, --port and --data-dir)")
+        if self.workers > 1 and self.secured:
+            raise ValueError("--workers with TLS or authentication is not built (the workers' node-to-node port "
+                             "would need node certificates): run --workers 1")
         if self.etcd and not self.node_id:
             raise ValueError("a cluster node needs --node-id (its name in the cluster) along with --etcd")
         if self.node_id and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}", self.node_id):

@@ -5,16 +5,15 @@ client certificates required, certificates from pigeon.ops.certs)."""
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 
 from pigeon.bench.procs import await_listening, free_port
-from pigeon.ops import certs, etcd_access
+from pigeon.ops import certs, etcd_access, local_ports
 
 
 def etcd_binary() -> str:
-    path = shutil.which("etcd") or ("/usr/bin/etcd" if os.path.exists("/usr/bin/etcd") else None)
+    path = local_ports.etcd_binary()
     if path is None:
         raise RuntimeError("etcd is not installed: `make test` installs Debian's etcd-server "
                            "(apt-get install etcd-server)")

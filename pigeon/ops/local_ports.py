@@ -1,0 +1,39 @@
+"""Loopback servers this machine starts itself (the workers' etcd and peer ports; benchmarks and tests): a free
+port to listen on, and where etcd is installed."""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import socket
+
+
+def ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on, for a server to start on — chosen below the ephemeral range. A port
+    the kernel hands out (bind to 0) is one it may also hand to a client's outgoing connection before the server
+    binds it, or while a killed server restarts on it; below the range only servers take ports."""
+    low = ephemeral_low()
+    rng = random.SystemRandom()
+    for _ in range(200):
+        port = rng.randrange(max(1024, low - 16384), low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free loopback port below {low}")
+
+
+def etcd_binary() -> str | None:
+    """The etcd executable (Debian's etcd-server puts it in /usr/bin), or None when it is not installed."""
+    return shutil.which("etcd") or ("/usr/bin/etcd" if os.path.exists("/usr/bin/etcd") else None)

@@ -1,0 +1,185 @@
+"""`pigeon serve --workers N` (N > 1): N worker processes behind one address, so a node uses more than the one core
+a Python process's event loop can (docs/workers.md).
+
+Each worker is a cluster node (docs/cluster.md) of a cluster private to this data directory: the supervisor starts
+an etcd of its own on loopback (`<data dir>/etcd`), and worker i serves with the data directory `<data dir>/worker-i`
+and node id `w<i>`. Every worker listens on the same client port and HTTP port (SO_REUSEPORT: the kernel spreads
+the connections over them) and on a peer port and an append channel of its own, where the others reach it. The
+cluster's placement gives each worker a share of the bundles; a call for a bundle another worker owns is forwarded
+to it, as between the nodes of a cluster. A worker's ledgers are kept by itself only (replicas = ack quorum = 1):
+copies on the one disk of one machine would add writes and no safety.
+
+The supervisor owns the rules:
+  * the data directory's layout is written down (`workers.json`: the count and etcd's ports) and checked at every
+    start: a single node's data directory is refused, and so is a count below the one written (a worker's ledgers
+    live on it alone: dropping one would drop what it holds);
+  * a worker that exits is started again (backing off to `limits.worker_restart_s_max`); meanwhile the cluster
+    moves its bundles to the others once its session lapses, as for any node;
+  * SIGTERM or SIGINT stops the workers (each drains as a node does) and then etcd; the supervisor ends with them.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from pigeon.core import limits
+from pigeon.ops import local_ports
+from pigeon.ops.config import Config
+from pigeon.ops.local_ports import free_port
+
+log = logging.getLogger("pigeon.workers")
+
+LAYOUT = "workers.json"  # in the data directory: {"workers": N, "etcd_client": port, "etcd_peer": port}
+STOP_S = limits.shutdown_grace_s + 10.0  # a worker still running this long after SIGTERM is killed
+
+
+def refuse_as_single(data_dir: str) -> str | None:
+    """Why a single process must not serve `data_dir` (it holds workers' data), or None."""
+    path = os.path.join(data_dir, LAYOUT)
+    if os.path.exists(path):
+        with open(path) as f:
+            n = json.load(f)["workers"]
+        return (f"{data_dir} holds the data of {n} workers (its {LAYOUT}): start it with --workers {n} (or more); "
+                f"each worker's journal is in {data_dir}/worker-<i>")
+    return None
+
+
+def _end_with_parent() -> None:
+    """In a child, before it runs: SIGTERM it when the supervisor dies, even by SIGKILL (Linux's
+    PR_SET_PDEATHSIG), so no worker or etcd outlives the process that answers for them."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def _etcd_binary() -> str:
+    path = local_ports.etcd_binary()
+    if path is None:
+        raise SystemExit("pigeon: --workers needs etcd to coordinate its workers: install Debian's etcd-server "
+                         "(apt-get install etcd-server; `make test` does)")
+    return path
+
+
+def _layout(config: Config) -> dict:
+    """The data directory's layout, checked against `config` and written (created, or grown to more workers)."""
+    root = config.data_dir
+    path = os.path.join(root, LAYOUT)
+    if os.path.exists(path):
+        with open(path) as f:
+            layout = json.load(f)
+        if config.workers < layout["workers"]:
+            raise SystemExit(f"pigeon: {root} holds the data of {layout['workers']} workers; --workers "
+                             f"{config.workers} would leave the ledgers of workers {config.workers}.."
+                             f"{layout['workers'] - 1} unserved: start it with --workers {layout['workers']} or more")
+    else:
+        if os.path.isdir(root) and os.listdir(root):
+            raise SystemExit(f"pigeon: {root} holds a single node's data (no {LAYOUT}): --workers N needs a data "
+                             f"directory of its own (or start this one without --workers)")
+        layout = {"etcd_client": free_port(), "etcd_peer": free_port()}
+    layout["workers"] = config.workers
+    os.makedirs(root, exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(layout, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return layout
+
+
+def _settings(config: Config, **overrides) -> dict[str, str]:
+    """A worker's settings as the environment `ops.config.load` reads (PIGEON_<FIELD>): everything the
+    supervisor was given, then what is the worker's own."""
+    values = dataclasses.asdict(config) | overrides
+    return {f"PIGEON_{k.upper()}": ("true" if v else "false") if isinstance(v, bool) else str(v)
+            for k, v in values.items()}
+
+
+class Supervisor:
+    def __init__(self, config: Config):
+        self.config = config
+        self.root = os.path.abspath(config.data_dir)
+        self.etcd: subprocess.Popen | None = None
+        self.workers: list[subprocess.Popen | None] = [None] * config.workers
+        self.env: list[dict[str, str]] = []
+        self.stopping = False
+
+    def run(self) -> int:
+        layout = _layout(self.config)
+        client = f"127.0.0.1:{layout['etcd_client']}"
+        port = self.config.port or free_port()  # the one port every worker shares
+        for i in range(self.config.workers):
+            self.env.append(os.environ | _settings(
+                self.config, data_dir=os.path.join(self.root, f"worker-{i}"), port=port, etcd=f"http://{client}",
+                node_id=f"w{i}", peer_port=free_port(), append_port=free_port(), replicas=1, ack_quorum=1,
+                workers=1, reuse_port=True, advertise=f"{self._host()}:{port}"))
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: setattr(self, "stopping", True))
+        self._start_etcd(layout)
+        log.info("%d workers on %s:%d (data %s, etcd %s)", self.config.workers, self.config.host, port,
+                 self.root, client)
+        backoff = [0.0] * self.config.workers
+        due = [0.0] * self.config.workers
+        try:
+            while not self.stopping:
+                if self.etcd.poll() is not None:
+                    log.error("the workers' etcd exited (%s; its log: %s/etcd.log): starting it again",
+                              self.etcd.returncode, self.root)
+                    self._start_etcd(layout)
+                now = time.monotonic()
+                for i, w in enumerate(self.workers):
+                    if w is not None and w.poll() is None:
+                        continue
+                    if w is not None:  # it exited: start it again, backing off while it keeps exiting
+                        log.error("worker %d (pid %d) exited with %s: starting it again", i, w.pid, w.returncode)
+                        self.workers[i] = None
+                        backoff[i] = min(limits.worker_restart_s_max, max(0.25, 2 * backoff[i]))
+                        due[i] = now + backoff[i]
+                    if now >= due[i]:
+                        self.workers[i] = subprocess.Popen([sys.executable, "-m", "pigeon", "serve"],
+                                                           env=self.env[i], preexec_fn=_end_with_parent)
+                        if backoff[i] and now - due[i] > 60:
+                            backoff[i] = 0.0
+                time.sleep(0.1)
+        finally:
+            self._stop()
+        return 0
+
+    def _host(self) -> str:
+        return "127.0.0.1" if self.config.host in ("0.0.0.0", "::", "") else self.config.host
+
+    def _start_etcd(self, layout: dict) -> None:
+        client, peer = f"http://127.0.0.1:{layout['etcd_client']}", f"http://127.0.0.1:{layout['etcd_peer']}"
+        cmd = [_etcd_binary(), "--name", "workers", "--data-dir", os.path.join(self.root, "etcd"),
+               "--listen-client-urls", client, "--advertise-client-urls", client,
+               "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+               "--initial-cluster", f"workers={peer}", "--initial-cluster-token", f"pigeon-workers-{peer}"]
+        with open(os.path.join(self.root, "etcd.log"), "ab") as out:
+            self.etcd = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, preexec_fn=_end_with_parent)
+
+    def _stop(self) -> None:
+        running = [w for w in self.workers if w is not None and w.poll() is None]
+        for w in running:
+            w.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + STOP_S
+        for w in running:
+            try:
+                w.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                log.error("worker pid %d did not stop in %.0f s: killed", w.pid, STOP_S)
+                w.kill()
+                w.wait()
+        if self.etcd is not None and self.etcd.poll() is None:
+            self.etcd.send_signal(signal.SIGTERM)
+            try:
+                self.etcd.wait(10)
+            except subprocess.TimeoutExpired:
+                self.etcd.kill()
+                self.etcd.wait()
