@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-WORKLOADS = ("publish", "consume", "mixed", "latency", "ordered", "connections", "idle", "backlog", "restart",
+WORKLOADS = ("publish", "consume", "mixed", "topics", "latency", "ordered", "connections", "idle", "backlog", "restart",
              "failover")
 
 
@@ -27,6 +27,8 @@ class Plan:
     consume_s_max: float = 30.0  # or stop here
     consume_outstanding_max: int = 5000  # StreamingPull flow control / prefetch / fetch size window
     mixed_s: float = 10.0  # publish and consume at once (publishers as in `publish`, the first batch size)
+    topics: int = 4  # `topics`: publish + consume at once as `mixed`, spread over this many topics (one
+    #                  publisher and one consumer process each): load a server can share out by topic
     latency_rate: int = 1000  # msg/s, open loop
     latency_s: float = 20.0
     latency_runs: int = 1  # repeated on fresh topics; the median run by p99 is reported
@@ -72,7 +74,7 @@ class Plan:
     def longest_s(self) -> float:
         """The most time the workloads may take against one server (each is bounded by its own limit)."""
         bound = {"publish": len(self.publish_batches) * len(self.publish_inflight) * self.publish_s,
-                 "consume": self.consume_s_max, "mixed": self.mixed_s, "latency": self.latency_runs * self.latency_s,
+                 "consume": self.consume_s_max, "mixed": self.mixed_s, "topics": self.mixed_s, "latency": self.latency_runs * self.latency_s,
                  "ordered": 2 * self.ordered_s_max, "connections": 2 * self.conn_s,
                  "idle": 2 * self.idle_probe_s + 2 * self.idle_open_s_max, "backlog": self.backlog_s_max,
                  "restart": self.restart_s_max, "failover": self.failover_s_max}
@@ -96,7 +98,7 @@ SMOKE = Plan(
 )
 # The replicated targets beside a single Pigeon (`pigeon bench --plan cluster --peers cluster`, part of `make bench`)
 CLUSTER = Plan(
-    "cluster", workloads=("publish", "consume", "mixed", "latency", "failover"), publish_batches=(1000, 100),
+    "cluster", workloads=("publish", "consume", "mixed", "topics", "latency", "failover"), publish_batches=(1000, 100),
     publish_inflight=(4, 16), publish_s=8.0, consume_messages=500_000, consume_s_max=20.0, mixed_s=8.0,
     latency_s=15.0,
 )

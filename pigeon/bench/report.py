@@ -17,6 +17,8 @@ FIGURES = [
     ("consume with acks, draining a backlog", "consume", "msgs_per_s", "msg/s", "higher"),
     ("publish and consume at once: publish", "mixed", "publish_msgs_per_s", "msg/s", "higher"),
     ("publish and consume at once: consume", "mixed", "consume_msgs_per_s", "msg/s", "higher"),
+    ("… spread over several topics: publish", "topics", "publish_msgs_per_s", "msg/s", "higher"),
+    ("… spread over several topics: consume", "topics", "consume_msgs_per_s", "msg/s", "higher"),
     ("latency p50 at 1,000 msg/s", "latency", "p50_ms", "ms", "lower"),
     ("latency p99 at 1,000 msg/s", "latency", "p99_ms", "ms", "lower"),
     ("latency p999 at 1,000 msg/s", "latency", "p999_ms", "ms", "lower"),
@@ -43,8 +45,8 @@ FIGURES = [
 ]
 
 # Replicated targets against each other and against a single Pigeon: (row label, results key, field, unit, better)
-CLUSTER_FIGURES = [f for f in FIGURES if f[1] in ("publish_b1000", "publish_b100", "consume", "mixed", "latency",
-                                                   "failover") and f[4] != "context"]
+CLUSTER_FIGURES = [f for f in FIGURES if f[1] in ("publish_b1000", "publish_b100", "consume", "mixed", "topics",
+                                                   "latency", "failover") and f[4] != "context"]
 CLUSTER_ROWS = (("pigeon-cluster", "nats-js-r3"), ("pigeon-cluster", "rabbitmq-quorum-r3"), ("pigeon-cluster", "pigeon"))
 
 
@@ -172,6 +174,9 @@ def markdown(doc: dict) -> str:
               f"of *consume* on one fresh topic and its subscription, together for {s.get('mixed_s', 0):g} s; each "
               "side is rated over that window (what the consumers had not taken by its end is `backlog_left` in "
               "the JSON).",
+              f"* **… spread over several topics**: the same, on {s.get('topics', 4)} fresh topics with a publisher "
+              "process and a consumer process each and as many requests in flight in all: load a server can share "
+              "out by topic (`pigeon serve --workers N` gives each worker some of them).",
               f"* **Latency**: one publisher at {s['latency_rate']:,} msg/s for {s['latency_s']:.0f} s, open loop "
               "(each message stamped with the time it was due), one message per durable publish; a separate "
               "consumer process records receive − due time and acks. *Publish-ack latency* is the same run's publisher side: due time → the server's answer (Pigeon: the Publish response, after fdatasync; RabbitMQ: the confirm; NATS: the PubAck; Redis: the XADD reply). Meanwhile a probe thread writes 4 KiB and "

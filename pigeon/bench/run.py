@@ -99,8 +99,9 @@ def run_target(server, plan: Plan, bars: Bars, workloads: tuple[str, ...]) -> di
     errors: dict = {}
     failover = FAILOVER.get(server.name) if "failover" in workloads else None
     workloads = tuple(k for k in workloads if k != "failover")
-    skipped = {k: "not supported by this target's driver" for k in workloads if k not in d.supports}
-    todo = [k for k in workloads if k in d.supports]
+    supports = d.supports | ({"topics"} if "mixed" in d.supports else set())  # `topics` is `mixed` spread out
+    skipped = {k: "not supported by this target's driver" for k in workloads if k not in supports}
+    todo = [k for k in workloads if k in supports]
     if not server.restartable and "restart" in todo:
         todo.remove("restart")
         skipped["restart"] = "state is not kept across a restart" if server.durable.startswith("no") \
@@ -147,6 +148,12 @@ def run_target(server, plan: Plan, bars: Bars, workloads: tuple[str, ...]) -> di
         if left_behind and not fresh("fresh_start"):
             return {"results": res, "errors": errors, "skipped": skipped}
         attempt("mixed", f"publish + consume at once, {plan.mixed_s:g} s", w.mixed, d, plan, "mixed")
+        left_behind = True
+    if "topics" in todo:
+        if left_behind and not fresh("fresh_start_topics"):
+            return {"results": res, "errors": errors, "skipped": skipped}
+        attempt("topics", f"publish + consume at once on {plan.topics} topics, {plan.mixed_s:g} s", w.topics, d,
+                plan, "spread")
         left_behind = True
     if ("ordered" in todo or "connections" in todo) and left_behind:
         if not fresh("fresh_start_after_mixed" if "mixed" in todo else "fresh_start"):

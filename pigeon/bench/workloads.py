@@ -82,10 +82,29 @@ def mixed(driver, plan, key: str, tick: Tick) -> dict:
     and in-flight setting) and the consumers of `consume` run together for `mixed_s`. Each side is rated over
     the window; what the consumers did not take by its end is the backlog left (sustained: close to none)."""
     setup(driver, key)
+    out = _at_once(driver, plan, [key] * plan.publish_procs, [key] * plan.consume_procs, plan.publish_inflight[0],
+                   tick)
+    return out | {"publish_procs": plan.publish_procs, "consume_procs": plan.consume_procs}
+
+
+def topics(driver, plan, key: str, tick: Tick) -> dict:
+    """`mixed` spread over `plan.topics` topics, one publisher process and one consumer process on each, with as
+    many requests in flight in all as `mixed`: the load a server can share out by topic (a worker per core owns
+    some of them)."""
+    keys = [f"{key}-{i}" for i in range(plan.topics)]
+    for k in keys:
+        setup(driver, k)
+    inflight = max(1, plan.publish_inflight[0] * plan.publish_procs // plan.topics)
+    return _at_once(driver, plan, keys, keys, inflight, tick) | {"topics": plan.topics, "inflight_per_proc": inflight}
+
+
+def _at_once(driver, plan, pub_keys: list[str], sub_keys: list[str], inflight: int, tick: Tick) -> dict:
+    """A publisher process per key of `pub_keys` and a consumer process per key of `sub_keys`, together for
+    `mixed_s`: each side rated over the window."""
     gate = Gate(_CTX, plan.mixed_s)
-    batch, inflight = plan.publish_batches[0], plan.publish_inflight[0]
-    pubs = [(driver.publish, (key, plan.message_bytes, batch, inflight, gate))] * plan.publish_procs
-    subs = [(driver.consume, (key, plan.consume_outstanding_max, gate))] * plan.consume_procs
+    batch = plan.publish_batches[0]
+    pubs = [(driver.publish, (k, plan.message_bytes, batch, inflight, gate)) for k in pub_keys]
+    subs = [(driver.consume, (k, plan.consume_outstanding_max, gate)) for k in sub_keys]
     outs = run_workers(pubs + subs, gate, _wall(plan, gate.duration_s), _ticker(gate, tick))
     published = sum(o["count"] for o in outs[:len(pubs)])
     consumed = sum(o["count"] for o in outs[len(pubs):])
@@ -93,8 +112,7 @@ def mixed(driver, plan, key: str, tick: Tick) -> dict:
     sub_s = max([plan.mixed_s] + [o["t_last"] - gate.start_at for o in outs[len(pubs):] if o["count"]])
     out = {"publish_msgs_per_s": round(published / pub_s), "consume_msgs_per_s": round(consumed / sub_s),
            "published": published, "consumed": consumed, "backlog_left": max(0, published - consumed),
-           "seconds": plan.mixed_s, "batch": batch, "message_bytes": plan.message_bytes,
-           "publish_procs": plan.publish_procs, "consume_procs": plan.consume_procs}
+           "seconds": plan.mixed_s, "batch": batch, "message_bytes": plan.message_bytes}
     return _with_stream_errors(out, outs[len(pubs):])
 
 
