@@ -228,7 +228,11 @@ def _client_went_away(record: logging.LogRecord) -> bool:
 
 class JsonLines(logging.Formatter):
     """One JSON object per line: time (UTC, ISO 8601), level, logger, message, and the exception when there is
-    one — what log shippers parse without a pattern."""
+    one — what log shippers parse without a pattern; a worker's lines also say which (`worker`)."""
+
+    def __init__(self, worker: str = ""):
+        super().__init__()
+        self.worker = worker
 
     def format(self, record: logging.LogRecord) -> str:
         import datetime
@@ -237,6 +241,8 @@ class JsonLines(logging.Formatter):
         out = {"time": datetime.datetime.fromtimestamp(record.created, datetime.timezone.utc).isoformat(
             timespec="milliseconds").replace("+00:00", "Z"), "level": record.levelname, "logger": record.name,
             "message": record.getMessage()}
+        if self.worker:
+            out["worker"] = self.worker
         if record.exc_info:
             out["exception"] = self.formatException(record.exc_info)
         return json.dumps(out, ensure_ascii=False)
@@ -254,12 +260,15 @@ def _bad_http(record: logging.LogRecord) -> bool:
 
 
 def run(config: Config) -> None:
+    # a worker's lines share the supervisor's output with the other workers': each says whose it is
+    worker = config.node_id if config.reuse_port else ""
     if config.log_format == "json":
         handler = logging.StreamHandler()
-        handler.setFormatter(JsonLines())
+        handler.setFormatter(JsonLines(worker))
         logging.basicConfig(level=config.log_level, handlers=[handler])
     else:
-        logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s " +
+                            (f"[{worker}] " if worker else "") + "%(name)s: %(message)s")
     logging.getLogger("grpc._cython.cygrpc").addFilter(_client_went_away)
     logging.getLogger("aiohttp.server").addFilter(_bad_http)
     if config.workers > 1:  # a supervisor: its workers are this command again, each a process of its own

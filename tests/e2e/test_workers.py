@@ -113,6 +113,10 @@ def test_two_workers_serve_one_port_and_a_killed_worker_loses_nothing(workers):
         assert not set(got) & set(sent[w]), "a message acknowledged before the kill came back"
     restarted = _worker_pids(server.proc.pid)
     assert set(restarted) == {"w0", "w1"} and restarted["w0"] != pids["w0"], "the supervisor started w0 again"
+    with open(server.log_path, errors="replace") as f:
+        text = f.read()
+    assert "worker 0 (pid" in text and "exited with -9: starting it again" in text
+    assert all(f"INFO [{w}] pigeon.server: pigeon serving on" in text for w in ("w0", "w1")), "each line says whose"
     pub.stop()
     sub.close()
 
