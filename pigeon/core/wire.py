@@ -69,6 +69,19 @@ def split_repeated(buf: bytes, wanted_field: int) -> list[bytes]:
     return out
 
 
+def leading_string(buf: bytes, field: int) -> str | None:
+    """The string `field` when it is the first field of `buf` (as serializers write it, in field order), else
+    None: a message's routing key read without parsing the rest (a megabyte of a publish). Not a check: the
+    bytes may still be anything after it."""
+    if not buf or buf[0] != (field << 3) | 2:
+        return None
+    try:
+        n, pos = read_varint(buf, 1)
+        return str(buf[pos:pos + n], "utf-8") if pos + n <= len(buf) else None
+    except (IndexError, ValueError):  # (UnicodeDecodeError is a ValueError)
+        return None
+
+
 def timestamp(seconds: int, nanos: int) -> bytes:
     """google.protobuf.Timestamp bytes."""
     out = b""

@@ -173,3 +173,16 @@ def test_received_message_omits_zero_attempt():
     rm = ReceivedMessage()
     rm.ParseFromString(without)
     assert rm.delivery_attempt == 0 and rm.HasField("message")
+
+
+def test_leading_string_reads_a_routing_key_only_where_a_serializer_puts_it():
+    leading_string = wire.leading_string
+    raw = types.PublishRequest.pb()(topic="projects/p/topics/t", messages=[{"data": b"x" * 300}]).SerializeToString()
+    assert leading_string(raw, 1) == "projects/p/topics/t"
+    assert leading_string(raw, 2) is None  # not the first field
+    no_topic = types.PublishRequest.pb()(messages=[{"data": b"x"}]).SerializeToString()
+    assert leading_string(no_topic, 1) is None
+    assert leading_string(b"", 1) is None
+    assert leading_string(b"\x0a\x05abc", 1) is None  # its length runs past the end
+    assert leading_string(b"\x0a\x02\xff\xfe", 1) is None  # not UTF-8
+    assert leading_string(b"\x0a\xff", 1) is None  # a varint cut short
