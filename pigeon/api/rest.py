@@ -489,11 +489,16 @@ def _cert_identity(req: web.Request) -> str:
     return certs.identity_of(ssl.DER_cert_to_PEM_cert(der).encode()) if der else ""
 
 
-async def start(api: RestApi, host: str, port: int, ssl_context=None, reuse_port: bool = False) -> web.AppRunner:
+async def start(api: RestApi, host: str, port: int, ssl_context=None, reuse_port: bool = False,
+                also: int = 0) -> web.AppRunner:
+    """Serve the HTTP API on `port` (shared with other processes when `reuse_port`) and, when `also` is set, on
+    that port of this process's own too (a worker's: a scrape there reaches this worker)."""
     runner = web.AppRunner(api.app(), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port, reuse_address=True, reuse_port=reuse_port or None, ssl_context=ssl_context)
     await site.start()
+    if also:
+        await web.TCPSite(runner, host, also, reuse_address=True, ssl_context=ssl_context).start()
     return runner
 
 

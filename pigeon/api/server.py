@@ -203,7 +203,7 @@ async def _start_http(config: Config, grpc_port: int, engine, cluster, guard=Non
                        metrics=lambda: metrics.render(reg), mtls=bool(config.tls_client_ca))
     try:
         runner = await rest.start(api, config.host, port, security.http_context(config) if config.tls_cert else None,
-                                  reuse_port=config.reuse_port)
+                                  reuse_port=config.reuse_port, also=config.own_http_port)
     except OSError as e:
         await api.close()
         if config.http_port > 0:
@@ -212,8 +212,8 @@ async def _start_http(config: Config, grpc_port: int, engine, cluster, guard=Non
                     config.host, port, e.strerror)
         return None
     lag.start()
-    log.info("REST API, /metrics and health checks on %s://%s:%d/", "https" if config.tls_cert else "http",
-             config.host, port)
+    log.info("REST API, /metrics and health checks on %s://%s:%d/%s", "https" if config.tls_cert else "http",
+             config.host, port, f" (this worker's own: port {config.own_http_port})" if config.own_http_port else "")
     return runner, api, lag
 
 

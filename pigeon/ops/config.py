@@ -58,6 +58,7 @@ class Config:
     #                   N cluster nodes on this machine with an embedded etcd, their journals under the data dir
     reuse_port: bool = False  # share the client and HTTP ports with other processes (SO_REUSEPORT): a worker's
     #                           (the supervisor sets it; the kernel spreads the connections over the workers)
+    own_http_port: int = 0  # a worker's HTTP port of its own besides the shared one: /metrics of that worker
     session_ttl_s: int = limits.session_ttl_s_default  # a node silent this long is gone: its bundles move
     replicas: int = 3  # E = Qw: the storage nodes that hold each ledger of a bundle log
     ack_quorum: int = 2  # Qa: how many of them hold a record durably before it is answered

@@ -37,7 +37,8 @@ from pigeon.ops.local_ports import free_port
 
 log = logging.getLogger("pigeon.workers")
 
-LAYOUT = "workers.json"  # in the data directory: {"workers": N, "etcd_client": port, "etcd_peer": port}
+LAYOUT = "workers.json"  # in the data directory: {"workers": N, "etcd_client": port, "etcd_peer": port,
+#                          "worker_http_ports": [this start's HTTP port of each worker's own, 0 for none]}
 STOP_S = limits.shutdown_grace_s + 10.0  # a worker still running this long after SIGTERM is killed
 
 
@@ -85,13 +86,17 @@ def _layout(config: Config) -> dict:
         layout = {"etcd_client": free_port(), "etcd_peer": free_port()}
     layout["workers"] = config.workers
     os.makedirs(root, exist_ok=True)
+    _write(path, layout)
+    return layout
+
+
+def _write(path: str, layout: dict) -> None:
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
         json.dump(layout, f)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    return layout
 
 
 def _settings(config: Config, **overrides) -> dict[str, str]:
@@ -115,11 +120,13 @@ class Supervisor:
         layout = _layout(self.config)
         client = f"127.0.0.1:{layout['etcd_client']}"
         port = self.config.port or free_port()  # the one port every worker shares
+        own = [free_port() if self.config.http_port else 0 for _ in range(self.config.workers)]
         for i in range(self.config.workers):
             self.env.append(os.environ | _settings(
                 self.config, data_dir=os.path.join(self.root, f"worker-{i}"), port=port, etcd=f"http://{client}",
                 node_id=f"w{i}", peer_port=free_port(), append_port=free_port(), replicas=1, ack_quorum=1,
-                workers=1, reuse_port=True, advertise=f"{self._host()}:{port}"))
+                workers=1, reuse_port=True, advertise=f"{self._host()}:{port}", own_http_port=own[i]))
+        _write(os.path.join(self.root, LAYOUT), layout | {"worker_http_ports": own})  # where each one is scraped
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: setattr(self, "stopping", True))
         self._start_etcd(layout)

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 
 import pytest
 
@@ -65,7 +68,7 @@ def _streamed(sub, subscription: str, want: set[str], timeout: float = 60.0) -> 
 
 @pytest.fixture
 def workers(tmp_path):
-    server = ServerProcess(str(tmp_path / "data"), extra=["--workers", "2"])
+    server = ServerProcess(str(tmp_path / "data"), extra=["--workers", "2"], http=True)
     server.start(timeout=60)
     with open(tmp_path / "data" / "workers.json") as f:
         etcd = f"127.0.0.1:{json.load(f)['etcd_client']}"
@@ -119,6 +122,32 @@ def test_two_workers_serve_one_port_and_a_killed_worker_loses_nothing(workers):
     assert all(f"INFO [{w}] pigeon.server: pigeon serving on" in text for w in ("w0", "w1")), "each line says whose"
     pub.stop()
     sub.close()
+
+
+def _get(url: str, timeout: float = 30.0) -> str:
+    """GET, waiting for the port to listen (a worker opens its HTTP ports after gRPC)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=10) as r:
+                return r.read().decode()
+        except urllib.error.URLError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+def test_each_worker_is_scraped_on_a_port_of_its_own_beside_the_shared_one(workers, tmp_path):
+    server, _ = workers
+    with open(tmp_path / "data" / "workers.json") as f:
+        own = json.load(f)["worker_http_ports"]
+    assert len(own) == 2 and len(set(own)) == 2
+    owned = []
+    for port in own:  # each port is one worker's: together they speak for every bundle once
+        text = _get(f"http://127.0.0.1:{port}/metrics")
+        owned.append(float(re.search(r"^pigeon_cluster_bundles_owned (\S+)$", text, re.M).group(1)))
+    assert all(n > 0 for n in owned) and sum(owned) == 16, owned
+    assert "pigeon_cluster_bundles_owned" in _get(f"{server.http}/metrics")  # the shared port: one of them
 
 
 def test_stopping_the_supervisor_stops_its_workers_and_etcd(workers):
