@@ -107,53 +107,66 @@ def _settings(config: Config, **overrides) -> dict[str, str]:
             for k, v in values.items()}
 
 
+class _Child:
+    """A process the supervisor keeps running: started again when it exits, after a pause that doubles while it
+    keeps exiting soon after its start (up to limits.worker_restart_s_max) and starts over once it ran a while."""
+
+    STEADY_S = 60.0  # a child that ran this long before it exited is started again at once
+
+    def __init__(self, name: str, start):
+        self.name, self._start = name, start
+        self.proc: subprocess.Popen | None = None
+        self.started = self.due = 0.0
+        self.backoff = 0.0
+
+    def tend(self, now: float) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            return
+        if self.proc is not None:  # it exited
+            log.error("%s (pid %d) exited with %s: starting it again", self.name, self.proc.pid, self.proc.returncode)
+            self.proc = None
+            steady = now - self.started > self.STEADY_S
+            self.backoff = 0.0 if steady else min(limits.worker_restart_s_max, max(0.25, 2 * self.backoff))
+            self.due = now + self.backoff
+        if now >= self.due:
+            self.proc, self.started = self._start(), now
+
+
 class Supervisor:
     def __init__(self, config: Config):
         self.config = config
         self.root = os.path.abspath(config.data_dir)
-        self.etcd: subprocess.Popen | None = None
-        self.workers: list[subprocess.Popen | None] = [None] * config.workers
-        self.env: list[dict[str, str]] = []
+        self.children: list[_Child] = []
         self.stopping = False
+
+    @property
+    def workers(self) -> list[subprocess.Popen | None]:
+        return [c.proc for c in self.children[1:]]
 
     def run(self) -> int:
         layout = _layout(self.config)
         client = f"127.0.0.1:{layout['etcd_client']}"
         port = self.config.port or free_port()  # the one port every worker shares
         own = [free_port() if self.config.http_port else 0 for _ in range(self.config.workers)]
+        self.children.append(_Child(f"the workers' etcd (its log: {self.root}/etcd.log)",
+                                    lambda: self._start_etcd(layout)))
         for i in range(self.config.workers):
-            self.env.append(os.environ | _settings(
+            env = os.environ | _settings(
                 self.config, data_dir=os.path.join(self.root, f"worker-{i}"), port=port, etcd=f"http://{client}",
                 node_id=f"w{i}", peer_port=free_port(), append_port=free_port(), replicas=1, ack_quorum=1,
-                workers=1, reuse_port=True, advertise=f"{self._host()}:{port}", own_http_port=own[i]))
+                workers=1, reuse_port=True, advertise=f"{self._host()}:{port}", own_http_port=own[i])
+            self.children.append(_Child(f"worker {i}", lambda env=env: subprocess.Popen(
+                [sys.executable, "-m", "pigeon", "serve"], env=env, preexec_fn=_end_with_parent)))
         _write(os.path.join(self.root, LAYOUT), layout | {"worker_http_ports": own})  # where each one is scraped
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: setattr(self, "stopping", True))
-        self._start_etcd(layout)
         log.info("%d workers on %s:%d (data %s, etcd %s)", self.config.workers, self.config.host, port,
                  self.root, client)
-        backoff = [0.0] * self.config.workers
-        due = [0.0] * self.config.workers
         try:
             while not self.stopping:
-                if self.etcd.poll() is not None:
-                    log.error("the workers' etcd exited (%s; its log: %s/etcd.log): starting it again",
-                              self.etcd.returncode, self.root)
-                    self._start_etcd(layout)
                 now = time.monotonic()
-                for i, w in enumerate(self.workers):
-                    if w is not None and w.poll() is None:
-                        continue
-                    if w is not None:  # it exited: start it again, backing off while it keeps exiting
-                        log.error("worker %d (pid %d) exited with %s: starting it again", i, w.pid, w.returncode)
-                        self.workers[i] = None
-                        backoff[i] = min(limits.worker_restart_s_max, max(0.25, 2 * backoff[i]))
-                        due[i] = now + backoff[i]
-                    if now >= due[i]:
-                        self.workers[i] = subprocess.Popen([sys.executable, "-m", "pigeon", "serve"],
-                                                           env=self.env[i], preexec_fn=_end_with_parent)
-                        if backoff[i] and now - due[i] > 60:
-                            backoff[i] = 0.0
+                for child in self.children:
+                    child.tend(now)
                 time.sleep(0.1)
         finally:
             self._stop()
@@ -162,14 +175,14 @@ class Supervisor:
     def _host(self) -> str:
         return "127.0.0.1" if self.config.host in ("0.0.0.0", "::", "") else self.config.host
 
-    def _start_etcd(self, layout: dict) -> None:
+    def _start_etcd(self, layout: dict) -> subprocess.Popen:
         client, peer = f"http://127.0.0.1:{layout['etcd_client']}", f"http://127.0.0.1:{layout['etcd_peer']}"
         cmd = [_etcd_binary(), "--name", "workers", "--data-dir", os.path.join(self.root, "etcd"),
                "--listen-client-urls", client, "--advertise-client-urls", client,
                "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
                "--initial-cluster", f"workers={peer}", "--initial-cluster-token", f"pigeon-workers-{peer}"]
         with open(os.path.join(self.root, "etcd.log"), "ab") as out:
-            self.etcd = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, preexec_fn=_end_with_parent)
+            return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, preexec_fn=_end_with_parent)
 
     def _stop(self) -> None:
         running = [w for w in self.workers if w is not None and w.poll() is None]
@@ -183,10 +196,11 @@ class Supervisor:
                 log.error("worker pid %d did not stop in %.0f s: killed", w.pid, STOP_S)
                 w.kill()
                 w.wait()
-        if self.etcd is not None and self.etcd.poll() is None:
-            self.etcd.send_signal(signal.SIGTERM)
+        etcd = self.children[0].proc if self.children else None
+        if etcd is not None and etcd.poll() is None:
+            etcd.send_signal(signal.SIGTERM)
             try:
-                self.etcd.wait(10)
+                etcd.wait(10)
             except subprocess.TimeoutExpired:
-                self.etcd.kill()
-                self.etcd.wait()
+                etcd.kill()
+                etcd.wait()
