@@ -180,7 +180,9 @@ class JournalWriter:
                 self._want = self.journal.tail
                 self._cv.notify()
 
-    def wait_durable(self, end: int) -> asyncio.Future:
+    def wait_durable(self, end: int, ask: bool = True) -> asyncio.Future:
+        """A future done once the journal is durable up to `end`. With `ask` false the writer is not asked for
+        it: it rides with the next group commit somebody asks for, or LAZY_FLUSH_S (fsync=always) at the latest."""
         fut = self._loop.create_future()
         if self.journal.durable >= end:
             fut.set_result(None)
@@ -188,7 +190,7 @@ class JournalWriter:
             fut.set_exception(self._error())
         else:
             self.journal.on_durable(end, lambda exc: _settle(fut, exc, self._error))
-            if self._want < end:
+            if ask and self._want < end:
                 self.flush_soon()
         return fut
 

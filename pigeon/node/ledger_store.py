@@ -90,11 +90,17 @@ class LedgerStore:
         if ledger in self.deleted:
             raise FailedPrecondition(f"ledger {ledger} was deleted: its log was cut past it")
 
-    def submit(self, ledger: int, epoch: int, index: int, rtype: int, body: bytes) -> asyncio.Future:
+    def submit(self, ledger: int, epoch: int, index: int, rtype: int, body: bytes, now: bool = True) -> asyncio.Future:
         """Store entry `index` of `ledger` from a writer at `epoch`: a future done once it is durable (entries
-        submitted together share a group commit). FailedPrecondition at once for a gap or a fenced ledger."""
+        submitted together share a group commit). FailedPrecondition at once for a gap or a fenced ledger. With
+        `now` false the entry rides with the next group commit somebody asks for (`flush`), or the journal's
+        lazy flush at the latest."""
         self._submit(ledger, epoch, index, rtype, body)
-        return self.writer.wait_durable(self.writer.tail)
+        return self.writer.wait_durable(self.writer.tail, ask=now)
+
+    def flush(self) -> None:
+        """Make everything submitted so far durable now: somebody waits for it."""
+        self.writer.flush_soon()
 
     def _submit(self, ledger: int, epoch: int, index: int, rtype: int, body) -> None:
         self._refuse_deleted(ledger)

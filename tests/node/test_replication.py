@@ -214,3 +214,44 @@ def test_recovery_counts_its_own_store_refusing_as_that_member_gone(tmp_path):
         await own.close()
 
     asyncio.run(run())
+
+
+def test_the_owners_own_copy_of_entries_nobody_waits_for_rides_with_the_next_flush(tmp_path, monkeypatch):
+    """Deliveries and acks on streams are records nobody waits for: they linger before they go to the remote
+    members, and this node's own copy must not cost a group commit (a wake-up of its journal's writer and an
+    fdatasync) of its own for each either — a cluster owner's CPU per message at low rates went mostly there.
+    Such entries are written but not fdatasync'd until an entry somebody waits for (`flush`) comes, and then all
+    share one fdatasync; entries nobody ever flushes are still answered, by the journal's lazy flush."""
+    from pigeon.node import journal
+    from pigeon.node.replication import LocalAppend
+
+    async def written(store, before: int) -> None:
+        while store.writer.statistics().group_commits == before:
+            await asyncio.sleep(0.001)
+        await asyncio.sleep(0.05)  # (a writer asked to sync would have by now)
+
+    async def run():
+        own = LedgerStore(str(tmp_path))
+        await own.open()
+        stream = LocalAppend(own)
+        answers = stream.answers()
+        syncs = own.writer.statistics().syncs
+        monkeypatch.setattr(journal, "LAZY_FLUSH_S", 60.0)
+        for i in range(5):
+            commits = own.writer.statistics().group_commits
+            stream.send(42, 1, i, 1, body(i))
+            await asyncio.wait_for(written(own, commits), 10)
+            assert own.writer.statistics().syncs == syncs, f"entry {i} was fdatasync'd on its own"
+        stream.send(42, 1, 5, 1, body(5))
+        stream.flush()
+        assert [await asyncio.wait_for(answers.__anext__(), 10) for _ in range(6)] == [(i, "") for i in range(6)]
+        assert own.writer.statistics().syncs == syncs + 1
+        assert own.held(42) == 6
+        monkeypatch.setattr(journal, "LAZY_FLUSH_S", 0.01)
+        stream.send(42, 1, 6, 1, body(6))  # never flushed: the lazy flush makes it durable all the same
+        assert await asyncio.wait_for(answers.__anext__(), 10) == (6, "")
+        assert own.writer.statistics().syncs == syncs + 2
+        stream.close()
+        await own.close()
+
+    asyncio.run(run())
