@@ -13,10 +13,12 @@ from a gRPC stream (1.05–1.22 ms per MiB) as from a socket read straight into 
     sees its member gone and rolls the ledger, as after any member failure); nothing of it is stored;
   * an owner reaches a member through the proxy gRPC would use (`grpc_proxy`, `https_proxy`, `http_proxy`, with
     `no_grpc_proxy` / `no_proxy`), by HTTP CONNECT, so a network that routes node-to-node gRPC through a proxy
-    routes this too.
+    routes this too;
+  * on a secured node the channel speaks mutual TLS (pigeon.ops.tls): the member serves only a caller whose
+    certificate the cluster's CA signed and names a node (pigeon.ops.certs.identity_of), as its storage service
+    does; any other connection is closed before a byte of it is read as a frame.
 
-A node opens it on `--append-port` (default: a free port) and announces it in its membership record; a secured
-node keeps appends on gRPC with mutual TLS (this channel has no TLS)."""
+A node opens it on `--append-port` (default: a free port) and announces it in its membership record."""
 
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ import asyncio
 import logging
 import os
 import socket
+import ssl
 import struct
 from urllib.parse import urlsplit
 
@@ -31,6 +34,7 @@ from pigeon.core import limits
 from pigeon.core.errors import InvalidArgument, PigeonError
 from pigeon.node import append_wire
 from pigeon.node.proto import pigeon_storage_pb2 as pb
+from pigeon.ops import certs
 
 log = logging.getLogger("pigeon.replication")
 
@@ -113,13 +117,15 @@ class ChannelServer:
     """The member's channel: serves Append streams for its ledger store until `close`, which also ends the
     connections open then (their owners roll their ledgers)."""
 
-    def __init__(self, store):
+    def __init__(self, store, tls: ssl.SSLContext | None = None):
         self.store = store
+        self.tls = tls  # mutual TLS (a secured node): callers must be nodes
         self.connections: set[_Connection] = set()
         self._server: asyncio.base_events.Server | None = None
 
     async def start(self, sock: socket.socket) -> "ChannelServer":
-        self._server = await asyncio.get_running_loop().create_server(lambda: _Connection(self), sock=sock)
+        self._server = await asyncio.get_running_loop().create_server(lambda: _Connection(self), sock=sock,
+                                                                      ssl=self.tls)
         return self
 
     def close(self) -> None:
@@ -129,9 +135,17 @@ class ChannelServer:
             c.transport.abort()
 
 
-async def serve(sock: socket.socket, store) -> ChannelServer:
-    """Serve Append streams for `store` on `sock` (`close()` the server returned to stop)."""
-    return await ChannelServer(store).start(sock)
+async def serve(sock: socket.socket, store, tls: ssl.SSLContext | None = None) -> ChannelServer:
+    """Serve Append streams for `store` on `sock` (`close()` the server returned to stop); with `tls`
+    (pigeon.ops.tls.append_server_context) only to nodes of the cluster."""
+    return await ChannelServer(store, tls).start(sock)
+
+
+def _caller(transport) -> str:
+    """The principal the caller's verified certificate names ("" for none)."""
+    ssl_object = transport.get_extra_info("ssl_object")
+    der = ssl_object.getpeercert(binary_form=True) if ssl_object is not None else None
+    return certs.identity_of(ssl.DER_cert_to_PEM_cert(der).encode()) if der else ""
 
 
 class _Connection(asyncio.BufferedProtocol):
@@ -145,9 +159,16 @@ class _Connection(asyncio.BufferedProtocol):
         self._frames: asyncio.Queue = asyncio.Queue()  # frames read, for the pipeline; None: the end
         self._task: asyncio.Task | None = None
         self.transport: asyncio.Transport | None = None
+        self._refused = False  # not a node: nothing it sends is read
 
     def connection_made(self, transport) -> None:
         self.transport = transport
+        if self.server.tls is not None and not _caller(transport).startswith("node:"):
+            log.warning("append channel: %s is not a node of the cluster (its certificate names %r): closed",
+                        transport.get_extra_info("peername"), _caller(transport))
+            self._refused = True
+            transport.abort()
+            return
         self.server.connections.add(self)
         transport.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._task = asyncio.get_running_loop().create_task(self._answer())
@@ -173,6 +194,8 @@ class _Connection(asyncio.BufferedProtocol):
         return memoryview(self._scratch)[self._have:]
 
     def buffer_updated(self, nbytes: int) -> None:
+        if self._refused:
+            return
         if self._frame is not None:
             self._got += nbytes
             if self._got == len(self._frame):
@@ -208,7 +231,7 @@ class _Connection(asyncio.BufferedProtocol):
 
     def eof_received(self) -> bool:
         self._frames.put_nowait(None)  # the owner closed its side: answer what it sent, then close ours
-        return True
+        return self.server.tls is None  # (TLS has no half-closed connection: there the answers are lost)
 
     def connection_lost(self, exc) -> None:
         self.server.connections.discard(self)
@@ -231,12 +254,16 @@ def _proxy_for(host: str) -> str:
     return proxy
 
 
-async def connect(address: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    """A connection to a member's channel at `address` (host:port), through the proxy when there is one."""
+async def connect(address: str, tls: ssl.SSLContext | None = None) -> tuple[asyncio.StreamReader,
+                                                                            asyncio.StreamWriter]:
+    """A connection to a member's channel at `address` (host:port), through the proxy when there is one; with
+    `tls` (pigeon.ops.tls.append_client_context) over mutual TLS, the member's certificate checked for its host."""
     host, _, port = address.rpartition(":")
-    proxy = _proxy_for(host.strip("[]"))
+    host = host.strip("[]")
+    proxy = _proxy_for(host)
     if not proxy:
-        reader, writer = await asyncio.open_connection(host.strip("[]"), int(port))
+        reader, writer = await asyncio.open_connection(host, int(port), ssl=tls,
+                                                       server_hostname=host if tls is not None else None)
     else:
         p = urlsplit(proxy if "://" in proxy else "http://" + proxy)
         reader, writer = await asyncio.open_connection(p.hostname, p.port or 80)
@@ -247,6 +274,8 @@ async def connect(address: str) -> tuple[asyncio.StreamReader, asyncio.StreamWri
         if status.split()[1:2] != [b"200"]:
             writer.close()
             raise ConnectionError(f"the proxy {p.hostname}:{p.port} answered {status.decode(errors='replace').strip()!r}")
+        if tls is not None:  # the tunnel is the member's: TLS runs end to end through it
+            await writer.start_tls(tls, server_hostname=host)
     writer.transport.set_write_buffer_limits(high=2 * limits.storage_message_bytes_max)
     return reader, writer
 

@@ -33,7 +33,7 @@ from pigeon.core.bundles import bundle_of_log
 from pigeon.node.meta_log import Diverged, MetaLog
 from pigeon.node.membership import Membership, NodeIdTaken, NodeInfo, OtherCluster, cluster_id
 from pigeon.node.meta_etcd import EtcdMetadata
-from pigeon.ops import etcd_access
+from pigeon.ops import etcd_access, tls
 from pigeon.ops.config import Config
 
 log = logging.getLogger("pigeon.cluster")
@@ -118,8 +118,10 @@ class ClusterNode:
         self.engine.replicas = self.logs
         await self.store.open()
         if self._append_sock is not None:
-            self._append_server = await append_channel.serve(self._append_sock, self.store)
-            log.info("appends from peers on %s (the append channel)", self.info.append)
+            tls_context = tls.append_server_context(self.config)
+            self._append_server = await append_channel.serve(self._append_sock, self.store, tls_context)
+            log.info("appends from peers on %s (the append channel%s)", self.info.append,
+                     ", mutual TLS" if tls_context else "")
         self._tasks = [asyncio.create_task(self._watch(), name="pigeon-cluster-watch"),
                        asyncio.create_task(self._follow_placement(), name="pigeon-cluster-placement")]
         log.info("node %s joined cluster %s at %s (zone %s)", self.info.node_id, self.cluster_id, self.info.address,

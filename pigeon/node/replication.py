@@ -43,6 +43,7 @@ class StorageClient:
         """`config`: a secured cluster's node calls its peers over mutual TLS with its node certificate."""
         self.address = address
         self.append_at = ""  # its append channel (pigeon.node.append_channel), when it has one and it is known
+        self.append_tls = tls.append_client_context(config)  # a secured cluster's channel speaks mutual TLS
         options = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
         self.channel = tls.peer_channel(config, address, options) if config is not None else \
             grpc.aio.insecure_channel(address, options=options)
@@ -193,6 +194,7 @@ class ChannelAppend(AppendStream):
 
     def _open(self, client: StorageClient) -> None:
         self.address = client.append_at
+        self._tls = client.append_tls
         self._conn: asyncio.Future = asyncio.get_running_loop().create_future()  # (reader, writer) | None
         self._pump = asyncio.create_task(self._send_all())
 
@@ -201,8 +203,8 @@ class ChannelAppend(AppendStream):
 
     async def _send_all(self) -> None:
         try:
-            conn = await asyncio.wait_for(append_channel.connect(self.address), append_channel.CONNECT_S)
-        except (OSError, asyncio.TimeoutError) as e:
+            conn = await asyncio.wait_for(append_channel.connect(self.address, self._tls), append_channel.CONNECT_S)
+        except (OSError, asyncio.TimeoutError) as e:  # (ssl.SSLError is an OSError)
             self.why_ended = f"its append channel at {self.address} cannot be reached ({e or type(e).__name__})"
             self._conn.set_result(None)
             return

@@ -200,8 +200,8 @@ class Config:
 
     @property
     def append_channel(self) -> bool:
-        """Whether this node opens an append channel (a cluster node, unsecured: the channel has no TLS)."""
-        return bool(self.etcd) and self.append_port >= 0 and not self.secured
+        """Whether this node opens an append channel (a cluster node; a secured one's speaks mutual TLS)."""
+        return bool(self.etcd) and self.append_port >= 0
 
     @property
     def listeners(self) -> tuple[str, ...]:

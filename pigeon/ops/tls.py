@@ -6,7 +6,10 @@
   * nodes of one cluster authenticate each other with node certificates (pigeon.ops.certs): a node presents its
     node certificate (`node_cert`, by default `tls_cert`) and trusts only the cluster's CA (`cluster_ca`), both on
     its calls to peers and, when it has a peer port, on that port, which requires a certificate of every caller.
-    Without a peer port, peers use the client port, so its clients need certificates as well."""
+    Without a peer port, peers use the client port, so its clients need certificates as well;
+  * the append channel (pigeon.node.append_channel) is the same node-to-node trust over TLS without gRPC: the member
+    presents its node certificate and requires one the cluster's CA signed that names a node; the owner presents
+    its own and checks the member's against the cluster's CA and the host it dials, as gRPC does."""
 
 from __future__ import annotations
 
@@ -41,6 +44,26 @@ def http_context(config: Config) -> ssl.SSLContext:
     if config.tls_client_ca:
         ctx.load_verify_locations(config.tls_client_ca)
         ctx.verify_mode = ssl.CERT_REQUIRED
+    return ctx
+
+
+def append_server_context(config: Config) -> ssl.SSLContext | None:
+    """The append channel's, on a secured node (None: plain TCP). Whether the caller is a node is checked once the
+    handshake is done (`append_channel`): a client of the same CA has a valid certificate too."""
+    if not config.secured:
+        return None
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=config.cluster_ca)
+    ctx.load_cert_chain(config.node_cert, config.node_key)
+    ctx.verify_mode = ssl.CERT_REQUIRED
+    return ctx
+
+
+def append_client_context(config: Config | None) -> ssl.SSLContext | None:
+    """An owner's, to dial members' append channels (None: plain TCP)."""
+    if config is None or not config.secured:
+        return None
+    ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=config.cluster_ca)
+    ctx.load_cert_chain(config.node_cert, config.node_key)
     return ctx
 
 

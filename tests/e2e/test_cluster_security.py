@@ -7,7 +7,10 @@ only a token, and only the peer port believes a node's vouching or serves storag
 from __future__ import annotations
 
 import os
+import re
+import ssl
 import time
+import urllib.request
 
 import grpc
 import pytest
@@ -18,8 +21,9 @@ from google.pubsub_v1 import types
 from google.pubsub_v1.services.publisher.transports import PublisherGrpcTransport
 from google.pubsub_v1.services.subscriber.transports import SubscriberGrpcTransport
 
+from pigeon.core.bundles import bundle_log
 from pigeon.node.proto import pigeon_storage_pb2
-from pigeon.testing.cluster import await_status, node_process, owners, topic_owned_by, wipe
+from pigeon.testing.cluster import await_status, node_process, open_ledgers, owners, topic_owned_by, wipe
 from pigeon.testing.server import free_port
 from tests.e2e.security_kit import ADMIN, Kit, call
 
@@ -37,12 +41,23 @@ def secured_nodes(etcd, tmp_path):
         extra = ["--tls-cert", os.path.join(kit.dir, f"node-{i}.pem"), "--tls-key",
                  os.path.join(kit.dir, f"node-{i}-key.pem"), "--tls-client-ca", kit.ca_path,
                  "--auth-token-file", kit.token_file, "--admins", ADMIN]
-        nodes[i] = node_process(str(tmp_path), etcd.endpoint, i, extra=extra).start()
+        nodes[i] = node_process(str(tmp_path), etcd.endpoint, i, extra=extra, http=True).start()
     await_status(etcd.endpoint, lambda st: st["unowned"] == 0 and len(st["nodes"]) == 3
                  and all(r["bundles"] for r in st["nodes"]))
     yield kit, nodes
     for n in nodes.values():
         n.kill()
+
+
+def append_requests(kit, node, name: str) -> dict[str, float]:
+    """The Append requests `node` took as a ledger member, by transport, from its /metrics (HTTPS, a client
+    certificate: the port asks for one)."""
+    ctx = ssl.create_default_context(cafile=kit.ca_path)
+    ctx.load_cert_chain(os.path.join(kit.dir, f"{name}.pem"), os.path.join(kit.dir, f"{name}-key.pem"))
+    with urllib.request.urlopen(f"https://127.0.0.1:{node.http_port}/metrics", context=ctx, timeout=10) as r:
+        text = r.read().decode()
+    return {m.group(1): float(m.group(2)) for m in
+            re.finditer(r'^pigeon_cluster_append_requests_total\{transport="(\w+)"\} (\S+)$', text, re.M)}
 
 
 def test_forwarded_calls_carry_the_verified_principal_over_mutual_tls(secured_nodes, etcd):
@@ -62,6 +77,10 @@ def test_forwarded_calls_carry_the_verified_principal_over_mutual_tls(secured_no
         resource=sub, policy=policy).SerializeToString(), admin)[0] == grpc.StatusCode.OK
     publish = types.PublishRequest.pb()(topic=topic, messages=[{"data": b"through n1"}]).SerializeToString()
     assert call(ch["n1"], P + "Publish", publish, admin)[0] == grpc.StatusCode.OK  # forwarded to n2
+    # … and replicated by n2 to the members of its ledger over their append channels, with mutual TLS
+    for member in set(open_ledgers(etcd.endpoint)[bundle_log(topic, 16)]) - {"n2"}:
+        taken = append_requests(kit, nodes[member], "client-app")
+        assert taken["channel"] > 0 and taken["grpc"] == 0, (member, taken)
     # the worker pulls through n3 (forwarded to the owner n2) once n3 has applied the policy
     pull = types.PullRequest.pb()(subscription=sub, max_messages=10).SerializeToString()
     code, details, raw = call(ch["n3"], S + "Pull", pull, kit.token(worker), timeout=15)

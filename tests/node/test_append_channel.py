@@ -7,6 +7,7 @@ names one."""
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import struct
 
@@ -147,3 +148,94 @@ def test_the_writer_goes_through_the_proxy_the_environment_names(tmp_path, monke
         assert ("owner", f"127.0.0.1:{port}") in tunnels, "the connection is a tunnel through the owner's proxy"
     finally:
         network.close()
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    """A cluster's CA with two node certificates and a client's, and another CA's node certificate."""
+    from pigeon.ops import certs
+
+    d = str(tmp_path_factory.mktemp("pki"))
+    certs.make_ca(d)
+    for node in ("n1", "n2"):
+        certs.issue(d, f"node-{node}", hosts=["127.0.0.1"], node_id=node)
+    certs.issue(d, "client-eve", email="eve@example.com")
+    other = os.path.join(d, "other")
+    os.makedirs(other)
+    certs.make_ca(other, "another cluster's CA")
+    certs.issue(other, "node-n9", hosts=["127.0.0.1"], node_id="n9")
+    with open(os.path.join(d, "tokens"), "w") as f:
+        f.write("")
+    return d
+
+
+def secured(pki: str, cert: str, ca: str = ""):
+    """A secured cluster node's settings, presenting `cert` (a name in `pki`) and trusting the cluster's CA."""
+    from pigeon.ops.config import load
+
+    return load(env={}, etcd="http://127.0.0.1:2379", node_id="n1", tls_cert=f"{pki}/{cert}.pem",
+                tls_key=f"{pki}/{cert}-key.pem", tls_client_ca=ca or f"{pki}/ca.pem",
+                auth_token_file=f"{pki}/tokens")
+
+
+def test_a_secured_channel_speaks_mutual_tls_with_nodes_only(tmp_path, pki, monkeypatch):
+    """A secured node's channel: an owner with a node certificate of the cluster appends (also through a proxy:
+    TLS runs through the tunnel); a caller without TLS, one whose certificate the cluster's CA signed but names
+    a person, and a node of another cluster are each turned away with nothing stored, and the channel serves on."""
+    from pigeon.ops import tls
+
+    network = Network("127.0.0.1:1")
+
+    async def run():
+        store = LedgerStore(str(tmp_path / "store"))
+        await store.open()
+        sock = append_channel.listen("127.0.0.1", 0)
+        server = await append_channel.serve(sock, store, tls.append_server_context(secured(pki, "node-n2")))
+        at = f"127.0.0.1:{sock.getsockname()[1]}"
+
+        async def append(config, ledger: int, body: bytes):
+            c = StorageClient("127.0.0.1:1", config)
+            c.append_at = at
+            stream = c.open_append(channel=True)
+            stream.send(ledger, 1, 0, 3, body)
+            stream.flush()
+            got = [a async for a in _first(stream.answers())]
+            why = stream.why_ended
+            stream.close()
+            await c.close()
+            return got, why
+
+        assert await append(secured(pki, "node-n1"), 5, b"from a node") == ([(0, "")], "the member ended its stream")
+        # a person's certificate from the same CA: the handshake succeeds, the member closes at once
+        got, why = await append(secured(pki, "client-eve"), 6, b"from eve")
+        assert got == []
+        # another cluster's node: the member does not trust its CA (nor it the member's)
+        got, why = await append(secured(f"{pki}/other", "node-n9"), 7, b"from elsewhere")
+        assert got == [] and "cannot be reached" in why
+        # no TLS at all: the bytes of a frame are no TLS handshake
+        reader, writer = await asyncio.open_connection("127.0.0.1", sock.getsockname()[1])
+        writer.write(frame(8, 0, [b"in the clear"]))
+        assert await asyncio.wait_for(reader.read(), 10) == b""
+        writer.close()
+        # through a proxy, TLS end to end
+        for k, v in network.add("owner", "127.0.0.1:2").items():
+            monkeypatch.setenv(k, v)
+        assert (await append(secured(pki, "node-n1"), 9, b"tunnelled"))[0] == [(0, "")]
+        assert ("owner", at) in {(t.source, t.target) for t in network._tunnels}
+        assert {lg: [bytes(e.body) for e in store.read(lg, 0, 5)] for lg in (5, 6, 7, 8, 9)} == {
+            5: [b"from a node"], 6: [], 7: [], 8: [], 9: [b"tunnelled"]}
+        server.close()
+        await store.close()
+
+    try:
+        asyncio.run(run())
+    finally:
+        network.close()
+
+
+async def _first(answers):
+    """The first answer of a stream, or none when it ends first (waiting 10 s at most)."""
+    try:
+        yield await asyncio.wait_for(answers.__anext__(), 10)
+    except StopAsyncIteration:
+        return

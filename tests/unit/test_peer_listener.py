@@ -65,12 +65,12 @@ def test_peers_dial_the_peer_port_on_the_advertised_host(pki):
     assert NodeInfo.decode("n0", NodeInfo("n0", "h:1").encode()).dial == "h:1"  # a node without a peer port
 
 
-def test_the_append_channel_is_an_unsecured_cluster_nodes_and_announced_with_it(pki):
+def test_the_append_channel_is_a_cluster_nodes_and_announced_with_it(pki):
     plain = load(env={}, etcd="http://127.0.0.1:2379", node_id="n1", port=7000)
     assert plain.append_channel and plain.append_port == 0  # any free port, by default
     assert not load(env={}, etcd="http://127.0.0.1:2379", node_id="n1", append_port=-1).append_channel
     assert not load(env={}).append_channel, "the embedded single node has no ledgers to take"
-    assert not cluster(pki, tls_client_ca=f"{pki}/ca.pem").append_channel, "no TLS on it: a secured node keeps gRPC"
+    assert cluster(pki, tls_client_ca=f"{pki}/ca.pem").append_channel, "a secured node's speaks mutual TLS"
     for bad in (7000, -2, 70000):
         with pytest.raises(ValueError, match="--append-port"):
             load(env={}, etcd="http://127.0.0.1:2379", node_id="n1", port=7000, append_port=bad)
