@@ -100,9 +100,9 @@ class Config:
         if self.workers > 1 and self.etcd:
             raise ValueError("--workers with --etcd is not built: a node of a cluster is one process; run one node "
                              "per core instead (each with its own --node-id, --port and --data-dir)")
-        if self.workers > 1 and self.secured:
-            raise ValueError("--workers with TLS or authentication is not built (the workers' node-to-node port "
-                             "would need node certificates): run --workers 1")
+        if self.workers > 1 and (self.peer_port or self.peer_cert or self.peer_key or self.peer_ca):
+            raise ValueError("--peer-port, --peer-cert, --peer-key and --peer-ca are a cluster node's: the workers of "
+                             "--workers N get peer ports and node certificates of their own from the supervisor")
         if self.etcd and not self.node_id:
             raise ValueError("a cluster node needs --node-id (its name in the cluster) along with --etcd")
         if self.node_id and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}", self.node_id):

@@ -9,6 +9,11 @@ cluster's placement gives each worker a share of the bundles; a call for a bundl
 to it, as between the nodes of a cluster. A worker's ledgers are kept by itself only (replicas = ack quorum = 1):
 copies on the one disk of one machine would add writes and no safety.
 
+With TLS or authentication (`secured`), clients meet the workers' client port exactly as they would a single
+node's; between themselves the workers prove they are nodes on their peer ports with node certificates of a CA
+private to the data directory (`<data dir>/pki`, made at the first secured start, a certificate added for each new
+worker), as the nodes of a secured cluster do (docs/security.md).
+
 The supervisor owns the rules:
   * the data directory's layout is written down (`workers.json`: the count and etcd's ports) and checked at every
     start: a single node's data directory is refused, and so is a count below the one written (a worker's ledgers
@@ -31,7 +36,7 @@ import sys
 import time
 
 from pigeon.core import limits
-from pigeon.ops import local_ports
+from pigeon.ops import certs, local_ports
 from pigeon.ops.config import Config
 from pigeon.ops.local_ports import free_port
 
@@ -154,7 +159,8 @@ class Supervisor:
             env = os.environ | _settings(
                 self.config, data_dir=os.path.join(self.root, f"worker-{i}"), port=port, etcd=f"http://{client}",
                 node_id=f"w{i}", peer_port=free_port(), append_port=free_port(), replicas=1, ack_quorum=1,
-                workers=1, reuse_port=True, advertise=f"{self._host()}:{port}", own_http_port=own[i])
+                workers=1, reuse_port=True, advertise=f"{self._host()}:{port}", own_http_port=own[i],
+                **self._node_certificate(f"w{i}"))
             self.children.append(_Child(f"worker {i}", lambda env=env: subprocess.Popen(
                 [sys.executable, "-m", "pigeon", "serve"], env=env, preexec_fn=_end_with_parent)))
         _write(os.path.join(self.root, LAYOUT), layout | {"worker_http_ports": own})  # where each one is scraped
@@ -171,6 +177,18 @@ class Supervisor:
         finally:
             self._stop()
         return 0
+
+    def _node_certificate(self, node_id: str) -> dict[str, str]:
+        """A secured worker's peer-port settings: its node certificate and the workers' CA (made when missing)."""
+        if not self.config.secured:
+            return {}
+        pki = os.path.join(self.root, "pki")
+        if not os.path.exists(os.path.join(pki, "ca.pem")):
+            certs.make_ca(pki, "Pigeon workers CA")  # (private to this data directory)
+        cert, key = os.path.join(pki, f"node-{node_id}.pem"), os.path.join(pki, f"node-{node_id}-key.pem")
+        if not (os.path.exists(cert) and os.path.exists(key)):
+            certs.issue(pki, f"node-{node_id}", hosts=sorted({self._host(), "127.0.0.1"}), node_id=node_id)
+        return {"peer_cert": cert, "peer_key": key, "peer_ca": os.path.join(pki, "ca.pem")}
 
     def _host(self) -> str:
         return "127.0.0.1" if self.config.host in ("0.0.0.0", "::", "") else self.config.host

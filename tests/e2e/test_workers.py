@@ -184,3 +184,57 @@ def test_a_data_directory_of_the_other_kind_is_refused(tmp_path):
 
     out = _serve(str(tmp_path / "x"), "--workers", "2", "--etcd", "127.0.0.1:2379", "--node-id", "n1")
     assert out.returncode == 2 and "--workers with --etcd is not built" in out.stderr, out.stderr
+    out = _serve(str(tmp_path / "y"), "--workers", "2", "--peer-port", "7001")
+    assert out.returncode == 2 and "get peer ports and node certificates of their own" in out.stderr, out.stderr
+    assert not (tmp_path / "y").exists()
+
+
+def test_secured_workers_prove_they_are_nodes_to_each_other_and_clients_meet_one_secured_port(tmp_path):
+    """`--workers 2` with TLS and tokens: the official client (TLS, a bearer token) publishes to and streams from
+    each worker's topic through the one port (the other worker's calls forwarded over mutual TLS with node
+    certificates the supervisor made, and appends on TLS append channels); a caller without a token is refused."""
+    from google.auth.credentials import AnonymousCredentials
+    from google.api_core import exceptions
+    from google.cloud import pubsub_v1
+    from google.oauth2.credentials import Credentials
+    from google.pubsub_v1.services.publisher.transports import PublisherGrpcTransport
+    from google.pubsub_v1.services.subscriber.transports import SubscriberGrpcTransport
+    import grpc
+    from tests.e2e.security_kit import Kit
+
+    kit = Kit(str(tmp_path / "pki"))
+    server = ServerProcess(str(tmp_path / "data"), extra=["--workers", "2", *kit.serve_args()])
+    server.start(timeout=60)
+    try:
+        with open(tmp_path / "data" / "workers.json") as f:
+            etcd = f"127.0.0.1:{json.load(f)['etcd_client']}"
+        await_status(etcd, lambda st: st["unowned"] == 0 and sum(r["state"] == "up" for r in st["nodes"]) == 2
+                     and st["ledgers"]["open"] >= st["bundles"], timeout=60, what="both workers to own bundles")
+        host = server.address.replace("127.0.0.1", "localhost")  # the name the server certificate has
+        tls = grpc.ssl_channel_credentials(kit.ca)
+        token = Credentials(kit.admin_token)
+        pub = pubsub_v1.PublisherClient(transport=PublisherGrpcTransport(host=host, credentials=token,
+                                                                         ssl_channel_credentials=tls))
+        sub = pubsub_v1.SubscriberClient(transport=SubscriberGrpcTransport(host=host, credentials=token,
+                                                                           ssl_channel_credentials=tls))
+        owner_of = owners(etcd)
+        for w in ("w0", "w1"):
+            topic = topic_owned_by(owner_of, w, f"{P}/topics/sec-{w}")
+            subscription = f"{P}/subscriptions/sec-{w}"
+            pub.create_topic(name=topic)
+            sub.create_subscription(name=subscription, topic=topic)
+            sent = {pub.publish(topic, f"{w}-{i}".encode()).result(timeout=30): f"{w}-{i}" for i in range(50)}
+            assert _streamed(sub, subscription, set(sent)).items() >= sent.items()
+        anonymous = pubsub_v1.PublisherClient(transport=PublisherGrpcTransport(
+            host=host, credentials=AnonymousCredentials(), ssl_channel_credentials=tls))
+        with pytest.raises(exceptions.Unauthenticated):
+            anonymous.create_topic(name=f"{P}/topics/nobody", timeout=10)
+        pki = tmp_path / "data" / "pki"
+        assert {p.name for p in pki.iterdir()} >= {"ca.pem", "node-w0.pem", "node-w1.pem"}
+        with open(server.log_path, errors="replace") as f:
+            text = f.read()
+        assert text.count("(the append channel, mutual TLS)") == 2, "each worker's appends come over TLS"
+        pub.stop()
+        sub.close()
+    finally:
+        server.stop(timeout=60)
