@@ -1,3 +1,3 @@
-from pigeon.cli.main import main
+from pigeon.cli.entry import main
 
 main()

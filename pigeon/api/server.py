@@ -13,12 +13,10 @@ import signal
 
 import grpc
 
-from pigeon.api import access, admin_api, monitoring_api, pigeon_api, queue_api, security, storage_api
+from pigeon.api import access, admin_api, monitoring_api, pigeon_api, queue_api, security
 from pigeon.api.grpc_api import PubSubApi
-from pigeon.api.router import Router
 from pigeon.core import limits
 from pigeon.node import recovery
-from pigeon.node.cluster_node import ClusterNode, JoinRefused
 from pigeon.node.engine import DataDirInUse, Engine
 from pigeon.ops import allocator, workers
 from pigeon.ops.config import Config
@@ -40,8 +38,14 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
         log.error("recovery stopped: %s", e.describe())
         raise SystemExit(f"pigeon: recovery stopped: {e.describe()}.\nNothing was deleted. `pigeon fsck "
                          f"{config.data_dir}` explains it; {e.repair_plan()}.")
-    cluster = None
+    cluster = router = None
+    storage: list = []
     if config.etcd:  # a cluster node serves nothing before it has joined (docs/cluster.md)
+        # (the cluster's modules are a cluster node's only: an embedded node starts, and restarts, without them)
+        from pigeon.api import storage_api
+        from pigeon.api.router import Router
+        from pigeon.node.cluster_node import ClusterNode, JoinRefused
+
         try:
             cluster = ClusterNode(config, engine)
         except ValueError as e:  # the TLS files for etcd cannot be read
@@ -56,13 +60,13 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
         if not joined:
             await engine.stop()
             return
+        router = Router(engine, cluster)
+        storage = storage_api.handlers(cluster.store)  # pigeon.v1.Storage (node to node)
     server = _grpc_server(reuse_port=config.reuse_port)
-    router = Router(engine, cluster) if cluster is not None else None
     api = PubSubApi(engine, router)
     handlers = api.handlers() + admin_api.handlers(engine) + queue_api.handlers(engine, router)
     handlers += pigeon_api.handlers(engine)  # pigeon.v1.Ranges (data pipelines)
     handlers += monitoring_api.handlers(engine, cluster, router)  # the console's figures
-    storage = storage_api.handlers(cluster.store) if cluster is not None else []  # pigeon.v1.Storage (node to node)
     guard = security.guard(config, engine) if config.secured else None
     peers = None
     if config.peer_port:

@@ -13,8 +13,6 @@ import json
 import re
 from collections.abc import Callable
 
-import fastavro
-
 from pigeon.broker.schema_kinds import AVRO, BINARY, DATA_PREFIX, DEF_PREFIX, CompiledSchema, encoding_name
 from pigeon.core.errors import InvalidArgument
 
@@ -537,6 +535,8 @@ class AvroSchema(CompiledSchema):
             root = _AvroBuilder().node(raw, "")
         except RecursionError:
             raise InvalidArgument(DEF_PREFIX + "nested too deeply") from None
+        import fastavro  # (here, not at the top: a server with no Avro schema starts without it, ~10 ms)
+
         try:
             self.parsed = fastavro.parse_schema(raw, named_schemas={})
         except KeyError as e:

@@ -79,10 +79,16 @@ def describe(e: BaseException) -> tuple[str, int] | None:
 
 def run(app, argv: list[str]) -> int:
     """Run the typer app; turn the failures people make into one line, and exit codes."""
+    args = [a for a in argv if a != "--debug"]
+    return guard(argv, lambda: app(args, prog_name="pigeon", standalone_mode=True))
+
+
+def guard(argv: list[str], call) -> int:
+    """Run `call()` for the command line `argv`; turn the failures people make into one line, and exit codes."""
     debug = debugging(argv)
     args = [a for a in argv if a != "--debug"]
     try:
-        app(args, prog_name="pigeon", standalone_mode=True)
+        call()
     except SystemExit as e:
         if e.code is None or isinstance(e.code, int):
             return e.code or 0

@@ -2,102 +2,28 @@
 
 from __future__ import annotations
 
+import inspect
 import sys
 from typing import Optional
 
 import typer
 
 from pigeon.cli import cluster as cluster_cli, credentials, errors, verbs
+from pigeon.cli import serve as serve_cli
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
 
 
-@app.command()
-def serve(
-    host: Optional[str] = typer.Option(None, help="address to listen on (default 127.0.0.1)"),
-    port: Optional[int] = typer.Option(None, help="port (default 8085)"),
-    data_dir: Optional[str] = typer.Option(None, "--data-dir", help="data directory (default ./data)"),
-    fsync: Optional[str] = typer.Option(None, help="always | batch | never (default always)"),
-    shards_per_topic: Optional[int] = typer.Option(None, help="shards of each new topic"),
-    config: Optional[str] = typer.Option(None, help="TOML settings file"),
-    log_level: Optional[str] = typer.Option(None, help="DEBUG, INFO, WARNING, ERROR"),
-    etcd: Optional[str] = typer.Option(None, help="join a cluster: comma-separated etcd endpoints "
-                                                   "(http://127.0.0.1:2379; https:// for TLS)"),
-    etcd_ca: Optional[str] = typer.Option(None, "--etcd-ca", help="TLS to etcd: the CA that signed etcd's "
-                                          "certificate (default: the system's roots)"),
-    etcd_cert: Optional[str] = typer.Option(None, "--etcd-cert", help="TLS to etcd: this node's client "
-                                            "certificate (etcd's --client-cert-auth)"),
-    etcd_key: Optional[str] = typer.Option(None, "--etcd-key", help="its PEM private key"),
-    node_id: Optional[str] = typer.Option(None, "--node-id", help="this node's id in the cluster"),
-    advertise: Optional[str] = typer.Option(None, help="HOST:PORT clients (and peers, without --peer-port) reach this "
-                                            "node at (default --host:--port)"),
-    peer_port: Optional[int] = typer.Option(None, "--peer-port", help="cluster: a port of its own for node-to-node "
-                                            "calls (on --advertise's host); secured, it asks node certificates of "
-                                            "peers and the client port asks none of clients (default: none)"),
-    append_port: Optional[int] = typer.Option(None, "--append-port", help="cluster: the port peers send replicated "
-                                              "records to without gRPC (default 0: any free one, announced in "
-                                              "etcd; -1: none, over gRPC; a secured node has none)"),
-    zone: Optional[str] = typer.Option(None, help="the node's zone: ledger ensembles span distinct zones"),
-    bundles: Optional[int] = typer.Option(None, help="hash ranges topics are spread over (fixed per data "
-                                                     "directory and cluster)"),
-    replicas: Optional[int] = typer.Option(None, help="cluster: storage nodes that hold each ledger (default 3)"),
-    ack_quorum: Optional[int] = typer.Option(None, "--ack-quorum", help="cluster: how many of them hold a "
-                                             "record before it is answered (default 2, a majority)"),
-    workers: Optional[int] = typer.Option(None, help="worker processes behind the one port, each owning a share "
-                                           "of the topics (default 1; N > 1 starts an etcd of their own: "
-                                           "docs/workers.md)"),
-    log_format: Optional[str] = typer.Option(None, "--log-format", help="text | json (one object per line)"),
-    http_port: Optional[int] = typer.Option(None, "--http-port", help="REST API, /metrics, /healthz, /readyz "
-                                            "(default: the gRPC port + 1; 0 turns it off)"),
-    tls_cert: Optional[str] = typer.Option(None, "--tls-cert", help="PEM certificate chain of the gRPC and HTTP "
-                                           "ports (and of node-to-node calls)"),
-    tls_key: Optional[str] = typer.Option(None, "--tls-key", help="its PEM private key"),
-    tls_client_ca: Optional[str] = typer.Option(None, "--tls-client-ca", help="mutual TLS: clients (and peer nodes, "
-                                                "without --peer-port) present certificates this CA signed; their "
-                                                "identity authenticates"),
-    peer_cert: Optional[str] = typer.Option(None, "--peer-cert", help="the node certificate of the peer port and of "
-                                            "calls to peers (default --tls-cert)"),
-    peer_key: Optional[str] = typer.Option(None, "--peer-key", help="its PEM private key (default --tls-key)"),
-    peer_ca: Optional[str] = typer.Option(None, "--peer-ca", help="the cluster's CA: the peer port requires node "
-                                          "certificates it signed (default --tls-client-ca)"),
-    auth_token_file: Optional[str] = typer.Option(None, "--auth-token-file", help="bearer tokens, hashed "
-                                                  "(`pigeon tokens add`)"),
-    oidc_issuer: Optional[str] = typer.Option(None, "--oidc-issuer", help="OIDC/JWT tokens: the issuer (iss)"),
-    oidc_audience: Optional[str] = typer.Option(None, "--oidc-audience", help="OIDC/JWT tokens: the audience (aud)"),
-    oidc_jwks: Optional[str] = typer.Option(None, "--oidc-jwks", help="OIDC/JWT tokens: the issuer's keys (a JWKS "
-                                            "file or URL)"),
-    admins: Optional[str] = typer.Option(None, help="comma-separated principals with every permission (bootstrap)"),
-    insecure: Optional[bool] = typer.Option(None, "--insecure", help="serve a non-loopback address without "
-                                            "authentication or TLS, knowingly"),
-    audit_log: Optional[str] = typer.Option(None, "--audit-log", help="file for the audit log's JSON lines "
-                                            "(default: the server's log)"),
-    publish_bytes_per_s: Optional[int] = typer.Option(None, "--publish-bytes-per-s", help="quota: publish bytes "
-                                                      "per second of each project (0: none)"),
-    admin_ops_per_min: Optional[int] = typer.Option(None, "--admin-ops-per-min", help="quota: admin operations "
-                                                    "per minute of each project (0: none)"),
-    backlog_bytes_per_project: Optional[int] = typer.Option(None, "--backlog-bytes-per-project", help="quota: "
-                                                            "unacknowledged bytes each project may retain (0: none)"),
-):
-    """Start a node: on its embedded defaults one process with one data directory; with --etcd a member of a
-    cluster (docs/cluster.md)."""
-    from pigeon.api.server import run
-    from pigeon.ops.config import load
+def serve(**values) -> None:
+    serve_cli.start(values)
 
-    try:
-        cfg = load(config, host=host, port=port, data_dir=data_dir, fsync=fsync,
-                   shards_per_topic=shards_per_topic, log_level=log_level, etcd=etcd, etcd_ca=etcd_ca,
-                   etcd_cert=etcd_cert, etcd_key=etcd_key, node_id=node_id, advertise=advertise,
-                   peer_port=peer_port, append_port=append_port, zone=zone, bundles=bundles, replicas=replicas,
-                   ack_quorum=ack_quorum, workers=workers, http_port=http_port, log_format=log_format,
-                   tls_cert=tls_cert, tls_key=tls_key, tls_client_ca=tls_client_ca, peer_cert=peer_cert, peer_key=peer_key,
-                   peer_ca=peer_ca, auth_token_file=auth_token_file, oidc_issuer=oidc_issuer,
-                   oidc_audience=oidc_audience, oidc_jwks=oidc_jwks, admins=admins, insecure=insecure,
-                   audit_log=audit_log, publish_bytes_per_s=publish_bytes_per_s,
-                   admin_ops_per_min=admin_ops_per_min, backlog_bytes_per_project=backlog_bytes_per_project)
-    except (ValueError, OSError) as e:
-        typer.echo(f"pigeon: {e}", err=True)
-        raise typer.Exit(2)
-    run(cfg)
+
+# its options are declared in pigeon.cli.serve, which parses `pigeon serve` itself (a start without typer)
+serve.__signature__ = inspect.Signature([
+    inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY, default=typer.Option(None, o.flag, help=o.help),
+                      annotation=Optional[o.kind]) for o in serve_cli.OPTIONS])
+serve.__doc__ = serve_cli.DOC
+app.command()(serve)
 
 
 @app.command()

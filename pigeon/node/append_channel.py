@@ -34,7 +34,6 @@ from pigeon.core import limits
 from pigeon.core.errors import InvalidArgument, PigeonError
 from pigeon.node import append_wire
 from pigeon.node.proto import pigeon_storage_pb2 as pb
-from pigeon.ops import certs
 
 log = logging.getLogger("pigeon.replication")
 
@@ -143,6 +142,8 @@ async def serve(sock: socket.socket, store, tls: ssl.SSLContext | None = None) -
 
 def _caller(transport) -> str:
     """The principal the caller's verified certificate names ("" for none)."""
+    from pigeon.ops import certs  # (a secured node's only: the cryptography package costs every start ~25 ms)
+
     ssl_object = transport.get_extra_info("ssl_object")
     der = ssl_object.getpeercert(binary_form=True) if ssl_object is not None else None
     return certs.identity_of(ssl.DER_cert_to_PEM_cert(der).encode()) if der else ""

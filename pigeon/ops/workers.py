@@ -36,7 +36,7 @@ import sys
 import time
 
 from pigeon.core import limits
-from pigeon.ops import certs, local_ports
+from pigeon.ops import local_ports
 from pigeon.ops.config import Config
 from pigeon.ops.local_ports import free_port
 
@@ -182,6 +182,8 @@ class Supervisor:
         """A secured worker's peer-port settings: its node certificate and the workers' CA (made when missing)."""
         if not self.config.secured:
             return {}
+        from pigeon.ops import certs  # (secured workers' only: a single node's start does not import cryptography)
+
         pki = os.path.join(self.root, "pki")
         if not os.path.exists(os.path.join(pki, "ca.pem")):
             certs.make_ca(pki, "Pigeon workers CA")  # (private to this data directory)
