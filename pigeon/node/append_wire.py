@@ -51,6 +51,9 @@ class Malformed(ValueError):
     pass
 
 
+_U32, _U64 = 2**32 - 1, 2**64 - 1
+
+
 def decode(raw: bytes) -> tuple[int, int, int, list[int], list[memoryview]]:
     """(ledger, epoch, index, types, entries) of an AppendRequest; the entries are views into `raw`. Malformed
     when the bytes are not one (fields it does not know are passed over, as protobuf does)."""
@@ -106,5 +109,11 @@ def decode(raw: bytes) -> tuple[int, int, int, list[int], list[memoryview]]:
         raise Malformed("the request ends inside a field")
     if len(more_types) != len(more):
         raise Malformed(f"{len(more_types)} more_types for {len(more)} more_entries")
+    # wider than the proto's fields: protobuf would cut the high bits off; refused here — an epoch of 2**32 would
+    # otherwise pass the fence (FENCE_EPOCH is the largest 32-bit value)
+    if epoch > _U32 or first_type > _U32 or any(t > _U32 for t in more_types):
+        raise Malformed("an epoch or a record type wider than 32 bits")
+    if ledger > _U64 or index > _U64:
+        raise Malformed("a ledger or an index wider than 64 bits")
     entries = ([first if first is not None else view[0:0]]) + more
     return ledger, epoch, index, [first_type, *more_types], entries
