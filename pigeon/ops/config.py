@@ -52,7 +52,7 @@ class Config:
     advertise: str = ""  # host:port clients (and, without a peer port, peers) reach this node at (default host:port)
     peer_port: int = 0  # a port of its own for node-to-node calls (0: none, peers use the client port as clients do)
     append_port: int = 0  # the append channel, replication's bytes without gRPC (pigeon.node.append_channel): 0 any
-    #                       free port (peers learn it from etcd), -1 none (appends go over gRPC); a secured node has none
+    #                       free port (peers learn it from etcd), -1 none (appends go over gRPC); mutual TLS when secured
     zone: str = ""  # ensembles span distinct zones when nodes carry them
     workers: int = 1  # worker processes behind the one port (pigeon.ops.workers): 1 is the single process; N > 1
     #                   N cluster nodes on this machine with an embedded etcd, their journals under the data dir
