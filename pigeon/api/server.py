@@ -143,6 +143,9 @@ def _grpc_server(reuse_port: bool = False) -> grpc.aio.Server:
             ("grpc.keepalive_time_ms", int(limits.keepalive_s * 1000)),
             ("grpc.keepalive_timeout_ms", int(limits.keepalive_timeout_s * 1000)),
             ("grpc.keepalive_permit_without_calls", 1),
+            # calls waiting for the loop to take them queue (limits.grpc_waiting_calls_soft says why)
+            ("grpc.server.max_pending_requests", limits.grpc_waiting_calls_soft),
+            ("grpc.server.max_pending_requests_hard_limit", limits.grpc_waiting_calls_max),
         ]
     )
 

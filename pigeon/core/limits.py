@@ -71,6 +71,13 @@ shutdown_goaway_s = 0.1  # … and open streams are ended this long after the GO
 stream_write_stall_s = 60.0  # a response its client leaves untaken this long is logged (the client may be stuck)
 keepalive_s = 60.0  # the server pings an idle connection this often…
 keepalive_timeout_s = 20.0  # … and closes it (with its streams) when the ping is not answered within this long
+# Calls that reached gRPC and wait for the event loop to take them (grpc.aio takes one at a time). Past gRPC's own
+# bounds (1,000, then refused at random up to 3,000) a call ends CANCELLED, a status its client cannot tell from a
+# cancel of its own and that no server log shows: a burst of stream opens, or publishes while the loop is saturated,
+# were lost that way. Pigeon's limits (streams_max, publish_pending_bytes_max, quotas) refuse with a status that says
+# why; these only bound gRPC's queue (a waiting call also ends after 30 s unserved, gRPC's default).
+grpc_waiting_calls_soft = 50_000
+grpc_waiting_calls_max = 100_000
 publish_pending_bytes_max = 256 * 1024 * 1024  # publishes accepted and not yet durable, in all
 stream_idle_wake_s = 10.0  # a waiting stream looks again at least this often (every change wakes it at once)
 lease_tick_s = 0.05
@@ -114,6 +121,7 @@ assert 0 < push_backoff_s_min <= push_backoff_s_max
 assert oidc_token_reuse_s_min < oidc_token_lifetime_s
 assert message_data_bytes_max <= range_bytes_max
 assert range_bytes_max + 1024 * 1024 <= grpc_receive_bytes_max
+assert streams_max < grpc_waiting_calls_soft <= grpc_waiting_calls_max
 assert range_messages_default <= range_messages_max
 assert publish_request_bytes_max + 1024 * 1024 <= record_bytes_max
 assert record_bytes_max <= segment_bytes_max
