@@ -58,7 +58,7 @@ def main() -> int:
             share = ", ".join(f"{n}{' (owner)' if n == owner else ''} {100 * (cpu_seconds(p) - before[n]) / dt:.0f} %"
                               for n, p in pids.items())
             print(f"{rate} msg/s: p50 {r['p50_ms']} ms, p99 {r['p99_ms']} ms, publish answered p50 "
-                  f"{r.get('ack_p50_ms')} ms; received {r['received']} of {r['sent']}; slowest fdatasync of the "
+                  f"{r.get('ack_p50_ms')} ms; received {r['received']} of {r['sent']} (failed: {r.get('failed_why') or 0}); slowest fdatasync of the "
                   f"disk probe {r.get('disk_probe_max_ms')} ms; CPU over {dt:.1f} s (setup included): {share}",
                   flush=True)
         finally:

@@ -484,23 +484,24 @@ def run_one(fn: Callable, *args, wall_s: float = 120.0):
 async def open_loop(send, rate: int, gate, settle_s: float = OPEN_LOOP_SETTLE_S) -> dict:
     """Call `send(due)` at `rate` per second from the gate's start to its end without waiting for answers;
     returns how many were sent, how late the sender was and the acknowledgement times. A send that fails is
-    counted (`failed`), not raised: one failure must not end the run and cancel every call still out (a slow
+    counted (`failed`, and by reason in `failed_why`), not raised: one failure must not end the run and cancel every call still out (a slow
     server's run then reported nothing). What has no answer `settle_s` after the gate's end is counted
     (`unanswered`) and cancelled."""
     tasks: set = set()
     acks: list[float] = []
     lag: list[float] = []
-    failed = 0
+    why: dict[str, int] = {}  # a failed send's reason (a gRPC status code's name, else the exception's type)
     closing = False
 
     def done(f: asyncio.Future) -> None:
-        nonlocal failed
         tasks.discard(f)
         if f.cancelled():
             if not closing:
-                failed += 1
-        elif f.exception() is not None:
-            failed += 1
+                why["CANCELLED"] = why.get("CANCELLED", 0) + 1
+        elif (e := f.exception()) is not None:
+            code = e.code() if callable(getattr(e, "code", None)) else None
+            reason = getattr(code, "name", type(e).__name__)
+            why[reason] = why.get(reason, 0) + 1
         else:
             acks.append(f.result())
 
@@ -528,7 +529,7 @@ async def open_loop(send, rate: int, gate, settle_s: float = OPEN_LOOP_SETTLE_S)
         await asyncio.wait(late)
     lag.sort()
     acks.sort()
-    return {"sent": i, "failed": failed, "unanswered": unanswered,
+    return {"sent": i, "failed": sum(why.values()), "failed_why": why, "unanswered": unanswered,
             "send_lag_p50_ms": round(lag[len(lag) // 2] * 1e3, 3) if lag else None,
             "send_lag_p99_ms": round(lag[int(len(lag) * 0.99)] * 1e3, 3) if lag else None,
             "ack_p50_ms": round(acks[len(acks) // 2] * 1e3, 3) if acks else None,

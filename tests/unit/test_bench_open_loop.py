@@ -35,5 +35,6 @@ def test_failures_and_unanswered_sends_are_counted_not_raised():
     out = asyncio.run(open_loop(send, 200, _Gate(0.2), settle_s=0.1))
     assert out["sent"] == len(calls) >= 30
     assert out["failed"] == len(calls) // 5
+    assert out["failed_why"] == {"RuntimeError": len(calls) // 5}  # by reason: a gRPC status's name, else the type
     assert out["unanswered"] == 1
     assert out["ack_p50_ms"] is not None and out["ack_p50_ms"] < 100
