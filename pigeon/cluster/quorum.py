@@ -3,8 +3,8 @@ goes to Qw of them (here Qw = E: no striping) and its writer is answered once Qa
 journal; the last-add-confirmed position (LAC) is the end of the longest prefix every entry of which reached Qa;
 recovery — after the writer died — must hear from E − Qa + 1 members of the ensemble before it may close the
 ledger, because an entry acknowledged to a client sits on at least Qa of them, so any E − Qa + 1 include one
-that has it. An ensemble is chosen from the live nodes deterministically (rendezvous hashing on the ledger's id)
-and spans as many zones as there are. Pure: no I/O, no clock, no randomness."""
+that has it. An ensemble is chosen from the live nodes deterministically (rendezvous hashing on the ledger's id),
+never holds two nodes of one machine, and spans as many zones as there are. Pure: no I/O, no clock, no randomness."""
 
 from __future__ import annotations
 
@@ -45,14 +45,30 @@ def _score(ledger: int, node: str) -> int:
     return int.from_bytes(hashlib.blake2b(f"{ledger}\x1f{node}".encode(), digest_size=8).digest(), "big")
 
 
-def choose_ensemble(ledger: int, nodes: Mapping[str, str], size: int, exclude: Iterable[str] = ()) -> list[str]:
+def machines(nodes: Iterable[str], machine_of: Mapping[str, str] | None = None) -> int:
+    """How many machines `nodes` run on (`machine_of`: node id → machine; a node not in it, or "", is one of its
+    own)."""
+    return len({(machine_of or {}).get(n) or n for n in nodes})
+
+
+def choose_ensemble(ledger: int, nodes: Mapping[str, str], size: int, exclude: Iterable[str] = (),
+                    machine_of: Mapping[str, str] | None = None) -> list[str]:
     """`size` distinct nodes for `ledger` out of `nodes` (node id → zone; "" for none), ranked by rendezvous
-    hashing on the ledger's id: spread over the zones first (one per zone in turn), then by rank. Raises
-    ValueError when there are not enough nodes."""
+    hashing on the ledger's id: at most one node of a machine (`machine_of`, as for `machines`: the copies on the
+    workers of one `pigeon serve --workers N` share a disk, so they are one copy), spread over the zones first (one
+    per zone in turn), then by rank. Raises ValueError when there are not enough machines."""
     skip = set(exclude)
     ranked = sorted((n for n in nodes if n not in skip), key=lambda n: (-_score(ledger, n), n))
+    one_each, seen = [], set()  # the best-ranked node of each machine
+    for n in ranked:
+        m = (machine_of or {}).get(n) or n
+        if m not in seen:
+            seen.add(m)
+            one_each.append(n)
+    ranked = one_each
     if len(ranked) < size:
-        raise ValueError(f"an ensemble of {size} needs {size} live storage nodes, there are {len(ranked)}")
+        raise ValueError(f"an ensemble of {size} needs {size} live storage nodes on as many machines, there are "
+                         f"{len(ranked)}")
     by_zone: dict[str, list[str]] = defaultdict(list)
     for n in ranked:
         by_zone[nodes[n]].append(n)

@@ -33,7 +33,7 @@ from collections import deque
 from dataclasses import asdict, dataclass, field
 
 from pigeon.cluster import metadata as M
-from pigeon.cluster.quorum import Replication, choose_ensemble
+from pigeon.cluster.quorum import Replication, choose_ensemble, machines
 from pigeon.core.bundles import bundle_of_log
 from pigeon.core.errors import Unavailable
 from pigeon.node.ledger_store import FENCE_EPOCH
@@ -229,16 +229,18 @@ class BundleLogs:
         lid = ledger_id(log_id, seq)
         avoid = set(avoid) | self._suspected()
         members = await self._storage_nodes()
+        machine_of = {n: i.machine for n, i in members.items()}  # one copy per machine at most
         zones = {n: i.zone for n, i in members.items() if n not in avoid}  # a member that just failed is left out
-        if len(zones) < self.replication.ack_quorum:  # … unless too few remain without it
+        if machines(zones, machine_of) < self.replication.ack_quorum:  # … unless too few remain without it
             zones = {n: i.zone for n, i in members.items()}
-        size = min(self.replication.ensemble, len(zones))
+        size = min(self.replication.ensemble, machines(zones, machine_of))
         if size < self.replication.ack_quorum:
-            raise Unavailable(f"{len(zones)} storage node(s) are up; {self.replication.ack_quorum} are needed")
+            raise Unavailable(f"storage nodes on {machines(zones, machine_of)} machine(s) are up; "
+                              f"{self.replication.ack_quorum} are needed")
         if size == 1 and self.me in zones:
             chosen = [self.me]  # one copy (the workers of one machine): the owner's own, reached without a hop
         else:
-            chosen = choose_ensemble(lid, zones, size)
+            chosen = choose_ensemble(lid, zones, size, machine_of=machine_of)
         return LedgerInfo(lid, epoch, {n: members[n].dial for n in chosen}, first)
 
     def _member(self, node: str, address: str):
@@ -487,17 +489,19 @@ class BundleLogs:
         the same owner-guarded transaction as every other change. How many ledgers were repaired."""
         members = await self._storage_nodes()
         up = set(members) - self._suspected()
-        size = min(len(up), self.replication.ensemble)
+        machine_of = {n: i.machine or n for n, i in members.items()}
+        size = min(machines(up, machine_of), self.replication.ensemble)
         repaired = short = 0
         for log_id in list(self.logs):
             kv, ledgers = await self._ledgers(log_id)
             short += sum(1 for lg in ledgers if lg.end is not None and len([n for n in lg.members if n in up]) < size)
             for lg in ledgers:
                 live = [n for n in lg.members if n in up]
-                spare = sorted(n for n in up if n not in lg.members)
+                held = {machine_of.get(n, n) for n in lg.members}  # a copy on a machine is the machine's one
+                spare = sorted(n for n in up if n not in lg.members and machine_of[n] not in held)
                 if lg.end is None or not live or len(live) >= size or not spare:
                     continue
-                new = choose_ensemble(lg.id, {n: members[n].zone for n in spare}, 1)[0]
+                new = choose_ensemble(lg.id, {n: members[n].zone for n in spare}, 1, machine_of=machine_of)[0]
                 await self._copy(lg, live, new, members[new].dial)
                 ol = self.logs.get(log_id)
                 if ol is None:

@@ -59,7 +59,7 @@ class ClusterNode:
         appends_at = "" if self._append_sock is None else \
             f"{(config.peer_address or config.address).rpartition(':')[0]}:{self._append_sock.getsockname()[1]}"
         self.info = NodeInfo(config.node_id, config.address, config.zone, home=_home(config.data_dir),
-                             listening=False, peer=config.peer_address, append=appends_at)
+                             listening=False, peer=config.peer_address, append=appends_at, machine=config.machine)
         self.membership = Membership(self.meta, self.info, config.session_ttl_s)
         self.store = LedgerStore(config.data_dir, config.fsync)
         self.cluster_id = ""

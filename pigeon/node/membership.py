@@ -38,6 +38,7 @@ class NodeInfo:
     peer: str = ""  # its peer port's address, when it has one: node-to-node calls go there
     cut_off: bool = False  # it reaches too few peers to replicate: it owns nothing and stores nothing new until then
     append: str = ""  # its append channel's address (pigeon.node.append_channel), when it has one
+    machine: str = ""  # the machine it shares with other nodes (the workers of `--workers N`): "" for its own
 
     @property
     def dial(self) -> str:
@@ -53,13 +54,16 @@ class NodeInfo:
             d["cut_off"] = True
         if self.append:
             d["append"] = self.append
+        if self.machine:
+            d["machine"] = self.machine
         return json.dumps(d).encode()
 
     @staticmethod
     def decode(node_id: str, raw: bytes) -> "NodeInfo":
         d = json.loads(raw)
         return NodeInfo(node_id, d["address"], d.get("zone", ""), d.get("draining", False), d.get("home", ""),
-                        d.get("listening", True), d.get("peer", ""), d.get("cut_off", False), d.get("append", ""))
+                        d.get("listening", True), d.get("peer", ""), d.get("cut_off", False), d.get("append", ""),
+                        d.get("machine", ""))
 
 
 async def cluster_id(meta, data_dir_id: str | None) -> str:

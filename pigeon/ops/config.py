@@ -54,8 +54,11 @@ class Config:
     append_port: int = 0  # the append channel, replication's bytes without gRPC (pigeon.node.append_channel): 0 any
     #                       free port (peers learn it from etcd), -1 none (appends go over gRPC); mutual TLS when secured
     zone: str = ""  # ensembles span distinct zones when nodes carry them
+    machine: str = ""  # the machine this node shares with others: an ensemble takes one node of a machine at most
+    #                    (the supervisor of `--workers N --etcd` sets it for its workers; "": the node is its own)
     workers: int = 1  # worker processes behind the one port (pigeon.ops.workers): 1 is the single process; N > 1
-    #                   N cluster nodes on this machine with an embedded etcd, their journals under the data dir
+    #                   N cluster nodes on this machine, their journals under the data dir: with an etcd of their
+    #                   own, or with --etcd nodes <node id>.w<i> of that cluster
     reuse_port: bool = False  # share the client and HTTP ports with other processes (SO_REUSEPORT): a worker's
     #                           (the supervisor sets it; the kernel spreads the connections over the workers)
     own_http_port: int = 0  # a worker's HTTP port of its own besides the shared one: /metrics of that worker
@@ -97,9 +100,13 @@ class Config:
             raise ValueError(f"segment_bytes must be at least {limits.record_bytes_max}")
         if not 1 <= self.workers <= limits.workers_max:
             raise ValueError(f"--workers must be in 1..{limits.workers_max} (got {self.workers})")
-        if self.workers > 1 and self.etcd:
-            raise ValueError("--workers with --etcd is not built: a node of a cluster is one process; run one node "
-                             "per core instead (each with its own --node-id, --port and --data-dir)")
+        if self.workers > 1 and self.etcd and self.secured:
+            raise ValueError("--workers with --etcd on a secured cluster is not built (each worker would need a node "
+                             "certificate of the cluster's CA): run one node per core instead, each with its own "
+                             "--node-id, --port, --data-dir and node certificate")
+        if self.workers > 1 and self.etcd and len(f"{self.node_id}.w{self.workers - 1}") > 63:
+            raise ValueError(f"node id {self.node_id!r} with --workers {self.workers}: its workers are nodes "
+                             f"{self.node_id}.w0.., which must fit in 63 characters")
         if self.workers > 1 and (self.peer_port or self.peer_cert or self.peer_key or self.peer_ca):
             raise ValueError("--peer-port, --peer-cert, --peer-key and --peer-ca are a cluster node's: the workers of "
                              "--workers N get peer ports and node certificates of their own from the supervisor")

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pigeon.cluster.quorum import Replication, choose_ensemble, last_add_confirmed, recovered_end
+from pigeon.cluster.quorum import Replication, choose_ensemble, last_add_confirmed, machines, recovered_end
 
 
 def test_settings_are_checked():
@@ -53,5 +53,21 @@ def test_ensembles_are_distinct_deterministic_and_span_zones():
         assert "n4" not in choose_ensemble(ledger, nodes, 3, exclude=["n4"])
     spread = {n for ledger in range(200) for n in choose_ensemble(ledger, nodes, 3)}
     assert spread == set(nodes), "ledgers spread over every node"
-    with pytest.raises(ValueError, match="needs 3 live storage nodes, there are 2"):
+    with pytest.raises(ValueError, match="needs 3 live storage nodes on as many machines, there are 2"):
         choose_ensemble(1, {"a": "", "b": ""}, 3)
+
+
+def test_an_ensemble_never_holds_two_nodes_of_one_machine():
+    """The workers of `pigeon serve --workers N` in a cluster are nodes on one machine's disk: two copies there are
+    one copy, so an ensemble takes one of them at most (a node without a machine is a machine of its own)."""
+    nodes = {"a.w0": "", "a.w1": "", "a.w2": "", "b.w0": "", "b.w1": "", "c": ""}
+    machine_of = {"a.w0": "a", "a.w1": "a", "a.w2": "a", "b.w0": "b", "b.w1": "b"}
+    assert machines(nodes, machine_of) == 3 and machines(nodes) == 6
+    for ledger in range(100):
+        ens = choose_ensemble(ledger, nodes, 3, machine_of=machine_of)
+        assert sorted(machine_of.get(n, n) for n in ens) == ["a", "b", "c"]
+    picked = {n for ledger in range(100) for n in choose_ensemble(ledger, nodes, 3, machine_of=machine_of)}
+    assert picked == set(nodes), "every worker of a machine takes its turn"
+    with pytest.raises(ValueError, match="on as many machines, there are 2"):
+        choose_ensemble(1, {"a.w0": "", "a.w1": "", "b.w0": ""}, 3, machine_of=machine_of)
+    assert len(choose_ensemble(1, {"a.w0": "", "a.w1": ""}, 2)) == 2, "without machines every node is its own"
