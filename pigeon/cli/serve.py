@@ -49,7 +49,8 @@ OPTIONS = (
     Option("replicas", int, 'cluster: storage nodes that hold each ledger (default 3)'),
     Option("ack_quorum", int, 'cluster: how many of them hold a record before it is answered (default 2, a majority)'),
     Option("workers", int, 'worker processes behind the one port, each owning a share of the topics (default 1; N > 1'
-                           ' starts an etcd of their own: docs/workers.md)'),
+                           ' starts an etcd of their own, or with --etcd joins that cluster as nodes <node id>.w<i>:'
+                           ' docs/workers.md)'),
     Option("log_format", str, 'text | json (one object per line)'),
     Option("http_port", int, 'REST API, /metrics, /healthz, /readyz (default: the gRPC port + 1; 0 turns it off)'),
     Option("tls_cert", str, 'PEM certificate chain of the gRPC and HTTP ports (and of node-to-node calls)'),

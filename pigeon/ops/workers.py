@@ -9,15 +9,20 @@ cluster's placement gives each worker a share of the bundles; a call for a bundl
 to it, as between the nodes of a cluster. A worker's ledgers are kept by itself only (replicas = ack quorum = 1):
 copies on the one disk of one machine would add writes and no safety.
 
+With `--etcd` the workers are nodes `<node id>.w<i>` of that cluster instead (no etcd of their own; the cluster's
+replication settings): each carries the machine's name (its `machine` setting, the supervisor's node id), and an
+ensemble takes one node of a machine at most (pigeon.cluster.quorum.choose_ensemble).
+
 With TLS or authentication (`secured`), clients meet the workers' client port exactly as they would a single
 node's; between themselves the workers prove they are nodes on their peer ports with node certificates of a CA
 private to the data directory (`<data dir>/pki`, made at the first secured start, a certificate added for each new
 worker), as the nodes of a secured cluster do (docs/security.md).
 
 The supervisor owns the rules:
-  * the data directory's layout is written down (`workers.json`: the count and etcd's ports) and checked at every
-    start: a single node's data directory is refused, and so is a count below the one written (a worker's ledgers
-    live on it alone: dropping one would drop what it holds);
+  * the data directory's layout is written down (`workers.json`: the count, and etcd's ports or the node id in a
+    cluster) and checked at every start: a single node's data directory is refused, and so is a count below the
+    one written (a worker's ledgers live on it: dropping one would drop what it holds), private workers' data
+    with `--etcd` and the other way round, and a cluster node's workers' data under another node id;
   * a worker that exits is started again (backing off to `limits.worker_restart_s_max`); meanwhile the cluster
     moves its bundles to the others once its session lapses, as for any node;
   * SIGTERM or SIGINT stops the workers (each drains as a node does) and then etcd; the supervisor ends with them.
@@ -84,11 +89,18 @@ def _layout(config: Config) -> dict:
             raise SystemExit(f"pigeon: {root} holds the data of {layout['workers']} workers; --workers "
                              f"{config.workers} would leave the ledgers of workers {config.workers}.."
                              f"{layout['workers'] - 1} unserved: start it with --workers {layout['workers']} or more")
+        node = layout.get("node_id")  # the node whose workers these are, in a cluster on --etcd; else private
+        if node is None and config.etcd:
+            raise SystemExit(f"pigeon: {root} holds the data of workers with an etcd of their own: start it without "
+                             f"--etcd (its workers' ledgers are in that etcd, not the cluster's)")
+        if node is not None and node != config.node_id:
+            raise SystemExit(f"pigeon: {root} holds the data of node {node}'s workers in a cluster: start it with "
+                             f"--etcd and --node-id {node}")
     else:
         if os.path.isdir(root) and os.listdir(root):
             raise SystemExit(f"pigeon: {root} holds a single node's data (no {LAYOUT}): --workers N needs a data "
                              f"directory of its own (or start this one without --workers)")
-        layout = {"etcd_client": free_port(), "etcd_peer": free_port()}
+        layout = {"node_id": config.node_id} if config.etcd else {"etcd_client": free_port(), "etcd_peer": free_port()}
     layout["workers"] = config.workers
     os.makedirs(root, exist_ok=True)
     _write(path, layout)
@@ -141,37 +153,42 @@ class Supervisor:
     def __init__(self, config: Config):
         self.config = config
         self.root = os.path.abspath(config.data_dir)
-        self.children: list[_Child] = []
+        self.etcd: _Child | None = None  # the workers' own etcd (none when they join the cluster on --etcd)
+        self.children: list[_Child] = []  # the workers
         self.stopping = False
 
     @property
     def workers(self) -> list[subprocess.Popen | None]:
-        return [c.proc for c in self.children[1:]]
+        return [c.proc for c in self.children]
 
     def run(self) -> int:
         layout = _layout(self.config)
-        client = f"127.0.0.1:{layout['etcd_client']}"
         port = self.config.port or free_port()  # the one port every worker shares
         own = [free_port() if self.config.http_port else 0 for _ in range(self.config.workers)]
-        self.children.append(_Child(f"the workers' etcd (its log: {self.root}/etcd.log)",
-                                    lambda: self._start_etcd(layout)))
+        if self.config.etcd:  # nodes of the cluster on --etcd, one machine's: an ensemble takes one of them at most
+            etcd, cluster = self.config.etcd, {"machine": self.config.node_id}
+            name = lambda i: f"{self.config.node_id}.w{i}"  # noqa: E731
+        else:  # the nodes of a cluster of their own, one copy of each ledger (module docstring)
+            self.etcd = _Child(f"the workers' etcd (its log: {self.root}/etcd.log)", lambda: self._start_etcd(layout))
+            etcd, cluster = f"http://127.0.0.1:{layout['etcd_client']}", {"replicas": 1, "ack_quorum": 1}
+            name = lambda i: f"w{i}"  # noqa: E731
         for i in range(self.config.workers):
             env = os.environ | _settings(
-                self.config, data_dir=os.path.join(self.root, f"worker-{i}"), port=port, etcd=f"http://{client}",
-                node_id=f"w{i}", peer_port=free_port(), append_port=free_port(), replicas=1, ack_quorum=1,
-                workers=1, reuse_port=True, advertise=f"{self._host()}:{port}", own_http_port=own[i],
-                **self._node_certificate(f"w{i}"))
+                self.config, data_dir=os.path.join(self.root, f"worker-{i}"), port=port, etcd=etcd,
+                node_id=name(i), peer_port=free_port(), append_port=free_port(), workers=1, reuse_port=True,
+                advertise=f"{self._advertised_host()}:{port}", own_http_port=own[i], **cluster,
+                **self._node_certificate(name(i)))
             self.children.append(_Child(f"worker {i}", lambda env=env: subprocess.Popen(
                 [sys.executable, "-m", "pigeon", "serve"], env=env, preexec_fn=_end_with_parent)))
         _write(os.path.join(self.root, LAYOUT), layout | {"worker_http_ports": own})  # where each one is scraped
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: setattr(self, "stopping", True))
-        log.info("%d workers on %s:%d (data %s, etcd %s)", self.config.workers, self.config.host, port,
-                 self.root, client)
+        log.info("%d workers on %s:%d (data %s, etcd %s%s)", self.config.workers, self.config.host, port,
+                 self.root, etcd, f", nodes {name(0)}..{name(self.config.workers - 1)}" if self.config.etcd else "")
         try:
             while not self.stopping:
                 now = time.monotonic()
-                for child in self.children:
+                for child in ([self.etcd] if self.etcd else []) + self.children:
                     child.tend(now)
                 time.sleep(0.1)
         finally:
@@ -195,6 +212,11 @@ class Supervisor:
     def _host(self) -> str:
         return "127.0.0.1" if self.config.host in ("0.0.0.0", "::", "") else self.config.host
 
+    def _advertised_host(self) -> str:
+        """The host the workers are reached at: `--advertise`'s (other machines of the cluster dial it), else the
+        bound one."""
+        return self.config.advertise.rpartition(":")[0] if self.config.advertise else self._host()
+
     def _start_etcd(self, layout: dict) -> subprocess.Popen:
         client, peer = f"http://127.0.0.1:{layout['etcd_client']}", f"http://127.0.0.1:{layout['etcd_peer']}"
         cmd = [_etcd_binary(), "--name", "workers", "--data-dir", os.path.join(self.root, "etcd"),
@@ -216,7 +238,7 @@ class Supervisor:
                 log.error("worker pid %d did not stop in %.0f s: killed", w.pid, STOP_S)
                 w.kill()
                 w.wait()
-        etcd = self.children[0].proc if self.children else None
+        etcd = self.etcd.proc if self.etcd else None
         if etcd is not None and etcd.poll() is None:
             etcd.send_signal(signal.SIGTERM)
             try:

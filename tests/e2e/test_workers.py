@@ -19,7 +19,7 @@ import urllib.request
 
 import pytest
 
-from pigeon.testing.cluster import await_status, clients_of, owners, topic_owned_by
+from pigeon.testing.cluster import await_status, clients_of, node_process, open_ledgers, owners, topic_owned_by, wipe
 from pigeon.testing.server import ServerProcess
 
 pytestmark = pytest.mark.e2e
@@ -182,8 +182,16 @@ def test_a_data_directory_of_the_other_kind_is_refused(tmp_path):
     assert out.returncode != 0 and "--workers 3 or more" in out.stderr, out.stderr
     assert json.loads((layout / "workers.json").read_text())["workers"] == 3, "a refused start changes nothing"
 
-    out = _serve(str(tmp_path / "x"), "--workers", "2", "--etcd", "127.0.0.1:2379", "--node-id", "n1")
-    assert out.returncode == 2 and "--workers with --etcd is not built" in out.stderr, out.stderr
+    cluster = ["--etcd", "127.0.0.1:2379", "--advertise", "127.0.0.1:9"]
+    out = _serve(str(layout), "--workers", "3", *cluster, "--node-id", "n1")
+    assert out.returncode != 0 and "start it without --etcd" in out.stderr, out.stderr
+    nodes = tmp_path / "nodes"
+    nodes.mkdir()
+    (nodes / "workers.json").write_text(json.dumps({"workers": 2, "node_id": "n1"}))
+    out = _serve(str(nodes), "--workers", "2", *cluster, "--node-id", "n2")
+    assert out.returncode != 0 and "holds the data of node n1's workers" in out.stderr, out.stderr
+    out = _serve(str(tmp_path / "x"), "--workers", "2", *cluster, "--node-id", "n1", "--auth-token-file", "t")
+    assert out.returncode == 2 and "on a secured cluster is not built" in out.stderr, out.stderr
     out = _serve(str(tmp_path / "y"), "--workers", "2", "--peer-port", "7001")
     assert out.returncode == 2 and "get peer ports and node certificates of their own" in out.stderr, out.stderr
     assert not (tmp_path / "y").exists()
@@ -238,3 +246,40 @@ def test_secured_workers_prove_they_are_nodes_to_each_other_and_clients_meet_one
         sub.close()
     finally:
         server.stop(timeout=60)
+
+
+def test_workers_join_a_cluster_on_etcd_as_nodes_of_one_machine(etcd, tmp_path):
+    """`--workers 2 --etcd …`: the workers are nodes n1.w0 and n1.w1 of the cluster beside single nodes n2 and n3;
+    an ensemble holds one of n1's workers at most (copies on one machine's disk are one copy: three machines, so
+    every ledger is on three of them), and the official clients reach the topics of all four nodes through n1's
+    one port."""
+    wipe(etcd.endpoint)
+    machine = node_process(str(tmp_path), etcd.endpoint, "n1", extra=["--workers", "2"]).start(timeout=60)
+    others = [node_process(str(tmp_path), etcd.endpoint, n).start() for n in ("n2", "n3")]
+    try:
+        nodes = {"n1.w0", "n1.w1", "n2", "n3"}
+        await_status(etcd.endpoint, lambda st: st["unowned"] == 0 and {r["node"] for r in st["nodes"]
+                                                                        if r["state"] == "up" and r["bundles"]} == nodes
+                     and st["ledgers"]["open"] >= st["bundles"], timeout=60, what="four nodes to own bundles")
+        ensembles = open_ledgers(etcd.endpoint)
+        assert ensembles and all(len(m) == 3 and sum(n.startswith("n1.") for n in m) == 1
+                                 for m in ensembles.values()), ensembles
+        assert _worker_pids(machine.proc.pid).keys() == {"n1.w0", "n1.w1"}
+
+        owner_of = owners(etcd.endpoint)
+        topics = {n: topic_owned_by(owner_of, n, f"{P}/topics/e-{n}") for n in sorted(nodes)}
+        pub, sub = clients_of(machine)
+        for n, topic in topics.items():
+            pub.create_topic(name=topic)
+            sub.create_subscription(name=f"{P}/subscriptions/e-{n}", topic=topic, ack_deadline_seconds=10)
+        sent = {n: {pub.publish(t, f"{n}-{i}".encode()).result(timeout=30): f"{n}-{i}" for i in range(50)}
+                for n, t in topics.items()}
+        for n in topics:
+            got = _streamed(sub, f"{P}/subscriptions/e-{n}", set(sent[n]))
+            assert got.items() >= sent[n].items(), f"{len(set(sent[n]) - set(got))} of {n}'s messages not delivered"
+        pub.stop()
+        sub.close()
+    finally:
+        machine.stop(timeout=60)
+        for o in others:
+            o.kill()
