@@ -251,8 +251,8 @@ def test_secured_workers_prove_they_are_nodes_to_each_other_and_clients_meet_one
 def test_workers_join_a_cluster_on_etcd_as_nodes_of_one_machine(etcd, tmp_path):
     """`--workers 2 --etcd …`: the workers are nodes n1.w0 and n1.w1 of the cluster beside single nodes n2 and n3;
     an ensemble holds one of n1's workers at most (copies on one machine's disk are one copy: three machines, so
-    every ledger is on three of them), and the official clients reach the topics of all four nodes through n1's
-    one port."""
+    every ledger is on three of them), the official clients reach the topics of all four nodes through n1's
+    one port, and a worker killed with SIGKILL loses nothing it acknowledged."""
     wipe(etcd.endpoint)
     machine = node_process(str(tmp_path), etcd.endpoint, "n1", extra=["--workers", "2"]).start(timeout=60)
     others = [node_process(str(tmp_path), etcd.endpoint, n).start() for n in ("n2", "n3")]
@@ -277,6 +277,24 @@ def test_workers_join_a_cluster_on_etcd_as_nodes_of_one_machine(etcd, tmp_path):
         for n in topics:
             got = _streamed(sub, f"{P}/subscriptions/e-{n}", set(sent[n]))
             assert got.items() >= sent[n].items(), f"{len(set(sent[n]) - set(got))} of {n}'s messages not delivered"
+
+        # kill -9 of a worker: its bundles move (or come back with it), and nothing it acknowledged is lost —
+        # neither what it answered before the kill and nobody consumed yet, nor what is published after it
+        topic = topics["n1.w0"]
+        after = {pub.publish(topic, f"before-{i}".encode()).result(timeout=30): f"before-{i}" for i in range(50)}
+        os.kill(_worker_pids(machine.proc.pid)["n1.w0"], signal.SIGKILL)
+        deadline = time.monotonic() + 90
+        for i in range(50):
+            while True:
+                try:
+                    after[pub.publish(topic, f"after-{i}".encode()).result(timeout=30)] = f"after-{i}"
+                    break
+                except Exception:  # noqa: BLE001 — UNAVAILABLE while the bundle's owner changes: publish again
+                    assert time.monotonic() < deadline, "publishing did not resume"
+                    time.sleep(0.2)
+        got = _streamed(sub, f"{P}/subscriptions/e-n1.w0", set(after))
+        assert got.items() >= after.items(), f"{len(set(after) - set(got))} acknowledged publishes lost"
+        assert not set(got) & set(sent["n1.w0"]), "a message acknowledged before the kill came back"
         pub.stop()
         sub.close()
     finally:
