@@ -69,11 +69,11 @@ def status(etcd: str = ETCD, fmt: Format = FORMAT, etcd_ca: Optional[str] = ETCD
         console.print(f"no cluster in the etcd at {etcd} (no node has joined it yet)")
         return
     lg = st["ledgers"]
-    table = Table("node", "address", "zone", "state", "bundles",
+    table = Table("node", "address", "zone", "machine", "state", "bundles",
                   title=f"cluster {st['cluster']}: {st['bundles']} bundles, {st['unowned']} without an owner; "
                         f"{lg['total']} ledgers, {lg['open']} open, {lg['under_replicated']} under-replicated")
     for r in st["nodes"]:
-        table.add_row(r["node"], r["address"], r["zone"] or "-", r["state"], str(r["bundles"]))
+        table.add_row(r["node"], r["address"], r["zone"] or "-", r["machine"] or "-", r["state"], str(r["bundles"]))
     console.print(table)
 
 

@@ -220,7 +220,7 @@ async def status_of(meta) -> dict:
         info = nodes.get(node)
         state = "down" if info is None else "draining" if node in drained else "cut off" if info.cut_off else "up"
         rows.append({"node": node, "address": info.address if info else "", "zone": info.zone if info else "",
-                     "state": state, "bundles": len(held.get(node, []))})
+                     "machine": info.machine if info else "", "state": state, "bundles": len(held.get(node, []))})
     return {"cluster": cid.value.decode() if cid else "", "bundles": bundles,
             "unowned": bundles - len(owners), "nodes": rows,
             "owners": {str(b): node for b, (node, _) in sorted(owners.items())},

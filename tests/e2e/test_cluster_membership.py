@@ -85,7 +85,7 @@ def test_drain_moves_every_bundle_off_a_node_and_undrain_brings_it_back(cluster,
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["nodes"][2] == {"node": "n3", "address": st["nodes"][2]["address"], "zone": "",
-                                                 "state": "draining", "bundles": 0}
+                                                 "machine": "", "state": "draining", "bundles": 0}
 
     out = subprocess.run([sys.executable, "-m", "pigeon", "cluster", "undrain", "n3", "--etcd", etcd.endpoint],
                          capture_output=True, text=True, timeout=60)

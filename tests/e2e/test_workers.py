@@ -19,7 +19,8 @@ import urllib.request
 
 import pytest
 
-from pigeon.testing.cluster import await_status, clients_of, node_process, open_ledgers, owners, topic_owned_by, wipe
+from pigeon.testing.cluster import (await_status, clients_of, node_process, open_ledgers, owners, status,
+                                    topic_owned_by, wipe)
 from pigeon.testing.server import ServerProcess
 
 pytestmark = pytest.mark.e2e
@@ -261,6 +262,8 @@ def test_workers_join_a_cluster_on_etcd_as_nodes_of_one_machine(etcd, tmp_path):
         await_status(etcd.endpoint, lambda st: st["unowned"] == 0 and {r["node"] for r in st["nodes"]
                                                                         if r["state"] == "up" and r["bundles"]} == nodes
                      and st["ledgers"]["open"] >= st["bundles"], timeout=60, what="four nodes to own bundles")
+        shown = {r["node"]: r["machine"] for r in status(etcd.endpoint)["nodes"]}  # `pigeon cluster status`'s rows
+        assert shown == {"n1.w0": "n1", "n1.w1": "n1", "n2": "", "n3": ""}, shown
         ensembles = open_ledgers(etcd.endpoint)
         assert ensembles and all(len(m) == 3 and sum(n.startswith("n1.") for n in m) == 1
                                  for m in ensembles.values()), ensembles
