@@ -97,6 +97,7 @@ class _Pending:
     rtype: int
     body: bytes
     fut: asyncio.Future
+    where: tuple | None  # (log, offset, position, end) of its record in the node journal, when it has one
 
 
 @dataclass
@@ -142,16 +143,17 @@ class BundleLogs:
     def serving(self, log_id: int) -> bool:
         return log_id in self.logs
 
-    def append(self, log_id: int, rtype: int, body: bytes) -> asyncio.Future:
+    def append(self, log_id: int, rtype: int, body: bytes, where: tuple | None = None) -> asyncio.Future:
         """Replicate one record of an owned log: a future done once Qa members hold it durable; it fails with
-        Unavailable when the log is not (or no longer) this node's."""
+        Unavailable when the log is not (or no longer) this node's. `where`: (log, offset, position, end) of the
+        record in the node journal, when it was written there: this node's own copy borrows it."""
         fut = asyncio.get_running_loop().create_future()
         fut.add_done_callback(_retrieve)
         ol = self.logs.get(log_id)
         if ol is None:
             fut.set_exception(Unavailable(_MOVED))
             return fut
-        p = _Pending(rtype, body, fut)
+        p = _Pending(rtype, body, fut, where)
         ol.pending.append(p)
         ol.next_offset += 1
         if ol.rolling is None:
@@ -166,7 +168,7 @@ class BundleLogs:
 
     def _send(self, ol: OwnedLog, p: _Pending) -> None:
         try:
-            wfut = ol.writer.append(p.rtype, p.body)
+            wfut = ol.writer.append(p.rtype, p.body, p.where)
         except LedgerRolled:
             self._start_roll(ol)
             return

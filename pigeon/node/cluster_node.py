@@ -61,7 +61,8 @@ class ClusterNode:
         self.info = NodeInfo(config.node_id, config.address, config.zone, home=_home(config.data_dir),
                              listening=False, peer=config.peer_address, append=appends_at, machine=config.machine)
         self.membership = Membership(self.meta, self.info, config.session_ttl_s)
-        self.store = LedgerStore(config.data_dir, config.fsync)
+        self.store = LedgerStore(config.data_dir, config.fsync, node=engine.journal)  # it borrows the owner's copies
+        engine.journal_floor = self.store.journal_floor
         self.cluster_id = ""
         self.meta_log = MetaLog(self.meta, engine)
         self.logs = BundleLogs(self, Replication(config.replicas, config.replicas, config.ack_quorum))

@@ -15,6 +15,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from operator import itemgetter
+from typing import Callable
 
 from pigeon.broker import commands
 from pigeon.broker import state as bs
@@ -93,6 +94,9 @@ class Engine:
         self.meta_log = None  # a cluster node's metadata log (node.meta_log): metadata changes go through it
         self.owns = lambda log_id: True  # whether this node owns a log (a cluster node owns some bundles)
         self.replicas = None  # a cluster node's bundle logs (node.bundle_logs): data records are replicated
+        # where the journal must be kept from whatever the checkpoints allow (a cluster node's ledger store
+        # borrows its own copies from it: node.ledger_store); None: no such bound
+        self.journal_floor: Callable[[], int | None] = (lambda: 0) if config.etcd else (lambda: None)
         self._replicated: dict[int, asyncio.Future] = {}  # log → the replication of its latest record
         self.report: recovery.Report | None = None
         self._fenced: set[int] = set()  # logs fenced at self.epoch
@@ -176,9 +180,10 @@ class Engine:
             self.journal.fence(log_id, self.epoch)
             self._fenced.add(log_id)
         parts = rec.parts()
-        at = self.journal.append(log_id, self.epoch, rec.TYPE, parts)[1]
+        offset, at = self.journal.append(log_id, self.epoch, rec.TYPE, parts)
         if self.replicas is not None and log_id != META_LOG and rec.TYPE < R.RecordType.RESET:
-            self._replicated[log_id] = self.replicas.append(log_id, rec.TYPE, b"".join(parts))
+            self._replicated[log_id] = self.replicas.append(log_id, rec.TYPE, b"".join(parts),
+                                                            (log_id, offset, at, self.journal.tail))
         effects = self.state.apply(rec, at, owner)
         if effects:
             self._perform(effects)

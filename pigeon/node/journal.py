@@ -79,6 +79,7 @@ class JournalWriter:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._read_ahead: ReadAhead | None = None
         self._logs: dict[int, JournalLog] = {}
+        self.opened_at = 0
         # statistics, written by the writer thread only
         self._syncs = 0
         self._sync_s = self._sync_max_s = 0.0
@@ -93,6 +94,7 @@ class JournalWriter:
     def open(self, tail: int, logs: dict[int, LogState]) -> None:
         """Start appending at `tail` (recovery cut the files there), with the logs' states recovery found."""
         start = self.journal.open(tail, logs)
+        self.opened_at = tail  # the end of what the journal held when it opened (all of it durable)
         self._read_ahead = ReadAhead(self.journal.starts, lambda: self.journal.durable, self.journal.path)
         self._loop = asyncio.get_running_loop()
         # the writer's starting point is fixed here: appends may run before the thread gets going
@@ -159,6 +161,13 @@ class JournalWriter:
             out = self.journal.fence(log_id, epoch)
             self._cv.notify()
         return out
+
+    def truncate(self, log_id: int, after: int) -> None:
+        """Drop the entries of `log_id` above offset `after` (storage.journal.Journal.truncate); durable with the
+        next group commit."""
+        with self._cv:
+            self.journal.truncate(log_id, after)
+            self._cv.notify()
 
     def mark(self, log_id: int) -> int:
         """A marker entry that changes nothing (storage.journal.Journal.mark); its journal position."""

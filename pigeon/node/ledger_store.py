@@ -14,32 +14,67 @@ appends share one group commit and one fdatasync, as a BookKeeper bookie's journ
     holds a fence but no entry stops the removal (where its fence lies is not known; losing it could let a
     replaced writer in again).
 
-The node's own logs and state are untouched by it: a separate journal, separate files."""
+The owner's own copy of its own ledgers is lent by the node's journal (as a BookKeeper bookie's entry lives in its
+journal before its entry log): the record the owner just wrote there for the log is that entry already, so the
+store keeps a `BORROWED` record — where it lies — instead of a second copy of its bytes. Owns the rules for those:
+
+  * a borrowed entry is answered once both its record here and the node journal's record are durable; a
+    ledger's first entry is never borrowed (a whole copy), so a restart that finds borrowed entries past the end
+    of the node journal it recovered (their record was durable here, the node's was not: never answered) drops
+    them with a truncation marker and the ledger keeps at least one entry;
+  * the node journal keeps every segment from the first borrowed record of a ledger still kept
+    (`journal_floor`; from the node's start until this store has opened, all of it);
+  * a fence waits for the node journal to hold every borrowed entry of the ledger durable before it answers;
+  * reading a borrowed entry reads the node journal's record and checks it is the one borrowed (its log and
+    offset): a mismatch is an error, never other bytes.
+
+The node's own logs and state are untouched by it: the node journal is only read and kept from being cut."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import os
+import struct
 from dataclasses import dataclass
 
-from pigeon.core.errors import FailedPrecondition
+from pigeon.core.errors import FailedPrecondition, PigeonError
 from pigeon.node.disk import OsDisk
 from pigeon.node.journal import FsyncPolicy, JournalWriter
 from pigeon.storage import recovery
 from pigeon.storage.journal import Entry
+from pigeon.storage.record import Malformed, split_entry
 
 FENCE_EPOCH = 0xFFFF_FFFF  # above every writer's epoch (epochs are 32-bit): recovery writes at it
+BORROWED = 28  # this journal's record of an entry the node journal holds (no broker record has this type)
+# ledger · index · the node journal's record: position, size, log, offset
+_WHERE = struct.Struct("<QQQIIQ")
 
 
-class _NotApplied:
-    """Recovery's target for stored ledgers: nothing is applied, the scan's index is what is wanted."""
+class _Found:
+    """Recovery's target for stored ledgers: nothing is applied (the scan's index is what is wanted) but the
+    borrowed entries are noted: where each ledger's first lies in the node journal, and the first one past
+    `node_end` (the node journal's recovered end), if any."""
+
+    def __init__(self, node_end: int | None):
+        self.node_end = node_end
+        self.borrowed: dict[int, list[int]] = {}  # ledger → [first record's position, last one's end]
+        self.dangling: dict[int, int] = {}  # ledger → the index of its first borrowed entry past node_end
 
     def load(self, header, meta, images) -> None:
         raise ValueError("the ledger journal has no checkpoints")
 
     def apply(self, rtype: int, body, at: int) -> None:
-        pass
+        if rtype != BORROWED:
+            return
+        ledger, index, pos, size, _, _ = _WHERE.unpack_from(body)
+        b = self.borrowed.get(ledger)
+        if b is None:
+            self.borrowed[ledger] = [pos, pos + size]
+        else:
+            b[1] = pos + size
+        if (self.node_end is None or pos + size > self.node_end) and ledger not in self.dangling:
+            self.dangling[ledger] = index
 
 
 @dataclass(frozen=True)
@@ -51,11 +86,14 @@ class LedgerStats:
 
 class LedgerStore:
     def __init__(self, data_dir: str, policy: FsyncPolicy | str = FsyncPolicy.always,
-                 segment_bytes: int = 64 * 1024 * 1024):
+                 segment_bytes: int = 64 * 1024 * 1024, node: JournalWriter | None = None):
+        """`node`: the node's own journal (open before this store opens), which lends the owner's copies."""
         self.dir = os.path.join(data_dir, "ledgers")
         self.policy, self.segment_bytes = FsyncPolicy(policy), segment_bytes
+        self.node = node
         self.writer: JournalWriter | None = None
         self.deleted: set[int] = set()
+        self.borrowed: dict[int, list[int]] = {}  # ledger → [its first borrowed record's position, last's end]
         self.append_requests = {"channel": 0, "grpc": 0}  # Append requests taken, by the way they came (statistics)
         self._disk = OsDisk()
 
@@ -70,11 +108,22 @@ class LedgerStore:
         if os.path.exists(self._deleted_path):
             self.deleted = set(json.loads(self._disk.read_file(self._deleted_path)))
         gone = frozenset(self.deleted)
+        target = _Found(self.node.opened_at if self.node is not None else None)
         found = await asyncio.get_running_loop().run_in_executor(
-            None, lambda: recovery.recover(disk, self.dir, _NotApplied, repair=True, forgotten=gone))
+            None, lambda: recovery.recover(disk, self.dir, lambda: target, repair=True, forgotten=gone))
         logs = {lid: st for lid, st in found.logs.items() if lid not in self.deleted}
         self.writer = JournalWriter(os.path.join(self.dir, "wal"), self.policy, self.segment_bytes, disk)
         self.writer.open(found.tail, logs)
+        if target.borrowed and self.node is None:
+            raise ValueError(f"{self.dir} holds entries kept in a node journal, and none was given")
+        for ledger, index in target.dangling.items():  # durable here, not in the node journal: never answered
+            assert index > 0, f"ledger {ledger}: its first entry is borrowed"  # (a whole copy, always)
+            self.writer.truncate(ledger, index - 1)
+        if target.dangling:
+            await self.writer.wait_durable(self.writer.tail)
+        self.borrowed = target.borrowed
+        for b in self.borrowed.values():
+            b[1] = min(b[1], self.node.opened_at)
 
     async def close(self) -> None:
         if self.writer is not None:
@@ -90,19 +139,32 @@ class LedgerStore:
         if ledger in self.deleted:
             raise FailedPrecondition(f"ledger {ledger} was deleted: its log was cut past it")
 
-    def submit(self, ledger: int, epoch: int, index: int, rtype: int, body: bytes, now: bool = True) -> asyncio.Future:
+    def submit(self, ledger: int, epoch: int, index: int, rtype: int, body: bytes, now: bool = True,
+               where: tuple[int, int, int, int] | None = None) -> asyncio.Future:
         """Store entry `index` of `ledger` from a writer at `epoch`: a future done once it is durable (entries
         submitted together share a group commit). FailedPrecondition at once for a gap or a fenced ledger. With
         `now` false the entry rides with the next group commit somebody asks for (`flush`), or the journal's
-        lazy flush at the latest."""
-        self._submit(ledger, epoch, index, rtype, body)
-        return self.writer.wait_durable(self.writer.tail, ask=now)
+        lazy flush at the latest. `where`: the node journal holds the entry already — (log, offset, position,
+        end) of its record there — and the entry is borrowed from it (not its first: that is copied whole)."""
+        if where is None or index == 0 or self.node is None:
+            self._submit(ledger, epoch, index, rtype, body)
+            return self.writer.wait_durable(self.writer.tail, ask=now)
+        log, offset, pos, end = where
+        if self._submit(ledger, epoch, index, BORROWED, _WHERE.pack(ledger, index, pos, end - pos, log, offset)):
+            b = self.borrowed.get(ledger)
+            if b is None:
+                self.borrowed[ledger] = [pos, end]
+            else:
+                b[1] = end
+        return asyncio.gather(self.writer.wait_durable(self.writer.tail, ask=now),
+                              self.node.wait_durable(end, ask=False))
 
     def flush(self) -> None:
         """Make everything submitted so far durable now: somebody waits for it."""
         self.writer.flush_soon()
 
-    def _submit(self, ledger: int, epoch: int, index: int, rtype: int, body) -> None:
+    def _submit(self, ledger: int, epoch: int, index: int, rtype: int, body) -> bool:
+        """Whether the entry was appended (False: held already, a retry)."""
         self._refuse_deleted(ledger)
         st = self.writer.journal.logs.get(ledger)
         if st is not None and epoch < st.fenced:  # also a retry: the writer was replaced, recovery decides
@@ -112,6 +174,8 @@ class LedgerStore:
             raise FailedPrecondition(f"ledger {ledger}: entry {index} would leave a gap (entries below {held} held)")
         if index == held:
             self.writer.append(ledger, epoch, rtype, [body])
+            return True
+        return False
 
     def submit_many(self, ledger: int, epoch: int, index: int, types: list[int], bodies: list) -> tuple[int, asyncio.Future]:
         """`submit` for entries `index`, `index + 1`, … at once: (the last one's index, a future done once all
@@ -128,6 +192,9 @@ class LedgerStore:
         self._refuse_deleted(ledger)
         end = self.writer.fence(ledger, FENCE_EPOCH)
         await self.writer.wait_durable(self.writer.tail)
+        b = self.borrowed.get(ledger)
+        if b is not None:  # every entry it holds, durable: the borrowed ones too
+            await self.node.wait_durable(b[1])
         return end
 
     def fenced(self, ledger: int) -> bool:
@@ -138,7 +205,29 @@ class LedgerStore:
         """The durable entries of `ledger` in [start, end), in order."""
         if ledger in self.deleted:
             return []
-        return list(self.writer.journal.entries(ledger, start, end))
+        out = []
+        for e in self.writer.journal.entries(ledger, start, end):
+            if e.rtype == BORROWED:
+                e = self._lent(ledger, e)
+                if e is None:
+                    break  # the node journal does not hold it durable yet
+            out.append(e)
+        return out
+
+    def _lent(self, ledger: int, e: Entry) -> Entry | None:
+        """A borrowed entry, read from the node journal (None while its record there is not durable)."""
+        _, index, pos, size, log, offset = _WHERE.unpack_from(e.body)
+        if pos + size > self.node.durable:
+            return None
+        rtype, payload = self.node.journal.read_record(pos)
+        try:
+            got_log, _, got_offset, body = split_entry(payload)
+        except Malformed:
+            got_log = got_offset = -1
+        if (got_log, got_offset) != (log, offset):
+            raise PigeonError(f"ledger {ledger} entry {index}: the node journal's record at {pos} is not log {log}'s "
+                              f"entry {offset} it was borrowed from (found log {got_log}'s entry {got_offset})")
+        return Entry(e.epoch, e.offset, rtype, bytes(body), e.at)
 
     async def delete(self, ledgers) -> int:
         """Forget `ledgers` for good (durably, before answering) and remove the journal segments no kept ledger
@@ -149,7 +238,16 @@ class LedgerStore:
             await asyncio.get_running_loop().run_in_executor(
                 None, self._disk.write_durably, self._deleted_path, json.dumps(keep).encode())
             self.deleted.update(new)
+            for lid in new:
+                self.borrowed.pop(lid, None)
         return len(self.collect())
+
+    def journal_floor(self) -> int | None:
+        """Where the node journal must be kept from for the entries borrowed from it (None: anywhere); before
+        this store has opened, from its start (what it holds is not known yet)."""
+        if self.writer is None:
+            return 0
+        return min((b[0] for b in self.borrowed.values()), default=None)
 
     def collect(self) -> list[int]:
         """Remove the journal segments wholly below the first entry of every kept ledger (none while a kept

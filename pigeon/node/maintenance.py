@@ -1,7 +1,7 @@
 """Periodic upkeep of a node, performed: what expires, what retention drops and what the indexes still need are
 the broker's decisions (broker.commands, BrokerState.prune / trim_indexes). Owns the rules: a checkpoint is
 written only once the journal covers its position; the journal is cut only below what the two newest
-checkpoints and the retained messages need."""
+checkpoints, the retained messages and the entries a cluster node's ledger store borrows need."""
 
 from __future__ import annotations
 
@@ -34,6 +34,9 @@ async def maintain_once(engine) -> None:
         engine.commit(rec)
     st.prune(now, engine.config.idempotency_window_s)
     need_pos = min(engine.journal.tail, st.trim_indexes(now))
+    floor = engine.journal_floor()  # entries a cluster node's ledger store borrows from the journal
+    if floor is not None:
+        need_pos = min(need_pos, floor)
     grown = engine.journal.tail - (engine._checkpoints[-1] if engine._checkpoints else 0)
     if grown >= engine.config.checkpoint_wal_bytes or (
         grown > 0 and now - engine._last_ck_time >= engine.config.checkpoint_interval_s

@@ -149,8 +149,9 @@ class AppendStream:
             self._sent.append(index + j - 1)
             yield self._encode(ledger, epoch, index, [e[3] for e in run], [e[4] for e in run])
 
-    def send(self, ledger: int, epoch: int, index: int, rtype: int, entry: bytes) -> None:
-        """Queue an entry: it goes out with the next flush, or at most limits.replication_linger_s from now."""
+    def send(self, ledger: int, epoch: int, index: int, rtype: int, entry: bytes, where=None) -> None:
+        """Queue an entry: it goes out with the next flush, or at most limits.replication_linger_s from now.
+        (`where` is for the owner's own store: LocalAppend.)"""
         self._q.append((ledger, epoch, index, rtype, entry))
         if self._timer is None and not self._ready.is_set():
             self._timer = asyncio.get_running_loop().call_later(limits.replication_linger_s, self._linger_over)
@@ -269,9 +270,11 @@ class LocalAppend:
         self.store = store
         self._q: asyncio.Queue = asyncio.Queue()
 
-    def send(self, ledger: int, epoch: int, index: int, rtype: int, entry: bytes) -> None:
+    def send(self, ledger: int, epoch: int, index: int, rtype: int, entry: bytes, where=None) -> None:
+        """`where`: (log, offset, position, end) of the entry's record in the node journal, when it is one (the
+        store borrows it from there instead of writing it again)."""
         try:
-            done, why = self.store.submit(ledger, epoch, index, rtype, entry, now=False), ""
+            done, why = self.store.submit(ledger, epoch, index, rtype, entry, now=False, where=where), ""
         except PigeonError as e:
             done, why = None, str(e)
         self._q.put_nowait((index, done, why))
@@ -280,7 +283,11 @@ class LocalAppend:
         while (item := await self._q.get()) is not None:
             index, done, why = item
             if done is not None:
-                await done
+                try:
+                    await done
+                except PigeonError as e:  # a journal that failed (a disk error): this member takes no more
+                    yield index, str(e)
+                    return
             yield index, why
 
     def flush(self) -> None:
@@ -295,6 +302,7 @@ class LedgerWriter:
         self.ledger, self.epoch = ledger, epoch
         self.machine = Writer(0, list(members), replication)
         self.types: dict[int, int] = {}  # index → record type of the entries not yet confirmed
+        self.where: dict[int, tuple] = {}  # index → where the node journal holds it, for those it does
         self.waiters: deque[tuple[int, asyncio.Future]] = deque()  # in index order
         self.rolled: Roll | None = None
         self.failed: set[str] = set()  # members that failed or refused (the next ensemble leaves them out)
@@ -303,9 +311,9 @@ class LedgerWriter:
         self._readers = [asyncio.create_task(self._follow(m, s)) for m, s in self.streams.items()]
         self._readers.append(asyncio.create_task(self._watch(limits.member_silence_s)))
 
-    def append(self, rtype: int, body: bytes) -> asyncio.Future:
+    def append(self, rtype: int, body: bytes, where: tuple | None = None) -> asyncio.Future:
         """Append one entry; the future is done (with its index) once Qa members have it durable, or fails with
-        LedgerRolled."""
+        LedgerRolled. `where`: the node journal's record of it, (log, offset, position, end), when it has one."""
         if self.rolled is not None:
             raise LedgerRolled(self.rolled)
         actions = self.machine.append(body)
@@ -313,19 +321,24 @@ class LedgerWriter:
         fut = asyncio.get_running_loop().create_future()
         self.waiters.append((index, fut))
         self.types[index] = rtype
+        if where is not None:
+            self.where[index] = where
         self._perform(actions)
         return fut
 
     def _perform(self, actions) -> None:
         for act in actions:
             if isinstance(act, Send):
+                where = self.where.get(act.offset)
                 for m in act.members:
-                    self.streams[m].send(self.ledger, self.epoch, act.offset, self.types[act.offset], act.entry)
+                    self.streams[m].send(self.ledger, self.epoch, act.offset, self.types[act.offset], act.entry,
+                                         where)
             elif isinstance(act, Confirmed):
-                waiters, types = self.waiters, self.types
+                waiters, types, where = self.waiters, self.types, self.where
                 while waiters and waiters[0][0] < act.lac:
                     i, fut = waiters.popleft()
                     types.pop(i, None)
+                    where.pop(i, None)
                     if not fut.done():
                         fut.set_result(i)
             elif isinstance(act, Roll):

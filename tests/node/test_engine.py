@@ -274,6 +274,37 @@ def test_acked_segments_are_deleted(tmp_path):
     run(go())
 
 
+def test_segments_a_ledger_store_borrows_from_are_kept_until_it_lets_them_go(tmp_path):
+    """A cluster node's ledger store borrows its own copies from the journal (node.ledger_store): the segments
+    from the floor it names stay, whatever the checkpoints allow, until it names none."""
+    async def go():
+        clock = SimClock()
+        cfg = config(tmp_path, segment_bytes=16 * 1024 * 1024 + 1, checkpoint_wal_bytes=1)
+        e = await started(cfg, clock)
+        await setup(e)
+        for i in range(40):  # ~40 MB: at least two segments
+            if i == 20:
+                floor = e.journal.tail
+            await publish(e, [b"x" * 1_000_000])
+        e.journal_floor = lambda: floor
+        wal_dir = os.path.join(cfg.data_dir, "wal")
+        while got := await pull_all(e, n=100):
+            await e.acknowledge(S, [m.ack_id for m in got])
+        for _ in range(3):
+            await e.maintain_once()
+            await publish(e, [b"tick"])
+        starts = sorted(int(f.split(".")[0]) for f in os.listdir(wal_dir))
+        assert len(starts) >= 2 and starts[0] <= floor < starts[1], "cut up to the floor's segment, not past it"
+        e.journal_floor = lambda: None
+        await e.maintain_once()
+        await publish(e, [b"tick"])
+        await e.maintain_once()
+        assert len(os.listdir(wal_dir)) == 1
+        await e.stop()
+
+    run(go())
+
+
 def test_deleted_topic_leaves_subscription_with_backlog(tmp_path):
     async def go():
         clock = SimClock()

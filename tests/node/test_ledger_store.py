@@ -1,7 +1,7 @@
 """The storage role's ledger store (pigeon.node.ledger_store) on real files: entries answered once durable and
 read back in order, also after a restart; dense entries (a gap refused, a retry answered); a fence that is durable,
-survives a restart and refuses the old writer while recovery's copies are still taken; and the node's own
-journal is a different one."""
+survives a restart and refuses the old writer while recovery's copies are still taken; the node's own
+journal is a different one, which lends the owner's copies of its own ledgers."""
 
 from __future__ import annotations
 
@@ -10,8 +10,11 @@ import os
 
 import pytest
 
-from pigeon.core.errors import FailedPrecondition
+from pigeon.core.errors import FailedPrecondition, PigeonError
+from pigeon.node.disk import OsDisk
+from pigeon.node.journal import FsyncPolicy, JournalWriter
 from pigeon.node.ledger_store import FENCE_EPOCH, LedgerStore
+from pigeon.storage import recovery as storage_recovery
 
 
 def run(coro):
@@ -128,3 +131,133 @@ def test_deleted_ledgers_are_gone_for_good_and_their_segments_with_them(tmp_path
 
     run(write())
     run(reread())
+
+
+# --- entries borrowed from the node journal (the owner's own copy of its own ledgers) ----------------------
+
+class _Nothing:
+    """The node journal's state is not this test's: recovery only finds where its valid records end."""
+
+    def load(self, header, meta, images) -> None:
+        pass
+
+    def apply(self, rtype: int, body, at: int) -> None:
+        pass
+
+
+async def _node_journal(path) -> JournalWriter:
+    for sub in ("wal", "checkpoints"):
+        os.makedirs(os.path.join(path, sub), exist_ok=True)
+    found = storage_recovery.recover(OsDisk(), str(path), _Nothing, repair=True)
+    w = JournalWriter(os.path.join(path, "wal"), FsyncPolicy.always, 64 * 1024)
+    w.open(found.tail, found.logs)
+    return w
+
+
+def _commit(node: JournalWriter, log: int, rtype: int, body: bytes) -> tuple[int, int, int, int]:
+    """Write a record of `log` to the node journal as the engine does; where it lies."""
+    offset, at = node.append(log, 1, rtype, [body])
+    return log, offset, at, node.tail
+
+
+def _ledger_bytes(tmp_path) -> int:
+    wal = tmp_path / "ledgers" / "wal"
+    return sum(os.path.getsize(wal / f) for f in os.listdir(wal))
+
+
+def test_the_owners_copy_is_borrowed_from_the_node_journal_and_reads_back_after_a_restart(tmp_path):
+    """Entries the node journal holds are kept here as where they lie (a ledger's first entry whole): read back
+    as they were — before and after both journals restart — the node journal is kept from the first one while
+    the ledger is, and no longer once it is deleted."""
+    bodies = [b"%03d" % i * 3000 for i in range(20)]  # 9 KB each
+
+    async def write():
+        node = await _node_journal(tmp_path)
+        s = LedgerStore(str(tmp_path), node=node)
+        assert s.journal_floor() == 0, "before it opened, the whole node journal is kept"
+        await s.open()
+        assert s.journal_floor() is None
+        _commit(node, 2, 1, b"a record of another log")
+        wheres = []
+        for i, body in enumerate(bodies):
+            wheres.append(_commit(node, 9, 1 + i % 3, body))
+            await s.submit(9, 1, i, 1 + i % 3, body, where=wheres[-1])
+        assert _ledger_bytes(tmp_path) < len(bodies[0]) + 20 * 100, "one whole copy; the rest, where they lie"
+        assert s.journal_floor() == wheres[1][2], "kept from the first borrowed entry (the first is whole)"
+        got = s.read(9, 0, 20)
+        assert [(e.offset, e.rtype, e.body) for e in got] == [(i, 1 + i % 3, b) for i, b in enumerate(bodies)]
+        await s.close()
+        await node.close()
+
+    async def reread():
+        node = await _node_journal(tmp_path)
+        s = LedgerStore(str(tmp_path), node=node)
+        await s.open()
+        assert s.held(9) == 20 and [e.body for e in s.read(9, 0, 20)] == bodies
+        assert await s.fence(9) == 20
+        first = s.journal_floor()
+        assert first is not None and first > 0
+        await s.delete([9])
+        assert s.journal_floor() is None, "a deleted ledger keeps nothing of the node journal"
+        await s.close()
+        await node.close()
+
+    run(write())
+    run(reread())
+
+
+def test_borrowed_entries_the_node_journal_lost_in_a_crash_are_dropped(tmp_path):
+    """A crash can leave a borrowed entry's record durable here while the node journal lost its own (never
+    answered: the answer waits for both): at the restart the ledger ends before the first such entry, for
+    good — a later record at that position of the node journal is not taken for it."""
+    bodies = [b"%03d" % i * 500 for i in range(10)]
+
+    async def write() -> int:
+        node = await _node_journal(tmp_path)
+        s = LedgerStore(str(tmp_path), node=node)
+        await s.open()
+        cut = 0
+        for i, body in enumerate(bodies):
+            where = _commit(node, 4, 1, body)
+            await s.submit(4, 1, i, 1, body, where=where)
+            if i == 6:
+                cut = where[2]  # entry 6's record: the node journal loses it and everything after
+        await s.close()
+        await node.close()
+        return cut
+
+    async def after_the_crash():
+        node = await _node_journal(tmp_path)
+        assert node.opened_at == cut
+        _commit(node, 4, 1, b"x" * 3500)  # the node journal's next record lands where entry 6's was
+        s = LedgerStore(str(tmp_path), node=node)
+        await s.open()
+        assert s.held(4) == 6 and [e.body for e in s.read(4, 0, 10)] == bodies[:6]
+        await s.close()
+        s = LedgerStore(str(tmp_path), node=node)
+        await s.open()
+        assert s.held(4) == 6, "the drop is durable"
+        await s.close()
+        await node.close()
+
+    cut = run(write())
+    wal = tmp_path / "wal"
+    (segment,) = [wal / f for f in os.listdir(wal) if f.endswith(".wal")]
+    os.truncate(segment, cut - int(os.path.basename(segment).split(".")[0]) + 5)  # a torn record at entry 6
+    run(after_the_crash())
+
+
+def test_a_borrowed_entry_whose_record_is_another_is_an_error_not_other_bytes(tmp_path):
+    async def go():
+        node = await _node_journal(tmp_path)
+        s = LedgerStore(str(tmp_path), node=node)
+        await s.open()
+        await s.submit(3, 1, 0, 1, b"first, whole")
+        log, offset, at, end = _commit(node, 5, 1, b"log 5's entry 0")
+        await s.submit(3, 1, 1, 1, b"log 5's entry 0", where=(log, offset + 1, at, end))
+        with pytest.raises(PigeonError, match="not log 5's entry 1"):
+            s.read(3, 0, 2)
+        await s.close()
+        await node.close()
+
+    run(go())
