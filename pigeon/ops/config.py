@@ -100,16 +100,16 @@ class Config:
             raise ValueError(f"segment_bytes must be at least {limits.record_bytes_max}")
         if not 1 <= self.workers <= limits.workers_max:
             raise ValueError(f"--workers must be in 1..{limits.workers_max} (got {self.workers})")
-        if self.workers > 1 and self.etcd and self.secured:
-            raise ValueError("--workers with --etcd on a secured cluster is not built (each worker would need a node "
-                             "certificate of the cluster's CA): run one node per core instead, each with its own "
-                             "--node-id, --port, --data-dir and node certificate")
         if self.workers > 1 and self.etcd and len(f"{self.node_id}.w{self.workers - 1}") > 63:
             raise ValueError(f"node id {self.node_id!r} with --workers {self.workers}: its workers are nodes "
                              f"{self.node_id}.w0.., which must fit in 63 characters")
-        if self.workers > 1 and (self.peer_port or self.peer_cert or self.peer_key or self.peer_ca):
-            raise ValueError("--peer-port, --peer-cert, --peer-key and --peer-ca are a cluster node's: the workers of "
-                             "--workers N get peer ports and node certificates of their own from the supervisor")
+        if self.workers > 1 and self.peer_port:
+            raise ValueError("--peer-port is a cluster node's: the workers of --workers N get peer ports of their own "
+                             "from the supervisor")
+        if self.workers > 1 and not self.etcd and (self.peer_cert or self.peer_key or self.peer_ca):
+            raise ValueError("--peer-cert, --peer-key and --peer-ca are a cluster node's: the workers of --workers N "
+                             "get node certificates of their own from the supervisor (with --etcd, the machine's "
+                             "node certificate serves its workers)")
         if self.etcd and not self.node_id:
             raise ValueError("a cluster node needs --node-id (its name in the cluster) along with --etcd")
         if self.node_id and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}", self.node_id):

@@ -16,7 +16,10 @@ ensemble takes one node of a machine at most (pigeon.cluster.quorum.choose_ensem
 With TLS or authentication (`secured`), clients meet the workers' client port exactly as they would a single
 node's; between themselves the workers prove they are nodes on their peer ports with node certificates of a CA
 private to the data directory (`<data dir>/pki`, made at the first secured start, a certificate added for each new
-worker), as the nodes of a secured cluster do (docs/security.md).
+worker), as the nodes of a secured cluster do (docs/security.md). In a secured cluster on `--etcd` the workers
+prove it with the machine's node certificate and trust the cluster's CA (`--tls-cert`/`--tls-key` and
+`--tls-client-ca`, or `--peer-cert`/`--peer-key`/`--peer-ca`): a peer checks that its caller is a node of the
+cluster, not which one, and the workers are the machine's processes, with its disk and its key files.
 
 The supervisor owns the rules:
   * the data directory's layout is written down (`workers.json`: the count, and etcd's ports or the node id in a
@@ -196,8 +199,9 @@ class Supervisor:
         return 0
 
     def _node_certificate(self, node_id: str) -> dict[str, str]:
-        """A secured worker's peer-port settings: its node certificate and the workers' CA (made when missing)."""
-        if not self.config.secured:
+        """A secured worker's peer-port settings: its node certificate and the workers' CA (made when missing); in a
+        cluster on --etcd, none of its own: the machine's node certificate and the cluster's CA, as given."""
+        if not self.config.secured or self.config.etcd:
             return {}
         from pigeon.ops import certs  # (secured workers' only: a single node's start does not import cryptography)
 

@@ -211,3 +211,52 @@ def test_with_a_peer_port_only_a_node_on_it_may_vouch_for_a_caller_or_use_the_st
     # a node's certificate on the peer port may vouch (as n2 does when it forwards the admin's call)
     assert attempt(kit.channel(n1.peer_address, node_cert), P + "CreateTopic", create,
                    [("x-pigeon-principal", ADMIN)]) == grpc.StatusCode.OK
+
+
+def test_a_machines_workers_join_a_secured_cluster_with_its_node_certificate(etcd, tmp_path):
+    """`--workers 2 --etcd …` on a secured cluster: workers n1.w0 and n1.w1 prove they are nodes with n1's node
+    certificate (their peer ports and append channels ask peers for one too) and own bundles beside n2 and n3; a
+    client with a certificate and a token reaches topics of all four through n1's one port — created, published
+    to and pulled from, with the ledgers replicated over mutual TLS."""
+    kit = Kit(str(tmp_path / "pki"))
+    wipe(etcd.endpoint)
+
+    def secured(node: str) -> list[str]:
+        kit.client_cert(f"node-{node}", node_id=node)
+        return ["--tls-cert", os.path.join(kit.dir, f"node-{node}.pem"), "--tls-key",
+                os.path.join(kit.dir, f"node-{node}-key.pem"), "--tls-client-ca", kit.ca_path,
+                "--auth-token-file", kit.token_file, "--admins", ADMIN]
+
+    machine = node_process(str(tmp_path), etcd.endpoint, "n1", extra=secured("n1") + ["--workers", "2"])
+    machine.start(timeout=60)
+    others = [node_process(str(tmp_path), etcd.endpoint, n, extra=secured(n)).start() for n in ("n2", "n3")]
+    try:
+        nodes = {"n1.w0", "n1.w1", "n2", "n3"}
+        await_status(etcd.endpoint, lambda st: st["unowned"] == 0 and {r["node"] for r in st["nodes"] if
+                                                                        r["state"] == "up" and r["bundles"]} == nodes
+                     and st["ledgers"]["open"] >= st["bundles"], timeout=60, what="four nodes to own bundles")
+        assert all(sum(n.startswith("n1.") for n in m) == 1 for m in open_ledgers(etcd.endpoint).values())
+        ch = kit.channel(machine.address, kit.client_cert("client-app", email="app@example.com"))
+        owner_of, admin = owners(etcd.endpoint), kit.admin_token
+        for n in sorted(nodes):
+            topic = topic_owned_by(owner_of, n, f"projects/sec-w/topics/on-{n}")
+            sub = f"projects/sec-w/subscriptions/on-{n}"
+            assert call(ch, P + "CreateTopic", types.Topic.pb()(name=topic).SerializeToString(), admin)[0] == \
+                grpc.StatusCode.OK
+            assert call(ch, S + "CreateSubscription", types.Subscription.pb()(name=sub, topic=topic)
+                        .SerializeToString(), admin)[0] == grpc.StatusCode.OK
+            publish = types.PublishRequest.pb()(topic=topic, messages=[{"data": n.encode()}]).SerializeToString()
+            code, details, _ = call(ch, P + "Publish", publish, admin)
+            assert code == grpc.StatusCode.OK, (n, details)
+            pulled = []
+            deadline = time.monotonic() + 30
+            while not pulled and time.monotonic() < deadline:
+                code, details, out = call(ch, S + "Pull", types.PullRequest.pb()(subscription=sub, max_messages=5)
+                                          .SerializeToString(), admin)
+                assert code == grpc.StatusCode.OK, (n, details)
+                pulled = [m.message.data for m in types.PullResponse.pb().FromString(out).received_messages]
+            assert pulled == [n.encode()], (n, pulled)
+    finally:
+        machine.stop(timeout=60)
+        for o in others:
+            o.kill()

@@ -192,10 +192,12 @@ def test_a_data_directory_of_the_other_kind_is_refused(tmp_path):
     out = _serve(str(nodes), "--workers", "2", *cluster, "--node-id", "n2")
     assert out.returncode != 0 and "holds the data of node n1's workers" in out.stderr, out.stderr
     out = _serve(str(tmp_path / "x"), "--workers", "2", *cluster, "--node-id", "n1", "--auth-token-file", "t")
-    assert out.returncode == 2 and "on a secured cluster is not built" in out.stderr, out.stderr
+    assert out.returncode == 2 and "needs --tls-client-ca (the cluster's CA)" in out.stderr, out.stderr
     out = _serve(str(tmp_path / "y"), "--workers", "2", "--peer-port", "7001")
-    assert out.returncode == 2 and "get peer ports and node certificates of their own" in out.stderr, out.stderr
-    assert not (tmp_path / "y").exists()
+    assert out.returncode == 2 and "get peer ports of their own" in out.stderr, out.stderr
+    out = _serve(str(tmp_path / "y"), "--workers", "2", "--peer-cert", "c.pem", "--peer-key", "k.pem")
+    assert out.returncode == 2 and "get node certificates of their own" in out.stderr, out.stderr
+    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
 
 
 def test_secured_workers_prove_they_are_nodes_to_each_other_and_clients_meet_one_secured_port(tmp_path):
