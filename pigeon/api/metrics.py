@@ -209,6 +209,10 @@ class NodeCollector(Collector):
             yield GaugeMetricFamily("pigeon_cluster_under_replicated_ledgers", "Closed ledgers of the logs this "
                                     "node owns with fewer members up than E (at the last repair pass)",
                                     value=logs.under_replicated)
+            floor = self.cluster.store.journal_floor()
+            yield GaugeMetricFamily("pigeon_cluster_journal_held_bytes", "Journal bytes from the first record a "
+                                    "kept ledger borrows (this node's own copy of its ledgers): the journal is not "
+                                    "cut below it", value=0 if floor is None else j.journal.tail - floor)
             taken = CounterMetricFamily("pigeon_cluster_append_requests", "Append requests this node took as a "
                                         "ledger member, by the way they came (the append channel, or gRPC)",
                                         labels=["transport"])

@@ -82,6 +82,8 @@ def test_a_takeover_reads_the_log_from_its_last_snapshot(etcd, tmp_path):
         assert m[("pigeon_cluster_bundles_owned", ())] >= 1 and m[("pigeon_cluster_ready", ())] == 1
         assert m[("pigeon_cluster_ledger_rolls_total", ())] >= 1, "each snapshot started a ledger"
         assert ("pigeon_cluster_under_replicated_ledgers", ()) in m
+        # its own copy of the ledgers kept is borrowed from its journal, which keeps it: no more than the journal
+        assert 0 < m[("pigeon_cluster_journal_held_bytes", ())] <= m[("pigeon_journal_bytes", ())]
         member = scrape(nodes["n2"].http)  # a member of n1's ledgers: their appends came over the append channel
         assert member[("pigeon_cluster_append_requests_total", (("transport", "channel"),))] > 0
         assert call(nodes["n2"].http, "GET", "/readyz") == (200, {"status": "ready"})
