@@ -43,7 +43,7 @@ from pigeon.node.disk import OsDisk
 from pigeon.node.journal import FsyncPolicy, JournalWriter
 from pigeon.storage import recovery
 from pigeon.storage.journal import Entry
-from pigeon.storage.record import Malformed, split_entry
+from pigeon.storage.record import Broken, Malformed, decode_at, split_entry
 
 FENCE_EPOCH = 0xFFFF_FFFF  # above every writer's epoch (epochs are 32-bit): recovery writes at it
 BORROWED = 28  # this journal's record of an entry the node journal holds (no broker record has this type)
@@ -219,11 +219,16 @@ class LedgerStore:
         _, index, pos, size, log, offset = _WHERE.unpack_from(e.body)
         if pos + size > self.node.durable:
             return None
-        rtype, payload = self.node.journal.read_record(pos)
+        journal = self.node.journal
+        if not journal.starts or pos < journal.starts[0]:
+            raise PigeonError(f"ledger {ledger} entry {index}: the node journal no longer holds position {pos} "
+                              f"(it starts at {journal.starts[0] if journal.starts else journal.tail})")
         try:
+            rtype, payload, _ = decode_at(journal.read(pos, size), 0, size)  # (its size, not the bytes' say)
             got_log, _, got_offset, body = split_entry(payload)
-        except Malformed:
-            got_log = got_offset = -1
+        except (Broken, Malformed, OSError) as e:
+            raise PigeonError(f"ledger {ledger} entry {index}: the node journal's record at {pos} cannot be read "
+                              f"({e})") from None
         if (got_log, got_offset) != (log, offset):
             raise PigeonError(f"ledger {ledger} entry {index}: the node journal's record at {pos} is not log {log}'s "
                               f"entry {offset} it was borrowed from (found log {got_log}'s entry {got_offset})")

@@ -257,6 +257,10 @@ def test_a_borrowed_entry_whose_record_is_another_is_an_error_not_other_bytes(tm
         await s.submit(3, 1, 1, 1, b"log 5's entry 0", where=(log, offset + 1, at, end))
         with pytest.raises(PigeonError, match="not log 5's entry 1"):
             s.read(3, 0, 2)
+        await s.submit(6, 1, 0, 1, b"first, whole")
+        await s.submit(6, 1, 1, 1, b"log 5's entry 0", where=(log, offset, at + 1, end))  # inside the record
+        with pytest.raises(PigeonError, match="record at %d cannot be read" % (at + 1)):
+            s.read(6, 0, 2)
         await s.close()
         await node.close()
 
