@@ -51,6 +51,12 @@ def machines(nodes: Iterable[str], machine_of: Mapping[str, str] | None = None) 
     return len({(machine_of or {}).get(n) or n for n in nodes})
 
 
+def ensemble_size(nodes: Iterable[str], machine_of: Mapping[str, str] | None, ensemble: int) -> int:
+    """How many members a new ledger gets out of `nodes` up: E, or as many machines as they run on when fewer (a
+    ledger's copies on one machine's disk are one copy)."""
+    return min(ensemble, machines(nodes, machine_of))
+
+
 def choose_ensemble(ledger: int, nodes: Mapping[str, str], size: int, exclude: Iterable[str] = (),
                     machine_of: Mapping[str, str] | None = None) -> list[str]:
     """`size` distinct nodes for `ledger` out of `nodes` (node id → zone; "" for none), ranked by rendezvous

@@ -33,7 +33,7 @@ from collections import deque
 from dataclasses import asdict, dataclass, field
 
 from pigeon.cluster import metadata as M
-from pigeon.cluster.quorum import Replication, choose_ensemble, machines
+from pigeon.cluster.quorum import Replication, choose_ensemble, ensemble_size, machines
 from pigeon.core.bundles import bundle_of_log
 from pigeon.core.errors import Unavailable
 from pigeon.node.ledger_store import FENCE_EPOCH
@@ -235,7 +235,7 @@ class BundleLogs:
         zones = {n: i.zone for n, i in members.items() if n not in avoid}  # a member that just failed is left out
         if machines(zones, machine_of) < self.replication.ack_quorum:  # … unless too few remain without it
             zones = {n: i.zone for n, i in members.items()}
-        size = min(self.replication.ensemble, machines(zones, machine_of))
+        size = ensemble_size(zones, machine_of, self.replication.ensemble)
         if size < self.replication.ack_quorum:
             raise Unavailable(f"storage nodes on {machines(zones, machine_of)} machine(s) are up; "
                               f"{self.replication.ack_quorum} are needed")
@@ -376,14 +376,18 @@ class BundleLogs:
             ol.writer.flush()  # their callers wait
 
     async def widen(self) -> int:
-        """Move every open ledger with fewer members than E to a full ensemble when enough nodes are up again (a
-        ledger opened while nodes were down): the writer rolls of its own accord. How many rolled."""
-        up = set(await self._storage_nodes()) - self._suspected()
-        size = min(len(up), self.replication.ensemble)
+        """Move every open ledger with fewer members than E to a full ensemble when enough machines are up again
+        (a ledger opened while nodes were down): the writer rolls of its own accord. How many rolled. (Machines,
+        not nodes: two workers of one machine make no wider ensemble, and counting them rolled such a ledger onto
+        another of the same size at every pass.)"""
+        nodes = await self._storage_nodes()
+        suspects = self._suspected()
+        size = ensemble_size([n for n in nodes if n not in suspects], {n: i.machine for n, i in nodes.items()},
+                             self.replication.ensemble)
         rolled = 0
         for ol in list(self.logs.values()):
             if ol.writer is not None and ol.rolling is None and len(ol.ledger.members) < size:
-                ol.writer.stop(f"moving to an ensemble of {size} (nodes came up)")
+                ol.writer.stop(f"moving to an ensemble of {size} (machines came up)")
                 self._start_roll(ol)
                 rolled += 1
         return rolled
@@ -492,7 +496,7 @@ class BundleLogs:
         members = await self._storage_nodes()
         up = set(members) - self._suspected()
         machine_of = {n: i.machine or n for n, i in members.items()}
-        size = min(machines(up, machine_of), self.replication.ensemble)
+        size = ensemble_size(up, machine_of, self.replication.ensemble)
         repaired = short = 0
         for log_id in list(self.logs):
             kv, ledgers = await self._ledgers(log_id)

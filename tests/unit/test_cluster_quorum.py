@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pigeon.cluster.quorum import Replication, choose_ensemble, last_add_confirmed, machines, recovered_end
+from pigeon.cluster.quorum import (Replication, choose_ensemble, ensemble_size, last_add_confirmed, machines,
+                                   recovered_end)
 
 
 def test_settings_are_checked():
@@ -71,3 +72,8 @@ def test_an_ensemble_never_holds_two_nodes_of_one_machine():
     with pytest.raises(ValueError, match="on as many machines, there are 2"):
         choose_ensemble(1, {"a.w0": "", "a.w1": "", "b.w0": ""}, 3, machine_of=machine_of)
     assert len(choose_ensemble(1, {"a.w0": "", "a.w1": ""}, 2)) == 2, "without machines every node is its own"
+    # a new ledger's size (and the size an open ledger is widened to) counts machines, not nodes: the workers of
+    # one machine up beside one other node make an ensemble of two, and widening it again would only roll it
+    assert ensemble_size(["a.w0", "a.w1", "b.w0"], machine_of, 3) == 2
+    assert ensemble_size(["a.w0", "a.w1", "b.w0", "c"], machine_of, 3) == 3
+    assert ensemble_size(["a.w0", "a.w1", "b.w0", "c"], None, 3) == 3 and ensemble_size(["x"], None, 3) == 1
