@@ -13,7 +13,7 @@ import signal
 
 import grpc
 
-from pigeon.api import access, admin_api, monitoring_api, pigeon_api, queue_api, security
+from pigeon.api import access, admin_api, monitoring_api, pigeon_api, queue_api, security, takers
 from pigeon.api.grpc_api import PubSubApi
 from pigeon.core import limits
 from pigeon.node import recovery
@@ -70,10 +70,10 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
     guard = security.guard(config, engine) if config.secured else None
     peers = None
     if config.peer_port:
-        server.add_generic_rpc_handlers(_guarded(guard, handlers, access.CLIENTS))
-        peers = _peer_server(config, guard, handlers + storage)
+        taking = [_serve_handlers(server, _guarded(guard, handlers, access.CLIENTS))]
+        peers = _peer_server(config, guard, handlers + storage, taking)
     else:
-        server.add_generic_rpc_handlers(_guarded(guard, handlers + storage, access.SHARED))
+        taking = [_serve_handlers(server, _guarded(guard, handlers + storage, access.SHARED))]
     port = _listen(server, f"{config.host}:{config.port}",
                    security.server_credentials(config) if config.tls_cert else None)
     local = security.local_socket(server) if config.secured else None  # the REST front's way in
@@ -84,6 +84,8 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
     await server.start()
     if peers is not None:
         await peers.start()
+    for t in taking:
+        t.start()
     if cluster is not None:
         await cluster.listening()
     watch = asyncio.get_running_loop().create_task(security.watch(guard, engine), name="pigeon-security") \
@@ -119,6 +121,8 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
         await runner.cleanup()
         await rest_api.close()
     await stopping
+    for t in taking:
+        await t.stop()
     if watch is not None:
         watch.cancel()
         guard.audit.close()
@@ -150,6 +154,12 @@ def _grpc_server(reuse_port: bool = False) -> grpc.aio.Server:
     )
 
 
+def _serve_handlers(server: grpc.aio.Server, handlers: list) -> takers.Takers:
+    """`handlers` on `server`, the hot methods among them taken several calls at a time (pigeon.api.takers)."""
+    server.add_generic_rpc_handlers(handlers)
+    return takers.Takers(server, limits.grpc_call_takers).register(handlers)
+
+
 def _guarded(guard, handlers: list, listener: str) -> list:
     # with security off the handlers are served as they are: the embedded default's path is unchanged
     return guard.wrap(handlers, listener) if guard is not None else handlers
@@ -166,7 +176,7 @@ def _listen(server: grpc.aio.Server, address: str, credentials: grpc.ServerCrede
     return port
 
 
-def _peer_server(config: Config, guard, handlers: list) -> grpc.aio.Server:
+def _peer_server(config: Config, guard, handlers: list, taking: list) -> grpc.aio.Server:
     """The peer port: a second gRPC server, on the same event loop, for what nodes call on one another — calls
     forwarded to a bundle's owner, the monitoring pages' fan-out, and the storage service (ledger replication),
     which is served here only. Secured, it requires a node certificate the cluster's CA signed of every caller
@@ -182,7 +192,7 @@ def _peer_server(config: Config, guard, handlers: list) -> grpc.aio.Server:
     port's server has no handler for (pigeon.v1.Storage) it cannot serve, its guard never believes a principal
     sent over TCP, and the peer port can be firewalled to the nodes' network without touching the clients'."""
     server = _grpc_server()
-    server.add_generic_rpc_handlers(_guarded(guard, handlers, access.PEERS))
+    taking.append(_serve_handlers(server, _guarded(guard, handlers, access.PEERS)))
     _listen(server, f"{config.host}:{config.peer_port}",
             security.peer_server_credentials(config) if config.secured else None)
     return server
