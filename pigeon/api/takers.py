@@ -36,8 +36,7 @@ HOT = (
 try:
     from grpc._cython import cygrpc
 
-    _INTERNALS = all(hasattr(cygrpc, n) for n in ("_handle_rpc", "_schedule_rpc_coro", "_MethodResolver")) and \
-        hasattr(cygrpc.AioServer, "_request_registered_call")
+    _INTERNALS = all(hasattr(cygrpc, n) for n in ("_handle_rpc", "_schedule_rpc_coro", "_MethodResolver"))
 except ImportError:  # pragma: no cover — a grpcio without its Cython core is not a grpcio
     _INTERNALS = False
 
@@ -70,7 +69,7 @@ class Takers:
     def register(self, handlers: list[grpc.GenericRpcHandler]) -> "Takers":
         if self.takers <= 0:
             return self
-        if not _INTERNALS:
+        if not (_INTERNALS and hasattr(getattr(self.server, "_server", None), "_request_registered_call")):
             log.info("grpcio %s lacks the internals pigeon.api.takers uses: calls are taken one at a time",
                      grpc.__version__)
             return self
