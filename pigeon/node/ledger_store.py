@@ -96,6 +96,7 @@ class LedgerStore:
         self.borrowed: dict[int, list[int]] = {}  # ledger → [its first borrowed record's position, last's end]
         self.append_requests = {"channel": 0, "grpc": 0}  # Append requests taken, by the way they came (statistics)
         self._disk = OsDisk()
+        self._deleting = asyncio.Lock()  # one write of `deleted` at a time, each holding every one before it
 
     @property
     def _deleted_path(self) -> str:
@@ -237,15 +238,16 @@ class LedgerStore:
     async def delete(self, ledgers) -> int:
         """Forget `ledgers` for good (durably, before answering) and remove the journal segments no kept ledger
         needs; how many segments went."""
-        new = set(ledgers) - self.deleted
-        if new:
-            keep = sorted(self.deleted | new)
-            await asyncio.get_running_loop().run_in_executor(
-                None, self._disk.write_durably, self._deleted_path, json.dumps(keep).encode())
-            self.deleted.update(new)
-            for lid in new:
-                self.borrowed.pop(lid, None)
-        return len(self.collect())
+        async with self._deleting:  # (two at once wrote the same temporary file: one failed, its ledgers kept)
+            new = set(ledgers) - self.deleted
+            if new:
+                keep = sorted(self.deleted | new)
+                await asyncio.get_running_loop().run_in_executor(
+                    None, self._disk.write_durably, self._deleted_path, json.dumps(keep).encode())
+                self.deleted.update(new)
+                for lid in new:
+                    self.borrowed.pop(lid, None)
+            return len(self.collect())
 
     def journal_floor(self) -> int | None:
         """Where the node journal must be kept from for the entries borrowed from it (None: anywhere); before

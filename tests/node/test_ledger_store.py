@@ -165,6 +165,30 @@ def _ledger_bytes(tmp_path) -> int:
     return sum(os.path.getsize(wal / f) for f in os.listdir(wal))
 
 
+def test_deletes_at_once_are_all_durable(tmp_path):
+    """Deletes asked at the same time (an owner's own cut and other owners' Delete calls): each one's ledgers are
+    forgotten durably — before, both wrote the same temporary file, one failed and its ledgers came back after a
+    restart."""
+    async def write():
+        s = LedgerStore(str(tmp_path))
+        await s.open()
+        for ledger in range(1, 9):
+            await s.append(ledger, 1, 0, 3, b"entry")
+        await asyncio.gather(*(s.delete([ledger]) for ledger in range(1, 8)))
+        await s.close()
+
+    async def reread():
+        s = LedgerStore(str(tmp_path))
+        await s.open()
+        try:
+            return sorted(s.deleted), [s.held(ledger) for ledger in range(1, 9)]
+        finally:
+            await s.close()
+
+    run(write())
+    assert run(reread()) == (list(range(1, 8)), [0] * 7 + [1])
+
+
 def test_the_owners_copy_is_borrowed_from_the_node_journal_and_reads_back_after_a_restart(tmp_path):
     """Entries the node journal holds are kept here as where they lie (a ledger's first entry whole): read back
     as they were — before and after both journals restart — the node journal is kept from the first one while
