@@ -365,6 +365,12 @@ class BundleLogs:
                 continue
             except (M.StoreUnavailable, Unavailable) as e:
                 log.warning("log %d: cannot open the next ledger yet (%s); its publishes wait", ol.log_id, e)
+            except asyncio.CancelledError:
+                if ol.released or asyncio.current_task().cancelling():
+                    raise
+                log.exception("log %d: opening the next ledger was cancelled under it; trying again", ol.log_id)
+            except Exception:  # a roll that ended here would leave the log's publishes waiting for good
+                log.exception("log %d: opening the next ledger failed; trying again", ol.log_id)
             await asyncio.sleep(RETRY_S)
         self.rolls += 1
         ol.ledger, ol.writer, ol.rolling = new, self._writer(ol, new), None

@@ -233,7 +233,10 @@ class ClusterNode:
                 async for _ in self.meta.watch(M.ROOT + "/", rev):
                     self.changed.set()
             except asyncio.CancelledError:
-                raise
+                if asyncio.current_task().cancelling():
+                    raise
+                log.debug("watch cancelled under this node; watching again")
+                await asyncio.sleep(limits.placement_check_s)
             except Exception as e:  # noqa: BLE001 — the periodic check covers the gap; watch again shortly
                 log.debug("watch ended (%s); watching again", e)
                 await asyncio.sleep(limits.placement_check_s)
@@ -267,7 +270,9 @@ class ClusterNode:
                     log.warning("%s: keeping the %d bundles this node owns until it answers", e, len(self.owned))
                 unavailable = self.etcd_down = True
             except asyncio.CancelledError:
-                raise
+                if asyncio.current_task().cancelling():
+                    raise
+                log.exception("following placement: a call was cancelled under it; trying again")
             except Exception:
                 log.exception("following placement failed; trying again")
 

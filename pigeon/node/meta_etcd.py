@@ -3,11 +3,19 @@ maintained asyncio etcd client whose generated code works with this project's pr
 Txn, Put and DeleteRange, leases, and one Watch stream per watch. Endpoints are tried in turn; a call that
 cannot reach any raises StoreUnavailable naming them (and, over TLS, saying that a refused certificate looks the
 same). `_connect` is the one place a channel to etcd is made: plaintext, or TLS with the material of an
-EtcdAccess (pigeon.ops.etcd_access owns which)."""
+EtcdAccess (pigeon.ops.etcd_access owns which).
+
+Many tasks share the channel (placement, every log's roll, the session's keepalive, the watch). Leaving a channel
+that failed never closes it under the others: grpc.aio cancels the calls of a channel it closes, and a call
+cancelled that way raises CancelledError in its caller — which reads as "this task was asked to stop" and ended
+a node's placement loop for good once (a chaos run: an owner cut off from etcd never gave its bundles up after
+the cut healed). The old channel is closed once every call on it has had its own deadline; a call that still
+ends in CancelledError without its task being cancelled counts as etcd not answering."""
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from typing import AsyncIterator
 
 import grpc
@@ -69,6 +77,29 @@ def _cmp(c: Cmp):
     return m
 
 
+@dataclass(frozen=True)
+class _Stubs:
+    """One channel to one endpoint and the services called on it."""
+    channel: grpc.aio.Channel
+    kv: rpc.KVStub
+    lease: rpc.LeaseStub
+    watcher: rpc.WatchStub
+
+
+def _cancelled_under_us() -> bool:
+    """A call ended in CancelledError though nobody cancelled the task awaiting it: its channel was closed."""
+    task = asyncio.current_task()
+    return task is not None and not task.cancelling()
+
+
+async def _close_later(channel: grpc.aio.Channel) -> None:
+    """Close a channel no new call takes once the calls on it have had their deadlines. (Not grpc.aio's own grace:
+    a close with grace that is cancelled leaves the channel "closing", and a second close then returns at once
+    without ending its calls.)"""
+    await asyncio.sleep(_CALL_S)
+    await channel.close()
+
+
 class EtcdMetadata:
     def __init__(self, access: EtcdAccess | str | list[str]):
         """`access`: endpoints and TLS material (pigeon.ops.etcd_access.read), or endpoints alone (https:// ones
@@ -79,19 +110,19 @@ class EtcdMetadata:
         self.endpoints = list(access.endpoints)
         self._credentials = grpc.ssl_channel_credentials(access.ca, access.key, access.cert) if access.tls else None
         self._i = 0
-        self._channel: grpc.aio.Channel | None = None
+        self._current: _Stubs | None = None
+        self._closing: dict[asyncio.Task, grpc.aio.Channel] = {}  # channels left: closed once their calls ended
 
     def _connect(self, endpoint: str) -> grpc.aio.Channel:
         if self._credentials is None:
             return grpc.aio.insecure_channel(endpoint)
         return grpc.aio.secure_channel(endpoint, self._credentials)
 
-    def _stubs(self):
-        if self._channel is None:
-            self._channel = self._connect(self.endpoints[self._i])
-            self.kv, self.lease = rpc.KVStub(self._channel), rpc.LeaseStub(self._channel)
-            self.watcher = rpc.WatchStub(self._channel)
-        return self
+    def _stubs(self) -> _Stubs:
+        if self._current is None:
+            channel = self._connect(self.endpoints[self._i])
+            self._current = _Stubs(channel, rpc.KVStub(channel), rpc.LeaseStub(channel), rpc.WatchStub(channel))
+        return self._current
 
     def _unreachable(self, endpoints: list[str], details: str) -> StoreUnavailable:
         where = ", ".join(endpoints)
@@ -102,25 +133,38 @@ class EtcdMetadata:
 
     async def _call(self, fn, request):
         """One unary call, on the next endpoint when this one cannot be reached."""
-        last = None
+        return await self._on_any_endpoint(lambda stubs: fn(stubs)(request, timeout=_CALL_S))
+
+    async def _on_any_endpoint(self, call):
+        """`await call(stubs)` on this endpoint, on the next one when it cannot be reached."""
+        last = "no answer"
         for _ in range(len(self.endpoints)):
             stubs = self._stubs()
             try:
-                return await fn(stubs)(request, timeout=_CALL_S)
+                return await call(stubs)
             except grpc.aio.AioRpcError as e:
                 if e.code() not in _UNREACHABLE:
                     if e.code() == grpc.StatusCode.NOT_FOUND and "lease" in (e.details() or ""):
                         raise LeaseGone(e.details()) from None
                     raise
-                last = e
-                await self._switch()
-        raise self._unreachable(self.endpoints, last.details() if last else "no answer")
+                last = e.details()
+            except asyncio.CancelledError:
+                if not _cancelled_under_us():
+                    raise
+                last = "the call was cut short with its channel"
+            self._switch(stubs)
+        raise self._unreachable(self.endpoints, last)
 
-    async def _switch(self) -> None:
-        if self._channel is not None:
-            await self._channel.close()
-            self._channel = None
+    def _switch(self, failed: _Stubs) -> None:
+        """Go on to the next endpoint, unless another call already left `failed`. Its calls still running end by
+        their deadlines (or answers) before it closes."""
+        if self._current is not failed:
+            return
+        self._current = None
         self._i = (self._i + 1) % len(self.endpoints)
+        task = asyncio.get_running_loop().create_task(_close_later(failed.channel))
+        self._closing[task] = failed.channel
+        task.add_done_callback(lambda t: self._closing.pop(t, None))
 
     # --- reading -------------------------------------------------------------------------------------------
     async def get(self, key: str) -> KV | None:
@@ -165,18 +209,7 @@ class EtcdMetadata:
                 return r
             return None
 
-        last = None
-        for _ in range(len(self.endpoints)):
-            try:
-                r = await once(self._stubs())
-                break
-            except grpc.aio.AioRpcError as e:
-                if e.code() not in _UNREACHABLE:
-                    raise
-                last = e
-                await self._switch()
-        else:
-            raise self._unreachable(self.endpoints, last.details() if last else "no answer")
+        r = await self._on_any_endpoint(once)
         if r is None or r.TTL <= 0:
             raise LeaseGone(f"lease {lease} has ended")
 
@@ -200,7 +233,9 @@ class EtcdMetadata:
                     return
                 yield r
 
-        call = self._stubs().watcher.Watch(send())
+        stubs = self._stubs()
+        endpoint = self.endpoints[self._i]
+        call = stubs.watcher.Watch(send())
         try:
             async for resp in call:
                 if resp.canceled:
@@ -209,13 +244,20 @@ class EtcdMetadata:
                     yield Event("delete" if e.type == rpc.Event.DELETE else "put", _kv(e.kv))
         except grpc.aio.AioRpcError as e:
             if e.code() in _UNREACHABLE:
-                raise self._unreachable([self.endpoints[self._i]], e.details()) from None
+                raise self._unreachable([endpoint], e.details()) from None
             raise
+        except asyncio.CancelledError:
+            if not _cancelled_under_us():
+                raise
+            raise self._unreachable([endpoint], "the watch was cut short with its channel") from None
         finally:
             requests.put_nowait(None)
             call.cancel()
 
     async def close(self) -> None:
-        if self._channel is not None:
-            await self._channel.close()
-            self._channel = None
+        if self._current is not None:
+            await self._current.channel.close()
+            self._current = None
+        for task, channel in list(self._closing.items()):
+            task.cancel()
+            await channel.close()

@@ -207,7 +207,11 @@ class ChannelAppend(AppendStream):
             conn = await asyncio.wait_for(append_channel.connect(self.address, self._tls), append_channel.CONNECT_S)
         except (OSError, asyncio.TimeoutError) as e:  # (ssl.SSLError is an OSError)
             self.why_ended = f"its append channel at {self.address} cannot be reached ({e or type(e).__name__})"
-            self._conn.set_result(None)
+            if not self._conn.done():
+                self._conn.set_result(None)
+            return
+        if self._conn.done():  # closed while connecting (the connect won the race with the cancel)
+            conn[1].transport.abort()
             return
         self._conn.set_result(conn)
         writer = conn[1]

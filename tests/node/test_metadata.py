@@ -124,6 +124,38 @@ def test_etcd_endpoints_fail_over_and_an_unreachable_store_says_so(etcd):
     asyncio.run(run())
 
 
+def test_a_call_that_leaves_its_channel_lets_the_other_calls_on_it_finish(etcd):
+    """Tasks share the channel to etcd: when one call finds etcd unreachable and goes on to the next endpoint, the
+    calls the other tasks have on the old channel still end by their own answers. (Closing it at once had grpc.aio
+    cancel them: CancelledError in a task nobody stopped, which ended a node's placement loop for good.)"""
+
+    async def run():
+        m = EtcdMetadata(etcd.endpoint)
+        rev = await m.put("/leave/k", b"v")
+        events = []
+
+        async def watch():
+            async for e in m.watch("/leave/", rev):
+                events.append(e.kv.key)
+
+        watcher = asyncio.create_task(watch())
+        gets = [asyncio.create_task(m.get("/leave/k")) for _ in range(20)]
+        await asyncio.sleep(0)  # every call is on the wire of the first channel
+        m._switch(m._stubs())  # what a call that found this endpoint unreachable does
+        assert [kv.value for kv in await asyncio.gather(*gets)] == [b"v"] * 20
+        await m.put("/leave/k2", b"w")  # on a channel of its own
+        for _ in range(200):
+            if events:
+                break
+            await asyncio.sleep(0.01)
+        assert events == ["/leave/k2"]  # the watch on the old channel still sees what changes
+        await m.close()
+        with pytest.raises(StoreUnavailable, match="cut short with its channel"):
+            await watcher  # ended under it: "etcd did not answer", never a cancellation of the watching task
+
+    asyncio.run(run())
+
+
 def _refused_access(etcd_tls, other_pki: str, case: str):
     from pigeon.ops import etcd_access
 
