@@ -12,7 +12,8 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV) || python3 -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
-$(STAMP): pyproject.toml | $(BIN)/python
+# the install also builds pigeon.core._compiled (setup.py, Cython) in place
+$(STAMP): pyproject.toml setup.py pigeon/core/_compiled.pyx | $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $(STAMP)
 

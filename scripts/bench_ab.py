@@ -79,6 +79,9 @@ def main() -> int:
             dirs[side] = os.path.join(tmp, side)
             subprocess.run(["git", "worktree", "add", "--detach", dirs[side], rev], cwd=ROOT, check=True,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            if os.path.exists(os.path.join(dirs[side], "setup.py")):  # its compiled part, as its install builds it
+                subprocess.run([sys.executable, "setup.py", "build_ext", "--inplace", "-q"], cwd=dirs[side],
+                               check=True, stdout=subprocess.DEVNULL)
         runs: dict[str, list[dict]] = {"A": [], "B": []}
         for i in range(args.rounds):
             for side in ("A", "B"):

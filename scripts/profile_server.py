@@ -125,6 +125,8 @@ def main() -> int:
     ap.add_argument("--idle-streams", type=int, default=None, help="idle: how many streams (default: the plan's)")
     ap.add_argument("--batch", type=int, default=None, help="publish: messages per request (default: the plan's "
                                                               "first)")
+    ap.add_argument("--no-native", action="store_true", help="Python frames only (py-spy pauses the server less: "
+                                                               "the shares of Python functions come out closer)")
     ap.add_argument("--out", default=None, help="speedscope file (default: a temporary file, printed)")
     ap.add_argument("--cluster", action="store_true", help="a 3-node cluster (pigeon bench's pigeon-cluster): "
                                                             "profile the node that owns the workload's topic "
@@ -156,7 +158,7 @@ def main() -> int:
             console.print(f"profiling {name} ({'a member' if args.member else 'the owner'} of {key}'s topic)")
         spy = subprocess.Popen(
             [os.path.join(os.path.dirname(sys.executable), "py-spy"), "record", "--pid", str(target.pid),
-             "--subprocesses", "--threads", *(["--nonblocking"] if args.cluster else ["--native"]),
+             "--subprocesses", "--threads", *(["--nonblocking"] if args.cluster else [] if args.no_native else ["--native"]),
              "--rate", str(args.rate), "--format", "speedscope",
              "-o", out], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         time.sleep(1.0)  # py-spy attaches

@@ -15,7 +15,7 @@ import grpc
 
 from pigeon.api import access, admin_api, monitoring_api, pigeon_api, queue_api, security, takers
 from pigeon.api.grpc_api import PubSubApi
-from pigeon.core import limits
+from pigeon.core import hot, limits
 from pigeon.node import recovery
 from pigeon.node.engine import DataDirInUse, Engine
 from pigeon.ops import allocator, workers
@@ -94,6 +94,9 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
     log.info("pigeon serving on %s:%d (data %s, fsync=%s%s%s)", config.host, port, config.data_dir, config.fsync,
              f", node {config.node_id} of cluster {cluster.cluster_id}" if cluster else "",
              security.describe(config))
+    if not hot.COMPILED:
+        log.warning("the compiled hot loops (pigeon.core._compiled) were not built where Pigeon was installed (no C "
+                    "compiler?): delivery and acks run in pure Python, about a third slower")
     if peers is not None:
         log.info("node-to-node calls on %s:%d (%s)", config.host, config.peer_port,
                  "mutual TLS with node certificates" if config.secured else "plaintext")

@@ -18,7 +18,7 @@ from pigeon.broker.schedule import parse_activation
 from pigeon.broker.state import BrokerState
 from pigeon.broker.subscription import SubscriptionState
 from pigeon.broker.topic import SCHEDULED, TopicState, key_hash
-from pigeon.core import ackid, limits, names, rawproto
+from pigeon.core import ackid, hot, limits, names, rawproto
 from pigeon.core.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from pigeon.storage import records as R
 
@@ -285,7 +285,7 @@ def acks(s: SubscriptionState, ack_ids, now: float) -> tuple[list[int], dict[str
     if eod:
         s.expire(now)
     elif not s.parked:  # nothing to check per id: a batch of this subscription's ids is parsed at once
-        batch = ackid.parse_many(s.uid, ack_ids)
+        batch = hot.ack_numbers(s.uid, ack_ids)
         if batch is not None:
             return batch, {}
     failures: dict[str, str] = {}

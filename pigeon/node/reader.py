@@ -8,7 +8,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from pigeon.broker.topic import SHARD_MASK, TopicState
-from pigeon.core import ackid, limits, rawproto, wire
+from pigeon.core import hot, limits, rawproto, wire
 from pigeon.storage import record
 from pigeon.storage.records import Publish, RecordType
 
@@ -105,39 +105,8 @@ class MessageReader:
     def received(self, topic: TopicState, taken, sub_uid: int, show_attempt: bool, max_bytes: int,
                  overrides: dict[int, bytes]) -> tuple[list[bytes], list[int]]:
         """Encoded `received_messages` entries (field 1 of PullResponse and StreamingPullResponse alike) for
-        leased (number, version) pairs, as many as fit in `max_bytes` (at least one), and each message's size.
-        The hot path of delivery, one loop with no call per message: one bytes formatting builds
-        ReceivedMessage(ack_id, message[, delivery_attempt]) around the stored bytes, where the message is
-        stored bytes · message_id (3) · publish_time (4); `overrides` are messages updated in place."""
-        out: list[bytes] = []
-        sizes: list[int] = []
-        total = 0
-        ack_format = ackid.FORMAT
-        table = wire.VARINT_TABLE
-        varint = wire.varint
-        bits, id_base = limits.shard_bits, topic.id_base()
-        shard = lo = hi = -1
-        messages: tuple[bytes, ...] = ()
-        time_field = b""
-        fixed = 0  # message_id's tag and length byte, and the publish_time field
-        for num, version in taken:
-            offset = num >> bits
-            if num & SHARD_MASK != shard or not lo <= offset < hi:
-                shard, lo, hi, messages, time_field = self._locate(topic, num)
-                fixed = 2 + len(time_field)
-            body = messages[offset - lo]
-            if overrides:
-                body = overrides.get(num, body)
-            mid = b"%d" % (id_base | num)
-            size = len(body) + fixed + len(mid)
-            total += size
-            if total > max_bytes and out:
-                break
-            ack = ack_format % (sub_uid, num, version)
-            attempt = b"\x18" + (table[version] if version < 16384 else varint(version)) if show_attempt else b""
-            vsize = table[size] if size < 16384 else varint(size)
-            n = 3 + len(ack) + len(vsize) + size + len(attempt)
-            out.append(b"\x0a%b\x0a%c%b\x12%b%b\x1a%c%b%b%b" % (
-                table[n] if n < 16384 else varint(n), len(ack), ack, vsize, body, len(mid), mid, time_field, attempt))
-            sizes.append(size)
-        return out, sizes
+        leased (number, version) pairs, as many as fit in `max_bytes` (at least one), and each message's size:
+        the hot path of delivery (`pigeon.core.hot.received_entries`); `overrides` are messages updated in
+        place."""
+        return hot.received_entries(self._locate, topic, taken, sub_uid, show_attempt, max_bytes, overrides,
+                                    topic.id_base(), limits.shard_bits)
