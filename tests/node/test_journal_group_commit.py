@@ -154,3 +154,41 @@ def test_under_batch_a_waiter_is_answered_once_written_and_the_writer_then_rests
         await w.close()
 
     asyncio.run(go())
+
+
+def test_a_quiet_journal_answers_a_waiter_in_the_same_turn_of_the_loop(tmp_path):
+    """At low rates the loop's thread writes and fdatasyncs the entry itself: no hand-off to the writer thread
+    and back (the future is done before the loop turns)."""
+    async def go():
+        w = await _open(tmp_path, "always")
+        rec = _rec(1)
+        fut = w.wait_durable(w.append(rec) + _size(rec))
+        assert fut.done() and w.durable == w.tail == _on_disk(tmp_path) == _size(rec)
+        assert w.flushes == 1 and w.statistics().syncs == 1
+        await w.close()
+
+    asyncio.run(go())
+
+
+def test_a_busy_journal_leaves_its_group_commits_to_the_writer_thread(tmp_path, monkeypatch):
+    """Within INLINE_QUIET_S of the last group commit (a busy journal), or after an fdatasync slower than
+    INLINE_SYNC_S (a disk that stalls), the writer thread commits while the loop goes on."""
+    async def go():
+        w = await _open(tmp_path, "always")
+        first = _rec(0)
+        assert w.wait_durable(w.append(first) + _size(first)).done()  # quiet: committed on the loop's thread
+        monkeypatch.setattr(wal_mod, "INLINE_QUIET_S", 3600.0)
+        rec = _rec(1)
+        fut = w.wait_durable(w.append(rec) + _size(rec))
+        assert not fut.done()  # handed to the writer thread …
+        await fut  # … which answers
+        monkeypatch.setattr(wal_mod, "INLINE_QUIET_S", 0.0)
+        w._side.last_sync_s = 2 * wal_mod.INLINE_SYNC_S  # the last fdatasync was slow
+        rec = _rec(2)
+        fut = w.wait_durable(w.append(rec) + _size(rec))
+        assert not fut.done()
+        await fut
+        assert w.durable == w.tail == _on_disk(tmp_path) and w.flushes == 3
+        await w.close()
+
+    asyncio.run(go())
