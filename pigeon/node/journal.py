@@ -7,13 +7,7 @@ next one somebody waits for, or LAZY_WRITE_S after it at the latest, and fdatasy
 latest: those ride along with the next group commit instead of costing a wake-up of the writer thread and a disk
 flush of their own. (Waking the writer for every entry cost the event loop's thread a futex wake and, on a busy
 machine, the core, three times per message delivered; a process killed within LAZY_WRITE_S of such an entry loses
-it, which changes no answer given: its message is delivered again, as after any lost lease.)
-
-When the journal is quiet (fsync=always, no group commit for INLINE_QUIET_S, the last fdatasync quick), the event
-loop's thread writes and fdatasyncs a waiter's entry itself instead of handing it to the writer: at low rates the
-two hand-offs (waking the writer, the writer waking the loop) cost as much as the fdatasync. The write side's state
-is one object (`_side`) that whoever holds `_io` changes, so the two threads never write at once and the files see
-one order."""
+it, which changes no answer given: its message is delivered again, as after any lost lease.)"""
 
 from __future__ import annotations
 
@@ -21,7 +15,6 @@ import asyncio
 import enum
 import errno
 import logging
-import math
 import threading
 import time
 from dataclasses import dataclass
@@ -40,10 +33,6 @@ log = logging.getLogger("pigeon.journal")
 BATCH_SYNC_S = 0.005  # fsync=batch: the longest a written entry waits for its fdatasync
 LAZY_FLUSH_S = 0.01  # fsync=always: the longest a written entry nobody waits for stays without fdatasync
 LAZY_WRITE_S = 0.002  # the longest an entry nobody waits for stays unwritten (a kill -9 would lose it)
-INLINE_QUIET_S = 0.0005  # no group commit ended for this long: the loop's thread writes a waiter's entry itself
-INLINE_SYNC_S = 0.002  # … unless the last fdatasync took longer than this (a disk that stalls would stall the loop)
-INLINE_BYTES = 256 * 1024  # … or more than this is pending
-DISK_FULL = object()  # a group commit's answer: the disk is full, its batch is kept to be written again
 
 
 class FsyncPolicy(str, enum.Enum):
@@ -73,23 +62,8 @@ class WriterStats:
     enospc: int  # writes or syncs that failed with a full disk (each kept and tried again)
 
 
-@dataclass(slots=True)
-class _WriteSide:
-    """What the writing thread knows of the files (changed only by the holder of JournalWriter._io)."""
-
-    cursor: WriteCursor
-    written: int  # the end of what is written
-    synced: int  # the end of what fdatasync covers
-    posted: int  # what the loop was told is written (always: durable); never cut back below it
-    kept: list  # batches written since `posted`: written again if the disk fills up before their sync
-    last_sync: float  # when the last fdatasync ended (monotonic)
-    last_sync_s: float = 0.0  # how long it took
-    cycle_end: float = -math.inf  # when the last group commit ended (monotonic)
-
-
 class JournalWriter:
-    """The journal of one node, written by a thread of its own (when quiet, by the loop's thread: flush_soon).
-    Call append/wait_durable on the loop thread."""
+    """The journal of one node, written by a thread of its own. Call append/wait_durable on the loop thread."""
 
     def __init__(self, directory: str, policy: FsyncPolicy, segment_bytes: int, disk: OsDisk | None = None):
         self.disk = disk or OsDisk()
@@ -99,8 +73,6 @@ class JournalWriter:
         self._lazy_timer: asyncio.TimerHandle | None = None  # fdatasync what nobody waits for
         self._write_timer: asyncio.TimerHandle | None = None  # hand the writer what nobody waits for
         self._cv = threading.Condition()
-        self._io = threading.Lock()  # held for a group commit (taking its batch, writing, syncing); before _cv
-        self._side: _WriteSide | None = None  # set by open
         self._thread: threading.Thread | None = None
         self._closing = False
         self._failed: BaseException | None = None
@@ -126,10 +98,8 @@ class JournalWriter:
         self._read_ahead = ReadAhead(self.journal.starts, lambda: self.journal.durable, self.journal.path)
         self._loop = asyncio.get_running_loop()
         # the writer's starting point is fixed here: appends may run before the thread gets going
-        now = time.monotonic()
-        self._side = _WriteSide(WriteCursor(start, self.disk.open_append(self.journal.path(start)),
-                                            self.policy is not FsyncPolicy.never), tail, tail, tail, [], now)
-        self._thread = threading.Thread(target=self._writer, name="pigeon-journal-writer", daemon=True)
+        self._thread = threading.Thread(target=self._writer, args=(start, tail), name="pigeon-journal-writer",
+                                        daemon=True)
         self._thread.start()
 
     async def close(self) -> None:
@@ -215,43 +185,9 @@ class JournalWriter:
             if self._write_timer is not None:  # the writer takes everything appended so far now
                 self._write_timer.cancel()
                 self._write_timer = None
-            if self._quiet() and self._io.acquire(blocking=False):
-                try:
-                    self._commit_here()
-                finally:
-                    self._io.release()
-                return
             with self._cv:
                 self._want = self.journal.tail
                 self._cv.notify()
-
-    def _quiet(self) -> bool:
-        """May the loop's thread write and fdatasync a group commit itself? Only under fsync=always while the
-        journal is quiet: no group commit for INLINE_QUIET_S (at higher rates the writer thread batches them and
-        the loop goes on meanwhile), the last fdatasync quick and little pending (the loop waits for both)."""
-        side = self._side
-        return (self.policy is FsyncPolicy.always and not self._stuck and self._failed is None and not self._closing
-                and self.journal.pending_bytes <= INLINE_BYTES and side.last_sync_s <= INLINE_SYNC_S
-                and time.monotonic() - side.cycle_end >= INLINE_QUIET_S)
-
-    def _commit_here(self) -> None:
-        """A group commit on the loop's thread (holding `_io`): its waiters are answered in this turn of the
-        loop. A failure is the journal's failure, as on the writer thread; a full disk goes to the writer."""
-        with self._cv:
-            self._want = self.journal.tail
-        try:
-            posted = self._group_commit(on_loop=True)
-        except BaseException as exc:
-            log.error("journal writer failed: %s", exc)
-            self._on_failed(exc)
-            with self._cv:
-                self._cv.notify()
-            return
-        if posted is DISK_FULL:  # the writer thread tries again
-            with self._cv:
-                self._cv.notify()
-        elif posted is not None:
-            self._written(posted)
 
     def wait_durable(self, end: int, ask: bool = True) -> asyncio.Future:
         """A future done once the journal is durable up to `end`. With `ask` false the writer is not asked for
@@ -278,44 +214,76 @@ class JournalWriter:
         self.journal.failed(exc)
 
     # --- the writer thread -----------------------------------------------------------------------
-    def _writer(self) -> None:
-        journal, side = self.journal, self._side
+    def _writer(self, cur_start: int, written: int) -> None:
+        disk, journal = self.disk, self.journal
         always, batch_policy = self.policy is FsyncPolicy.always, self.policy is FsyncPolicy.batch
+        cursor = WriteCursor(cur_start, disk.open_append(journal.path(cur_start)), self.policy is not FsyncPolicy.never)
+        synced, last_sync = written, time.monotonic()  # synced: what fdatasync covers
+        posted = written  # what the loop was told is written (always: durable); never cut back below it
+        kept: list = []  # batches written since `posted`: written again if the disk fills up before their sync
         try:
             while True:
+                batch = None
                 idle_sync = False
-                with self._cv:
-                    # asked for: durable (always), else written — under batch a waiter is answered once its entry
-                    # is written, and waiting for the sync here would spin until BATCH_SYNC_S passed
-                    while not (journal.pending() or self._closing
-                               or self._want > (side.synced if always else side.written)):
-                        if batch_policy and side.written > side.synced:  # sync soon after the last write, when idle
-                            self._cv.wait(BATCH_SYNC_S)
-                            if not (journal.pending() or self._closing):
-                                idle_sync = True  # … outside the lock: appends go on meanwhile
+                try:
+                    with self._cv:
+                        # asked for: durable (always), else written — under batch a waiter is answered once its
+                        # entry is written, and waiting for the sync here would spin until BATCH_SYNC_S passed
+                        while not (journal.pending() or self._closing or self._want > (synced if always else written)):
+                            if batch_policy and written > synced:  # sync soon after the last write, even when idle
+                                self._cv.wait(BATCH_SYNC_S)
+                                if not (journal.pending() or self._closing):
+                                    idle_sync = True  # … outside the lock: appends go on meanwhile
+                                    break
+                            else:
+                                self._cv.wait()
+                        if not idle_sync:
+                            if not journal.pending() and self._closing:
                                 break
-                        else:
-                            self._cv.wait()
-                    if not idle_sync and not journal.pending() and self._closing:
-                        break
-                with self._io:
-                    if self._failed is not None:  # the loop's thread failed writing: nothing more is written
-                        return
+                            batch, nbytes = journal.take_pending()
+                            want = self._want
                     if idle_sync:
-                        if side.written > side.synced:
-                            self._sync(side.cursor.handle)
-                            side.synced = side.written
+                        self._sync(cursor.handle)
+                        synced, last_sync = written, time.monotonic()
                         continue
-                    posted = self._group_commit(on_loop=False)
-                if posted is DISK_FULL:  # wait, then try again
+                    journal.write(cursor, batch)
+                    written += nbytes
+                    self._batches += 1
+                    self._batch_sizes.observe(len(batch))
+                    self._batch_entries += len(batch)
+                    self._batch_bytes += nbytes
+                    if always:
+                        kept.append(batch)
+                        if want <= synced:
+                            continue  # written for nobody waiting: the next group commit's fdatasync covers it
+                        self._sync(cursor.handle)
+                        synced = written
+                    elif batch_policy and time.monotonic() - last_sync >= BATCH_SYNC_S:
+                        self._sync(cursor.handle)
+                        synced, last_sync = written, time.monotonic()
+                    elif not batch_policy:
+                        synced = written  # never: the OS decides
+                    posted = synced if always else written
+                    kept.clear()
+                    journal.flushes += 1
+                    self._loop.call_soon_threadsafe(self._written, posted)
+                except OSError as exc:
+                    if exc.errno != errno.ENOSPC:
+                        raise
+                    # the disk is full: cut the files back to what the loop was told, keep every entry since
+                    # (nothing is lost, nobody waiting is answered yet) and try again in a moment
+                    with self._cv:
+                        journal.requeue(kept + ([batch] if batch is not None else []))
+                    kept = []
+                    cursor = journal.rewind(cursor, posted)
+                    written = synced = posted
+                    self._enospc += 1
+                    self._loop.call_soon_threadsafe(self._disk_full, exc)
                     with self._cv:
                         if not self._closing:
                             self._cv.wait(limits.disk_full_retry_s)
-                elif posted is not None:
-                    self._loop.call_soon_threadsafe(self._written, posted)
-            with self._io:
-                if side.written > side.synced and side.cursor.sync:
-                    self.disk.sync(side.cursor.handle)
+            if written > synced and cursor.sync:
+                disk.sync(cursor.handle)
         except BaseException as exc:  # an I/O error: fail every waiter, refuse new appends
             log.error("journal writer failed: %s", exc)
             try:
@@ -323,64 +291,10 @@ class JournalWriter:
             except RuntimeError:
                 pass
         finally:
-            with self._io:
-                try:
-                    self.disk.close(side.cursor.handle)
-                except OSError:
-                    pass
-
-    def _group_commit(self, on_loop: bool) -> int | object | None:
-        """One group commit, by the holder of `_io`: take everything pending, write it, fdatasync it when somebody
-        waits (always). Returns what the loop may now be told is written (always: durable); None when there is
-        nothing to tell (nothing to do, or written for nobody waiting); DISK_FULL when the disk is full (the batch
-        is kept, to be written again). Raises any other OSError (the journal then fails)."""
-        journal, side = self.journal, self._side
-        always, batch_policy = self.policy is FsyncPolicy.always, self.policy is FsyncPolicy.batch
-        with self._cv:
-            batch, nbytes = journal.take_pending()
-            want = self._want
-        if not batch and want <= (side.synced if always else side.written):
-            return None  # the other thread did it meanwhile
-        try:
-            journal.write(side.cursor, batch)
-            side.written += nbytes
-            self._batches += 1
-            self._batch_sizes.observe(len(batch))
-            self._batch_entries += len(batch)
-            self._batch_bytes += nbytes
-            if always:
-                side.kept.append(batch)
-                if want <= side.synced:
-                    return None  # written for nobody waiting: the next group commit's fdatasync covers it
-                self._sync(side.cursor.handle)
-                side.synced = side.written
-            elif batch_policy and time.monotonic() - side.last_sync >= BATCH_SYNC_S:
-                self._sync(side.cursor.handle)
-                side.synced = side.written
-            elif not batch_policy:
-                side.synced = side.written  # never: the OS decides
-        except OSError as exc:
-            if exc.errno != errno.ENOSPC:
-                raise
-            # the disk is full: cut the files back to what the loop was told, keep every entry since (nothing is
-            # lost, nobody waiting is answered yet) and try again in a moment (the writer thread does)
-            taken = side.kept if side.kept and side.kept[-1] is batch else side.kept + [batch]  # (fdatasync failed)
-            with self._cv:
-                journal.requeue(taken)
-            side.kept = []
-            side.cursor = journal.rewind(side.cursor, side.posted)
-            side.written = side.synced = side.posted
-            self._enospc += 1
-            if on_loop:
-                self._disk_full(exc)
-            else:
-                self._loop.call_soon_threadsafe(self._disk_full, exc)
-            return DISK_FULL
-        side.posted = side.synced if always else side.written
-        side.kept.clear()
-        side.cycle_end = time.monotonic()
-        journal.flushes += 1
-        return side.posted
+            try:
+                disk.close(cursor.handle)
+            except OSError:
+                pass
 
     # --- a full disk (loop thread) ---------------------------------------------------------------
     def _written(self, end: int) -> None:
@@ -416,9 +330,7 @@ class JournalWriter:
     def _sync(self, handle) -> None:
         t0 = time.monotonic()
         self.disk.sync(handle)
-        end = time.monotonic()
-        dt = end - t0
-        self._side.last_sync, self._side.last_sync_s = end, dt
+        dt = time.monotonic() - t0
         self._syncs += 1
         self._sync_s += dt
         self._sync_max_s = max(self._sync_max_s, dt)

@@ -190,10 +190,6 @@ class Journal:
     def pending(self) -> bool:
         return bool(self._pending)
 
-    @property
-    def pending_bytes(self) -> int:
-        return self._pending_bytes
-
     def take_pending(self) -> tuple[list[tuple[int, bytes]], int]:
         batch, self._pending = self._pending, []
         nbytes, self._pending_bytes = self._pending_bytes, 0
