@@ -272,8 +272,10 @@ class JournalWriter:
                         raise
                     # the disk is full: cut the files back to what the loop was told, keep every entry since
                     # (nothing is lost, nobody waiting is answered yet) and try again in a moment
+                    if batch is not None and not (kept and kept[-1] is batch):  # (else fdatasync failed after it)
+                        kept.append(batch)
                     with self._cv:
-                        journal.requeue(kept + ([batch] if batch is not None else []))
+                        journal.requeue(kept)
                     kept = []
                     cursor = journal.rewind(cursor, posted)
                     written = synced = posted

@@ -59,3 +59,26 @@ def test_a_full_disk_keeps_what_it_could_not_write_and_goes_on_when_space_return
         await w.close()
 
     asyncio.run(go())
+
+
+def test_a_full_disk_at_fdatasync_keeps_each_entry_once(monkeypatch):
+    """fdatasync may fail with ENOSPC after the write went through (delayed allocation): the batch is then both
+    written and among those kept since the last answer, and must be written again once, not twice."""
+    monkeypatch.setattr(limits, "disk_full_retry_s", 0.05)
+
+    async def go():
+        disk = SimDisk()
+        disk.makedirs("/wal")
+        w = JournalWriter("/wal", "always", 1 << 20, disk=disk)
+        w.open(0, {})
+        await w.wait_durable(w.append(0, 1, TopicDel.TYPE, TopicDel(0).parts())[1])
+        disk.fail["sync"] = 28  # ENOSPC, once
+        for i in range(1, 6):
+            w.append(0, 1, TopicDel.TYPE, TopicDel(i).parts())
+        await asyncio.wait_for(w.wait_durable(w.tail), 10)
+        assert w.statistics().enospc == 1
+        assert [e.offset for e in w.journal.entries(0, 0, 100)] == list(range(6))
+        assert sum(len(f.data) for f in disk.files.values()) == w.tail  # nothing written twice
+        await w.close()
+
+    asyncio.run(go())
