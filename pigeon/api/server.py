@@ -81,10 +81,6 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
     # freezing it keeps the collector's full passes, which pause the event loop, from walking it again.
     gc.collect()
     gc.freeze()
-    # Every call leaves a few dozen short-lived containers (futures, tasks, tuples): with CPython's default a
-    # collection ran every ~700 of them, 3 % of the event loop's time at 1,000 single-message publishes a second.
-    # Most of them are gone before a pass sees them when passes come less often.
-    gc.set_threshold(limits.gc_young_objects, *gc.get_threshold()[1:])
     await server.start()
     if peers is not None:
         await peers.start()

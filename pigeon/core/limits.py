@@ -81,7 +81,6 @@ grpc_waiting_calls_max = 100_000
 # asks for the next call of each hot method kept outstanding beside grpc.aio's one (pigeon.api.takers): a busy loop
 # starts up to this many calls of a method per turn instead of one per ~5 turns
 grpc_call_takers = 8
-gc_young_objects = 20_000  # objects the collector's youngest generation gathers before a pass (CPython: 700)
 publish_pending_bytes_max = 256 * 1024 * 1024  # publishes accepted and not yet durable, in all
 stream_idle_wake_s = 10.0  # a waiting stream looks again at least this often (every change wakes it at once)
 lease_tick_s = 0.05
