@@ -175,9 +175,12 @@ def test_megabyte_entries_appended_at_once_fit_the_members_messages(tmp_path, tr
         done = await asyncio.wait_for(asyncio.gather(*[w.append(3, b) for b in big]), 60)
         assert done == list(range(30)) and w.rolled is None
         await w.close()
+        # answered at Qa = 2: the third member may still be behind (it was, once, on a busy machine); read as a
+        # new owner would, from members that hold them
+        holder = next(m for m, x in members.items() if x.store.read(9, 29, 30))  # the last one durable there
         read, start = [], 0
         while start < 30:
-            got = await clients["m0"].read(9, start, 30)
+            got = await clients[holder].read(9, start, 30)
             assert got and sum(len(b) for _, b in got) <= max(limits.storage_message_bytes_max, len(got[0][1]))
             read.extend(b for _, b in got)
             start += len(got)
