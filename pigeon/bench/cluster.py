@@ -26,6 +26,7 @@ import time
 from pigeon.bench.grpc_client import GrpcDriver, publish_request
 from pigeon.bench.peers import RABBIT, RabbitServer, Server, _dpkg_version, nats_binary, server_tree
 from pigeon.bench.procs import Daemon, free_port
+from pigeon.cluster.placement import assign
 from pigeon.core.bundles import bundle_of
 
 ETCD = "/usr/bin/etcd"
@@ -119,12 +120,16 @@ class PigeonClusterServer(Server):
         return d
 
     def _settle(self, timeout_s: float = 60.0) -> dict:
-        """Until every bundle has an owner serving it (a ledger open for each) on all the nodes up."""
+        """Until every bundle is owned by the node the placement gives it to, serving it (a ledger open for each),
+        on all the nodes up. (A bundle still on its way to its node answers UNAVAILABLE meanwhile: the first node
+        up owns every bundle until the others join and take their share.)"""
         deadline = time.monotonic() + timeout_s
         while True:
             st = cluster_status(self.etcd)
             up = [r for r in st["nodes"] if r["state"] == "up"]
-            if st["unowned"] == 0 and len(up) == len(self.nodes) and st["ledgers"]["open"] >= st["bundles"]:
+            placed = assign(st["bundles"], [r["node"] for r in up]) if up else {}
+            if st["unowned"] == 0 and len(up) == len(self.nodes) and st["ledgers"]["open"] >= st["bundles"] and \
+                    {int(b): n for b, n in st["owners"].items()} == placed:
                 addr = {r["node"]: r["address"] for r in up}
                 self.driver = OwnerRoutedDriver({int(b): addr[n] for b, n in st["owners"].items()})
                 return st
