@@ -217,6 +217,34 @@ class DiskProbe:
                 "disk_probe_stalled_ms": round(sum(x for x in t if x > 0.01) * 1e3, 1)}
 
 
+def disk_bandwidth(directory: str, writers: int, seconds: float = 3.0, block: int = 1 << 20) -> float:
+    """MB/s that `writers` threads write together to files of their own in `directory`, each appending `block`
+    bytes and fdatasyncing them, again and again for `seconds` (the files are removed). The durable bandwidth the
+    disk gives to that many journals at once: a replicated target on one machine writes each message to several."""
+    done = [0] * writers
+    data = os.urandom(block)
+
+    def write(i: int) -> None:
+        fd, path = tempfile.mkstemp(prefix=f"pigeon-disk-bw-{i}-", dir=directory)
+        try:
+            end = time.monotonic() + seconds
+            while time.monotonic() < end:
+                os.write(fd, data)
+                os.fdatasync(fd)
+                done[i] += block
+        finally:
+            os.close(fd)
+            os.unlink(path)
+
+    threads = [threading.Thread(target=write, args=(i,), name=f"disk-bw-{i}", daemon=True) for i in range(writers)]
+    t0 = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return round(sum(done) / (time.monotonic() - t0) / 1e6, 1)
+
+
 def wait_quiet(max_wait_s: float, other_pct_max: float = 10.0, window_s: float = 2.0) -> dict:
     """Wait (at most `max_wait_s`) until programs other than this benchmark use under `other_pct_max` % of the
     machine over a `window_s` window; returns the last reading and how long it waited."""

@@ -149,6 +149,18 @@ def markdown(doc: dict) -> str:
                   "| figure | " + " | ".join(f"{a} / {b}" for a, b in pairs) + " |",
                   "|---|" + "---:|" * len(pairs)]
         lines += [f"| {label} | " + " | ".join(cells) + " |" for label, cells in crows]
+        bw = m.get("disk_write_mb_s") or {}
+        if bw.get("1") and bw.get("3"):
+            lines += ["", f"The disk the members share, measured before the targets ran (1 MiB appends, each "
+                          f"fdatasync'd): one writer {bw['1']:.0f} MB/s, three at once {bw['3']:.0f} MB/s. A "
+                          f"replicated message is written to it three times (once per member): the disk alone lets "
+                          f"three members on it take at most {bw['3'] / 3:.0f} MB/s of messages, where one node may "
+                          f"take {bw['1']:.0f} ({bw['3'] / 3 / bw['1']:.2f}×); with a disk each, that bound is gone."]
+            for t in ("pigeon", "pigeon-cluster"):
+                v, copies = value(doc, t, "publish_b1000", "msgs_per_s"), 3 if t == "pigeon-cluster" else 1
+                if v:
+                    lines[-1] += (f" {t}'s publish × 1,000 wrote {v * s['message_bytes'] * copies / 1e6:.0f} MB/s "
+                                  f"of messages to it ({copies} × {fmt(v, 'msg/s')} msg/s × {s['message_bytes']} B).")
     lines += ["", "## Servers and the clients that drove them", "",
               "*Other load*: the CPU (share of all cores) that programs outside the benchmark used while that "
               "target's workloads ran — median / most over its workloads (per workload: `cpu` in the JSON). The "
