@@ -8,6 +8,8 @@ functions by inclusive time, and writes a speedscope file (open it at https://ww
     python scripts/profile_server.py idle             # publish + consume while 10,000 idle streams are held
     python scripts/profile_server.py latency --cluster            # a 3-node cluster: the topic's owner
     python scripts/profile_server.py latency --cluster --member   # … one of its ledger's other members
+    python scripts/profile_server.py publish --batch 100 --after 1000   # as the benchmark runs it: after × 1,000
+    python scripts/profile_server.py publish --cluster --perf     # Linux perf: the kernel's and C libraries' share
 
 Sizes come from the benchmark's plans (`--plan full` by default); loopback only; bounded like the benchmark.
 """
@@ -116,6 +118,30 @@ def summarize(path: str, top: int) -> None:
         console.print(table)
 
 
+def perf_profile(pid: int, call, root: str, top: int) -> int:
+    """Sample `pid` with perf while `call` runs; print the hottest symbols by own time, with their library."""
+    data = os.path.join(root, "perf.data")
+    pids = [pid]
+    for p in pids:  # the server and whatever it started (the target may be a wrapper of the Python process)
+        for task in os.listdir(f"/proc/{p}/task"):
+            with open(f"/proc/{p}/task/{task}/children") as f:
+                pids += [int(c) for c in f.read().split()]
+    perf = subprocess.Popen(["perf", "record", "-g", "-e", "cpu-clock", "-F", "999", "-p", ",".join(map(str, pids)),
+                             "-o", data],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    time.sleep(1.0)
+    result = call()
+    perf.send_signal(signal.SIGINT)
+    perf.communicate(timeout=60)
+    console.print({k: v for k, v in result.items() if k != "cpu"})
+    report = subprocess.run(["perf", "report", "-i", data, "--no-children", "--sort", "comm,dso,sym", "--stdio",
+                             "-g", "none", "--percent-limit", "0.4"], capture_output=True, text=True)
+    lines = [ln for ln in report.stdout.splitlines() if ln.strip() and not ln.startswith("#")]
+    console.print("\n".join(lines[:top * 2]), markup=False, highlight=False)
+    console.print(f"perf data: {data}")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("workload", choices=("publish", "consume", "latency", "connections", "idle"))
@@ -125,8 +151,12 @@ def main() -> int:
     ap.add_argument("--idle-streams", type=int, default=None, help="idle: how many streams (default: the plan's)")
     ap.add_argument("--batch", type=int, default=None, help="publish: messages per request (default: the plan's "
                                                               "first)")
+    ap.add_argument("--after", type=int, default=0, help="publish: first publish (not profiled) as long at this "
+                                                          "many per request, as the benchmark does before")
     ap.add_argument("--no-native", action="store_true", help="Python frames only (py-spy pauses the server less: "
                                                                "the shares of Python functions come out closer)")
+    ap.add_argument("--perf", action="store_true", help="sample with Linux perf instead (the kernel's and the C "
+                                                          "libraries' own time, by library and symbol)")
     ap.add_argument("--out", default=None, help="speedscope file (default: a temporary file, printed)")
     ap.add_argument("--cluster", action="store_true", help="a 3-node cluster (pigeon bench's pigeon-cluster): "
                                                             "profile the node that owns the workload's topic "
@@ -149,6 +179,9 @@ def main() -> int:
     server.start()
     try:
         call = run_workload(args.workload, server, plan)
+        if args.after:
+            first = w.publish(server.driver, plan, "publish", args.after, _tick, inflight=4)
+            console.print(f"first: {first['msgs_per_s']:,} msg/s at {args.after} per request (not profiled)")
         target = server.main()
         if args.cluster:
             key = {"consume": "publish"}.get(args.workload, args.workload)
@@ -156,9 +189,12 @@ def main() -> int:
             name = next(n for n in server.nodes if n != owner) if args.member else owner
             target = server.nodes[name]
             console.print(f"profiling {name} ({'a member' if args.member else 'the owner'} of {key}'s topic)")
+        if args.perf:
+            return perf_profile(target.pid, call, root, args.top)
         spy = subprocess.Popen(
             [os.path.join(os.path.dirname(sys.executable), "py-spy"), "record", "--pid", str(target.pid),
-             "--subprocesses", "--threads", *(["--nonblocking"] if args.cluster else [] if args.no_native else ["--native"]),
+             "--subprocesses", "--threads",
+             *(["--nonblocking"] if args.cluster else [] if args.no_native else ["--native"]),
              "--rate", str(args.rate), "--format", "speedscope",
              "-o", out], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         time.sleep(1.0)  # py-spy attaches
