@@ -1,5 +1,12 @@
 """The real files behind storage.disk.Disk. Read handles are cached per file (a segment is read many times);
-`remove` closes them, so a deleted segment gives its space back at once."""
+`remove` closes them, so a deleted segment gives its space back at once.
+
+`OsDisk(drop_synced=True)` is for files written and hardly ever read back — a storage member's ledgers, read only
+when an owner recovers or repairs a ledger: once synced, their pages leave the page cache (POSIX_FADV_DONTNEED;
+clean after the fdatasync, so dropping them is free of I/O), as a BookKeeper bookie drops its journal's. Kept, they
+would fill memory with copies nobody reads, and every write would then first have to win a page back: on the
+benchmark's machine a 3-node cluster right after publishing a few GB took 2.6 µs of a member's CPU per message
+replicated with them cached and 1.0 µs without, and published 1.5× as fast (docs/cluster.md)."""
 
 from __future__ import annotations
 
@@ -9,8 +16,12 @@ import threading
 _IOV_MAX = os.sysconf("SC_IOV_MAX")  # buffers per writev
 
 
+_DROP = getattr(os, "POSIX_FADV_DONTNEED", None)  # (not on every OS: there the pages stay)
+
+
 class OsDisk:
-    def __init__(self):
+    def __init__(self, drop_synced: bool = False):
+        self.drop_synced = drop_synced and _DROP is not None
         self._read_fds: dict[str, int] = {}
         self._lock = threading.Lock()  # the read cache is shared by the loop and the read-ahead thread
 
@@ -62,6 +73,8 @@ class OsDisk:
 
     def sync(self, handle: int) -> None:
         os.fdatasync(handle)
+        if self.drop_synced:  # the whole file: only the pages written since the last sync are still cached
+            os.posix_fadvise(handle, 0, 0, _DROP)
 
     def close(self, handle: int) -> None:
         os.close(handle)

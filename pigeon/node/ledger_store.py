@@ -105,7 +105,7 @@ class LedgerStore:
     async def open(self) -> None:
         for sub in ("wal", "checkpoints"):  # (recovery looks in both; this journal never writes a checkpoint)
             os.makedirs(os.path.join(self.dir, sub), exist_ok=True)
-        disk = OsDisk()
+        disk = OsDisk(drop_synced=True)  # read back only to recover or repair a ledger: not worth the page cache
         if os.path.exists(self._deleted_path):
             self.deleted = set(json.loads(self._disk.read_file(self._deleted_path)))
         gone = frozenset(self.deleted)

@@ -289,3 +289,49 @@ def test_a_borrowed_entry_whose_record_is_another_is_an_error_not_other_bytes(tm
         await node.close()
 
     run(go())
+
+
+def _cached_pages(path: str) -> int:
+    """How many of the file's pages are in the page cache (mincore(2) over a private mapping of it)."""
+    import ctypes
+    import mmap
+
+    size = os.path.getsize(path)
+    pages = (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE
+    with open(path, "rb") as f:
+        m = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY)  # copy-on-write: maps the cached pages, reads none
+    try:
+        vec = (ctypes.c_ubyte * pages)()
+        addr = ctypes.addressof(ctypes.c_char.from_buffer(m))
+        libc = ctypes.CDLL(None, use_errno=True)
+        assert libc.mincore(ctypes.c_void_p(addr), ctypes.c_size_t(size), vec) == 0, os.strerror(ctypes.get_errno())
+        return sum(v & 1 for v in vec)
+    finally:
+        del addr
+        m.close()
+
+
+def test_a_members_ledgers_leave_the_page_cache_once_synced(tmp_path):
+    """A member's ledgers are read back only to recover or repair one: once durable their pages are dropped, so
+    they do not fill memory (the node's own journal, which deliveries read, keeps its pages)."""
+    async def go():
+        s = LedgerStore(str(tmp_path / "store"))
+        await s.open()
+        node = JournalWriter(str(tmp_path / "node"), FsyncPolicy.always, 64 << 20)
+        node.open(0, {})
+        for i in range(64):
+            await s.append(9, 1, i, 3, os.urandom(16 * 1024))
+            node.append(1, 1, 3, [os.urandom(16 * 1024)])
+        await node.wait_durable(node.tail)
+        await node.close()
+        await s.close()
+
+    run(go())
+    wal = [os.path.join(d, f) for d, _, fs in os.walk(tmp_path / "store") for f in fs if f.endswith(".wal")]
+    node_wal = [os.path.join(d, f) for d, _, fs in os.walk(tmp_path / "node") for f in fs if f.endswith(".wal")]
+    written = sum(os.path.getsize(p) for p in wal) // 4096
+    assert written >= 256  # 1 MiB of entries
+    if sum(_cached_pages(p) for p in node_wal) == 0:
+        pytest.skip("this filesystem keeps no written pages cached at all (nothing to compare with)")
+    assert sum(_cached_pages(p) for p in wal) <= 2  # at most a partial last page
+    assert sum(_cached_pages(p) for p in node_wal) >= written // 2  # the node journal's stay
