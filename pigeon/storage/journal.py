@@ -296,7 +296,11 @@ class Journal:
         return rtype, payload
 
     def entries(self, log_id: int, start: int, end: int):
-        """The durable entries of `log_id` with start <= offset < end (read back from the files), in order; a truncated entry is skipped, an entry the truncation replaced is read instead."""
+        """The durable entries of `log_id` with start <= offset < end (read back from the files), in order; a
+        truncated entry is skipped, an entry the truncation replaced is read instead. The scan ends at the first
+        entry of the log past `end` written after its last truncation (from there on its offsets only grow): it
+        once read every record to the journal's end, so reading a ledger back in chunks took time quadratic in
+        the journal's size (a takeover read 2 GB in 8 MB chunks for over 50 s, holding the event loop)."""
         st = self.logs.get(log_id)
         if st is None or start >= end:
             return
@@ -304,13 +308,17 @@ class Journal:
             return
         i = bisect.bisect_right([o for o, _ in st.samples], start) - 1
         pos = st.samples[max(i, 0) if not st.truncations else 0][1]  # offsets repeat after a truncation
+        last_cut = st.truncations[-1][0] if st.truncations else -1  # (appended in journal order)
         found: dict[int, Entry] = {}
         while pos < self.durable:  # durable: written whole
             rtype, payload = self.read_record(pos)
             size = record.PREFIX_BYTES + 1 + len(payload)
             log, epoch, offset, body = record.split_entry(payload)
-            if log == log_id and rtype not in MARKERS and start <= offset < end and not st.dropped(pos, offset):
-                found[offset] = Entry(epoch, offset, rtype, bytes(body), pos)
+            if log == log_id and rtype not in MARKERS:
+                if offset >= end and pos > last_cut:
+                    break
+                if start <= offset < end and not st.dropped(pos, offset):
+                    found[offset] = Entry(epoch, offset, rtype, bytes(body), pos)
             pos += size
         for offset in sorted(found):
             yield found[offset]
