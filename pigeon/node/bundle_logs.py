@@ -43,7 +43,9 @@ from pigeon.node.replication import LedgerRolled, LedgerWriter, LocalMember, Rec
 log = logging.getLogger("pigeon.ledgers")
 
 LEDGER_SEQ_BITS = 20
-READ_CHUNK = 512  # entries per Read call when a log is read back
+READ_CHUNK = 512  # entries per Read call when a log is read back, at most …
+READ_BYTES = 8 << 20  # … and about this many bytes (the first call asks for READ_FIRST entries, later ones as many
+READ_FIRST = 16  # as the entries so far average to this): a read of this node's own copy holds the event loop
 RETRY_S = 0.5  # between attempts of a takeover or a roll that could not finish (etcd or members unreachable)
 RELEASE_WAIT_S = 5.0  # how long a bundle given up waits for its records in flight to be confirmed
 
@@ -289,31 +291,42 @@ class BundleLogs:
             members = {n: self._member(n, a) for n, a in last.members.items()}
             held = await recover_ledger(last.id, members, self._replication_of(last))
             last.end = last.first + held
-        entries = await self._read_log(ledgers)
+        entries, nbytes, read_s = await self._read_log(ledgers)
         first = ledgers[-1].end if ledgers else 0
         new = await self._new_ledger(log_id, epoch, _next_seq(ledgers), first)
         await self._put_ledgers(log_id, epoch, kv, ledgers + [new])
         engine = self.cluster.engine
+        loop = asyncio.get_running_loop()
+        t_apply = loop.time()
         await engine.rebuild_log(log_id, entries)  # returns once the journal holds what it applied
         start = (ledgers[0].start or ledgers[0].first) if ledgers else 0
         ol = self.logs[log_id] = OwnedLog(log_id, epoch, new, next_offset=first, snapshot_at=start, start=start)
         ol.writer = self._writer(ol, new)
         self.taken += 1
-        log.info("took bundle %d over at epoch %d: %d entries in %d ledger(s) applied; ledger %d on %s",
-                 bundle_of_log(log_id), epoch, len(entries), len(ledgers), new.id, ",".join(new.members))
+        log.info("took bundle %d over at epoch %d: %d entries (%.1f MB) in %d ledger(s) read in %.2f s, applied and "
+                 "durable in %.2f s; ledger %d on %s", bundle_of_log(log_id), epoch, len(entries), nbytes / 1e6,
+                 len(ledgers), read_s, loop.time() - t_apply, new.id, ",".join(new.members))
 
-    async def _read_log(self, ledgers: list[LedgerInfo]) -> list[tuple[int, bytes]]:
-        """Every entry of the log from where it was cut, in order, from the members of its (closed) ledgers."""
+    async def _read_log(self, ledgers: list[LedgerInfo]) -> tuple[list[tuple[int, bytes]], int, float]:
+        """Every entry of the log from where it was cut, in order, from the members of its (closed) ledgers; their
+        bytes and the seconds it took. Each call asks for about READ_BYTES, and the loop turns between calls: a log
+        of big entries read back from this node's own copy (no await inside) held the loop for seconds, and the
+        node's etcd session ended."""
         out: list[tuple[int, bytes]] = []
+        loop = asyncio.get_running_loop()
+        t0, nbytes, step = loop.time(), 0, READ_FIRST
         for i, lg in enumerate(ledgers):
             count = lg.end - lg.first
             start = lg.start - lg.first if i == 0 and lg.start is not None else 0
             while start < count:
-                end = min(count, start + READ_CHUNK)
+                end = min(count, start + step)
                 got = await self._read_range(lg, start, end)
                 out.extend(got)
                 start += len(got)
-        return out
+                nbytes += sum(len(b) for _, b in got)
+                step = max(1, min(READ_CHUNK, READ_BYTES * len(out) // max(nbytes, 1)))
+                await asyncio.sleep(0)
+        return out, nbytes, loop.time() - t0
 
     async def _read_range(self, lg: LedgerInfo, start: int, end: int) -> list[tuple[int, bytes]]:
         order = sorted(lg.members.items(), key=lambda m: m[0] != self.me)  # this node's own copy first
