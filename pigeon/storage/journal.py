@@ -91,6 +91,7 @@ class Journal:
         self._waiters: list[tuple[int, object]] = []  # (end position, callback(exc | None))
         self.flushes = 0  # group commits that made records durable (statistics)
         self.synced_bytes = 0
+        self._resume: tuple[int, int, int] | None = None  # (log, offset, position) where a range read stopped
 
     def path(self, start: int) -> str:
         return join(self.dir, segment_name(start))
@@ -306,8 +307,12 @@ class Journal:
             return
         if not st.samples:
             return
-        i = bisect.bisect_right([o for o, _ in st.samples], start) - 1
-        pos = st.samples[max(i, 0) if not st.truncations else 0][1]  # offsets repeat after a truncation
+        r = self._resume
+        if r is not None and r[:2] == (log_id, start) and not st.truncations and r[2] >= self.starts[0]:
+            pos = r[2]  # the next range of a log read in order: on from where the last one stopped, not from the
+        else:       # first entry of the log in the segment (the reads of a takeover went five times over the data)
+            i = bisect.bisect_right([o for o, _ in st.samples], start) - 1
+            pos = st.samples[max(i, 0) if not st.truncations else 0][1]  # offsets repeat after a truncation
         last_cut = st.truncations[-1][0] if st.truncations else -1  # (appended in journal order)
         found: dict[int, Entry] = {}
         while pos < self.durable:  # durable: written whole
@@ -316,6 +321,7 @@ class Journal:
             log, epoch, offset, body = record.split_entry(payload)
             if log == log_id and rtype not in MARKERS:
                 if offset >= end and pos > last_cut:
+                    self._resume = (log_id, offset, pos)
                     break
                 if start <= offset < end and not st.dropped(pos, offset):
                     found[offset] = Entry(epoch, offset, rtype, bytes(body), pos)

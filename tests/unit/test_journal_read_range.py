@@ -47,3 +47,20 @@ def test_an_entry_a_truncation_replaced_is_read_instead_also_after_a_restart():
         assert [e.body for e in j.journal.entries(1, 3, 8)] == [b"old-3", b"old-4", b"new-5", b"new-6", b"new-7"]
         assert [e.body for e in j.journal.entries(1, 6, 7)] == [b"new-6"]
         assert list(j.journal.entries(1, 8, 10)) == []  # dropped, never written again
+
+
+def test_a_log_read_in_order_range_by_range_reads_each_record_about_once():
+    sj = SyncJournal(SimDisk(), "/data", segment_bytes=1 << 30)  # one segment: its first entry is the only sample
+    for i in range(1000):
+        sj.append(1, 1, 3, [b"one-%d" % i])
+        sj.append(2, 1, 3, [b"two-%d" % i])
+    assert sj.commit()
+    seen = _counting(sj)
+    got = [e.body for start in range(0, 1000, 10) for e in sj.journal.entries(1, start, start + 10)]
+    assert got == [b"one-%d" % i for i in range(1000)]
+    assert len(seen) <= 2 * 1000 + 2 * 100  # each record once, and the one a range stopped at again: not 100,000
+    sj.journal.truncate(1, 499)  # after a truncation a range is found from the segment's first entry again
+    sj.append(1, 1, 3, [b"again-500"])
+    assert sj.commit()
+    assert [e.body for e in sj.journal.entries(1, 495, 501)] == [b"one-%d" % i for i in range(495, 500)] + \
+        [b"again-500"]
