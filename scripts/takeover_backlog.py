@@ -3,7 +3,7 @@ publish at 1,000 messages per request for a while (nothing consumes), then kill 
 first publish to that topic answered after it (one message at a time, through a node that stays up); print the
 new owner's "took bundle over" line (megabytes read back, seconds reading, seconds applying).
 
-    python scripts/takeover_backlog.py                  # the benchmark's publish sweep first (two 10 s runs)
+    python scripts/takeover_backlog.py                  # first a publish as the cluster plan's (8 s, 4 in flight)
     python scripts/takeover_backlog.py --wait 120       # allow up to 120 s for publishes to be answered again
 
 Loopback only, bounded like the benchmark.
