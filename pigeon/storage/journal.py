@@ -310,7 +310,7 @@ class Journal:
         r = self._resume
         if r is not None and r[:2] == (log_id, start) and not st.truncations and r[2] >= self.starts[0]:
             pos = r[2]  # the next range of a log read in order: on from where the last one stopped, not from the
-        else:       # first entry of the log in the segment (the reads of a takeover went five times over the data)
+        else:       # log's first entry in the segment (a takeover's reads went over a segment again for every range)
             i = bisect.bisect_right([o for o, _ in st.samples], start) - 1
             pos = st.samples[max(i, 0) if not st.truncations else 0][1]  # offsets repeat after a truncation
         last_cut = st.truncations[-1][0] if st.truncations else -1  # (appended in journal order)
