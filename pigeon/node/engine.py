@@ -382,13 +382,33 @@ class Engine:
         rec = commands.publish(t, request, count, ordering_key, int(self.clock.now() * 1000), keys, sched)
         t0 = time.perf_counter()
         with self.admission.publishing(len(request)):
-            await self.durable(self.commit(rec), t.log_id)
+            end = self.commit(rec)
+            self._hand_out_when_durable(t, rec, end)
+            await self.durable(end, t.log_id)
         self.publish_latency.observe(time.perf_counter() - t0)
         t.publish_requests += 1
         t.published += count
         t.published_bytes += len(request)
         if ordering_key:
             self.hot_keys.published(t.name, ordering_key, count)
+        self._show(t, rec)
+        return commands.message_ids(t, rec)
+
+    def _hand_out_when_durable(self, t, rec: R.Publish, end: int) -> None:
+        """A subscriber waiting on the topic gets the batch the moment it is durable: its messages are kept in
+        the reader's cache now (the delivery then neither reads nor parses the record back) and shown to the
+        subscriptions by the journal's own callback, before the publisher's answer — one turn of the loop ahead
+        of it, which is the part of end-to-end latency the server owns (the answer follows in the same turn).
+        In a cluster a batch is shown only once the ensemble holds it too: when `durable` returns."""
+        if not any(sig.waiting for uid in t.subscriptions if (sig := self.signals.get(uid)) is not None):
+            return
+        pos = t.shards[rec.shard].pos[-1]  # apply has just indexed the batch
+        self.reader.remember_published(pos, rec.request, rec.publish_ms, end - pos)
+        if self.replicas is None:
+            self.journal.on_durable(end, lambda exc: exc is None and self._show(t, rec))
+
+    def _show(self, t, rec: R.Publish) -> None:
+        """The batch is durable: its messages may be handed out; wake one waiter of each subscription."""
         ix = t.shards[rec.shard]
         end = rec.base + rec.count
         if ix.durable < end:
@@ -397,7 +417,6 @@ class Engine:
                 sig = self.signals.get(uid)
                 if sig is not None:
                     sig.notify()
-        return commands.message_ids(t, rec)
 
     def ack(self, s: SubscriptionState, nums: list[int]) -> None:
         """Acknowledge message numbers (logged; durable with the next group commit — callers that answer a

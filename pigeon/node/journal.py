@@ -203,6 +203,14 @@ class JournalWriter:
                 self.flush_soon()
         return fut
 
+    def on_durable(self, end: int, callback) -> None:
+        """Call `callback(None)` on the loop thread once the journal is durable up to `end` — before the futures of
+        `wait_durable` for the same position resume their waiters — or `callback(exc)` if the writer fails."""
+        if self._failed is not None:
+            callback(self._failed)
+        else:
+            self.journal.on_durable(end, callback)
+
     def _error(self):
         exc = self._failed
         if isinstance(exc, OSError) and exc.errno == 28:

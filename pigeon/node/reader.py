@@ -51,6 +51,10 @@ class MessageReader:
             _, old = self._cache.popitem(last=False)
             self._cache_bytes -= old[2]
 
+    def remember_published(self, pos: int, request: bytes | memoryview, publish_ms: int, nbytes: int) -> None:
+        """Keep a batch just published (its record at `pos`, `nbytes` long) for a subscriber about to read it."""
+        self.remember(pos, make_batch(rawproto.split_publish(request)[1], publish_ms, nbytes))
+
     def batch(self, pos: int) -> Batch:
         b = self._cache.get(pos)
         if b is not None:

@@ -36,6 +36,11 @@ class Signal:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = math.inf
 
+    @property
+    def waiting(self) -> bool:
+        """Some coroutine waits on this signal now."""
+        return len(self._futs) > self._stale
+
     def notify(self) -> None:
         futs = self._futs
         while futs:

@@ -9,6 +9,7 @@ import asyncio
 from google.pubsub_v1 import types
 
 from pigeon.node.engine import Engine
+from pigeon.node.reader import MessageReader
 from pigeon.node.streams import Signal
 from pigeon.ops.config import Config
 from pigeon.testing.clock import SimClock
@@ -235,3 +236,51 @@ def test_waiters_that_time_out_do_not_pile_up():
         assert len(sig._futs) <= 40  # timed-out entries are swept, not kept forever
 
     asyncio.run(go())
+
+
+def test_a_waiting_stream_gets_a_batch_before_its_publisher_is_answered_without_reading_it_back(tmp_path):
+    """End-to-end latency is publish → delivery: the journal's durable callback shows the batch to the waiting
+    stream one turn of the loop before the publisher's answer, and the stream takes it from the cache the publish
+    filled — the same bytes a read of the record gives."""
+    async def go():
+        e = await _engine(tmp_path)
+        c = Consumers(e, 1, 100)
+        await _settle()
+        events: list[str] = []
+        c.got[0] = _Recorder(events)
+        raw = _Req(topic=T, messages=[_Msg(data=b"x", attributes={"a": "1"}, ordering_key="k")]).SerializeToString()
+        await e.publish(T, raw, 1, "k")
+        events.append("answered")
+        await _settle()
+        assert events == ["delivered", "answered"]
+        assert e.reader.statistics().disk_reads == 0
+        pos = e.state.topic(T).shards[0].pos[-1]
+        assert MessageReader(e.journal, 1 << 20).batch(pos) == e.reader.batch(pos)  # read back: the same batch
+        await c.stop()
+        await e.stop()
+
+    asyncio.run(go())
+
+
+def test_a_batch_nobody_waits_for_is_not_kept_in_memory(tmp_path):
+    async def go():
+        e = await _engine(tmp_path)
+        await _publish(e, 10)
+        assert e.reader.statistics().cached_batches == 0  # a backlog costs no memory until it is read
+        msgs = await e.pull(S, 100, True, 5)
+        assert len(msgs) == 10 and e.reader.statistics().disk_reads == 1
+        await e.stop()
+
+    asyncio.run(go())
+
+
+class _Recorder(list):
+    """Stands in for a consumer's list of ack ids: notes when the first delivery arrived."""
+
+    def __init__(self, events: list[str]):
+        super().__init__()
+        self.events = events
+
+    def extend(self, ids) -> None:
+        self.events.append("delivered")
+        super().extend(ids)
