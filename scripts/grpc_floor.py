@@ -3,7 +3,10 @@ machine against a bare `grpc.aio` server that answers every call with its reques
 against a real Pigeon — round trip from a sequential caller (one call, then a 1 ms pause, as the benchmark's
 1,000 msg/s), and the server's CPU per call (its /proc stat before and after).
 
-    python scripts/grpc_floor.py [--calls 3000] [--server-env GRPC_EXPERIMENTS=-event_engine_listener]
+    python scripts/grpc_floor.py [--calls 3000] [--server-env GRPC_EXPERIMENTS=event_engine_listener]
+
+The caller and the echo servers run gRPC on its POSIX I/O, as every Pigeon process does (pigeon/__init__.py); give
+`--server-env GRPC_EXPERIMENTS=event_engine_listener,event_engine_client` to see gRPC's default EventEngine instead.
 
 Rows: the echo servers' GetTopic-shaped and Publish-shaped calls (grpc.aio, and grpc's thread-pool server),
 then Pigeon's GetTopic (no disk) and Publish of
@@ -27,6 +30,8 @@ from rich.table import Table
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+import pigeon  # noqa: E402,F401 — the caller's gRPC on the I/O Pigeon's processes use
+POSIX_IO = {"GRPC_EXPERIMENTS": "-event_engine_listener,-event_engine_client"}  # the echo servers' (no pigeon import)
 
 ECHO = """
 import grpc, sys, uvloop
@@ -125,7 +130,7 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=3000, help="timed calls per method")
     ap.add_argument("--server-env", action="append", default=[], help="NAME=VALUE for both servers (repeatable)")
     a = ap.parse_args()
-    env = dict(kv.split("=", 1) for kv in a.server_env)
+    env = {**POSIX_IO, **dict(kv.split("=", 1) for kv in a.server_env)}
     console = Console()
     rows: list = []
     port = _free_port()

@@ -15,7 +15,7 @@ import grpc
 from pigeon.core.pubsub_types import types
 
 from pigeon.broker import commands
-from pigeon.core import limits, names, wire
+from pigeon.core import hops, limits, names, wire
 from pigeon.api import errors
 from pigeon.api.errors import abort, translate
 from pigeon.core.errors import InvalidArgument, NotFound
@@ -76,6 +76,8 @@ class PubSubApi:
     @translate
     @fresh
     async def publish(self, raw: bytes, context):
+        if hops.ON:
+            hops.mark("publish")
         if self.router is not None:  # routed on its topic alone: the owner checks it (a megabyte parsed once)
             topic = wire.leading_string(raw, 1)
             if topic and (owner := self.router.for_topic(topic, context)):
@@ -85,6 +87,8 @@ class PubSubApi:
             return await self.router.unary(owner, PUBLISH, raw, context)  # its topic was not first in the bytes
         ids = await self.engine.publish(cmd.topic, cmd.request, cmd.count, cmd.ordering_key, cmd.idempotency_keys,
                                         cmd.activations)
+        if hops.ON:
+            hops.mark("answered")
         return pb["PublishResponse"](message_ids=ids).SerializeToString()
 
     @translate
@@ -238,6 +242,8 @@ class PubSubApi:
                     n = len(resp)
                     admission.sending(n)
                     stream.sending_since, stream.sending_bytes = clock.now(), n
+                    if hops.ON:
+                        hops.mark("sending")
                     try:
                         yield resp
                     finally:

@@ -21,7 +21,7 @@ from pigeon.broker import commands
 from pigeon.broker import state as bs
 from pigeon.broker.state import BrokerState
 from pigeon.broker.subscription import SubscriptionState, SubscriptionStats
-from pigeon.core import limits
+from pigeon.core import hops, limits
 from pigeon.core.errors import AckIdFailure, InvalidArgument, NotFound, FailedPrecondition, PigeonError, Unavailable
 from pigeon.node import maintenance, push, recovery
 from pigeon.node.admission import Admission, AdmissionStats
@@ -383,6 +383,8 @@ class Engine:
         t0 = time.perf_counter()
         with self.admission.publishing(len(request)):
             end = self.commit(rec)
+            if hops.ON:
+                hops.mark("committed")
             self._hand_out_when_durable(t, rec, end)
             await self.durable(end, t.log_id)
         self.publish_latency.observe(time.perf_counter() - t0)
@@ -573,6 +575,8 @@ class Engine:
                     self._pass_on(s)
                     return out
                 await self._wait(s, limits.stream_idle_wake_s, stream)
+                if hops.ON:
+                    hops.mark("woken")
             else:  # flow control: only this stream's acks (or its own events) can change that
                 await stream.wait(limits.stream_idle_wake_s)
 

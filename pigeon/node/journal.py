@@ -19,7 +19,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from pigeon.core import limits
+from pigeon.core import hops, limits
 from pigeon.core.histogram import Histogram, HistogramStats
 from pigeon.core.errors import ResourceExhausted, Unavailable
 from pigeon.node.disk import OsDisk
@@ -188,6 +188,8 @@ class JournalWriter:
             with self._cv:
                 self._want = self.journal.tail
                 self._cv.notify()
+            if hops.ON:
+                hops.mark("asked")
 
     def wait_durable(self, end: int, ask: bool = True) -> asyncio.Future:
         """A future done once the journal is durable up to `end`. With `ask` false the writer is not asked for
@@ -249,6 +251,8 @@ class JournalWriter:
                             if not journal.pending() and self._closing:
                                 break
                             batch, nbytes = journal.take_pending()
+                            if hops.ON:
+                                hops.mark("taken")
                             want = self._want
                     if idle_sync:
                         self._sync(cursor.handle)
@@ -308,6 +312,8 @@ class JournalWriter:
 
     # --- a full disk (loop thread) ---------------------------------------------------------------
     def _written(self, end: int) -> None:
+        if hops.ON:
+            hops.mark("posted")
         if self._stuck:
             self._stuck = False
             log.warning("journal: writing again after the disk was full (%d attempts failed with ENOSPC)",
@@ -338,9 +344,13 @@ class JournalWriter:
         self.space.check_publish(self.journal.tail)
 
     def _sync(self, handle) -> None:
+        if hops.ON:
+            hops.mark("syncing")
         t0 = time.monotonic()
         self.disk.sync(handle)
         dt = time.monotonic() - t0
+        if hops.ON:
+            hops.mark("synced")
         self._syncs += 1
         self._sync_s += dt
         self._sync_max_s = max(self._sync_max_s, dt)

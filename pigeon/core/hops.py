@@ -1,0 +1,33 @@
+"""Hop timestamps: where one message's time goes inside the server, for latency work. Off unless the server's
+environment names a file in PIGEON_HOPS; then each hop of a publish and of its delivery appends
+(CLOCK_MONOTONIC ns, hop) here — the clock every process of the machine shares, so a client's own stamps line up
+with them — and the list is written to that file when the process exits. `python scripts/latency_hops.py` starts
+a server so, drives it at a fixed rate and prints how long each step between two hops takes (docs/latency.md).
+
+The hops, in a message's order: `publish` (the Publish handler starts), `committed` (appended and applied),
+`asked` (the journal's writer woken), `taken` (the writer took the entries), `syncing` / `synced` (fdatasync
+called / returned), `posted` (the event loop hears it), `woken` (a waiting stream wakes), `sending` (the stream
+hands the response to gRPC), `answered` (the publisher's answer is handed to gRPC)."""
+
+from __future__ import annotations
+
+import atexit
+import os
+import time
+
+ON = bool(os.environ.get("PIGEON_HOPS"))
+_events: list[tuple[int, str]] = []
+
+
+def mark(hop: str) -> None:
+    """Call only under `if hops.ON:` — off, a hop costs one attribute read."""
+    _events.append((time.monotonic_ns(), hop))
+
+
+def _write() -> None:
+    with open(os.environ["PIGEON_HOPS"], "w") as f:
+        f.writelines(f"{t} {hop}\n" for t, hop in _events)
+
+
+if ON:
+    atexit.register(_write)
