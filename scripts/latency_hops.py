@@ -1,4 +1,4 @@
-"""Where one message's time goes: a single node started with its hop timestamps on (PIGEON_HOPS, pigeon.core.hops),
+"""Where one message's time goes: a single node started with its hop timestamps on (PIGEON_HOPS, pigeon.node.hops),
 driven as the benchmark's latency workload drives it — one message per durable publish at a fixed rate (open loop),
 a StreamingPull consumer in a process of its own acking what it gets — and each step between two hops, from the
 publisher's send to the consumer's receipt, as percentiles. Every stamp is CLOCK_MONOTONIC, which all processes of

@@ -15,7 +15,8 @@ import grpc
 from pigeon.core.pubsub_types import types
 
 from pigeon.broker import commands
-from pigeon.core import hops, limits, names, wire
+from pigeon.core import limits, names, wire
+from pigeon.node import hops
 from pigeon.api import errors
 from pigeon.api.errors import abort, translate
 from pigeon.core.errors import InvalidArgument, NotFound

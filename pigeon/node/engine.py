@@ -21,9 +21,9 @@ from pigeon.broker import commands
 from pigeon.broker import state as bs
 from pigeon.broker.state import BrokerState
 from pigeon.broker.subscription import SubscriptionState, SubscriptionStats
-from pigeon.core import hops, limits
+from pigeon.core import limits
 from pigeon.core.errors import AckIdFailure, InvalidArgument, NotFound, FailedPrecondition, PigeonError, Unavailable
-from pigeon.node import maintenance, push, recovery
+from pigeon.node import hops, maintenance, push, recovery
 from pigeon.node.admission import Admission, AdmissionStats
 from pigeon.node.iam_ops import IamOps
 from pigeon.node.push import PushManager
@@ -385,7 +385,7 @@ class Engine:
             end = self.commit(rec)
             if hops.ON:
                 hops.mark("committed")
-            self._hand_out_when_durable(t, rec, end)
+            self._show_when_durable(t, rec, end)
             await self.durable(end, t.log_id)
         self.publish_latency.observe(time.perf_counter() - t0)
         t.publish_requests += 1
@@ -393,21 +393,29 @@ class Engine:
         t.published_bytes += len(request)
         if ordering_key:
             self.hot_keys.published(t.name, ordering_key, count)
-        self._show(t, rec)
         return commands.message_ids(t, rec)
 
-    def _hand_out_when_durable(self, t, rec: R.Publish, end: int) -> None:
-        """A subscriber waiting on the topic gets the batch the moment it is durable: its messages are kept in
-        the reader's cache now (the delivery then neither reads nor parses the record back) and shown to the
-        subscriptions by the journal's own callback, before the publisher's answer — one turn of the loop ahead
-        of it, which is the part of end-to-end latency the server owns (the answer follows in the same turn).
-        In a cluster a batch is shown only once the ensemble holds it too: when `durable` returns."""
-        if not any(sig.waiting for uid in t.subscriptions if (sig := self.signals.get(uid)) is not None):
-            return
-        pos = t.shards[rec.shard].pos[-1]  # apply has just indexed the batch
-        self.reader.remember_published(pos, rec.request, rec.publish_ms, end - pos)
-        if self.replicas is None:
-            self.journal.on_durable(end, lambda exc: exc is None and self._show(t, rec))
+    def _show_when_durable(self, t, rec: R.Publish, end: int) -> None:
+        """Show the batch to the topic's subscriptions the moment it is durable (in a cluster: held by the
+        ensemble too) — driven by the durability callbacks, never by the publisher's coroutine, so a publisher
+        that goes away meanwhile (a deadline, a disconnect) does not hide it. The callbacks run before the
+        publisher's own wait resumes: a waiting subscriber's delivery goes one step ahead of the answer, the
+        part of end-to-end latency the server owns. A batch somebody waits for is kept in the reader's cache
+        now, so that delivery neither reads nor parses the record back; one nobody waits for costs no memory."""
+        if any(sig.waiting for uid in t.subscriptions if (sig := self.signals.get(uid)) is not None):
+            pos = t.shards[rec.shard].pos[-1]  # apply has just indexed the batch
+            self.reader.remember_published(pos, rec.request, rec.publish_ms, end - pos)
+        replicated = self._replicated.get(t.log_id) if self.replicas is not None else None
+
+        def on_journal(exc) -> None:
+            if exc is not None:
+                return
+            if replicated is None:
+                self._show(t, rec)
+            else:  # (a failed replication raises in the publisher's wait: the log's next owner shows the batch)
+                replicated.add_done_callback(lambda f: f.cancelled() or f.exception() is not None or self._show(t, rec))
+
+        self.journal.on_durable(end, on_journal)
 
     def _show(self, t, rec: R.Publish) -> None:
         """The batch is durable: its messages may be handed out; wake one waiter of each subscription."""

@@ -19,7 +19,8 @@ import threading
 import time
 from dataclasses import dataclass
 
-from pigeon.core import hops, limits
+from pigeon.core import limits
+from pigeon.node import hops
 from pigeon.core.histogram import Histogram, HistogramStats
 from pigeon.core.errors import ResourceExhausted, Unavailable
 from pigeon.node.disk import OsDisk

@@ -1,4 +1,4 @@
-"""Hop timestamps (pigeon.core.hops): off, nothing is kept; on (PIGEON_HOPS names a file), one publish to a topic a
+"""Hop timestamps (pigeon.node.hops): off, nothing is kept; on (PIGEON_HOPS names a file), one publish to a topic a
 stream waits on leaves the engine's and the journal's hops in the order its message takes them, written out when
 the process exits. Each case runs in a process of its own: the switch is read once, on import."""
 
@@ -11,7 +11,7 @@ import sys
 PROBE = """
 import asyncio, sys
 from google.pubsub_v1 import types
-from pigeon.core import hops
+from pigeon.node import hops
 from pigeon.node.engine import Engine
 from pigeon.ops.config import Config
 from pigeon.testing.clock import SimClock

@@ -284,3 +284,22 @@ class _Recorder(list):
     def extend(self, ids) -> None:
         self.events.append("delivered")
         super().extend(ids)
+
+
+def test_a_batch_whose_publisher_went_away_is_shown_once_durable(tmp_path):
+    """A publisher that cancels (a deadline, a disconnect) while its batch is on its way to disk does not hide the
+    batch: the journal's durable callback shows it, not the publisher's coroutine (before, it stayed invisible
+    until the next publish to its shard, or a restart)."""
+    async def go():
+        e = await _engine(tmp_path)
+        raw = _Req(topic=T, messages=[_Msg(data=b"orphan")]).SerializeToString()
+        publishing = asyncio.create_task(e.publish(T, raw, 1, ""))
+        await asyncio.sleep(0)  # committed; waiting for the journal
+        publishing.cancel()
+        await asyncio.gather(publishing, return_exceptions=True)
+        await e.durable()
+        got = await e.pull(S, 10, True, 5)
+        assert [m.message.data for m in _Resp.FromString(b"".join(got)).received_messages] == [b"orphan"]
+        await e.stop()
+
+    asyncio.run(go())
