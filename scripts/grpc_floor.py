@@ -5,8 +5,8 @@ against a real Pigeon — round trip from a sequential caller (one call, then a 
 
     python scripts/grpc_floor.py [--calls 3000] [--server-env GRPC_EXPERIMENTS=event_engine_listener]
 
-The caller and the echo servers run gRPC on its POSIX I/O, as every Pigeon process does (pigeon/__init__.py); give
-`--server-env GRPC_EXPERIMENTS=event_engine_listener,event_engine_client` to see gRPC's default EventEngine instead.
+The echo servers serve from gRPC's POSIX listener, as every Pigeon process does (pigeon/__init__.py); give
+`--server-env GRPC_EXPERIMENTS=event_engine_listener` to see gRPC's default EventEngine listener instead.
 
 Rows: the echo servers' GetTopic-shaped and Publish-shaped calls (grpc.aio, and grpc's thread-pool server),
 then Pigeon's GetTopic (no disk) and Publish of
@@ -30,8 +30,7 @@ from rich.table import Table
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-import pigeon  # noqa: E402,F401 — the caller's gRPC on the I/O Pigeon's processes use
-POSIX_IO = {"GRPC_EXPERIMENTS": "-event_engine_listener,-event_engine_client"}  # the echo servers' (no pigeon import)
+POSIX_IO = {"GRPC_EXPERIMENTS": "-event_engine_listener"}  # the echo servers' listener, as Pigeon's
 
 ECHO = """
 import grpc, sys, uvloop
