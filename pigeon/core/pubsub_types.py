@@ -6,8 +6,9 @@ client — api_core, requests, urllib3, its async and REST transports — about 
 ~0.8 s) spent on code a server never runs, and the first thing a restart waits for. So the package is
 registered without running its `__init__` (its submodules import as usual: `google.pubsub_v1.types`, and
 `google.pubsub_v1.services.…` for the REST front's routes). What the `__init__` would have added — the client
-classes re-exported at the top, such as `google.pubsub_v1.PublisherClient` — is not there in such a process;
-nothing of the server uses them, and the clients are made in other processes."""
+classes re-exported at the top, such as `google.pubsub_v1.PublisherClient` — is added the first time something
+asks for a name the package lacks (a process that loaded Pigeon's modules and then makes a client: a test, a
+tool): the `__init__` runs then, once. A server never asks."""
 
 from __future__ import annotations
 
@@ -18,7 +19,17 @@ _PACKAGE = "google.pubsub_v1"
 
 if _PACKAGE not in sys.modules:
     _spec = importlib.util.find_spec(_PACKAGE)
-    sys.modules[_PACKAGE] = importlib.util.module_from_spec(_spec)  # its __path__, without running __init__
+    _package = sys.modules[_PACKAGE] = importlib.util.module_from_spec(_spec)  # its __path__, not its __init__
+
+    def _rest_of_the_package(name: str):
+        """A name the `__init__` would have made (PEP 562: asked only when the module lacks it)."""
+        if name.startswith("__") or importlib.util.find_spec(f"{_PACKAGE}.{name}") is not None:
+            raise AttributeError(name)  # (a submodule: the import system asks before importing it)
+        del _package.__getattr__
+        _spec.loader.exec_module(_package)
+        return getattr(_package, name)
+
+    _package.__getattr__ = _rest_of_the_package
 
 from google.pubsub_v1 import types  # noqa: E402
 
