@@ -59,8 +59,16 @@ class OsDisk:
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o644))
         self.sync_dir(os.path.dirname(path))
 
-    def open_append(self, path: str) -> int:
-        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    def open_write(self, path: str, at: int) -> int:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+        os.lseek(fd, at, os.SEEK_SET)
+        return fd
+
+    def reserve(self, handle: int, size: int) -> None:
+        """posix_fallocate (a filesystem without fallocate has it emulated by glibc, writing zeros)."""
+        length = size - os.fstat(handle).st_size
+        if length > 0:
+            os.posix_fallocate(handle, size - length, length)
 
     def writev(self, handle: int, chunks: list[bytes]) -> None:
         """writev gathers the chunks in the kernel, so no joined copy is made while holding the GIL (which the

@@ -94,12 +94,13 @@ class JournalWriter:
     # --- lifecycle -------------------------------------------------------------------------------
     def open(self, tail: int, logs: dict[int, LogState]) -> None:
         """Start appending at `tail` (recovery cut the files there), with the logs' states recovery found."""
-        start = self.journal.open(tail, logs)
+        self.journal.open(tail, logs)
+        cursor = self.journal.cursor(sync=self.policy is not FsyncPolicy.never)
         self.opened_at = tail  # the end of what the journal held when it opened (all of it durable)
         self._read_ahead = ReadAhead(self.journal.starts, lambda: self.journal.durable, self.journal.path)
         self._loop = asyncio.get_running_loop()
         # the writer's starting point is fixed here: appends may run before the thread gets going
-        self._thread = threading.Thread(target=self._writer, args=(start, tail), name="pigeon-journal-writer",
+        self._thread = threading.Thread(target=self._writer, args=(cursor, tail), name="pigeon-journal-writer",
                                         daemon=True)
         self._thread.start()
 
@@ -225,10 +226,9 @@ class JournalWriter:
         self.journal.failed(exc)
 
     # --- the writer thread -----------------------------------------------------------------------
-    def _writer(self, cur_start: int, written: int) -> None:
+    def _writer(self, cursor: WriteCursor, written: int) -> None:
         disk, journal = self.disk, self.journal
         always, batch_policy = self.policy is FsyncPolicy.always, self.policy is FsyncPolicy.batch
-        cursor = WriteCursor(cur_start, disk.open_append(journal.path(cur_start)), self.policy is not FsyncPolicy.never)
         synced, last_sync = written, time.monotonic()  # synced: what fdatasync covers
         posted = written  # what the loop was told is written (always: durable); never cut back below it
         kept: list = []  # batches written since `posted`: written again if the disk fills up before their sync
@@ -297,8 +297,8 @@ class JournalWriter:
                     with self._cv:
                         if not self._closing:
                             self._cv.wait(limits.disk_full_retry_s)
-            if written > synced and cursor.sync:
-                disk.sync(cursor.handle)
+            journal.leave(cursor)  # synced, cut back to its records, closed
+            cursor = None
         except BaseException as exc:  # an I/O error: fail every waiter, refuse new appends
             log.error("journal writer failed: %s", exc)
             try:
@@ -306,10 +306,11 @@ class JournalWriter:
             except RuntimeError:
                 pass
         finally:
-            try:
-                disk.close(cursor.handle)
-            except OSError:
-                pass
+            if cursor is not None:
+                try:
+                    disk.close(cursor.handle)
+                except OSError:
+                    pass
 
     # --- a full disk (loop thread) ---------------------------------------------------------------
     def _written(self, end: int) -> None:

@@ -2,7 +2,7 @@
 it — the journal, recovery and checkpoints call these methods, pigeon.node passes the real files (node.disk.OsDisk)
 and the simulator a disk in memory that loses what was not synced and flips bits (testing.simdisk.SimDisk).
 
-Paths are '/'-joined strings. Every method may raise OSError (ENOSPC, EIO); a handle is what `open_append` gave."""
+Paths are '/'-joined strings. Every method may raise OSError (ENOSPC, EIO); a handle is what `open_write` gave."""
 
 from __future__ import annotations
 
@@ -31,10 +31,19 @@ class Disk(Protocol):
         """An empty file whose name is durable (the directory is synced)."""
         ...
 
-    def open_append(self, path: str): ...
+    def open_write(self, path: str, at: int):
+        """A handle writing `path` (made if missing) from byte `at` on."""
+        ...
 
     def writev(self, handle, chunks: list[bytes]) -> None:
-        """Append every byte of `chunks`, in order (the OS may take them in one call or several)."""
+        """Write every byte of `chunks` where the handle is, in order, and move it past them (the OS may take them
+        in one call or several)."""
+        ...
+
+    def reserve(self, handle, size: int) -> None:
+        """Make the file at least `size` bytes long, allocated, the new bytes zeros: writing them later neither
+        grows the file nor allocates, so the fdatasync after such a write has no new length or blocks to record.
+        Optional to succeed: raises OSError (ENOSPC, EOPNOTSUPP) and a caller goes on writing without it."""
         ...
 
     def sync(self, handle) -> None:

@@ -6,7 +6,11 @@
 - acknowledged ⇒ covered by fdatasync: the durable position moves only in `synced`, which the writer calls
   after a sync that covers it; one sync serves every log and every waiter;
 - segments are files named by the journal position of their first byte, so a position maps to a file by
-  bisection and a segment's end is the next one's start; segments are deleted whole, never the active one.
+  bisection and a segment's end is the next one's start; segments are deleted whole, never the active one;
+- the active segment is reserved ahead of its writes (RESERVE_BYTES of allocated zeros, Disk.reserve): a group
+  commit's fdatasync then records data only, not a new file length too (on ext4 here 85–100 µs instead of
+  125–145). A segment is cut back to its records when the writer leaves it (rotation, a clean close) and by
+  recovery, which reads zeros to a file's end as the end of its records, not as a broken one.
 
 A truncation of a log (`truncate`) is a marker entry too: the entries it drops stay in the files until their
 segment is deleted, and every reader (`entries`, recovery) skips them.
@@ -17,6 +21,7 @@ them with `append` (the event loop's) under its own lock. All I/O goes through a
 from __future__ import annotations
 
 import bisect
+import errno
 import struct
 from collections import deque
 from dataclasses import dataclass, field
@@ -28,6 +33,7 @@ SUFFIX = ".wal"
 FENCE, TRUNCATE = 30, 31  # marker entries: journal-level, never a broker record
 MARKERS = (FENCE, TRUNCATE)
 GATHER_BYTES_MIN = 64 * 1024  # an entry this big is written from its parts, not copied into one record first
+RESERVE_BYTES = 4 * 1024 * 1024  # the active segment is allocated this far ahead of its writes
 _MARK = struct.Struct("<Q")
 
 
@@ -111,6 +117,12 @@ class Journal:
         for st in logs.values():
             st.durable_next = st.next
         return self.starts[-1]
+
+    def cursor(self, sync: bool) -> "WriteCursor":
+        """The writer's cursor at the tail of the active segment (right after `open`)."""
+        start = self.starts[-1]
+        at = self.tail - start
+        return WriteCursor(start, self.disk.open_write(self.path(start), at), sync, at, at)
 
     def log(self, log_id: int) -> LogState:
         st = self.logs.get(log_id)
@@ -198,26 +210,47 @@ class Journal:
 
     def write(self, cursor: "WriteCursor", batch: list[tuple[int, bytes]]) -> None:
         """Write a batch in order (writev, no joined copy), opening each new segment as the batch reaches it:
-        the one before is synced and closed first, the new name made durable."""
+        the one before is synced, cut back to its records and closed first, the new name made durable."""
         chunks: list[bytes] = []
+        size = 0
         disk = self.disk
         for seg, data in batch:
             if seg != cursor.start:
-                if chunks:
-                    disk.writev(cursor.handle, chunks)
-                    chunks = []
-                if cursor.sync:
-                    disk.sync(cursor.handle)
-                disk.close(cursor.handle)
-                cursor.start = seg
-                cursor.handle = disk.open_append(self.path(seg))
+                self._put(cursor, chunks, size)
+                chunks, size = [], 0
+                self.leave(cursor)
+                cursor.start, cursor.at, cursor.reserved = seg, 0, 0
+                cursor.handle = disk.open_write(self.path(seg), 0)
                 disk.sync_dir(self.dir)
             if type(data) is tuple:  # a record in buffers (entry_buffers)
                 chunks.extend(data)
+                size += sum(map(len, data))
             else:
                 chunks.append(data)
-        if chunks:
-            disk.writev(cursor.handle, chunks)
+                size += len(data)
+        self._put(cursor, chunks, size)
+
+    def _put(self, cursor: "WriteCursor", chunks: list, size: int) -> None:
+        if not chunks:
+            return
+        end = cursor.at + size
+        if end > cursor.reserved and cursor.reserving:
+            want = max(end, min(cursor.at + RESERVE_BYTES, self.segment_bytes))
+            try:
+                self.disk.reserve(cursor.handle, want)
+            except OSError as e:  # no room for it (the write may still fit) or no such call: write without
+                cursor.reserving = e.errno == errno.ENOSPC
+            cursor.reserved = want  # (a failed reserve may have grown the file part of the way)
+        self.disk.writev(cursor.handle, chunks)
+        cursor.at = end
+
+    def leave(self, cursor: "WriteCursor") -> None:
+        """Done with the cursor's segment: synced (unless fsync=never), cut back to its records, closed."""
+        if cursor.sync:
+            self.disk.sync(cursor.handle)
+        if cursor.reserved > cursor.at:
+            self.disk.truncate(self.path(cursor.start), cursor.at)
+        self.disk.close(cursor.handle)
 
     def rewind(self, cursor: "WriteCursor", to: int) -> "WriteCursor":
         """After a write or sync failed (a full disk): cut the files back to journal position `to` — what was
@@ -231,8 +264,9 @@ class Journal:
         for start in self.starts[i + 1:]:
             if self.disk.exists(self.path(start)):
                 self.disk.remove(self.path(start))
-        self.disk.truncate(self.path(self.starts[i]), to - self.starts[i])
-        return WriteCursor(self.starts[i], self.disk.open_append(self.path(self.starts[i])), cursor.sync)
+        at = to - self.starts[i]
+        self.disk.truncate(self.path(self.starts[i]), at)
+        return WriteCursor(self.starts[i], self.disk.open_write(self.path(self.starts[i]), at), cursor.sync, at, at)
 
     def requeue(self, batches: list[list[tuple[int, bytes]]]) -> None:
         """Put entries taken for writing back in front of the pending ones, in order (to write them again)."""
@@ -361,6 +395,9 @@ class WriteCursor:
     start: int
     handle: object
     sync: bool  # sync a segment before moving to the next one (not under fsync=never)
+    at: int = 0  # bytes of the segment written
+    reserved: int = 0  # the file's length as reserved (at least `at`)
+    reserving: bool = True  # false once the disk said it cannot reserve (any error but ENOSPC)
 
 
 @dataclass(frozen=True, slots=True)

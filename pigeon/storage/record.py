@@ -67,19 +67,36 @@ def decode_at(buf: bytes | memoryview, pos: int, record_bytes_max: int) -> tuple
     return body[0], body[1:], stop
 
 
+def unwritten(buf: bytes, pos: int) -> bool:
+    """Whether only zeros follow `pos`: space reserved for records not written yet (no record is all zeros: its
+    length is at least 1), where the valid records end cleanly — not a broken record."""
+    return buf.count(0, pos) == len(buf) - pos
+
+
 def scan(buf: bytes | memoryview, record_bytes_max: int):
-    """Yield (pos, type, payload) for every valid record; stops at the first broken one.
-    After iteration, the generator's return value (StopIteration.value) is (valid_end, reason|None)."""
+    """Yield (pos, type, payload) for every valid record; stops at the first broken one, or where only zeros
+    follow (`unwritten`). After iteration, the generator's return value (StopIteration.value) is (valid_end,
+    reason|None)."""
     pos = 0
     end = len(buf)
     while pos < end:
         try:
             rtype, payload, nxt = decode_at(buf, pos, record_bytes_max)
         except Broken as e:
-            return pos, e.reason
+            return pos, None if unwritten(bytes(buf), pos) else e.reason
         yield pos, rtype, payload
         pos = nxt
     return pos, None
+
+
+def valid_end(buf: bytes, record_bytes_max: int) -> int:
+    """Where the valid records at the start of `buf` end (`scan`'s end)."""
+    it = scan(buf, record_bytes_max)
+    while True:
+        try:
+            next(it)
+        except StopIteration as stop:
+            return stop.value[0]
 
 
 # --- journal entries: a record whose payload starts with (log, epoch, offset) -------------------------

@@ -15,6 +15,7 @@ Decision table, per step:
 | journal does not reach back to the checkpoint   | report the gap, start at checkpoint | report               |
 | broken record (bad length/CRC, short)           | truncate there, drop later segments | report               |
 | gap between one segment's end and the next      | same as a broken record             | report               |
+| only zeros after a segment's last record        | cut the zeros off (reserved space)  | nothing to report    |
 | record that decodes but cannot be applied, an   | stop start-up (Unappliable), delete | report; `--repair`   |
 |   entry at an offset its log is not at, or from | nothing                             | truncates there      |
 |   an epoch its log was fenced against           |                                     |                      |
@@ -127,6 +128,9 @@ def recover(disk: Disk, data_dir: str, new_target: Callable[[], Target], *, repa
         rep.broken.append((e.path, e.at, e.dropped[0][1], f"unappliable {e.type_name} record: {e.reason}"))
         _truncate_at(disk, wal_dir, segments, e.path, e.at, rep, repair=True)
         return recover(disk, data_dir, new_target, repair=repair, type_name=type_name, forgotten=forgotten)
+    if repair:  # reserved space goes: a segment's length is its records' end again (journal.open relies on it)
+        for seg, end in scan.ends.items():
+            disk.truncate(join(wal_dir, segment_name(seg)), end)
     rep.tail = scan.tail
     return Recovered(target, rep, scan.tail, scan.logs, ck.list_files(disk, ck_dir))
 
@@ -156,6 +160,7 @@ class _Scan:
     logs: dict[int, LogState]
     tail: int
     cut: tuple[int, str, int, str] | None = None  # (segment index, file, byte, reason): the valid journal ends here
+    ends: dict[int, int] = field(default_factory=dict)  # segment → where its records end, for one with zeros after
     unappliable: Unappliable | None = None
     kept: dict[str, bytes] = field(default_factory=dict)  # segments read by pass one, for pass two (up to a bound)
     kept_bytes: int = 0
@@ -164,14 +169,27 @@ class _Scan:
 def _scan(disk, wal_dir, segments, start, logs, type_name, forgotten=frozenset()) -> _Scan:
     """Pass one: framing and CRC of every record from `start`, each log's offsets, epochs, fences, truncations."""
     out = _Scan(logs, start)
+    found = _scan_segments(disk, wal_dir, segments, start, out, forgotten)
+    if found is not None:  # what a repair would drop: from the record to its segment's records' end, later ones
+        i, pos, rtype, why = found
+        paths = [join(wal_dir, segment_name(s)) for s in segments[i:]]
+        sizes = [out.ends[s] if s in out.ends else disk.size(p) for s, p in zip(segments[i:], paths)]
+        sizes[0] -= pos
+        out.unappliable = Unappliable(paths[0], pos, rtype, why, list(zip(paths, sizes)), type_name(rtype))
+    return out
+
+
+def _scan_segments(disk, wal_dir, segments, start, out: _Scan, forgotten) -> tuple[int, int, int, str] | None:
+    """`_scan`'s reading; the first record that cannot be applied: (segment index, byte, type, why), or None."""
     first = max(0, sum(1 for s in segments if s <= start) - 1)
     expected = None
+    found = None
     for i in range(first, len(segments)):
         seg = segments[i]
         path = join(wal_dir, segment_name(seg))
         if expected is not None and seg != expected:
             out.cut = (i, path, 0, f"segment starts at {seg}, expected {expected}")
-            return out
+            return found
         buf = disk.read_file(path)
         if out.kept_bytes + len(buf) <= limits.recovery_kept_bytes_max:  # pass two need not read it again
             out.kept[path] = buf
@@ -180,25 +198,24 @@ def _scan(disk, wal_dir, segments, start, logs, type_name, forgotten=frozenset()
         if pos > len(buf):
             out.cut = (i, path, len(buf), f"segment ends at {seg + len(buf)} before the checkpoint position {start}")
             out.tail = start
-            return out
+            return found
         while pos < len(buf):
             try:
                 rtype, payload, nxt = record.decode_at(buf, pos, limits.record_bytes_max)
             except record.Broken as e:
+                if record.unwritten(buf, pos):  # the space reserved ahead of the writer: its records end here
+                    out.ends[seg] = pos
+                    break
                 out.cut = (i, path, pos, e.reason)
                 out.tail = seg + pos
-                return out
-            if out.unappliable is None:
-                why = _follow(logs, rtype, payload, seg + pos, forgotten)
+                return found
+            if found is None:
+                why = _follow(out.logs, rtype, payload, seg + pos, forgotten)
                 if why is not None:
-                    later = [(join(wal_dir, segment_name(s)), disk.size(join(wal_dir, segment_name(s))))
-                             for s in segments[i + 1:]]
-                    out.unappliable = Unappliable(path, pos, rtype, why, [(path, len(buf) - pos)] + later,
-                                                  type_name(rtype))
+                    found = (i, pos, rtype, why)
             pos = nxt
-        out.tail = seg + len(buf)
-        expected = seg + len(buf)
-    return out
+        out.tail = expected = seg + out.ends.get(seg, len(buf))
+    return found
 
 
 def _follow(logs: dict[int, LogState], rtype: int, payload, at: int, forgotten=frozenset()) -> str | None:
@@ -243,7 +260,7 @@ def _apply(disk, wal_dir, segments, start, scan: _Scan, target, rep: Report, typ
             break
         path = join(wal_dir, segment_name(seg))
         buf = scan.kept.pop(path, None) or disk.read_file(path)  # (a cut only ever shortened it past scan.tail)
-        end = min(len(buf), scan.tail - seg)
+        end = min(scan.ends.get(seg, len(buf)), scan.tail - seg)
         pos = max(0, start - seg)
         while pos < end:
             rtype, payload, nxt = record.decode_at(buf, pos, limits.record_bytes_max)
@@ -267,7 +284,8 @@ def _cut(disk, wal_dir, segments, scan: _Scan, rep: Report, repair: bool) -> Non
     """Truncate the journal where pass one found the first broken record; drop every later segment."""
     i, path, at, reason = scan.cut
     size = disk.size(path)
-    rep.broken.append((path, at, size - at, reason))
+    written = len(disk.read_file(path).rstrip(b"\0")) if size > at else at  # (not the zeros reserved after it)
+    rep.broken.append((path, at, max(0, written - at), reason))
     if repair and at < size:
         disk.truncate(path, at)
     _drop_after(disk, wal_dir, segments[i + 1:], rep, repair)

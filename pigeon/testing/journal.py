@@ -8,7 +8,7 @@ from __future__ import annotations
 import errno
 
 from pigeon.storage import recovery
-from pigeon.storage.journal import Journal, WriteCursor
+from pigeon.storage.journal import Journal
 from pigeon.storage.log import JournalLog
 
 
@@ -32,8 +32,8 @@ class SyncJournal:
         self.new_target, self.type_name = new_target, type_name
         self.recovered = recovery.recover(disk, data_dir, new_target, repair=True, type_name=type_name)
         self.journal = Journal(disk, data_dir + "/wal", segment_bytes)
-        start = self.journal.open(self.recovered.tail, self.recovered.logs)
-        self.cursor = WriteCursor(start, disk.open_append(self.journal.path(start)), True)
+        self.journal.open(self.recovered.tail, self.recovered.logs)
+        self.cursor = self.journal.cursor(sync=True)
         self.kept: list = []  # batches written since the last sync: written again if the disk fills up first
 
     def fence(self, log_id: int, epoch: int) -> int:

@@ -1,8 +1,9 @@
 """A disk in memory for the simulator and the storage tests (storage.disk.Disk). It keeps what a real disk would
-after a power cut — `crash()` drops every byte written since the file's last sync, and the name of a file made
-since its directory's last sync — and injects faults on demand: a torn last write (part of the unsynced tail
-survives), a flipped bit, a failing operation (ENOSPC, EIO). Deterministic: every choice comes from the `rng`
-the caller passes."""
+after a power cut — `crash()` undoes every byte written since the file's last sync (bytes written over space the
+file already had, reserved zeros among them, go back to what they were; the file shrinks back to its synced
+length), and drops the name of a file made since its directory's last sync — and injects faults on demand: a torn
+last write (part of what was written since the sync survives), a flipped bit, a failing operation (ENOSPC, EIO).
+Deterministic: every choice comes from the `rng` the caller passes."""
 
 from __future__ import annotations
 
@@ -15,8 +16,11 @@ from dataclasses import dataclass, field
 @dataclass
 class _File:
     data: bytearray = field(default_factory=bytearray)
-    synced: int = 0  # bytes of `data` that survive a crash
+    synced: int = 0  # the length that survives a crash
     named: bool = False  # the directory entry survives a crash
+    undo: list = field(default_factory=list)  # (offset, bytes before): writes below `synced` since the last sync
+    dirty: int | None = None  # the lowest offset written since the last sync
+    dirty_end: int = 0  # … and the end of the highest write since
 
 
 class SimDisk:
@@ -38,11 +42,15 @@ class SimDisk:
             if not f.named:
                 del self.files[path]
                 continue
-            keep = f.synced
-            if torn and rng is not None and len(f.data) > f.synced:
-                keep = rng.randint(f.synced, len(f.data))
-            del f.data[keep:]
-            f.synced = len(f.data)
+            keep = f.synced if f.dirty is None else min(f.dirty, f.synced)  # written whole from here on: lost
+            if torn and rng is not None and f.dirty is not None and f.dirty_end > keep:
+                keep = rng.randint(keep, f.dirty_end)  # … but for a part of it
+            for offset, before in reversed(f.undo):
+                if offset + len(before) > keep:
+                    start = max(offset, keep)
+                    f.data[start:offset + len(before)] = before[start - offset:]
+            del f.data[max(keep, f.synced):]
+            f.synced, f.undo, f.dirty, f.dirty_end = len(f.data), [], None, 0
         self._handles.clear()
 
     def flip_bit(self, path: str, offset: int, bit: int) -> None:
@@ -89,40 +97,64 @@ class SimDisk:
         self._check("create")
         self.files.setdefault(path, _File()).named = True
 
-    def open_append(self, path: str) -> int:
+    def open_write(self, path: str, at: int) -> list:
         self._check("open")
         self.files.setdefault(path, _File())
         h = self._next
         self._next += 1
         self._handles[h] = path
-        return h
+        return [h, at]  # (a handle is its number and where the next write goes)
 
-    def writev(self, handle: int, chunks: list[bytes]) -> None:
+    def writev(self, handle: list, chunks: list[bytes]) -> None:
         """As a real disk: when the space runs out, what fits is written, then ENOSPC."""
         data = b"".join(chunks)
         self._check("write")
-        f = self.files[self._handles[handle]]
+        f = self.files[self._handles[handle[0]]]
+        at = handle[1]
         if self.space is not None:
-            room = max(0, self.space - sum(len(x.data) for x in self.files.values()))
+            room = max(0, self.space - sum(len(x.data) for x in self.files.values())) + max(0, len(f.data) - at)
             if len(data) > room:
-                f.data += data[:room]
+                self._write(f, at, data[:room])
+                handle[1] += room
                 raise OSError(errno.ENOSPC, "No space left on device (simulated)")
-        f.data += data
+        self._write(f, at, data)
+        handle[1] += len(data)
 
-    def sync(self, handle: int) -> None:
+    @staticmethod
+    def _write(f: _File, at: int, data: bytes) -> None:
+        if not data:
+            return
+        if at < f.synced:
+            f.undo.append((at, bytes(f.data[at:min(at + len(data), f.synced)])))
+        if at > len(f.data):
+            f.data += bytes(at - len(f.data))
+        f.data[at:at + len(data)] = data
+        f.dirty = at if f.dirty is None else min(f.dirty, at)
+        f.dirty_end = max(f.dirty_end, at + len(data))
+
+    def reserve(self, handle: list, size: int) -> None:
+        """Zeros up to `size` bytes (space a later write fills without growing the file); as the real disk's, they
+        take space now and survive a crash once synced."""
+        self._check("reserve", max(0, size - len(self.files[self._handles[handle[0]]].data)))
+        f = self.files[self._handles[handle[0]]]
+        if size > len(f.data):
+            f.data += bytes(size - len(f.data))
+
+    def sync(self, handle: list) -> None:
         self._check("sync")
-        f = self.files[self._handles[handle]]
-        f.synced = len(f.data)
+        f = self.files[self._handles[handle[0]]]
+        f.synced, f.undo, f.dirty, f.dirty_end = len(f.data), [], None, 0
         self.syncs += 1
 
-    def close(self, handle: int) -> None:
-        self._handles.pop(handle, None)
+    def close(self, handle: list) -> None:
+        self._handles.pop(handle[0], None)
 
     def truncate(self, path: str, size: int) -> None:
         self._check("truncate")
         f = self._file(path)
         del f.data[size:]
-        f.synced = len(f.data)  # a truncation is durable (the real disk fsyncs it)
+        # a truncation is durable (the real disk fsyncs the file)
+        f.synced, f.undo, f.dirty, f.dirty_end = len(f.data), [], None, 0
 
     def remove(self, path: str) -> None:
         self._check("remove")

@@ -229,6 +229,12 @@ def append(path: str, data: bytes) -> None:
         f.write(data)
 
 
+def write_at(path: str, offset: int, data: bytes) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        f.write(data)
+
+
 def read_log(srv) -> str:
     with open(srv.log_path, errors="replace") as f:
         return f.read()

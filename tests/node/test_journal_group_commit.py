@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 
+from pigeon.core import limits
 from pigeon.node import journal as wal_mod
 from pigeon.node.journal import JournalWriter
 from pigeon.storage import record
@@ -41,8 +42,9 @@ async def _open(tmp_path, policy: str) -> Wal:
 
 
 def _on_disk(tmp_path) -> int:
+    """Bytes of whole records in the journal's files (not the zeros reserved after them)."""
     d = tmp_path / "wal"
-    return sum(os.path.getsize(d / f) for f in os.listdir(d))
+    return sum(record.valid_end((d / f).read_bytes(), limits.record_bytes_max) for f in os.listdir(d))
 
 
 def test_records_nobody_waits_for_join_the_next_group_commit(tmp_path, monkeypatch):

@@ -10,10 +10,12 @@ import os
 
 import pytest
 
+from pigeon.core import limits
 from pigeon.core.errors import FailedPrecondition, PigeonError
 from pigeon.node.disk import OsDisk
 from pigeon.node.journal import FsyncPolicy, JournalWriter
 from pigeon.node.ledger_store import FENCE_EPOCH, LedgerStore
+from pigeon.storage import record
 from pigeon.storage import recovery as storage_recovery
 
 
@@ -162,7 +164,7 @@ def _commit(node: JournalWriter, log: int, rtype: int, body: bytes) -> tuple[int
 
 def _ledger_bytes(tmp_path) -> int:
     wal = tmp_path / "ledgers" / "wal"
-    return sum(os.path.getsize(wal / f) for f in os.listdir(wal))
+    return sum(record.valid_end((wal / f).read_bytes(), limits.record_bytes_max) for f in os.listdir(wal))
 
 
 def test_deletes_at_once_are_all_durable(tmp_path):

@@ -126,10 +126,23 @@ def test_appended_garbage_is_not_a_record(recs, garbage):
         assume(False)
     except Broken:
         pass
+    assume(garbage.strip(b"\0"))  # (only zeros: space reserved for records, below)
     out, (end, reason) = _scan_all(buf + garbage)
     _expect_prefix(out, recs, spans, len(recs))
     assert end == len(buf)
     assert reason is not None
+
+
+@SETTINGS
+@given(records, st.integers(min_value=1, max_value=1 << 16))
+def test_zeros_after_the_records_end_them_cleanly(recs, zeros):
+    """A journal segment is reserved ahead of its writes: zeros after the last record are not a broken one."""
+    buf, spans = _layout(recs)
+    out, (end, reason) = _scan_all(buf + bytes(zeros))
+    _expect_prefix(out, recs, spans, len(recs))
+    assert (end, reason) == (len(buf), None)
+    out, (end, reason) = _scan_all(buf + bytes(zeros) + b"\x01")
+    assert end == len(buf) and reason is not None, "a byte after the zeros: a broken record"
 
 
 @SETTINGS
