@@ -102,6 +102,7 @@ def _steps(hops: dict[str, list[int]], published: list[tuple[int, int]], receive
 
     steps: dict[str, list[float]] = {}
     starts = hops.get("publish", [])
+    arrived = hops.get("arrived", [])  # the loop has the call (pigeon.api.takers)
     for k, (sent, answered) in enumerate(published[:len(starts)]):
         if k < SKIP or sent not in received:
             continue
@@ -117,9 +118,16 @@ def _steps(hops: dict[str, list[int]], published: list[tuple[int, int]], receive
         path = ("sent",) + PUBLISH_HOPS + DELIVERY_HOPS[1:] + ("received",)
         for a, b in list(zip(path, path[1:])) + [("posted", "answered"), ("answered", "acknowledged")]:
             steps.setdefault(f"{a} → {b}", []).append((t[b] - t[a]) / 1e3)
+        i = bisect.bisect_right(arrived, t["publish"]) - 1
+        if i >= 0 and arrived[i] >= sent:  # (a call grpc.aio's own ask took has no `arrived`)
+            steps.setdefault("  of which sent → arrived", []).append((arrived[i] - sent) / 1e3)
+            steps.setdefault("  of which arrived → publish", []).append((t["publish"] - arrived[i]) / 1e3)
         steps.setdefault("end to end: sent → received", []).append((t["received"] - sent) / 1e3)
         steps.setdefault("publish answered: sent → acknowledged", []).append((answered - sent) / 1e3)
-    return steps
+    split = {k: steps.pop(k) for k in [k for k in steps if k.startswith("  of which")]}
+    order = list(steps)
+    at = order.index("sent → publish") + 1 if "sent → publish" in order else 0
+    return {k: split.get(k, steps.get(k)) for k in order[:at] + list(split) + order[at:]}
 
 
 def main() -> None:

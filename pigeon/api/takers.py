@@ -20,6 +20,7 @@ import logging
 import grpc
 
 from pigeon.core import limits
+from pigeon.node import hops
 
 log = logging.getLogger("pigeon.server")
 
@@ -102,6 +103,8 @@ class Takers:
             except Exception:  # noqa: BLE001 — the server is shutting down: gRPC fails the asks outstanding
                 return
             self.taken += 1
+            if hops.ON:
+                hops.mark("arrived")
             call = loop.create_task(cygrpc._schedule_rpc_coro(
                 cygrpc._handle_rpc(name, resolver, (), state, loop, False), state, loop, name), name="rpc_task")
             self._calls.add(call)

@@ -4,7 +4,9 @@ environment names a file in PIGEON_HOPS; then each hop of a publish and of its d
 with them — and the list is written to that file when the process exits. `python scripts/latency_hops.py` starts
 a server so, drives it at a fixed rate and prints how long each step between two hops takes (docs/latency.md).
 
-The hops, in a message's order: `publish` (the Publish handler starts), `committed` (appended and applied),
+The hops, in a message's order: `arrived` (the event loop has a hot call from gRPC, when pigeon.api.takers took
+it — grpc.aio's own asks take some calls unmarked), `publish` (the Publish handler starts), `committed` (appended
+and applied),
 `asked` (the journal's writer woken), `taken` (the writer took the entries), `syncing` / `synced` (fdatasync
 called / returned), `posted` (the event loop hears it), `woken` (a waiting stream wakes), `sending` (the stream
 hands the response to gRPC), `answered` (the publisher's answer is handed to gRPC)."""
