@@ -8,7 +8,7 @@ from __future__ import annotations
 import random
 
 from pigeon.storage import record
-from pigeon.storage.journal import segment_name
+from pigeon.storage.journal import RESERVED_WRITE_MAX, segment_name
 from pigeon.testing.journal import SyncJournal
 from pigeon.testing.simdisk import SimDisk
 
@@ -155,3 +155,15 @@ def test_every_scanner_reads_zeros_as_the_end():
     except StopIteration as stop:
         assert stop.value == (len(enc), None)
     assert got == [b"payload"]
+
+
+def test_a_big_write_appends_without_a_reserve():
+    """Converting reserved blocks costs the kernel CPU per group commit: big writes, where the fdatasync's length
+    update is a small share, append as before."""
+    disk, sj = _one_committed(b"b" * (RESERVED_WRITE_MAX + 1))
+    (data,) = _wal(disk).values()
+    assert len(data) == sj.journal.tail, "nothing reserved"
+    sj.append(3, 1, 1, [b"small"])
+    assert sj.commit()
+    (data,) = _wal(disk).values()
+    assert len(data) > sj.journal.tail, "a small write after it is reserved for"
