@@ -70,3 +70,25 @@ def three_nodes(etcd, tmp_path):
     yield started
     for n in started.values():
         n.kill()
+
+
+def pytest_collection_finish(session):
+    """Start the Spark tests' JVM before any test runs, when Spark tests are to run. PySpark launches it with a
+    fork() of this process (a Popen with a preexec_fn); later in a full run that process holds the threads of
+    every gRPC client the e2e tests made, and gRPC then skips its fork handlers ("Other threads are currently
+    calling into gRPC") — one full run's launch died before the JVM said its port (JAVA_GATEWAY_EXITED, every
+    Spark test in error). Launched now, with no gRPC thread yet, the session's SparkSession reuses it. A launch
+    that fails here is left to the Spark fixture, which tries again and reports it."""
+    if not any("spark" in item.path.parts for item in session.items):
+        return
+    try:
+        from pyspark import SparkContext
+
+        from spark_helpers import spark_env  # (tests/spark is on the path: its conftest was collected)
+    except ImportError:
+        return
+    spark_env()
+    try:
+        SparkContext._ensure_initialized()  # (pyspark 4.3.0, pinned: starts the gateway JVM, no context yet)
+    except Exception:  # noqa: BLE001 — reported by the fixture's own launch
+        pass
