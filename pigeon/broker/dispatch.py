@@ -382,12 +382,16 @@ class Dispatch:
                 if lo >= hi:
                     ks.pending.popleft()
         dead = len(picks.dead)
+        indexes = self.topic.shards if self.topic is not None else None
         for num in todo:
             ss = self.shards[num & SHARD_MASK]
             if num in self.parked:
                 continue
             if ss.is_acked(num >> _BITS):
-                if num >> _BITS in ss.acked:  # redelivered with its batch though acked (still retained): no lease
+                # resent with its batch though acked (no lease) while the log holds it — also once the ack floor
+                # has passed it: a resend cut short by flow control leaves the key's last messages waiting here,
+                # and the first delivery's acks of them may come in meanwhile
+                if indexes is not None and num >> _BITS >= indexes[num & SHARD_MASK].first():
                     picks.out.append((num, versions.get(num, 1)))
                     picks.keys.append(key)
                     picks.fresh = False

@@ -7,6 +7,8 @@ from collections import defaultdict
 import pytest
 from google.cloud import pubsub_v1
 
+from pigeon.testing.ordering import key_runs
+
 pytestmark = pytest.mark.e2e
 
 
@@ -51,16 +53,11 @@ def test_ordered_delivery_per_key_survives_nacks(clients):
     for k in keys:
         got = seen[k]
         # publish order, and a redelivery restarts at a refused message and repeats every later one in order
-        runs = [[got[0]]]
-        for n in got[1:]:
-            if n == runs[-1][-1] + 1:
-                runs[-1].append(n)
-            else:
-                runs.append([n])
+        runs = key_runs(got) or [[]]
         # a run ends at 29 or where the delivery the nack caught ended (the first batch of a key may not hold
         # all 30 when the publisher's batches came apart): a later run goes back, never skips ahead
         said = f"{k}: runs {runs} (every key: {dict(seen)}; all ended at 29 in time: {done.is_set()})"  # whole
-        assert runs[0][0] == 0 and runs[-1][-1] == 29, said
+        assert runs[0][:1] == [0] and runs[-1][-1:] == [29], said
         assert all(r[0] % 7 == 3 and r[0] <= prev[-1] for prev, r in zip(runs, runs[1:])), said
 
 
