@@ -2,13 +2,14 @@
 stream, and a client model with Pub/Sub's ordering rules on its side (one message of a key in its callback at a
 time, the rest on hold in arrival order) whose callback refuses each message n % 7 == 3 once; acks and nacks are
 sent in separate requests, split and delayed at random, and the publisher's batches come apart at random, over
-random flow control. No lease ever runs out (the clock stands still), so everything that happens is the
-dispatch's own doing.
+random flow control. In the first test no lease ever runs out (the clock stands still), so everything that
+happens is the dispatch's own doing; in the second the clock jumps past the ack deadline now and then.
 
 What must hold for every key, as the official client's end-to-end test checks it
 (tests/e2e/test_ordering_dlq_filters.py): the callbacks see the key in runs of consecutive numbers; the first run
-starts at 0; every later run starts at a refused message at or below where the run before it ended (a resend
-repeats every later message of the key, acked or not); the last run ends at the key's last message. A full run of
+starts at 0; every later run starts at a refused message (or, where leases ran out, any message) at or below where
+the run before it ended (a resend repeats every later message of the key, acked or not); the last run ends at the
+key's last message. A full run of
 that test once ended key `beta` at 28 after 29: a resend cut short by flow control left 29 waiting, the first
 delivery's ack of it came in meanwhile, the ack floor passed it, and the resend skipped it."""
 
@@ -73,16 +74,16 @@ class Client:
         return not (self.on_hold or self.ready or self.acks or self.nacks)
 
 
-async def _scenario(seed: int, shards: int, tmp_path) -> None:
+async def _scenario(seed: int, shards: int, tmp_path, expire: bool = False) -> None:
     r = random.Random(seed)
-    e = Engine(Config(data_dir=str(tmp_path / f"d{seed}-{shards}"), fsync="never", shards_per_topic=shards),
-               SimClock())
+    clock = SimClock()
+    e = Engine(Config(data_dir=str(tmp_path / f"d{seed}-{shards}"), fsync="never", shards_per_topic=shards), clock)
     await e.start()
     e._maintenance.cancel()
     await e.create_topic(_Topic(name=T))
-    await e.create_subscription(_Sub(name=S, topic=T, ack_deadline_seconds=60, enable_message_ordering=True))
+    await e.create_subscription(_Sub(name=S, topic=T, ack_deadline_seconds=10, enable_message_ordering=True))
     outstanding = r.choice([1000, 7, 3, 1])
-    stream = e.open_stream(S, "c", 60, outstanding, 0)
+    stream = e.open_stream(S, "c", 10, outstanding, 0)
     inbox: collections.deque = collections.deque()
 
     async def serve():
@@ -102,13 +103,21 @@ async def _scenario(seed: int, shards: int, tmp_path) -> None:
     while any(per_key.values()):
         publishes.append(per_key[r.choice([k for k in KEYS if per_key[k]])].popleft())
     client = Client()
+    expiries = 0
     try:
-        for _ in range(20_000):
-            if not publishes and not inbox and client.idle() and all(client.seen[k][-1:] == [N - 1] for k in KEYS):
+        for _ in range(40_000):
+            quiet = not publishes and not inbox and client.idle()
+            if quiet and all(client.seen[k][-1:] == [N - 1] for k in KEYS) and not (expire and stream.sub.leases):
                 break
             step = r.choice([s for s, can in (("publish", publishes), ("receive", inbox), ("callback", client.ready),
                                               ("ack", client.acks), ("nack", client.nacks), ("turn", True)) if can])
-            if step == "publish":
+            if expire and (r.random() < 0.01 or (quiet and stream.sub.leases)):
+                step = "expire"  # every lease runs out (and the last ones must, for the end to be reached)
+            if step == "expire":
+                clock.advance(11)
+                expiries += 1
+                await asyncio.sleep(0.002)  # the subscription's timer wakes the stream (a millisecond away)
+            elif step == "publish":
                 k, nums = publishes.popleft()
                 raw = _Req(topic=T, messages=[_Msg(data=f"{k}-{n}".encode(), ordering_key=k) for n in nums])
                 asyncio.ensure_future(e.publish(T, raw.SerializeToString(), len(nums), k))
@@ -132,9 +141,10 @@ async def _scenario(seed: int, shards: int, tmp_path) -> None:
     for k in KEYS:
         got = client.seen[k]
         runs = key_runs(got) or [[]]
-        said = f"seed {seed}, {shards} shard(s), {outstanding} outstanding: {k} ran {runs}"
+        said = f"seed {seed}, {shards} shard(s), {outstanding} outstanding, {expiries} expiries: {k} ran {runs}"
         assert runs[0][:1] == [0] and runs[-1][-1:] == [N - 1], said
-        assert all(run[0] % 7 == 3 and run[0] <= before[-1] for before, run in zip(runs, runs[1:])), said
+        assert all((expiries or run[0] % 7 == 3) and run[0] <= before[-1] for before, run in zip(runs, runs[1:])), said
+    return expiries
 
 
 @pytest.mark.parametrize("shards", [1, 2])
@@ -142,5 +152,16 @@ def test_a_key_resent_after_a_nack_repeats_every_later_message_and_ends_at_its_l
     async def go():
         for seed in range(150):
             await _scenario(seed, shards, tmp_path)
+
+    asyncio.run(go())
+
+
+@pytest.mark.parametrize("shards", [1, 2])
+def test_with_leases_running_out_too_a_key_never_skips_ahead_and_ends_at_its_last(shards, tmp_path):
+    async def go():
+        expiries = 0
+        for seed in range(100):
+            expiries += await _scenario(seed, shards, tmp_path, expire=True)
+        assert expiries > 100  # the clock did jump: leases ran out in every scenario
 
     asyncio.run(go())
