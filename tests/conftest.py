@@ -77,18 +77,23 @@ def pytest_collection_finish(session):
     fork() of this process (a Popen with a preexec_fn); later in a full run that process holds the threads of
     every gRPC client the e2e tests made, and gRPC then skips its fork handlers ("Other threads are currently
     calling into gRPC") — one full run's launch died before the JVM said its port (JAVA_GATEWAY_EXITED, every
-    Spark test in error). Launched now, with no gRPC thread yet, the session's SparkSession reuses it. A launch
-    that fails here is left to the Spark fixture, which tries again and reports it."""
+    Spark test in error). Launched now, with no gRPC thread yet, the session's SparkSession reuses it; what the
+    JVM prints goes to spark-jvm.log in pytest's base temporary directory. A launch that fails here is left to the
+    Spark fixture, which tries again and reports it."""
     if not any("spark" in item.path.parts for item in session.items):
         return
     try:
         from pyspark import SparkContext
+        from pyspark.java_gateway import launch_gateway
 
         from spark_helpers import spark_env  # (tests/spark is on the path: its conftest was collected)
     except ImportError:
         return
     spark_env()
+    log_path = session.config._tmp_path_factory.getbasetemp() / "spark-jvm.log"
     try:
-        SparkContext._ensure_initialized()  # (pyspark 4.3.0, pinned: starts the gateway JVM, no context yet)
+        with open(log_path, "wb") as log:  # (the JVM keeps its own descriptor of it)
+            gateway = launch_gateway(popen_kwargs={"stdout": log, "stderr": log})
+        SparkContext._ensure_initialized(gateway=gateway)  # (pyspark 4.3.0, pinned: the gateway, no context yet)
     except Exception:  # noqa: BLE001 — reported by the fixture's own launch
         pass
