@@ -1,9 +1,11 @@
-"""The build's one compiled part: `pigeon.core._compiled`, the Cython twins of `pigeon.core.hot`'s loops.
-Everything else about the package is in pyproject.toml. Optional: where no C compiler is found the install goes
-on without it and the server runs the Python functions (the same results, slower)."""
+"""The build's compiled parts: `pigeon.core._compiled`, the Cython twins of `pigeon.core.hot`'s loops, and
+`pigeon.node._commit`, the journal's group commit without the GIL (pigeon.node.disk). Everything else about the
+package is in pyproject.toml. Optional: where no C compiler is found the install goes on without them and the
+server runs the Python functions (the same results, slower)."""
 
 from Cython.Build import cythonize
 from setuptools import Extension, setup
 
-setup(ext_modules=cythonize([Extension("pigeon.core._compiled", ["pigeon/core/_compiled.pyx"], optional=True)],
+setup(ext_modules=cythonize([Extension("pigeon.core._compiled", ["pigeon/core/_compiled.pyx"], optional=True),
+                             Extension("pigeon.node._commit", ["pigeon/node/_commit.pyx"], optional=True)],
                             language_level=3))

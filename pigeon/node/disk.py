@@ -8,16 +8,67 @@ would fill memory with copies nobody reads, and every write would then first hav
 benchmark's machine a 3-node cluster right after publishing a few GB took 2.6 µs of a member's CPU per message
 replicated with them cached and 1.0 µs without, and published 1.5× as fast (docs/cluster.md). They are dropped
 once DROP_BYTES were written since the last time (and when the file is closed), so the call is rare at low rates:
-it sits between a group commit's fdatasync and its answer."""
+it sits after a group commit's fdatasync, once the loop has been told.
+
+A journal's group commit (`OsDisk.commit`) writes, syncs and tells the event loop in one call: compiled
+(`pigeon.node._commit`, built by the package's install: setup.py) it takes the GIL back only once all three are
+done, so a loop kept busy by other work hears of the durable batch as soon as the disk has it; the Python twin
+(`_py_commit`, where no C compiler was found) does the same steps with the GIL taken back after each.
+tests/unit/test_commit_io.py holds the two side by side."""
 
 from __future__ import annotations
 
 import os
 import threading
+import time
 
 _IOV_MAX = os.sysconf("SC_IOV_MAX")  # buffers per writev
 _DROP = getattr(os, "POSIX_FADV_DONTNEED", None)  # (not on every OS: there the pages stay)
 DROP_BYTES = 8 << 20  # OsDisk(drop_synced=True) drops a file's pages once this much was written since the last time
+
+
+class _PyPost:
+    """`pigeon.node._commit.Post`'s twin: how far the journal is written (synced, under fsync=always), then a
+    wake-up on the eventfd `fd` the loop watches; `synced_ns` is when the last fdatasync returned."""
+
+    def __init__(self, fd: int):
+        self.fd, self.end, self.synced_ns = fd, 0, 0
+
+    def tell(self, end: int, synced_ns: int = 0) -> None:
+        self.end = max(self.end, end)
+        self.synced_ns = synced_ns
+        os.eventfd_write(self.fd, 1)
+
+
+def _writev_all(handle: int, chunks: list) -> None:
+    for i in range(0, len(chunks), _IOV_MAX):
+        group = chunks[i:i + _IOV_MAX]
+        n = os.writev(handle, group)
+        if n < sum(map(len, group)):
+            rest = memoryview(b"".join(group))[n:]
+            while rest:
+                rest = rest[os.write(handle, rest):]
+
+
+def _py_commit(handle: int, chunks: list, sync: bool, post: _PyPost | None, end: int) -> int:
+    _writev_all(handle, chunks)
+    took = synced_at = 0
+    if sync:
+        t0 = time.monotonic_ns()
+        os.fdatasync(handle)
+        synced_at = time.monotonic_ns()
+        took = synced_at - t0
+    if post is not None:
+        post.tell(end, synced_at)
+    return took
+
+
+try:
+    from pigeon.node import _commit
+
+    Post, _commit_io, COMPILED = _commit.Post, _commit.commit, True
+except ImportError:  # no C compiler where Pigeon was installed
+    Post, _commit_io, COMPILED = _PyPost, _py_commit, False
 
 
 class OsDisk:
@@ -73,15 +124,20 @@ class OsDisk:
     def writev(self, handle: int, chunks: list[bytes]) -> None:
         """writev gathers the chunks in the kernel, so no joined copy is made while holding the GIL (which the
         event loop's thread waits for); a partial write is finished byte-exactly."""
-        for i in range(0, len(chunks), _IOV_MAX):
-            group = chunks[i:i + _IOV_MAX]
-            n = os.writev(handle, group)
-            if n < sum(map(len, group)):
-                rest = memoryview(b"".join(group))[n:]
-                while rest:
-                    rest = rest[os.write(handle, rest):]
+        _writev_all(handle, chunks)
         if self.drop_synced:
             self._undropped[handle] = self._undropped.get(handle, 0) + sum(map(len, chunks))
+
+    def commit(self, handle: int, chunks: list, sync: bool, post: Post | None, end: int) -> float:
+        """A group commit: write `chunks` (as `writev`), fdatasync if `sync`, then tell `post` (if given) that the
+        journal is written up to `end` — the loop hears it before this thread has the GIL back. Returns the
+        fdatasync's seconds (0 without). Raises OSError, having told nobody, when a write or the sync fails."""
+        took = _commit_io(handle, chunks, sync, post, end) / 1e9
+        if self.drop_synced:
+            self._undropped[handle] = self._undropped.get(handle, 0) + sum(map(len, chunks))
+            if sync and self._undropped[handle] >= DROP_BYTES:
+                self._drop(handle)
+        return took
 
     def sync(self, handle: int) -> None:
         os.fdatasync(handle)

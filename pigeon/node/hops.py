@@ -26,8 +26,14 @@ def mark(hop: str) -> None:
     _events.append((time.monotonic_ns(), hop))
 
 
+def mark_at(t_ns: int, hop: str) -> None:
+    """A hop that happened at `t_ns` (CLOCK_MONOTONIC), stamped where no Python ran (pigeon.node._commit)."""
+    _events.append((t_ns, hop))
+
+
 def _write() -> None:
-    with open(os.environ["PIGEON_HOPS"], "w") as f:
+    # "%p" in the name: this process's id (the nodes of a cluster started with one environment write a file each)
+    with open(os.environ["PIGEON_HOPS"].replace("%p", str(os.getpid())), "w") as f:
         f.writelines(f"{t} {hop}\n" for t, hop in _events)
 
 

@@ -15,6 +15,7 @@ import asyncio
 import enum
 import errno
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ from pigeon.core import limits
 from pigeon.node import hops
 from pigeon.core.histogram import Histogram, HistogramStats
 from pigeon.core.errors import ResourceExhausted, Unavailable
-from pigeon.node.disk import OsDisk
+from pigeon.node.disk import OsDisk, Post
 from pigeon.node.readahead import ReadAhead
 from pigeon.storage.journal import Journal, JournalStats, LogState, WriteCursor
 from pigeon.storage.log import JournalLog, LogStats
@@ -79,6 +80,8 @@ class JournalWriter:
         self._failed: BaseException | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._read_ahead: ReadAhead | None = None
+        self._post: Post | None = None  # where the writer tells how far the journal is written (synced: always)
+        self._told = 0  # … the last of it the loop took
         self._logs: dict[int, JournalLog] = {}
         self.opened_at = 0
         # statistics, written by the writer thread only
@@ -99,6 +102,9 @@ class JournalWriter:
         self.opened_at = tail  # the end of what the journal held when it opened (all of it durable)
         self._read_ahead = ReadAhead(self.journal.starts, lambda: self.journal.durable, self.journal.path)
         self._loop = asyncio.get_running_loop()
+        self._post = Post(os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC))
+        self._told = tail
+        self._loop.add_reader(self._post.fd, self._on_post)
         # the writer's starting point is fixed here: appends may run before the thread gets going
         self._thread = threading.Thread(target=self._writer, args=(cursor, tail), name="pigeon-journal-writer",
                                         daemon=True)
@@ -115,6 +121,11 @@ class JournalWriter:
         loop = asyncio.get_running_loop()
         if self._thread is not None:
             await loop.run_in_executor(None, self._thread.join)
+        if self._post is not None:
+            loop.remove_reader(self._post.fd)
+            self._on_post()  # what the writer told last, if the loop had not read it yet
+            os.close(self._post.fd)
+            self._post = None
         if self._read_ahead is not None:
             await loop.run_in_executor(None, self._read_ahead.close)
         self.disk.close_all()
@@ -259,7 +270,7 @@ class JournalWriter:
                         self._sync(cursor.handle)
                         synced, last_sync = written, time.monotonic()
                         continue
-                    journal.write(cursor, batch)
+                    chunks = journal.place(cursor, batch)
                     written += nbytes
                     self._batches += 1
                     self._batch_sizes.observe(len(batch))
@@ -267,19 +278,24 @@ class JournalWriter:
                     self._batch_bytes += nbytes
                     if always:
                         kept.append(batch)
-                        if want <= synced:
-                            continue  # written for nobody waiting: the next group commit's fdatasync covers it
-                        self._sync(cursor.handle)
+                        sync = tell = want > synced  # else written for nobody waiting: the next sync covers it
+                    else:
+                        sync, tell = batch_policy and time.monotonic() - last_sync >= BATCH_SYNC_S, True
+                    if sync and hops.ON:
+                        hops.mark("syncing")
+                    # write, sync, and tell the loop: one call, which has the GIL back only once all are done
+                    took = disk.commit(cursor.handle, chunks, sync, self._post if tell else None, written)
+                    if sync:
+                        self._count_sync(took)
                         synced = written
-                    elif batch_policy and time.monotonic() - last_sync >= BATCH_SYNC_S:
-                        self._sync(cursor.handle)
-                        synced, last_sync = written, time.monotonic()
-                    elif not batch_policy:
+                        last_sync = time.monotonic()
+                    elif not (always or batch_policy):
                         synced = written  # never: the OS decides
-                    posted = synced if always else written
+                    if not tell:
+                        continue
+                    posted = written
                     kept.clear()
                     journal.flushes += 1
-                    self._loop.call_soon_threadsafe(self._written, posted)
                 except OSError as exc:
                     if exc.errno != errno.ENOSPC:
                         raise
@@ -312,7 +328,19 @@ class JournalWriter:
                 except OSError:
                     pass
 
-    # --- a full disk (loop thread) ---------------------------------------------------------------
+    # --- the writer's news (loop thread) --------------------------------------------------------
+    def _on_post(self) -> None:
+        try:
+            os.eventfd_read(self._post.fd)
+        except BlockingIOError:  # (read already, with an earlier wake-up)
+            pass
+        end = self._post.end
+        if end > self._told:
+            self._told = end
+            if hops.ON and self._post.synced_ns:
+                hops.mark_at(self._post.synced_ns, "synced")
+            self._written(end)
+
     def _written(self, end: int) -> None:
         if hops.ON:
             hops.mark("posted")
@@ -346,13 +374,12 @@ class JournalWriter:
         self.space.check_publish(self.journal.tail)
 
     def _sync(self, handle) -> None:
-        if hops.ON:
-            hops.mark("syncing")
+        """An fdatasync of what was written and told already (fsync=batch, once the writes stop)."""
         t0 = time.monotonic()
         self.disk.sync(handle)
-        dt = time.monotonic() - t0
-        if hops.ON:
-            hops.mark("synced")
+        self._count_sync(time.monotonic() - t0)
+
+    def _count_sync(self, dt: float) -> None:
         self._syncs += 1
         self._sync_s += dt
         self._sync_max_s = max(self._sync_max_s, dt)

@@ -40,6 +40,12 @@ class Disk(Protocol):
         in one call or several)."""
         ...
 
+    def commit(self, handle, chunks: list[bytes], sync: bool, post, end: int) -> float:
+        """A journal's group commit: `writev(chunks)`, then `sync` if asked, then `post.tell(end)` if `post` is
+        given (the writer thread telling the event loop how far the journal is written), in that order; what
+        fails raises before `post` is told. The sync's seconds (0 without)."""
+        ...
+
     def reserve(self, handle, size: int) -> None:
         """Make the file at least `size` bytes long, allocated, the new bytes zeros: writing them later neither
         grows the file nor allocates, so the fdatasync after such a write has no new length or blocks to record.

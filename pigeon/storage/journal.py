@@ -215,6 +215,14 @@ class Journal:
     def write(self, cursor: "WriteCursor", batch: list[tuple[int, bytes]]) -> None:
         """Write a batch in order (writev, no joined copy), opening each new segment as the batch reaches it:
         the one before is synced, cut back to its records and closed first, the new name made durable."""
+        chunks = self.place(cursor, batch)
+        if chunks:
+            self.disk.writev(cursor.handle, chunks)
+
+    def place(self, cursor: "WriteCursor", batch: list[tuple[int, bytes]]) -> list:
+        """`write` but for its last step: the chunks of the batch that go to the cursor's segment, reserved there
+        and not yet written — the caller writes them at `cursor.handle` (a group commit's one writev, with its
+        sync: Disk.commit). What goes to segments before it is written here."""
         chunks: list[bytes] = []
         size = 0
         disk = self.disk
@@ -232,21 +240,27 @@ class Journal:
             else:
                 chunks.append(data)
                 size += len(data)
-        self._put(cursor, chunks, size)
+        self._reserve(cursor, size)
+        cursor.at += size
+        return chunks
 
     def _put(self, cursor: "WriteCursor", chunks: list, size: int) -> None:
         if not chunks:
             return
+        self._reserve(cursor, size)
+        self.disk.writev(cursor.handle, chunks)
+        cursor.at += size
+
+    def _reserve(self, cursor: "WriteCursor", size: int) -> None:
+        """Allocate the segment ahead of a write of `size` bytes at the cursor (RESERVE_BYTES at a time)."""
         end = cursor.at + size
-        if end > cursor.reserved and cursor.reserving and size <= RESERVED_WRITE_MAX:
+        if size and end > cursor.reserved and cursor.reserving and size <= RESERVED_WRITE_MAX:
             want = max(end, min(cursor.at + RESERVE_BYTES, self.segment_bytes))
             try:
                 self.disk.reserve(cursor.handle, want)
             except OSError as e:  # no room for it (the write may still fit) or no such call: write without
                 cursor.reserving = e.errno == errno.ENOSPC
             cursor.reserved = want  # (a failed reserve may have grown the file part of the way)
-        self.disk.writev(cursor.handle, chunks)
-        cursor.at = end
 
     def leave(self, cursor: "WriteCursor") -> None:
         """Done with the cursor's segment: synced (unless fsync=never), cut back to its records, closed."""

@@ -429,13 +429,13 @@ def test_a_rebuilt_log_becomes_visible_only_once_the_journal_holds_it(tmp_path, 
         rec = commands.publish(t, raw, n, "", int(clock.now() * 1000))
         entries = [(rec.TYPE, b"".join(rec.parts()))]
         gate = threading.Event()
-        real = disk_mod.OsDisk.writev
+        real = disk_mod.OsDisk.commit
 
-        def held_writev(self, handle, chunks):
+        def held_commit(self, handle, chunks, sync, post, end):  # the group commit's write
             gate.wait(10)
-            return real(self, handle, chunks)
+            return real(self, handle, chunks, sync, post, end)
 
-        monkeypatch.setattr(disk_mod.OsDisk, "writev", held_writev)
+        monkeypatch.setattr(disk_mod.OsDisk, "commit", held_commit)
         rebuilt = asyncio.ensure_future(e.rebuild_log(bundle_log(T, e.config.bundles), entries))
         for _ in range(20):
             await asyncio.sleep(0.005)
