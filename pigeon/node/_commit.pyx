@@ -21,24 +21,29 @@ cdef extern from "<limits.h>":
 
 cdef class Post:
     """Where a journal's writer tells the event loop how far the journal is written (synced, under
-    fsync=always): `end`, then a wake-up on the eventfd `fd`, which the loop watches. `synced_ns`: when the last
-    fdatasync returned (CLOCK_MONOTONIC), for the hop timestamps."""
+    fsync=always): `end`, then a wake-up on the eventfd `fd`, which the loop watches. With them, counted before
+    the wake-up so that the loop's statistics agree with what it was told: `told` (group commits told of) and
+    `syncs` (of which fdatasync'd). `synced_ns`: when the last fdatasync returned (CLOCK_MONOTONIC)."""
 
     cdef public long long end
     cdef public long long synced_ns
+    cdef public long long told
+    cdef public long long syncs
     cdef readonly int fd
 
     def __init__(self, int fd):
         self.fd = fd
-        self.end = 0
-        self.synced_ns = 0
+        self.end = self.synced_ns = self.told = self.syncs = 0
 
-    def tell(self, long long end, long long synced_ns=0):
+    def tell(self, long long end, bint synced, long long synced_ns=0):
         """From Python (a disk that is not a file: the simulator's)."""
         cdef uint64_t one = 1
         if end > self.end:
             self.end = end
-        self.synced_ns = synced_ns
+        self.told += 1
+        if synced:
+            self.syncs += 1
+            self.synced_ns = synced_ns
         write(self.fd, &one, sizeof(one))
 
 
@@ -81,6 +86,8 @@ def commit(int fd, list chunks, bint sync, Post post, long long end):
     cdef long long t0 = 0, t1 = 0, took = 0
     cdef long long* post_end = NULL
     cdef long long* post_synced = NULL
+    cdef long long* post_told = NULL
+    cdef long long* post_syncs = NULL
     cdef uint64_t one = 1
     cdef int k = 0
     if views == NULL or iov == NULL:
@@ -88,7 +95,8 @@ def commit(int fd, list chunks, bint sync, Post post, long long end):
         PyMem_Free(iov)
         raise MemoryError()
     if post is not None:
-        efd, post_end, post_synced = post.fd, &post.end, &post.synced_ns
+        efd, post_end, post_synced, post_told, post_syncs = post.fd, &post.end, &post.synced_ns, &post.told, \
+            &post.syncs
     try:
         for i in range(n):
             PyObject_GetBuffer(chunks[i], &views[used], PyBUF_SIMPLE)
@@ -108,7 +116,10 @@ def commit(int fd, list chunks, bint sync, Post post, long long end):
             if err == 0 and post_end != NULL:
                 if end > post_end[0]:
                     post_end[0] = end
-                post_synced[0] = t1
+                post_told[0] += 1
+                if sync:
+                    post_syncs[0] += 1
+                    post_synced[0] = t1
                 write(efd, &one, sizeof(one))
     finally:
         for i in range(used):

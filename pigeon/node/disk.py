@@ -28,15 +28,19 @@ DROP_BYTES = 8 << 20  # OsDisk(drop_synced=True) drops a file's pages once this 
 
 
 class _PyPost:
-    """`pigeon.node._commit.Post`'s twin: how far the journal is written (synced, under fsync=always), then a
-    wake-up on the eventfd `fd` the loop watches; `synced_ns` is when the last fdatasync returned."""
+    """`pigeon.node._commit.Post`'s twin: how far the journal is written (synced, under fsync=always), the group
+    commits told of and the fdatasyncs among them, then a wake-up on the eventfd `fd` the loop watches;
+    `synced_ns` is when the last fdatasync returned."""
 
     def __init__(self, fd: int):
-        self.fd, self.end, self.synced_ns = fd, 0, 0
+        self.fd, self.end, self.synced_ns, self.told, self.syncs = fd, 0, 0, 0, 0
 
-    def tell(self, end: int, synced_ns: int = 0) -> None:
+    def tell(self, end: int, synced: bool, synced_ns: int = 0) -> None:
         self.end = max(self.end, end)
-        self.synced_ns = synced_ns
+        self.told += 1
+        if synced:
+            self.syncs += 1
+            self.synced_ns = synced_ns
         os.eventfd_write(self.fd, 1)
 
 
@@ -59,7 +63,7 @@ def _py_commit(handle: int, chunks: list, sync: bool, post: _PyPost | None, end:
         synced_at = time.monotonic_ns()
         took = synced_at - t0
     if post is not None:
-        post.tell(end, synced_at)
+        post.tell(end, sync, synced_at)
     return took
 
 

@@ -82,6 +82,7 @@ class JournalWriter:
         self._read_ahead: ReadAhead | None = None
         self._post: Post | None = None  # where the writer tells how far the journal is written (synced: always)
         self._told = 0  # … the last of it the loop took
+        self._post_open = False
         self._logs: dict[int, JournalLog] = {}
         self.opened_at = 0
         # statistics, written by the writer thread only
@@ -104,6 +105,7 @@ class JournalWriter:
         self._loop = asyncio.get_running_loop()
         self._post = Post(os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC))
         self._told = tail
+        self._post_open = True
         self._loop.add_reader(self._post.fd, self._on_post)
         # the writer's starting point is fixed here: appends may run before the thread gets going
         self._thread = threading.Thread(target=self._writer, args=(cursor, tail), name="pigeon-journal-writer",
@@ -121,11 +123,11 @@ class JournalWriter:
         loop = asyncio.get_running_loop()
         if self._thread is not None:
             await loop.run_in_executor(None, self._thread.join)
-        if self._post is not None:
+        if self._post is not None and self._post_open:
             loop.remove_reader(self._post.fd)
             self._on_post()  # what the writer told last, if the loop had not read it yet
             os.close(self._post.fd)
-            self._post = None
+            self._post_open = False
         if self._read_ahead is not None:
             await loop.run_in_executor(None, self._read_ahead.close)
         self.disk.close_all()
@@ -286,7 +288,7 @@ class JournalWriter:
                     # write, sync, and tell the loop: one call, which has the GIL back only once all are done
                     took = disk.commit(cursor.handle, chunks, sync, self._post if tell else None, written)
                     if sync:
-                        self._count_sync(took)
+                        self._sync_took(took)  # (counted by the post, before the loop was told)
                         synced = written
                         last_sync = time.monotonic()
                     elif not (always or batch_policy):
@@ -295,7 +297,6 @@ class JournalWriter:
                         continue
                     posted = written
                     kept.clear()
-                    journal.flushes += 1
                 except OSError as exc:
                     if exc.errno != errno.ENOSPC:
                         raise
@@ -334,7 +335,9 @@ class JournalWriter:
             os.eventfd_read(self._post.fd)
         except BlockingIOError:  # (read already, with an earlier wake-up)
             pass
-        end = self._post.end
+        post = self._post
+        self.journal.flushes = post.told
+        end = post.end
         if end > self._told:
             self._told = end
             if hops.ON and self._post.synced_ns:
@@ -377,10 +380,10 @@ class JournalWriter:
         """An fdatasync of what was written and told already (fsync=batch, once the writes stop)."""
         t0 = time.monotonic()
         self.disk.sync(handle)
-        self._count_sync(time.monotonic() - t0)
-
-    def _count_sync(self, dt: float) -> None:
         self._syncs += 1
+        self._sync_took(time.monotonic() - t0)
+
+    def _sync_took(self, dt: float) -> None:
         self._sync_s += dt
         self._sync_max_s = max(self._sync_max_s, dt)
         ms = dt * 1000
@@ -390,8 +393,9 @@ class JournalWriter:
 
     def statistics(self) -> WriterStats:
         """Plain values for metrics; read from the loop thread while the writer counts (a moment's skew only)."""
+        syncs = self._syncs + (self._post.syncs if self._post is not None else 0)
         return WriterStats(self.journal.statistics(), tuple(self.log(i).statistics() for i in sorted(self.journal.logs)),
-                           self._syncs, self._sync_s, self._sync_max_s, tuple(self._sync_hist), self._batches,
+                           syncs, self._sync_s, self._sync_max_s, tuple(self._sync_hist), self._batches,
                            self._batch_entries, self._batch_bytes, self._batch_sizes.snapshot(),
                            "" if self._failed is None else str(self._failed), self.space.statistics(),
                            self._enospc)

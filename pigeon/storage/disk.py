@@ -41,7 +41,7 @@ class Disk(Protocol):
         ...
 
     def commit(self, handle, chunks: list[bytes], sync: bool, post, end: int) -> float:
-        """A journal's group commit: `writev(chunks)`, then `sync` if asked, then `post.tell(end)` if `post` is
+        """A journal's group commit: `writev(chunks)`, then `sync` if asked, then `post.tell(end, sync)` if `post` is
         given (the writer thread telling the event loop how far the journal is written), in that order; what
         fails raises before `post` is told. The sync's seconds (0 without)."""
         ...

@@ -146,7 +146,7 @@ class SimDisk:
         if sync:
             self.sync(handle)
         if post is not None:
-            post.tell(end)
+            post.tell(end, sync)
         return 0.0
 
     def sync(self, handle: list) -> None:

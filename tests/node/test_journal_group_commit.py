@@ -1,17 +1,30 @@
 """The journal's group commit on real files (fsync=always): the writer writes and fdatasyncs when someone waits for
 a record; records nobody waits for ride along with the next group commit, or are written within LAZY_WRITE_S and
-synced within LAZY_FLUSH_S; closing writes everything."""
+synced within LAZY_FLUSH_S; closing writes everything. Each test runs over the compiled group commit and over its
+Python twin (pigeon.node.disk)."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 
+import pytest
+
 from pigeon.core import limits
+from pigeon.node import disk as disk_mod
 from pigeon.node import journal as wal_mod
 from pigeon.node.journal import JournalWriter
 from pigeon.storage import record
 from pigeon.storage.records import TopicDel
+
+
+@pytest.fixture(autouse=True, params=["compiled", "python"])
+def _twin(request, monkeypatch):
+    if request.param == "python":
+        monkeypatch.setattr(disk_mod, "_commit_io", disk_mod._py_commit)
+        monkeypatch.setattr(wal_mod, "Post", disk_mod._PyPost)
+    elif not disk_mod.COMPILED:
+        pytest.skip("pigeon.node._commit was not built (tests/unit/test_commit_io.py says so)")
 
 
 def _rec(i: int) -> list[bytes]:

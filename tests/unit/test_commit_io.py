@@ -64,11 +64,12 @@ def test_the_loop_is_told_how_far_once_synced_and_the_end_never_goes_back(tmp_pa
         before = time.monotonic_ns()
         commit(fd, [b"x" * 100], True, post, 100)
         after = time.monotonic_ns()
-        assert _told(post) == 1 and post.end == 100
+        assert _told(post) == 1 and post.end == 100 and (post.told, post.syncs) == (1, 1)
         assert before <= post.synced_ns <= after  # the hop stamp: when fdatasync returned
         commit(fd, [b"y"], True, post, 101)
         commit(fd, [b"z"], False, post, 102)  # (fsync=batch and never tell what is written)
         assert _told(post) == 2 and post.end == 102  # two wake-ups, read at once: the latest end stands
+        assert (post.told, post.syncs) == (3, 2)  # counted with the end, before the wake-up
         commit(fd, [b""], False, post, 50)
         assert post.end == 102
     finally:
@@ -91,7 +92,7 @@ def test_a_failed_write_or_sync_raises_and_tells_nobody(tmp_path, twin):
     finally:
         os.close(r)
         os.close(w)
-    assert _told(post) == 0 and post.end == 0
+    assert _told(post) == 0 and (post.end, post.told, post.syncs) == (0, 0, 0)
 
 
 @pytest.mark.parametrize("which", [p.id for p in TWINS])
