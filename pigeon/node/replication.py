@@ -104,6 +104,7 @@ class AppendStream:
         self._ready = asyncio.Event()  # send what is queued now (flush, the linger's end, close)
         self._timer: asyncio.TimerHandle | None = None
         self._closed = False
+        self._idle = False  # the sending task waits for `_ready` with nothing of its own in hand
         self._sent: deque[int] = deque()  # the last index of each request not yet answered, in order
         self._room = asyncio.Event()  # set when an answer frees a place in the window
         self.why_ended = "the member ended its stream"  # why `answers()` stopped without an error answer
@@ -116,14 +117,15 @@ class AppendStream:
         return append_wire.encode(ledger, epoch, index, types, entries)
 
     async def _requests(self):
-        pending: list = []
         while True:
-            if not pending:
+            if not self._ready.is_set():  # (set while what is queued is to go: a request may take part of it)
+                self._idle = True
                 await self._ready.wait()
+                self._idle = False
                 await asyncio.sleep(0)  # what the callbacks ready now append goes along in the same request
             if self._closed:
                 return
-            if not pending and not self._q:
+            if not self._q:
                 self._ready.clear()
                 continue
             while len(self._sent) >= limits.append_requests_in_flight_max and not self._closed:
@@ -131,23 +133,26 @@ class AppendStream:
                 await self._room.wait()
             if self._closed:
                 return
-            pending += self._q
-            self._q = []
-            # consecutive entries of one ledger and epoch share a request, up to a size
-            ledger, epoch, index, rtype, entry = pending[0]
-            j, size = 1, len(entry)
-            while j < len(pending) and pending[j][0] == ledger and pending[j][1] == epoch and \
-                    pending[j][2] == index + j and size + len(pending[j][4]) <= limits.storage_message_bytes_max:
-                size += len(pending[j][4])
-                j += 1
-            run, pending = pending[:j], pending[j:]
-            if not pending:  # all taken: what is queued from now on lingers again
-                self._ready.clear()
-                if self._timer is not None:
-                    self._timer.cancel()
-                    self._timer = None
-            self._sent.append(index + j - 1)
-            yield self._encode(ledger, epoch, index, [e[3] for e in run], [e[4] for e in run])
+            yield self._take()
+
+    def _take(self):
+        """The next request: the queue's first entries that are consecutive entries of one ledger and epoch, up to
+        a size; noted in the window."""
+        q = self._q
+        ledger, epoch, index, rtype, entry = q[0]
+        j, size = 1, len(entry)
+        while j < len(q) and q[j][0] == ledger and q[j][1] == epoch and q[j][2] == index + j and \
+                size + len(q[j][4]) <= limits.storage_message_bytes_max:
+            size += len(q[j][4])
+            j += 1
+        run, self._q = q[:j], q[j:]
+        if not self._q:  # all taken: what is queued from now on lingers again
+            self._ready.clear()
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+        self._sent.append(index + j - 1)
+        return self._encode(ledger, epoch, index, [e[3] for e in run], [e[4] for e in run])
 
     def send(self, ledger: int, epoch: int, index: int, rtype: int, entry: bytes, where=None) -> None:
         """Queue an entry: it goes out with the next flush, or at most limits.replication_linger_s from now.
@@ -197,6 +202,7 @@ class ChannelAppend(AppendStream):
         self.address = client.append_at
         self._tls = client.append_tls
         self._conn: asyncio.Future = asyncio.get_running_loop().create_future()  # (reader, writer) | None
+        self._writer: asyncio.StreamWriter | None = None  # once connected
         self._pump = asyncio.create_task(self._send_all())
 
     def _encode(self, ledger: int, epoch: int, index: int, types: list[int], entries: list) -> list[bytes]:
@@ -214,7 +220,7 @@ class ChannelAppend(AppendStream):
             conn[1].transport.abort()
             return
         self._conn.set_result(conn)
-        writer = conn[1]
+        writer = self._writer = conn[1]
         try:
             async for parts in self._requests():
                 writer.writelines(parts)  # gathered by the transport: the entries are not joined into a copy
@@ -222,6 +228,20 @@ class ChannelAppend(AppendStream):
         except OSError as e:
             self.why_ended = f"its append channel at {self.address} broke ({e})"
             writer.transport.abort()  # the answers end with it
+        finally:
+            self._writer = None
+
+    def flush(self) -> None:
+        """Send what is queued now — here, when the sending task is idle, the window has room and the connection
+        has nothing left to write: the task would take two turns of the loop to get to it, each as long as the
+        loop's busiest callback (at 1,000 publishes a second on a cluster owner, 0.2–0.3 ms before the request
+        left, on the way to every answer). What does not fit goes with the task, as before."""
+        w = self._writer
+        if self._q and self._idle and w is not None and not w.transport.is_closing() and \
+                w.transport.get_write_buffer_size() == 0:
+            while self._q and len(self._sent) < limits.append_requests_in_flight_max:
+                w.writelines(self._take())
+        super().flush()
 
     async def answers(self):
         conn = await self._conn
