@@ -5,7 +5,12 @@ system call, and in a busy process that costs more than the calls: the thread wa
 thread to let go of it, and the loop hears that the batch is durable only after that wait. (On a cluster owner
 at 1,000 publishes a second, fdatasync took 0.21–0.24 ms at p50 by the kernel's count and 0.86–0.88 ms by the
 writer's.) Owns the rule: the bytes are written in order and whole, or `commit` raises OSError and tells
-nobody; `Post.end` only grows, and is set before the eventfd is written."""
+nobody; `Post.end` only grows, and is set before the eventfd is written.
+
+Not when the loop has asked for more meanwhile (`Post.want` past the batch's end): then the writer tells once it
+has the GIL back, and takes the next batch while it holds it — the loop answers one batch's waiters while the
+disk writes the next. Told at once there, the loop would take the GIL to answer, and the writer would wait for
+it to start the next batch: the disk idle while the loop works (publish at 100 messages a request, 6 % less)."""
 
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
@@ -29,11 +34,12 @@ cdef class Post:
     cdef public long long synced_ns
     cdef public long long told
     cdef public long long syncs
+    cdef public long long want  # the journal position the loop has asked for (set by the loop)
     cdef readonly int fd
 
     def __init__(self, int fd):
         self.fd = fd
-        self.end = self.synced_ns = self.told = self.syncs = 0
+        self.end = self.synced_ns = self.told = self.syncs = self.want = 0
 
     def tell(self, long long end, bint synced, long long synced_ns=0):
         """From Python (a disk that is not a file: the simulator's)."""
@@ -78,7 +84,8 @@ cdef int _write_all(int fd, iovec* iov, int n) noexcept nogil:
 
 def commit(int fd, list chunks, bint sync, Post post, long long end):
     """Write every byte of `chunks` at `fd`'s position, in order (bytes-like objects, not copied); fdatasync if
-    `sync`; then, with `post`, set `post.end` to `end` and wake the loop. The fdatasync's time in ns (0 without)."""
+    `sync`; then, with `post`, set `post.end` to `end` and wake the loop — unless `post.want` is past `end` (the
+    caller then calls `post.tell`: `post.told` did not move). The fdatasync's time in ns (0 without)."""
     cdef Py_ssize_t n = len(chunks), i, used = 0
     cdef Py_buffer* views = <Py_buffer*>PyMem_Malloc(n * sizeof(Py_buffer) + 1)
     cdef iovec* iov = <iovec*>PyMem_Malloc(n * sizeof(iovec) + 1)
@@ -88,6 +95,7 @@ def commit(int fd, list chunks, bint sync, Post post, long long end):
     cdef long long* post_synced = NULL
     cdef long long* post_told = NULL
     cdef long long* post_syncs = NULL
+    cdef long long* post_want = NULL
     cdef uint64_t one = 1
     cdef int k = 0
     if views == NULL or iov == NULL:
@@ -95,8 +103,8 @@ def commit(int fd, list chunks, bint sync, Post post, long long end):
         PyMem_Free(iov)
         raise MemoryError()
     if post is not None:
-        efd, post_end, post_synced, post_told, post_syncs = post.fd, &post.end, &post.synced_ns, &post.told, \
-            &post.syncs
+        efd, post_end, post_synced, post_told, post_syncs, post_want = post.fd, &post.end, &post.synced_ns, \
+            &post.told, &post.syncs, &post.want
     try:
         for i in range(n):
             PyObject_GetBuffer(chunks[i], &views[used], PyBUF_SIMPLE)
@@ -114,13 +122,15 @@ def commit(int fd, list chunks, bint sync, Post post, long long end):
                 t1 = _now_ns()
                 took = t1 - t0
             if err == 0 and post_end != NULL:
-                if end > post_end[0]:
-                    post_end[0] = end
-                post_told[0] += 1
                 if sync:
-                    post_syncs[0] += 1
                     post_synced[0] = t1
-                write(efd, &one, sizeof(one))
+                if post_want[0] <= end:  # (else the caller tells, with the GIL: see above)
+                    if end > post_end[0]:
+                        post_end[0] = end
+                    post_told[0] += 1
+                    if sync:
+                        post_syncs[0] += 1
+                    write(efd, &one, sizeof(one))
     finally:
         for i in range(used):
             PyBuffer_Release(&views[i])

@@ -33,7 +33,7 @@ class _PyPost:
     `synced_ns` is when the last fdatasync returned."""
 
     def __init__(self, fd: int):
-        self.fd, self.end, self.synced_ns, self.told, self.syncs = fd, 0, 0, 0, 0
+        self.fd, self.end, self.synced_ns, self.told, self.syncs, self.want = fd, 0, 0, 0, 0, 0
 
     def tell(self, end: int, synced: bool, synced_ns: int = 0) -> None:
         self.end = max(self.end, end)
@@ -63,7 +63,10 @@ def _py_commit(handle: int, chunks: list, sync: bool, post: _PyPost | None, end:
         synced_at = time.monotonic_ns()
         took = synced_at - t0
     if post is not None:
-        post.tell(end, sync, synced_at)
+        if sync:
+            post.synced_ns = synced_at
+        if post.want <= end:
+            post.tell(end, sync, synced_at)
     return took
 
 
@@ -134,7 +137,8 @@ class OsDisk:
 
     def commit(self, handle: int, chunks: list, sync: bool, post: Post | None, end: int) -> float:
         """A group commit: write `chunks` (as `writev`), fdatasync if `sync`, then tell `post` (if given) that the
-        journal is written up to `end` — the loop hears it before this thread has the GIL back. Returns the
+        journal is written up to `end` — the loop hears it before this thread has the GIL back, unless it has
+        asked for more meanwhile (`post.want`; the caller tells then: pigeon.node._commit). Returns the
         fdatasync's seconds (0 without). Raises OSError, having told nobody, when a write or the sync fails."""
         took = _commit_io(handle, chunks, sync, post, end) / 1e9
         if self.drop_synced:

@@ -201,7 +201,7 @@ class JournalWriter:
                 self._write_timer.cancel()
                 self._write_timer = None
             with self._cv:
-                self._want = self.journal.tail
+                self._want = self._post.want = self.journal.tail
                 self._cv.notify()
             if hops.ON:
                 hops.mark("asked")
@@ -286,7 +286,10 @@ class JournalWriter:
                     if sync and hops.ON:
                         hops.mark("syncing")
                     # write, sync, and tell the loop: one call, which has the GIL back only once all are done
+                    told = self._post.told
                     took = disk.commit(cursor.handle, chunks, sync, self._post if tell else None, written)
+                    if tell and self._post.told == told:  # asked for more meanwhile: tell, then take it at once
+                        self._post.tell(written, sync, self._post.synced_ns)
                     if sync:
                         self._sync_took(took)  # (counted by the post, before the loop was told)
                         synced = written
