@@ -7,10 +7,14 @@ at 1,000 publishes a second, fdatasync took 0.21–0.24 ms at p50 by the kernel'
 writer's.) Owns the rule: the bytes are written in order and whole, or `commit` raises OSError and tells
 nobody; `Post.end` only grows, and is set before the eventfd is written.
 
-Not when the loop has asked for more meanwhile (`Post.want` past the batch's end): then the writer tells once it
-has the GIL back, and takes the next batch while it holds it — the loop answers one batch's waiters while the
-disk writes the next. Told at once there, the loop would take the GIL to answer, and the writer would wait for
-it to start the next batch: the disk idle while the loop works (publish at 100 messages a request, 6 % less)."""
+Not when the loop has asked for more LATER times or more since the batch was taken (`Post.asked` − `Post.seen`):
+then the writer tells once it has the GIL back, and takes the next batch while it holds it — the loop answers one
+batch's waiters while the disk writes the next. Told at once there, the loop would take the GIL to answer, and
+the writer would wait for it to start the next batch: the disk idle while the loop works (publish at 100
+messages a request, 6 % less). One ask meanwhile (a publish at a low rate) is not a load: told at once."""
+
+cdef enum:
+    LATER = 2  # asks since the batch was taken from which the caller tells (pigeon.node.disk: the same)
 
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
@@ -34,12 +38,13 @@ cdef class Post:
     cdef public long long synced_ns
     cdef public long long told
     cdef public long long syncs
-    cdef public long long want  # the journal position the loop has asked for (set by the loop)
+    cdef public long long asked  # times the loop asked the writer for more (counted by the loop)
+    cdef public long long seen  # … of them, when the writer took its batch (set by the writer)
     cdef readonly int fd
 
     def __init__(self, int fd):
         self.fd = fd
-        self.end = self.synced_ns = self.told = self.syncs = self.want = 0
+        self.end = self.synced_ns = self.told = self.syncs = self.asked = self.seen = 0
 
     def tell(self, long long end, bint synced, long long synced_ns=0):
         """From Python (a disk that is not a file: the simulator's)."""
@@ -84,8 +89,8 @@ cdef int _write_all(int fd, iovec* iov, int n) noexcept nogil:
 
 def commit(int fd, list chunks, bint sync, Post post, long long end):
     """Write every byte of `chunks` at `fd`'s position, in order (bytes-like objects, not copied); fdatasync if
-    `sync`; then, with `post`, set `post.end` to `end` and wake the loop — unless `post.want` is past `end` (the
-    caller then calls `post.tell`: `post.told` did not move). The fdatasync's time in ns (0 without)."""
+    `sync`; then, with `post`, set `post.end` to `end` and wake the loop — unless the loop asked LATER times or
+    more since the batch was taken (the caller then calls `post.tell`: `post.told` did not move). The fdatasync's time in ns (0 without)."""
     cdef Py_ssize_t n = len(chunks), i, used = 0
     cdef Py_buffer* views = <Py_buffer*>PyMem_Malloc(n * sizeof(Py_buffer) + 1)
     cdef iovec* iov = <iovec*>PyMem_Malloc(n * sizeof(iovec) + 1)
@@ -95,7 +100,8 @@ def commit(int fd, list chunks, bint sync, Post post, long long end):
     cdef long long* post_synced = NULL
     cdef long long* post_told = NULL
     cdef long long* post_syncs = NULL
-    cdef long long* post_want = NULL
+    cdef long long* post_asked = NULL
+    cdef long long* post_seen = NULL
     cdef uint64_t one = 1
     cdef int k = 0
     if views == NULL or iov == NULL:
@@ -103,8 +109,9 @@ def commit(int fd, list chunks, bint sync, Post post, long long end):
         PyMem_Free(iov)
         raise MemoryError()
     if post is not None:
-        efd, post_end, post_synced, post_told, post_syncs, post_want = post.fd, &post.end, &post.synced_ns, \
-            &post.told, &post.syncs, &post.want
+        efd, post_end, post_synced, post_told, post_syncs = post.fd, &post.end, &post.synced_ns, &post.told, \
+            &post.syncs
+        post_asked, post_seen = &post.asked, &post.seen
     try:
         for i in range(n):
             PyObject_GetBuffer(chunks[i], &views[used], PyBUF_SIMPLE)
@@ -124,7 +131,7 @@ def commit(int fd, list chunks, bint sync, Post post, long long end):
             if err == 0 and post_end != NULL:
                 if sync:
                     post_synced[0] = t1
-                if post_want[0] <= end:  # (else the caller tells, with the GIL: see above)
+                if post_asked[0] - post_seen[0] < LATER:  # (else the caller tells, with the GIL: see above)
                     if end > post_end[0]:
                         post_end[0] = end
                     post_told[0] += 1

@@ -24,6 +24,7 @@ import time
 
 _IOV_MAX = os.sysconf("SC_IOV_MAX")  # buffers per writev
 _DROP = getattr(os, "POSIX_FADV_DONTNEED", None)  # (not on every OS: there the pages stay)
+LATER = 2  # asks since a batch was taken from which its group commit leaves the telling to the caller (_commit)
 DROP_BYTES = 8 << 20  # OsDisk(drop_synced=True) drops a file's pages once this much was written since the last time
 
 
@@ -33,7 +34,7 @@ class _PyPost:
     `synced_ns` is when the last fdatasync returned."""
 
     def __init__(self, fd: int):
-        self.fd, self.end, self.synced_ns, self.told, self.syncs, self.want = fd, 0, 0, 0, 0, 0
+        self.fd, self.end, self.synced_ns, self.told, self.syncs, self.asked, self.seen = fd, 0, 0, 0, 0, 0, 0
 
     def tell(self, end: int, synced: bool, synced_ns: int = 0) -> None:
         self.end = max(self.end, end)
@@ -65,7 +66,7 @@ def _py_commit(handle: int, chunks: list, sync: bool, post: _PyPost | None, end:
     if post is not None:
         if sync:
             post.synced_ns = synced_at
-        if post.want <= end:
+        if post.asked - post.seen < LATER:
             post.tell(end, sync, synced_at)
     return took
 
@@ -138,7 +139,7 @@ class OsDisk:
     def commit(self, handle: int, chunks: list, sync: bool, post: Post | None, end: int) -> float:
         """A group commit: write `chunks` (as `writev`), fdatasync if `sync`, then tell `post` (if given) that the
         journal is written up to `end` — the loop hears it before this thread has the GIL back, unless it has
-        asked for more meanwhile (`post.want`; the caller tells then: pigeon.node._commit). Returns the
+        asked for more LATER times or more meanwhile (the caller tells then: pigeon.node._commit). Returns the
         fdatasync's seconds (0 without). Raises OSError, having told nobody, when a write or the sync fails."""
         took = _commit_io(handle, chunks, sync, post, end) / 1e9
         if self.drop_synced:

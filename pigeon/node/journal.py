@@ -201,7 +201,8 @@ class JournalWriter:
                 self._write_timer.cancel()
                 self._write_timer = None
             with self._cv:
-                self._want = self._post.want = self.journal.tail
+                self._want = self.journal.tail
+                self._post.asked += 1
                 self._cv.notify()
             if hops.ON:
                 hops.mark("asked")
@@ -265,6 +266,7 @@ class JournalWriter:
                             if not journal.pending() and self._closing:
                                 break
                             batch, nbytes = journal.take_pending()
+                            self._post.seen = self._post.asked
                             if hops.ON:
                                 hops.mark("taken")
                             want = self._want
@@ -288,7 +290,7 @@ class JournalWriter:
                     # write, sync, and tell the loop: one call, which has the GIL back only once all are done
                     told = self._post.told
                     took = disk.commit(cursor.handle, chunks, sync, self._post if tell else None, written)
-                    if tell and self._post.told == told:  # asked for more meanwhile: tell, then take it at once
+                    if tell and self._post.told == told:  # more asked for meanwhile: tell, then take it at once
                         self._post.tell(written, sync, self._post.synced_ns)
                     if sync:
                         self._sync_took(took)  # (counted by the post, before the loop was told)

@@ -173,9 +173,9 @@ def test_under_batch_a_waiter_is_answered_once_written_and_the_writer_then_rests
 
 def test_a_batch_is_answered_whether_the_loop_is_told_at_once_or_by_the_writer_holding_the_gil(tmp_path,
                                                                                            monkeypatch):
-    """With nothing more asked for, the group commit tells the loop itself; when more was asked for while it
-    wrote (the post's `want` past the batch), the writer tells once it has the GIL back, then takes the next
-    batch. Either way every waiter is answered by the commit that covers it — not by a later one."""
+    """With nothing more asked for (or once), the group commit tells the loop itself; when more was asked for
+    twice while it wrote, the writer tells once it has the GIL back, then takes the next batch. Either way every
+    waiter is answered by the commit that covers it — not by a later one."""
     import threading
 
     gates = [threading.Event(), threading.Event(), threading.Event()]
@@ -189,7 +189,7 @@ def test_a_batch_is_answered_whether_the_loop_is_told_at_once_or_by_the_writer_h
         if n < len(gates):
             entered[n].set()
             gates[n].wait(10)
-        calls[n] = (post.want, end) if post is not None else None  # what the loop had asked for, at the call
+        calls[n] = (post.asked - post.seen, post.told) if post is not None else None  # asks since the take
         return real(self, handle, chunks, sync, post, end)
 
     monkeypatch.setattr(disk_mod.OsDisk, "commit", gated)
@@ -200,16 +200,17 @@ def test_a_batch_is_answered_whether_the_loop_is_told_at_once_or_by_the_writer_h
         r1 = _rec(1)
         first = w.wait_durable(w.append(r1) + _size(r1))
         await loop.run_in_executor(None, entered[0].wait, 10)  # the first batch is in its commit
-        r2 = _rec(2)
-        second = w.wait_durable(w.append(r2) + _size(r2))  # asked for more meanwhile
+        r2, r3 = _rec(2), _rec(3)
+        second = w.wait_durable(w.append(r2) + _size(r2))  # asked for more meanwhile, twice
+        third = w.wait_durable(w.append(r3) + _size(r3))
         gates[0].set()
         await asyncio.wait_for(first, 10)  # told by the writer, before the second commit (held) went anywhere
         await loop.run_in_executor(None, entered[1].wait, 10)
         assert not second.done() and w.durable == _size(r1) and w.flushes == 1
         gates[1].set()
-        await asyncio.wait_for(second, 10)  # nothing more asked: told by the commit itself
+        await asyncio.wait_for(asyncio.gather(second, third), 10)  # nothing more asked: told by the commit
         assert w.durable == w.tail and w.flushes == 2
-        assert calls[0] == (w.tail, _size(r1)) and calls[1] == (w.tail, w.tail)  # more asked for, then not
+        assert calls[:2] == [(2, 0), (0, 1)]  # two asks while the first wrote, none while the second did
         gates[2].set()
         await w.close()
 

@@ -72,13 +72,16 @@ def test_the_loop_is_told_how_far_once_synced_and_the_end_never_goes_back(tmp_pa
         assert (post.told, post.syncs) == (3, 2)  # counted with the end, before the wake-up
         commit(fd, [b""], False, post, 50)
         assert _told(post) == 1 and post.end == 102
-        post.want = 200  # the loop asked for more meanwhile: the caller tells, once it holds the GIL
+        post.asked += 1  # one ask since the batch was taken: not a load, told at once
+        commit(fd, [b"v"], True, post, 103)
+        assert _told(post) == 1 and (post.end, post.told, post.syncs) == (103, 5, 3)
+        post.asked += 1  # a second: the caller tells, once it holds the GIL
         before = time.monotonic_ns()
         commit(fd, [b"w"], True, post, 104)
-        assert _told(post) == 0 and (post.end, post.told, post.syncs) == (102, 4, 2)
+        assert _told(post) == 0 and (post.end, post.told, post.syncs) == (103, 5, 3)
         assert post.synced_ns >= before
         post.tell(104, True, post.synced_ns)
-        assert _told(post) == 1 and (post.end, post.told, post.syncs) == (104, 5, 3)
+        assert _told(post) == 1 and (post.end, post.told, post.syncs) == (104, 6, 4)
     finally:
         os.close(fd)
 
