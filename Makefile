@@ -12,8 +12,8 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV) || python3 -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
-# the install also builds pigeon.core._compiled (setup.py, Cython) in place
-$(STAMP): pyproject.toml setup.py pigeon/core/_compiled.pyx | $(BIN)/python
+# the install also builds pigeon.core._compiled and pigeon.node._commit (setup.py, Cython) in place
+$(STAMP): pyproject.toml setup.py pigeon/core/_compiled.pyx pigeon/node/_commit.pyx | $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
