@@ -32,7 +32,7 @@ from aiohttp import web
 from google.api import annotations_pb2, http_pb2
 from google.protobuf import descriptor_pb2, descriptor_pool, json_format, message_factory
 
-from pigeon.core import limits
+from pigeon.core import limits, names
 from pigeon.core.wire import length_delimited
 
 log = logging.getLogger("pigeon.rest")
@@ -516,6 +516,13 @@ _WELL_KNOWN = {
 }
 _SINGULAR = {"projects": "project", "topics": "topic", "subscriptions": "subscription", "snapshots": "snapshot",
              "schemas": "schema"}
+# a path parameter's values as pigeon.core.names accepts them (a project's ':' is left out: in a path it would
+# read as the start of a custom verb), so a client generated from the document sends names the server takes
+_ID_SCHEMA = {"type": "string", "minLength": limits.name_chars_min, "maxLength": limits.name_chars_max,
+              "pattern": f"^[A-Za-z][{names.ID_CHARS}]*$"}
+_PATH_SCHEMAS = {"project": {"type": "string", "maxLength": names.PROJECT_CHARS_MAX,
+                             "pattern": f"^[A-Za-z0-9][{names.ID_CHARS}]*$"},
+                 **{kind: _ID_SCHEMA for kind in ("topic", "subscription", "snapshot", "schema")}}
 
 
 def _type_name(fd) -> str:
@@ -581,7 +588,7 @@ def _openapi_path(route: Route) -> tuple[str, list[dict]]:
                 prev = segs[i - 1] if i else m.group(1).split(".")[-1]
                 name = _SINGULAR.get(prev, prev)
                 params.append({"name": name, "in": "path", "required": True,
-                               "schema": {"type": "string", "pattern": "^[^/:]+$"}})
+                               "schema": dict(_PATH_SCHEMAS.get(name, {"type": "string", "pattern": "^[^/:]+$"}))})
                 parts.append("{" + name + "}")
             else:
                 parts.append(seg)

@@ -10,8 +10,10 @@ from pigeon.core.errors import InvalidArgument
 
 DELETED_TOPIC = "_deleted-topic_"
 DELETED_SCHEMA = "_deleted-schema_"
-_ID = re.compile(r"[A-Za-z][A-Za-z0-9\-_.~+%]*\Z")
-_PROJECT = re.compile(r"[A-Za-z0-9][A-Za-z0-9\-_.:~+%]*\Z")
+ID_CHARS = r"A-Za-z0-9\-_.~+%"  # (a regular expression's character class, shared with the OpenAPI document)
+_ID = re.compile(rf"[A-Za-z][{ID_CHARS}]*\Z")
+_PROJECT = re.compile(rf"[A-Za-z0-9][{ID_CHARS}:]*\Z")
+PROJECT_CHARS_MAX = 100
 KINDS = ("topics", "subscriptions", "snapshots", "schemas")
 
 
@@ -44,7 +46,7 @@ def split(name: str, kind: str) -> tuple[str, str]:
 
 
 def check_project(project: str) -> None:
-    if not project or len(project) > 100 or not _PROJECT.match(project):
+    if not project or len(project) > PROJECT_CHARS_MAX or not _PROJECT.match(project):
         raise InvalidArgument(f"Invalid project: ({project}).")
 
 

@@ -5,11 +5,16 @@ path giving exactly the request the general JSON mapping gives — or leaving th
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from google.protobuf import json_format
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pigeon.api import rest
+from pigeon.core import names
+from pigeon.core.errors import InvalidArgument
 
 
 def test_every_unary_method_has_a_route():
@@ -82,3 +87,38 @@ def test_the_publish_fast_path_gives_what_the_json_mapping_gives(body):
 ])
 def test_unusual_publish_bodies_go_the_general_way(body):
     assert rest._fast_publish("projects/p/topics/t", body) is None
+
+
+def _path_schema(name: str) -> dict:
+    op = rest.openapi()["paths"]["/v1/projects/{project}/subscriptions/{subscription}:pull"]["post"]
+    if name == "topic":
+        op = rest.openapi()["paths"]["/v1/projects/{project}/topics/{topic}"]["put"]
+    return next(p["schema"] for p in op["parameters"] if p["name"] == name)
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data(), name=st.sampled_from(["project", "topic", "subscription"]))
+def test_a_path_parameter_the_document_allows_is_a_name_the_server_takes(data, name):
+    """The OpenAPI document's path parameters say what pigeon.core.names accepts, so that a client generated
+    from it (or a fuzzer) sends names that reach the operation rather than a 400 for the name alone."""
+    schema = _path_schema(name)
+    value = data.draw(st.from_regex(schema["pattern"], fullmatch=True).filter(
+        lambda v: schema.get("minLength", 1) <= len(v) <= schema["maxLength"]))
+    if name == "project":
+        names.check_project(value)
+    elif not value.lower().startswith("goog"):  # (the one rule a pattern does not say)
+        names.split(f"projects/p/{name}s/{value}", f"{name}s")
+
+
+@pytest.mark.parametrize("name, value", [("topic", "ab"), ("topic", "1abc"), ("topic", "a" * 256),
+                                         ("topic", "ab/c"), ("subscription", "a b c"), ("project", "-p"),
+                                         ("project", "p" * 101), ("project", "p q")])
+def test_a_name_the_server_refuses_the_document_refuses(name, value):
+    with pytest.raises(InvalidArgument):
+        if name == "project":
+            names.check_project(value)
+        else:
+            names.split(f"projects/p/{name}s/{value}", f"{name}s")
+    schema = _path_schema(name)
+    assert not (re.fullmatch(schema["pattern"].strip("^$"), value)
+                and schema.get("minLength", 1) <= len(value) <= schema["maxLength"])
