@@ -1,7 +1,8 @@
 """The floor under Pigeon's latency at low rates: what one unary gRPC call costs in Python, measured on the same
 machine against a bare `grpc.aio` server that answers every call with its request (uvloop, as `pigeon serve`) and
 against a real Pigeon — round trip from a sequential caller (one call, then a 1 ms pause, as the benchmark's
-1,000 msg/s), and the server's CPU per call (its /proc stat before and after).
+1,000 msg/s), and the server's CPU per call, its event loop's thread apart from the others (gRPC's poller, Pigeon's
+journal writer), read from /proc/PID/task before and after each method's calls.
 
     python scripts/grpc_floor.py [--calls 3000] [--server-env GRPC_EXPERIMENTS=event_engine_listener]
 
@@ -66,12 +67,25 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _cpu_s(pid: int) -> float:
-    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def _cpu_s(pid: int) -> tuple[float, float]:
+    """CPU seconds (user + system) of the process's main thread — the event loop's, in every server here — and of
+    all its other threads together (gRPC's completion-queue poller, Pigeon's journal writer, …)."""
+    main = rest = 0.0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            fields = open(f"/proc/{pid}/task/{tid}/stat").read().rsplit(")", 1)[1].split()
+        except OSError:  # (a thread that ended meanwhile)
+            continue
+        s = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        if int(tid) == pid:
+            main += s
+        else:
+            rest += s
+    return main, rest
 
 
-async def _calls(address: str, n: int) -> dict[str, list[float]]:
+async def _calls(address: str, n: int, pid: int) -> dict[str, tuple[list[float], tuple[float, float]]]:
+    """{method: (sorted round trips in ms, the server's CPU µs per call on its main thread and on the others)}."""
     import grpc
     from google.pubsub_v1 import types
 
@@ -91,12 +105,14 @@ async def _calls(address: str, n: int) -> dict[str, list[float]]:
             for _ in range(100):  # warm
                 await call(req, timeout=10)
             lat = []
+            c0 = _cpu_s(pid)
             for _ in range(n):
                 t = time.perf_counter()
                 await call(req, timeout=10)
                 lat.append((time.perf_counter() - t) * 1e3)
                 await asyncio.sleep(0.001)
-            out[method] = sorted(lat)
+            c1 = _cpu_s(pid)
+            out[method] = sorted(lat), ((c1[0] - c0[0]) / n * 1e6, (c1[1] - c0[1]) / n * 1e6)
     return out
 
 
@@ -113,12 +129,9 @@ def _measure(label: str, argv: list[str], port: int, n: int, env: dict, rows: li
                     raise SystemExit(f"{label}: the server did not start")
                 time.sleep(0.1)
         console.print(f"[dim]{label}: {2 * (n + 100)} calls …")
-        c0 = _cpu_s(proc.pid)
-        lat = asyncio.run(_calls(f"127.0.0.1:{port}", n))
-        cpu = _cpu_s(proc.pid) - c0
-        for method, xs in lat.items():
+        for method, (xs, (main, rest)) in asyncio.run(_calls(f"127.0.0.1:{port}", n, proc.pid)).items():
             q = lambda f: f"{xs[int(len(xs) * f)]:.3f}"  # noqa: E731
-            rows.append((label, method, q(0.5), q(0.9), q(0.99), f"{cpu / (2 * (n + 100)) * 1e6:.0f}"))
+            rows.append((label, method, q(0.5), q(0.9), q(0.99), f"{main:.0f}", f"{rest:.0f}"))
     finally:
         proc.terminate()
         proc.wait(10)
@@ -146,7 +159,8 @@ def main() -> None:
         shutil.rmtree(data, ignore_errors=True)
     t = Table(title=f"one unary call, sequential, 1 ms apart ({a.calls} timed per method)"
                     + (f" — server env {a.server_env}" if a.server_env else ""))
-    for c in ("server", "method", "p50 ms", "p90 ms", "p99 ms", "server CPU µs/call (both methods)"):
+    for c in ("server", "method", "p50 ms", "p90 ms", "p99 ms", "server CPU µs/call: main thread (a loop's)",
+              "other threads µs/call"):
         t.add_column(c, justify="right" if "ms" in c or "µs" in c else "left")
     for r in rows:
         t.add_row(*r)
