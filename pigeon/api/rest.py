@@ -517,12 +517,14 @@ _WELL_KNOWN = {
 _SINGULAR = {"projects": "project", "topics": "topic", "subscriptions": "subscription", "snapshots": "snapshot",
              "schemas": "schema"}
 # a path parameter's values as pigeon.core.names accepts them (a project's ':' is left out: in a path it would
-# read as the start of a custom verb), so a client generated from the document sends names the server takes
+# read as the start of a custom verb), so a client generated from the document sends names the server takes; and
+# an example of each (`my-project`, `my-topic`, …), which the REST fuzz test creates before it starts
 _ID_SCHEMA = {"type": "string", "minLength": limits.name_chars_min, "maxLength": limits.name_chars_max,
               "pattern": f"^[A-Za-z][{names.ID_CHARS}]*$"}
 _PATH_SCHEMAS = {"project": {"type": "string", "maxLength": names.PROJECT_CHARS_MAX,
-                             "pattern": f"^[A-Za-z0-9][{names.ID_CHARS}]*$"},
-                 **{kind: _ID_SCHEMA for kind in ("topic", "subscription", "snapshot", "schema")}}
+                             "pattern": f"^[A-Za-z0-9][{names.ID_CHARS}]*$", "example": "my-project"},
+                 **{kind: _ID_SCHEMA | {"example": f"my-{kind}"}
+                    for kind in ("topic", "subscription", "snapshot", "schema")}}
 
 
 def _type_name(fd) -> str:

@@ -5,6 +5,7 @@ traceback. `make test` runs a few derandomized examples per operation; `make fuz
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -18,8 +19,29 @@ pytestmark = pytest.mark.e2e
 EXAMPLES = int(os.environ.get("REST_FUZZ_EXAMPLES", "5"))
 
 
+def _call(base: str, method: str, path: str, body: dict | None) -> dict:
+    req = urllib.request.Request(base + path, data=None if body is None else json.dumps(body).encode(), method=method,
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return json.loads(r.read() or b"{}")
+
+
+def _create_the_examples(base: str) -> None:
+    """The resources the document's path examples name (`my-project`, `my-topic`, …), with a few messages: the
+    examples phase's requests then reach live resources, not only lookups that fail."""
+    p = "/v1/projects/my-project"
+    _call(base, "PUT", f"{p}/topics/my-topic", {})
+    _call(base, "PUT", f"{p}/subscriptions/my-subscription", {"topic": f"{p[4:]}/topics/my-topic"})
+    _call(base, "POST", f"{p}/topics/my-topic:publish", {"messages": [{"data": "aGVsbG8="}] * 20})
+    _call(base, "PUT", f"{p}/snapshots/my-snapshot", {"subscription": f"{p[4:]}/subscriptions/my-subscription"})
+    _call(base, "POST", f"{p}/schemas?schemaId=my-schema", {"type": "AVRO", "definition": json.dumps(
+        {"type": "record", "name": "R", "fields": [{"name": "a", "type": "string"}]})})
+    assert _call(base, "GET", f"{p}/subscriptions/my-subscription", None)["topic"].endswith("/my-topic")
+
+
 def test_no_server_errors(server_factory, tmp_path):
     srv = server_factory(http=True)
+    _create_the_examples(srv.http)
     st = shutil.which("schemathesis", path=os.path.dirname(sys.executable)) or "schemathesis"
     args = [st, "run", f"{srv.http}/openapi.json", "--checks", "not_a_server_error", "--max-examples",
             str(EXAMPLES), "--no-color"]
