@@ -100,7 +100,7 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
         log.warning("the compiled hot loops (pigeon.core._compiled) were not built where Pigeon was installed (no C "
                     "compiler?): delivery and acks run in pure Python, about a third slower")
     if peers is not None:
-        log.info("node-to-node calls on %s:%d (%s)", config.host, config.peer_port,
+        log.info("node-to-node calls on %s:%d (%s)", config.peer_listen_host, config.peer_port,
                  "mutual TLS with node certificates" if config.secured else "plaintext")
     print(f"pigeon: listening on {config.host}:{port}", flush=True)
     if ready is not None:
@@ -198,7 +198,7 @@ def _peer_server(config: Config, guard, handlers: list, taking: list) -> grpc.ai
     sent over TCP, and the peer port can be firewalled to the nodes' network without touching the clients'."""
     server = _grpc_server()
     taking.append(_serve_handlers(server, _guarded(guard, handlers, access.PEERS)))
-    _listen(server, f"{config.host}:{config.peer_port}",
+    _listen(server, f"{config.peer_listen_host}:{config.peer_port}",
             security.peer_server_credentials(config) if config.secured else None)
     return server
 

@@ -39,9 +39,11 @@ OPTIONS = (
     Option("node_id", str, "this node's id in the cluster"),
     Option("advertise", str, 'HOST:PORT clients (and peers, without --peer-port) reach this node at (default '
                              '--host:--port)'),
-    Option("peer_port", int, "cluster: a port of its own for node-to-node calls (on --advertise's host); secured, it "
-                             'asks node certificates of peers and the client port asks none of clients (default: '
-                             'none)'),
+    Option("peer_port", int, "cluster: a port of its own for node-to-node calls (on --peer-host, else on --advertise's "
+                             "host); secured, it asks node certificates of peers and the client port asks none of "
+                             "clients (default: none)"),
+    Option("peer_host", str, "cluster: the interface the peer port and the append channel listen on, apart from the "
+                             "clients' (default --host); peers dial it unless it is 0.0.0.0 or ::"),
     Option("append_port", int, 'cluster: the port peers send replicated records to without gRPC (default 0: any free '
                                'one, announced in etcd; -1: none, over gRPC; mutual TLS on a secured node)'),
     Option("zone", str, "the node's zone: ledger ensembles span distinct zones"),

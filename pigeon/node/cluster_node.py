@@ -53,7 +53,7 @@ class ClusterNode:
         self.config, self.engine = config, engine
         self.meta = meta or EtcdMetadata(etcd_access.read(config.etcd, config.etcd_ca, config.etcd_cert,
                                                           config.etcd_key))
-        self._append_sock = append_channel.listen(config.host, max(config.append_port, 0)) \
+        self._append_sock = append_channel.listen(config.peer_listen_host, max(config.append_port, 0)) \
             if config.append_channel else None  # bound now: its port goes into the membership record
         self._append_server = None
         appends_at = "" if self._append_sock is None else \

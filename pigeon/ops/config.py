@@ -51,8 +51,11 @@ class Config:
     node_id: str = ""  # this node's id in the cluster (one live node per id)
     advertise: str = ""  # host:port clients (and, without a peer port, peers) reach this node at (default host:port)
     peer_port: int = 0  # a port of its own for node-to-node calls (0: none, peers use the client port as clients do)
+    peer_host: str = ""  # the interface the peer port and the append channel listen on ("": `host`): the nodes'
+    #                      network apart from the clients'; peers dial it unless it is a wildcard (0.0.0.0, ::)
     append_port: int = 0  # the append channel, replication's bytes without gRPC (pigeon.node.append_channel): 0 any
-    #                       free port (peers learn it from etcd), -1 none (appends go over gRPC); mutual TLS when secured
+    #                       free port (peers learn it from etcd), -1 none (appends go over gRPC); mutual TLS when
+    #                       secured
     zone: str = ""  # ensembles span distinct zones when nodes carry them
     machine: str = ""  # the machine this node shares with others: an ensemble takes one node of a machine at most
     #                    (the supervisor of `--workers N --etcd` sets it for its workers; "": the node is its own)
@@ -143,13 +146,14 @@ class Config:
         for q in ("publish_bytes_per_s", "admin_ops_per_min", "backlog_bytes_per_project"):
             if getattr(self, q) < 0:
                 raise ValueError(f"{q} must be 0 (no quota) or more")
-        if self.insecure or all(loopback(h) for h in self.listeners):
+        open_to = [h for h in self.listeners if not loopback(h)]
+        if self.insecure or not open_to:
             return
         if not self.authenticated:
-            raise ValueError(f"refusing to serve {self.host} (not loopback) without authentication: give "
+            raise ValueError(f"refusing to serve {open_to[0]} (not loopback) without authentication: give "
                              "--auth-token-file, --oidc-jwks or --tls-client-ca, or --insecure to serve it open")
         if not self.tls_cert:
-            raise ValueError(f"refusing to take credentials in the clear on {self.host} (not loopback): give "
+            raise ValueError(f"refusing to take credentials in the clear on {open_to[0]} (not loopback): give "
                              "--tls-cert and --tls-key, or --insecure")
 
     def _check_peers(self) -> None:
@@ -160,6 +164,8 @@ class Config:
             raise ValueError("--peer-port is a cluster node's (node-to-node calls): give --etcd and --node-id")
         if not 0 <= self.peer_port <= 65535 or self.peer_port and self.peer_port == self.port:
             raise ValueError(f"--peer-port must be a port of its own, not the client port (got {self.peer_port})")
+        if self.peer_host and not self.peer_port:
+            raise ValueError("--peer-host is where the peer port listens: give --peer-port too")
         if not -1 <= self.append_port <= 65535 or self.append_port > 0 and self.append_port in (
                 self.port, self.peer_port, self.http_port):
             raise ValueError(f"--append-port must be a port of its own, 0 (any free one) or -1 (none); got "
@@ -198,11 +204,18 @@ class Config:
         return (self.peer_ca or self.tls_client_ca) if self.peer_port else self.tls_client_ca
 
     @property
+    def peer_listen_host(self) -> str:
+        """The interface the peer port and the append channel listen on."""
+        return self.peer_host or self.host
+
+    @property
     def peer_address(self) -> str:
-        """Where peers dial this node: the peer port on the advertised host ("" without a peer port: they use
-        `address`, as clients do)."""
+        """Where peers dial this node: the peer port on `peer_host`, or on the advertised host when that is not
+        given or a wildcard ("" without a peer port: peers use `address`, as clients do)."""
         if not self.peer_port:
             return ""
+        if self.peer_host and self.peer_host not in _WILDCARDS:
+            return f"{self.peer_host}:{self.peer_port}"
         return f"{self.address.rpartition(':')[0]}:{self.peer_port}"
 
     @property
@@ -212,8 +225,9 @@ class Config:
 
     @property
     def listeners(self) -> tuple[str, ...]:
-        """The hosts this node listens on (the gRPC and the HTTP port share the host)."""
-        return (self.host,)
+        """The hosts this node listens on (the gRPC and the HTTP port share the host; the peer port and the append
+        channel listen on `peer_host` when it is given)."""
+        return tuple(dict.fromkeys(h for h in (self.host, self.peer_host) if h))
 
     @property
     def authenticated(self) -> bool:
@@ -233,6 +247,9 @@ class Config:
     def address(self) -> str:
         """Where clients reach this node (and peers, when it has no peer port)."""
         return self.advertise or f"{self.host}:{self.port}"
+
+
+_WILDCARDS = ("0.0.0.0", "::", "[::]")  # (listening on every interface: peers dial the advertised host)
 
 
 def loopback(host: str) -> bool:

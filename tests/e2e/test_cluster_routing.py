@@ -4,6 +4,7 @@ arrive once, acks stick, errors come back as the owner gave them."""
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 
@@ -169,3 +170,42 @@ def test_any_node_answers_the_figures_of_every_bundle(three_nodes, etcd):
         assert st.clustered and st.answered_by == "n3"
         assert sorted((n.node, n.state) for n in st.nodes) == [("n1", "up"), ("n2", "up"), ("n3", "up")]
         assert len(st.owners) == st.bundles and st.unowned == 0
+
+
+def test_nodes_reach_each_other_on_an_interface_of_their_own(etcd, tmp_path):
+    """--peer-host: the peer port and the append channel listen on the nodes' network (127.0.0.2 here), the client
+    port on the clients' (127.0.0.1), and nothing of node to node is served on the other. Publishing through a node
+    that does not own the topic needs the forward to the owner and the owner's appends to its ledger's members:
+    both go over 127.0.0.2, or the publish is not answered."""
+    from pigeon.testing.cluster import await_status, node_process, wipe
+    from pigeon.testing.server import free_port
+
+    wipe(etcd.endpoint)
+    nodes, ports = {}, {}
+    try:
+        for i in ("n1", "n2", "n3"):
+            ports[i] = free_port(), free_port()
+            nodes[i] = node_process(str(tmp_path), etcd.endpoint, i, extra=[
+                "--peer-host", "127.0.0.2", "--peer-port", str(ports[i][0]), "--append-port", str(ports[i][1])]).start()
+        await_status(etcd.endpoint, lambda st: st["unowned"] == 0 and len(st["nodes"]) == 3
+                     and all(r["bundles"] for r in st["nodes"]))
+        for i, node in nodes.items():
+            assert node.address.startswith("127.0.0.1:")
+            for port in ports[i]:
+                socket.create_connection(("127.0.0.2", port), timeout=5).close()
+                with pytest.raises(ConnectionRefusedError):
+                    socket.create_connection(("127.0.0.1", port), timeout=5).close()
+        topic = topic_owned_by(owners(etcd.endpoint), "n2", f"{P}/topics/peer-host")
+        (pub1, _), (_, sub3) = clients_of(nodes["n1"]), clients_of(nodes["n3"])
+        pub1.create_topic(name=topic)
+        sub3.create_subscription(name=f"{P}/subscriptions/peer-host", topic=topic)
+        sent = {pub1.publish(topic, f"p{i}".encode()).result(timeout=30) for i in range(20)}
+        got: set[str] = set()
+        deadline = time.monotonic() + 30
+        while len(got) < 20 and time.monotonic() < deadline:
+            r = sub3.pull(subscription=f"{P}/subscriptions/peer-host", max_messages=20, timeout=10)
+            got.update(m.message.message_id for m in r.received_messages)
+        assert got == sent
+    finally:
+        for n in nodes.values():
+            n.kill()

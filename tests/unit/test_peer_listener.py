@@ -65,6 +65,27 @@ def test_peers_dial_the_peer_port_on_the_advertised_host(pki):
     assert NodeInfo.decode("n0", NodeInfo("n0", "h:1").encode()).dial == "h:1"  # a node without a peer port
 
 
+def test_the_peer_port_may_listen_on_an_interface_of_its_own(pki):
+    """--peer-host: the nodes' network apart from the clients'. Peers dial it (unless it is a wildcard, when they
+    dial the advertised host); it needs a peer port; and the loopback rule looks at it as at the client port."""
+    node = dict(etcd="http://127.0.0.1:2379", node_id="n1", port=7000, peer_port=7001)
+    cfg = load(env={}, **node, peer_host="127.0.0.2")
+    assert (cfg.address, cfg.peer_address, cfg.peer_listen_host) == ("127.0.0.1:7000", "127.0.0.2:7001", "127.0.0.2")
+    assert cfg.listeners == ("127.0.0.1", "127.0.0.2")
+    for wildcard in ("0.0.0.0", "::"):
+        cfg = cluster(pki, peer_port=7001, peer_ca=f"{pki}/ca.pem", advertise="n1.example:443", peer_host=wildcard)
+        assert (cfg.peer_address, cfg.peer_listen_host) == ("n1.example:7001", wildcard)
+    plain = load(env={}, **node)
+    assert (plain.peer_address, plain.peer_listen_host, plain.listeners) == ("127.0.0.1:7001", "127.0.0.1",
+                                                                               ("127.0.0.1",))
+    with pytest.raises(ValueError, match="give --peer-port"):
+        load(env={}, etcd="http://127.0.0.1:2379", node_id="n1", peer_host="127.0.0.2")
+    # clients on loopback, peers on the machine's network: open, that is not loopback any more
+    with pytest.raises(ValueError, match="refusing to serve 10.0.0.5"):
+        load(env={}, **node, peer_host="10.0.0.5")
+    assert load(env={}, **node, peer_host="10.0.0.5", insecure=True).listeners == ("127.0.0.1", "10.0.0.5")
+
+
 def test_the_append_channel_is_a_cluster_nodes_and_announced_with_it(pki):
     plain = load(env={}, etcd="http://127.0.0.1:2379", node_id="n1", port=7000)
     assert plain.append_channel and plain.append_port == 0  # any free port, by default
