@@ -1,7 +1,8 @@
 """Wiring of a secured node (docs/security.md): the guard (api.access) with its authenticator, audit log and
 quotas; TLS credentials; the unix socket the node's own REST front reaches its gRPC API through; the watch that
-re-checks open streams when policies change, reloads the token file and the issuer's keys, and measures each
-project's backlog. Owns the rule: a node whose configuration says nothing of security gets none of this."""
+re-checks open streams when policies change, reloads the token file, the client port's TLS files and the
+issuer's keys, and measures each project's backlog. Owns the rule: a node whose configuration says nothing of
+security gets none of this."""
 
 from __future__ import annotations
 
@@ -18,9 +19,8 @@ from pigeon.ops.config import Config
 
 log = logging.getLogger("pigeon.security")
 
-server_credentials = tls.server_credentials
+ServedCertificate = tls.ServedCertificate
 peer_server_credentials = tls.peer_server_credentials
-http_context = tls.http_context
 
 
 def guard(config: Config, engine) -> access.Guard:
@@ -62,14 +62,17 @@ def describe(config: Config) -> str:
     return f", TLS {'on' if config.tls_cert else 'off'}, authentication: {', '.join(ways) or 'none'}"
 
 
-async def watch(g: access.Guard, engine) -> None:
+async def watch(g: access.Guard, engine, served: tls.ServedCertificate | None = None) -> None:
     """Every `limits.security_watch_s`: streams whose caller lost the right end; a changed token file is read
-    again; the issuer's keys are fetched when due (off the event loop); each project's backlog is measured."""
+    again, and so are changed TLS files of the client port (`served`); the issuer's keys are fetched when due
+    (off the event loop); each project's backlog is measured."""
     authn = g.authn
     while True:
         await asyncio.sleep(limits.security_watch_s)
         try:
             g.recheck_if_changed()
+            if served is not None and served.reload_if_changed():
+                log.info("TLS certificate read again (%s): new connections get it", served.paths[0])
             if authn.config.auth_token_file and authn.reload_tokens():
                 log.info("token file read again (%d tokens)", len(authn.tokens))
             if authn.keys_due():

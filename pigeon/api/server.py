@@ -29,6 +29,10 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    try:  # (read before anything starts: files that cannot be served stop nothing but this)
+        served = security.ServedCertificate(config) if config.tls_cert else None
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"pigeon: cannot serve TLS with --tls-cert/--tls-key/--tls-client-ca: {e}")
     engine = Engine(config)
     try:
         await engine.start()
@@ -75,7 +79,7 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
     else:
         taking = [_serve_handlers(server, _guarded(guard, handlers + storage, access.SHARED))]
     port = _listen(server, f"{config.host}:{config.port}",
-                   security.server_credentials(config) if config.tls_cert else None)
+                   served.grpc_credentials() if served is not None else None)
     local = security.local_socket(server) if config.secured else None  # the REST front's way in
     # What startup made (modules, protobuf descriptors, the recovered state) lives as long as the process:
     # freezing it keeps the collector's full passes, which pause the event loop, from walking it again.
@@ -90,9 +94,9 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
         t.start()
     if cluster is not None:
         await cluster.listening()
-    watch = asyncio.get_running_loop().create_task(security.watch(guard, engine), name="pigeon-security") \
+    watch = asyncio.get_running_loop().create_task(security.watch(guard, engine, served), name="pigeon-security") \
         if guard is not None else None
-    http = await _start_http(config, port, engine, cluster, guard, local)
+    http = await _start_http(config, port, engine, cluster, guard, local, served)
     log.info("pigeon serving on %s:%d (data %s, fsync=%s%s%s)", config.host, port, config.data_dir, config.fsync,
              f", node {config.node_id} of cluster {cluster.cluster_id}" if cluster else "",
              security.describe(config))
@@ -203,7 +207,7 @@ def _peer_server(config: Config, guard, handlers: list, taking: list) -> grpc.ai
     return server
 
 
-async def _start_http(config: Config, grpc_port: int, engine, cluster, guard=None, local=None):
+async def _start_http(config: Config, grpc_port: int, engine, cluster, guard=None, local=None, served=None):
     """The HTTP port (pigeon.api.rest): REST, health. When it is only the default (the gRPC port + 1) and taken,
     the node serves gRPC without it, saying so. Secured, it speaks HTTPS and reaches the gRPC API through the
     unix socket (`local`), passing on the caller's credential (and its certificate's identity under mutual
@@ -224,7 +228,7 @@ async def _start_http(config: Config, grpc_port: int, engine, cluster, guard=Non
     api = rest.RestApi(target, ready=cluster.ready if cluster is not None else None,
                        metrics=lambda: metrics.render(reg), mtls=bool(config.tls_client_ca))
     try:
-        runner = await rest.start(api, config.host, port, security.http_context(config) if config.tls_cert else None,
+        runner = await rest.start(api, config.host, port, served.http_context() if served is not None else None,
                                   reuse_port=config.reuse_port, also=config.own_http_port)
     except OSError as e:
         await api.close()

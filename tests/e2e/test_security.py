@@ -456,3 +456,62 @@ def test_the_command_line_against_a_secured_server(kit, secure, tmp_path):
     (tmp_path / "bad").write_text("nope")
     bad = pigeon("topics", "list", "--project", "cli-p", token=str(tmp_path / "bad"))
     assert bad.returncode == 1 and "UNAUTHENTICATED" in bad.stderr
+
+
+def _presented(port: int, ca_path: str) -> str:
+    """The SHA-256 of the certificate a server presents on a new TLS connection (ALPN h2, as gRPC clients ask)."""
+    import hashlib
+    import socket
+    import ssl
+
+    ctx = ssl.create_default_context(cafile=ca_path)
+    ctx.set_alpn_protocols(["h2", "http/1.1"])
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as raw, \
+            ctx.wrap_socket(raw, server_hostname="localhost") as s:
+        return hashlib.sha256(s.getpeercert(binary_form=True)).hexdigest()
+
+
+def test_a_renewed_certificate_is_served_without_a_restart(tmp_path):
+    """A renewal tool writes a new certificate and key over the files the node was started with: the gRPC and the
+    HTTPS port present it on their next connections, the official client works on; a key that is not the
+    certificate's changes nothing and is logged."""
+    import hashlib
+    import ssl
+    import time
+
+    from pigeon.ops import certs
+
+    kit = Kit(str(tmp_path / "pki"))  # a kit of its own: this test writes over its server certificate
+    srv = ServerProcess(str(tmp_path / "data"), http=True, extra=kit.serve_args()).start()
+    ports = (srv.port, srv.http_port)
+
+    def until_presented(fingerprint: str) -> None:
+        deadline = time.monotonic() + 30
+        while {_presented(p, kit.ca_path) for p in ports} != {fingerprint}:
+            assert time.monotonic() < deadline, f"the ports still present {[_presented(p, kit.ca_path) for p in ports]}"
+            time.sleep(0.2)
+
+    try:
+        pub, _ = clients(kit, srv, kit.admin_token)
+        pub.create_topic(name="projects/renewed/topics/renewal")
+        first = hashlib.sha256(ssl.PEM_cert_to_DER_cert(open(kit.server_cert).read())).hexdigest()
+        until_presented(first)
+        certs.issue(kit.dir, "server", hosts=["localhost", "127.0.0.1"])  # the renewal, in place
+        renewed = hashlib.sha256(ssl.PEM_cert_to_DER_cert(open(kit.server_cert).read())).hexdigest()
+        assert renewed != first
+        until_presented(renewed)
+        pub, _ = clients(kit, srv, kit.admin_token)  # a new connection, made with the renewed certificate
+        assert pub.publish("projects/renewed/topics/renewal", b"after the renewal").result(timeout=30)
+
+        certs.issue(kit.dir, "stray", hosts=["localhost"])
+        shutil.copy(os.path.join(kit.dir, "stray-key.pem"), kit.server_key)
+        deadline = time.monotonic() + 30
+        while "do not make a valid set" not in open(srv.log_path).read():
+            assert time.monotonic() < deadline, "the bad key was not reported"
+            time.sleep(0.2)
+        assert {_presented(p, kit.ca_path) for p in ports} == {renewed}
+        pub, _ = clients(kit, srv, kit.admin_token)
+        assert pub.publish("projects/renewed/topics/renewal", b"after a bad copy").result(timeout=30)
+        assert srv.proc.poll() is None
+    finally:
+        srv.kill()
