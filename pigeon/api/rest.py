@@ -33,6 +33,7 @@ from google.api import annotations_pb2, http_pb2
 from google.protobuf import descriptor_pb2, descriptor_pool, json_format, message_factory
 
 from pigeon.core import limits, names
+from pigeon.core.errors import PigeonError
 from pigeon.core.wire import length_delimited
 
 log = logging.getLogger("pigeon.rest")
@@ -390,8 +391,9 @@ async def request_message(route: Route, values: tuple[str, ...], req: web.Reques
 class RestApi:
     """Answers the REST API by calling the node's own gRPC server at `grpc_target`."""
 
-    def __init__(self, grpc_target: str, ready=None, metrics=None, mtls: bool = False):
+    def __init__(self, grpc_target: str, ready=None, metrics=None, mtls: bool = False, metrics_gate=None):
         self.mtls = mtls  # mutual TLS: a caller without a token is its certificate's identity
+        self.metrics_gate = metrics_gate  # (authorization, client certificate) → None, or raises: /metrics' door
         self.channel = grpc.aio.insecure_channel(grpc_target, options=[
             ("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)])
         self.ready = ready  # () → (ok, why): readiness for /readyz
@@ -441,6 +443,11 @@ class RestApi:
     async def metrics_page(self, req: web.Request) -> web.Response:
         if self.metrics is None:
             return error_response(grpc.StatusCode.NOT_FOUND, "No metrics here.")
+        if self.metrics_gate is not None:
+            try:
+                self.metrics_gate(req.headers.get("Authorization"), _cert_pem(req) if self.mtls else None)
+            except PigeonError as e:
+                return error_response(grpc.StatusCode[e.code], e.message)
         return web.Response(body=self.metrics(), headers={"Content-Type": "text/plain; version=0.0.4; "
                                                                           "charset=utf-8"})
 
@@ -478,15 +485,21 @@ async def _errors(req: web.Request, handler):
         return error_response(grpc.StatusCode.INTERNAL, "Internal error.")
 
 
-def _cert_identity(req: web.Request) -> str:
-    """The principal the client certificate of this HTTPS connection names (verified by the TLS handshake)."""
+def _cert_pem(req: web.Request) -> bytes | None:
+    """The client certificate of this HTTPS connection (verified by the TLS handshake), or None."""
     import ssl
-
-    from pigeon.ops import certs
 
     obj = req.transport.get_extra_info("ssl_object") if req.transport is not None else None
     der = obj.getpeercert(binary_form=True) if obj is not None else None
-    return certs.identity_of(ssl.DER_cert_to_PEM_cert(der).encode()) if der else ""
+    return ssl.DER_cert_to_PEM_cert(der).encode() if der else None
+
+
+def _cert_identity(req: web.Request) -> str:
+    """The principal the client certificate of this HTTPS connection names."""
+    from pigeon.ops import certs
+
+    pem = _cert_pem(req)
+    return certs.identity_of(pem) if pem is not None else ""
 
 
 async def start(api: RestApi, host: str, port: int, ssl_context=None, reuse_port: bool = False,

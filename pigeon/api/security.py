@@ -14,6 +14,7 @@ import tempfile
 
 from pigeon.api import access
 from pigeon.core import limits
+from pigeon.core.errors import PermissionDenied
 from pigeon.ops import tls
 from pigeon.ops.config import Config
 
@@ -32,6 +33,24 @@ def guard(config: Config, engine) -> access.Guard:
         raise SystemExit(f"pigeon: cannot read the credentials' configuration: {e}")
     q = quotas.ProjectQuotas(config.publish_bytes_per_s, config.admin_ops_per_min, config.backlog_bytes_per_project)
     return access.Guard(engine, authn, config, audit.Audit(config.audit_log), q)
+
+
+def metrics_gate(config: Config, g: access.Guard | None):
+    """Who may read /metrics: on a node that authenticates callers, its admins and `metrics_readers` — the page
+    names every project's topics and subscriptions and their traffic, the node's figures, not one tenant's —
+    else anyone (a node that cannot tell callers apart has only the network to keep it). Returns None (open) or
+    `check(authorization header, client certificate PEM)`, which raises Unauthenticated or PermissionDenied."""
+    readers = config.metrics_principals | config.admin_principals
+    if g is None or not config.authenticated or "allUsers" in readers:
+        return None
+    anyone_known = "allAuthenticatedUsers" in readers
+
+    def check(authorization: str | None, cert_pem: bytes | None) -> None:
+        who = g.authn.principal(authorization, cert_pem)
+        if not anyone_known and who not in readers:
+            raise PermissionDenied(PermissionDenied.MESSAGE)
+
+    return check
 
 
 class LocalSocket:

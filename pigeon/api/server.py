@@ -226,7 +226,8 @@ async def _start_http(config: Config, grpc_port: int, engine, cluster, guard=Non
     lag = metrics.LoopLag()
     reg = metrics.registry(engine, cluster, lag, config.metrics_top, guard)
     api = rest.RestApi(target, ready=cluster.ready if cluster is not None else None,
-                       metrics=lambda: metrics.render(reg), mtls=bool(config.tls_client_ca))
+                       metrics=lambda: metrics.render(reg), mtls=bool(config.tls_client_ca),
+                       metrics_gate=security.metrics_gate(config, guard))
     try:
         runner = await rest.start(api, config.host, port, served.http_context() if served is not None else None,
                                   reuse_port=config.reuse_port, also=config.own_http_port)

@@ -68,6 +68,8 @@ OPTIONS = (
     Option("oidc_audience", str, 'OIDC/JWT tokens: the audience (aud)'),
     Option("oidc_jwks", str, "OIDC/JWT tokens: the issuer's keys (a JWKS file or URL)"),
     Option("admins", str, 'comma-separated principals with every permission (bootstrap)'),
+    Option("metrics_readers", str, "with authentication, who besides the admins may read /metrics (comma-separated "
+                                   "principals; allAuthenticatedUsers, allUsers)"),
     Option("insecure", bool, 'serve a non-loopback address without authentication or TLS, knowingly'),
     Option("audit_log", str, "file for the audit log's JSON lines (default: the server's log)"),
     Option("publish_bytes_per_s", int, 'quota: publish bytes per second of each project (0: none)'),

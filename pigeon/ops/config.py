@@ -83,6 +83,9 @@ class Config:
     oidc_audience: str = ""  # … the `aud` they must carry…
     oidc_jwks: str = ""  # … and the issuer's keys: a JWKS file or an https URL
     admins: str = ""  # comma-separated principals holding every permission on everything (the bootstrap)
+    metrics_readers: str = ""  # on a node that authenticates, who besides the admins may read /metrics
+    #                            (comma-separated principals; allAuthenticatedUsers: any caller it knows; allUsers:
+    #                            anyone, as without authentication)
     insecure: bool = False  # serve a non-loopback address without authentication or TLS, knowingly
     audit_log: str = ""  # JSON lines of admin changes and denied calls: a file, or "" for the log (pigeon.audit)
     # per-project quotas (0: none beyond the limits above); past one: RESOURCE_EXHAUSTED with a QuotaFailure
@@ -242,6 +245,10 @@ class Config:
     @property
     def admin_principals(self) -> frozenset[str]:
         return frozenset(p.strip() for p in self.admins.split(",") if p.strip())
+
+    @property
+    def metrics_principals(self) -> frozenset[str]:
+        return frozenset(p.strip() for p in self.metrics_readers.split(",") if p.strip())
 
     @property
     def address(self) -> str:

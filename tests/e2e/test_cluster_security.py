@@ -40,7 +40,8 @@ def secured_nodes(etcd, tmp_path):
         cert, key = kit.client_cert(f"node-{i}", node_id=i)
         extra = ["--tls-cert", os.path.join(kit.dir, f"node-{i}.pem"), "--tls-key",
                  os.path.join(kit.dir, f"node-{i}-key.pem"), "--tls-client-ca", kit.ca_path,
-                 "--auth-token-file", kit.token_file, "--admins", ADMIN]
+                 "--auth-token-file", kit.token_file, "--admins", ADMIN,
+                 "--metrics-readers", "user:app@example.com"]  # (a scraper with a client certificate)
         nodes[i] = node_process(str(tmp_path), etcd.endpoint, i, extra=extra, http=True).start()
     await_status(etcd.endpoint, lambda st: st["unowned"] == 0 and len(st["nodes"]) == 3
                  and all(r["bundles"] for r in st["nodes"]))

@@ -398,13 +398,47 @@ def test_quotas_per_project_with_quota_failure_details(kit, tmp_path):
         assert he.value.code == 429 and body["error"]["status"] == "RESOURCE_EXHAUSTED"
         kinds = [d["@type"] for d in body["error"]["details"]]
         assert kinds == ["type.googleapis.com/google.rpc.QuotaFailure", "type.googleapis.com/google.rpc.RetryInfo"]
-        with urllib.request.urlopen(srv.http.replace("http://127.0.0.1", "https://localhost") + "/metrics",
-                                    context=ssl.create_default_context(cafile=kit.ca_path), timeout=10) as r:
+        scrape = urllib.request.Request(srv.http.replace("http://127.0.0.1", "https://localhost") + "/metrics",
+                                        headers={"Authorization": f"Bearer {kit.admin_token}"})
+        with urllib.request.urlopen(scrape, context=ssl.create_default_context(cafile=kit.ca_path), timeout=10) as r:
             metrics = r.read().decode()
         assert 'pigeon_project_quota_exceeded_total{project="noisy",quota="publish-bytes-per-second"} 1.0' in metrics
         assert 'pigeon_project_publish_bytes_total{project="quiet"}' in metrics
     finally:
         srv.kill()
+
+
+def test_metrics_are_for_the_admins_and_the_metrics_readers(kit, secure):
+    """/metrics names every project's resources and traffic: on a node that authenticates, a caller without a
+    credential gets 401 and one who is neither an admin nor a metrics reader 403 (Google's JSON error shape); the
+    health checks stay open, as load balancers and orchestrators call them without credentials."""
+    import ssl
+    import time
+    import urllib.error
+    import urllib.request
+
+    base = secure.http.replace("http://127.0.0.1", "https://localhost")
+    ctx = ssl.create_default_context(cafile=kit.ca_path)
+
+    def get(path: str, token: str | None = None) -> tuple[int, bytes]:
+        req = urllib.request.Request(base + path, headers={"Authorization": f"Bearer {token}"} if token else {})
+        try:
+            with urllib.request.urlopen(req, context=ctx, timeout=10) as r:
+                return r.status, r.read()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read()
+
+    status, body = get("/metrics")
+    assert status == 401 and json.loads(body)["error"]["status"] == "UNAUTHENTICATED"
+    eve, deadline = kit.token("user:metrics-eve@example.com"), time.monotonic() + 30
+    while (status := get("/metrics", eve)[0]) == 401 and time.monotonic() < deadline:
+        time.sleep(0.2)  # (a token added to the file is known once the node read the file again: within a second)
+    status, body = get("/metrics", eve)
+    assert status == 403 and json.loads(body)["error"]["status"] == "PERMISSION_DENIED"
+    assert get("/metrics", "not-a-token")[0] == 401
+    status, body = get("/metrics", kit.admin_token)
+    assert status == 200 and b"pigeon_" in body
+    assert get("/healthz")[0] == 200 and get("/readyz")[0] == 200
 
 
 def test_non_loopback_without_authentication_refuses_to_start(tmp_path):
