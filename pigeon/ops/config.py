@@ -167,7 +167,7 @@ class Config:
             raise ValueError("--peer-port is a cluster node's (node-to-node calls): give --etcd and --node-id")
         if not 0 <= self.peer_port <= 65535 or self.peer_port and self.peer_port == self.port:
             raise ValueError(f"--peer-port must be a port of its own, not the client port (got {self.peer_port})")
-        if self.peer_host and not self.peer_port:
+        if self.peer_host and not self.peer_port and self.workers == 1:  # (workers get peer ports of their own)
             raise ValueError("--peer-host is where the peer port listens: give --peer-port too")
         if not -1 <= self.append_port <= 65535 or self.append_port > 0 and self.append_port in (
                 self.port, self.peer_port, self.http_port):

@@ -311,3 +311,37 @@ def test_workers_join_a_cluster_on_etcd_as_nodes_of_one_machine(etcd, tmp_path):
         machine.stop(timeout=60)
         for o in others:
             o.kill()
+
+
+def test_workers_reach_each_other_on_the_peer_host(tmp_path):
+    """`--workers 2 --peer-host 127.0.0.2`: each worker's peer port and append channel listen there only, and a
+    call reaching the worker that does not own its topic is forwarded to the other over it."""
+    import socket
+
+    server = ServerProcess(str(tmp_path / "data"), extra=["--workers", "2", "--peer-host", "127.0.0.2"])
+    server.start(timeout=60)
+    try:
+        with open(tmp_path / "data" / "workers.json") as f:
+            etcd = f"127.0.0.1:{json.load(f)['etcd_client']}"
+        await_status(etcd, lambda st: st["unowned"] == 0 and sum(r["state"] == "up" for r in st["nodes"]) == 2
+                     and st["ledgers"]["open"] >= st["bundles"], timeout=60, what="both workers to own their bundles")
+        for pid in _worker_pids(server.proc.pid).values():
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
+            for port in (int(env[b"PIGEON_PEER_PORT"]), int(env[b"PIGEON_APPEND_PORT"])):
+                socket.create_connection(("127.0.0.2", port), timeout=5).close()
+                with pytest.raises(ConnectionRefusedError):
+                    socket.create_connection(("127.0.0.1", port), timeout=5).close()
+        owner_of = owners(etcd)
+        pub, sub = clients_of(server)
+        for w in ("w0", "w1"):  # one of the two calls reaches the other worker and is forwarded
+            topic = topic_owned_by(owner_of, w, f"{P}/topics/peer-host-{w}")
+            pub.create_topic(name=topic)
+            sub.create_subscription(name=f"{P}/subscriptions/peer-host-{w}", topic=topic)
+            sent = {pub.publish(topic, f"{w}-{i}".encode()).result(timeout=30): f"{w}-{i}" for i in range(20)}
+            got = _streamed(sub, f"{P}/subscriptions/peer-host-{w}", set(sent))
+            assert got.items() >= sent.items()
+        pub.stop()
+        sub.close()
+    finally:
+        server.stop(timeout=60)

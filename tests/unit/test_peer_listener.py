@@ -80,6 +80,8 @@ def test_the_peer_port_may_listen_on_an_interface_of_its_own(pki):
                                                                                ("127.0.0.1",))
     with pytest.raises(ValueError, match="give --peer-port"):
         load(env={}, etcd="http://127.0.0.1:2379", node_id="n1", peer_host="127.0.0.2")
+    # a machine's workers: the supervisor gives each its peer port, on the peer host given
+    assert load(env={}, etcd="http://127.0.0.1:2379", node_id="n1", workers=2, peer_host="127.0.0.2").peer_host
     # clients on loopback, peers on the machine's network: open, that is not loopback any more
     with pytest.raises(ValueError, match="refusing to serve 10.0.0.5"):
         load(env={}, **node, peer_host="10.0.0.5")
