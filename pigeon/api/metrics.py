@@ -257,6 +257,13 @@ class SecurityCollector(Collector):
         for p, n in q.backlog.items():
             backlog.add_metric([p], n)
         yield backlog
+        share = GaugeMetricFamily("pigeon_project_quota_share", "this node's part of a project's quota (a cluster "
+                                  "shares each quota out among its nodes every second; 1 alone)",
+                                  labels=["project", "quota"])
+        for p, (pub, adm) in q.shares.items():
+            share.add_metric([p, "publish-bytes-per-second"], pub)
+            share.add_metric([p, "admin-operations-per-minute"], adm)
+        yield share
 
 
 def registry(engine, cluster=None, lag: LoopLag | None = None, top: int = 500, guard=None) -> CollectorRegistry:

@@ -81,11 +81,15 @@ def describe(config: Config) -> str:
     return f", TLS {'on' if config.tls_cert else 'off'}, authentication: {', '.join(ways) or 'none'}"
 
 
-async def watch(g: access.Guard, engine, served: tls.ServedCertificate | None = None) -> None:
+async def watch(g: access.Guard, engine, served: tls.ServedCertificate | None = None, cluster=None) -> None:
     """Every `limits.security_watch_s`: streams whose caller lost the right end; a changed token file is read
     again, and so are changed TLS files of the client port (`served`); the issuer's keys are fetched when due
-    (off the event loop); each project's backlog is measured."""
+    (off the event loop); each project's backlog is measured; a cluster node shares the quotas out with the
+    others (`QuotaSharing`)."""
     authn = g.authn
+    sharing = QuotaSharing(g.quotas, cluster) if cluster is not None and g.quotas.active else None
+    if sharing is not None:  # at once: until a node has shared, it would hold every quota whole
+        await sharing.exchange()
     while True:
         await asyncio.sleep(limits.security_watch_s)
         try:
@@ -98,10 +102,45 @@ async def watch(g: access.Guard, engine, served: tls.ServedCertificate | None = 
                 await asyncio.to_thread(authn.refresh_keys)
             if g.quotas.backlog_bytes:
                 g.quotas.measured(backlog_bytes(engine))
+            if sharing is not None:
+                await sharing.exchange()
         except asyncio.CancelledError:
             raise
         except Exception:  # noqa: BLE001 — a bad token file or an unreachable issuer: logged, tried again
             log.exception("security watch")
+
+
+class QuotaSharing:
+    """A cluster node's part in sharing each project's quotas (pigeon.ops.quotas): every second it puts what its
+    callers asked for under its session's lease (gone with the node) and reads the others' back. While etcd cannot
+    be reached the shares stay as they were (said once)."""
+
+    def __init__(self, quotas, cluster):
+        self.quotas, self.cluster = quotas, cluster
+        self.failing = False
+
+    async def exchange(self) -> None:
+        import json
+
+        from pigeon.cluster import metadata as M
+
+        lease, me = self.cluster.membership.lease, M.usage_key(self.cluster.info.node_id)
+        if not lease:
+            return
+        own = self.quotas.report()
+        try:
+            await self.cluster.meta.put(me, json.dumps(own, separators=(",", ":")).encode(), lease)
+            others = [json.loads(kv.value) for kv in await self.cluster.meta.list(M.USAGE_PREFIX) if kv.key != me]
+        except Exception as e:  # noqa: BLE001 — etcd away: the last shares stand
+            if not self.failing:
+                log.warning("cannot share the quotas out with the other nodes now (%s): keeping this node's "
+                            "shares as they are", e)
+            self.failing = True
+            return
+        if self.failing:
+            log.info("sharing the quotas out with the other nodes again")
+            self.failing = False
+        self.quotas.share_out(own, others)
 
 
 def backlog_bytes(engine) -> dict[str, int]:

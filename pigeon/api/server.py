@@ -94,7 +94,7 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
         t.start()
     if cluster is not None:
         await cluster.listening()
-    watch = asyncio.get_running_loop().create_task(security.watch(guard, engine, served), name="pigeon-security") \
+    watch = asyncio.get_running_loop().create_task(security.watch(guard, engine, served, cluster), name="pigeon-security") \
         if guard is not None else None
     http = await _start_http(config, port, engine, cluster, guard, local, served)
     log.info("pigeon serving on %s:%d (data %s, fsync=%s%s%s)", config.host, port, config.data_dir, config.fsync,

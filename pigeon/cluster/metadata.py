@@ -164,5 +164,14 @@ def drain_key(node_id: str) -> str:
     return f"{ROOT}/draining/{node_id}"
 
 
+USAGE_PREFIX = f"{ROOT}/usage/"
+
+
+def usage_key(node_id: str) -> str:
+    """What a node's callers asked of each project's quotas in the last second (pigeon.ops.quotas): put under
+    its session lease every second, read by the other nodes to share the quotas out."""
+    return f"{USAGE_PREFIX}{node_id}"
+
+
 CLUSTER_ID_KEY = f"{ROOT}/cluster-id"
 BUNDLES_KEY = f"{ROOT}/bundles"  # the number of bundles, fixed when the cluster is created

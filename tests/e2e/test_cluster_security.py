@@ -261,3 +261,61 @@ def test_a_machines_workers_join_a_secured_cluster_with_its_node_certificate(etc
         machine.stop(timeout=60)
         for o in others:
             o.kill()
+
+
+def test_a_projects_publish_quota_is_the_clusters_not_each_nodes(etcd, tmp_path):
+    """Two clients publish flat out to one project through two nodes of a cluster whose publish quota is 100 kB/s
+    a project: together they get about the project's quota, not a quota each (which would be twice it), and
+    about half each; the refusals carry the project's quota. The nodes share it out through etcd every second."""
+    import threading
+    import time
+
+    kit = Kit(str(tmp_path / "pki"))
+    wipe(etcd.endpoint)
+    nodes = {}
+    quota = 100_000
+    try:
+        for i in ("n1", "n2", "n3"):
+            kit.client_cert(f"node-{i}", node_id=i)
+            extra = [*kit.serve_args(more=("--publish-bytes-per-s", str(quota))), "--peer-port", str(free_port()),
+                     "--peer-cert", os.path.join(kit.dir, f"node-{i}.pem"), "--peer-key",
+                     os.path.join(kit.dir, f"node-{i}-key.pem"), "--peer-ca", kit.ca_path]
+            nodes[i] = node_process(str(tmp_path), etcd.endpoint, i, extra=extra).start()
+        await_status(etcd.endpoint, lambda st: st["unowned"] == 0 and len(st["nodes"]) == 3
+                     and all(r["bundles"] for r in st["nodes"]))
+        admin = kit.admin_token
+        topic = "projects/shared-quota/topics/flat-out"
+        assert call(kit.channel(nodes["n1"].address), P + "CreateTopic",
+                    types.Topic.pb()(name=topic).SerializeToString(), admin)[0] == grpc.StatusCode.OK
+        request = types.PublishRequest.pb()(topic=topic, messages=[{"data": os.urandom(10_000)}]).SerializeToString()
+        start = time.monotonic()
+        window = (start + 3.0, start + 9.0)  # (after the first exchanges)
+        passed = {"n1": 0, "n2": 0}
+        refusals: list[str] = []
+
+        def flat_out(node: str) -> None:
+            ch = kit.channel(nodes[node].address)
+            while (now := time.monotonic()) < window[1]:
+                code, details, _ = call(ch, P + "Publish", request, admin, timeout=30)
+                if code == grpc.StatusCode.OK:
+                    if now >= window[0]:
+                        passed[node] += len(request)
+                elif code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                    refusals.append(details)
+                else:
+                    raise AssertionError(f"{node}: {code} {details}")
+
+        threads = [threading.Thread(target=flat_out, args=(n,)) for n in passed]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        seconds = window[1] - window[0]
+        total = sum(passed.values())
+        assert total <= 1.4 * quota * seconds, f"{total / seconds:,.0f} B/s through two nodes: a quota each"
+        assert total >= 0.5 * quota * seconds, f"{total / seconds:,.0f} B/s: the quota was not served"
+        assert min(passed.values()) >= 0.35 * total, f"not an equal part each: {passed}"
+        assert refusals and all(f"limit {quota} bytes per second" in r for r in refusals), refusals[:3]
+    finally:
+        for n in nodes.values():
+            n.kill()
