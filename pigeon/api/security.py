@@ -87,9 +87,16 @@ async def watch(g: access.Guard, engine, served: tls.ServedCertificate | None = 
     (off the event loop); each project's backlog is measured; a cluster node shares the quotas out with the
     others (`QuotaSharing`)."""
     authn = g.authn
-    sharing = QuotaSharing(g.quotas, cluster) if cluster is not None and g.quotas.active else None
-    if sharing is not None:  # at once: until a node has shared, it would hold every quota whole
-        await sharing.exchange()
+    sharing = asyncio.get_running_loop().create_task(QuotaSharing(g.quotas, cluster).run(), name="pigeon-quotas") \
+        if cluster is not None and g.quotas.active else None  # (a task of its own: etcd's pace is not the watch's)
+    try:
+        await _watch(g, engine, served, authn)
+    finally:
+        if sharing is not None:
+            sharing.cancel()
+
+
+async def _watch(g: access.Guard, engine, served, authn) -> None:
     while True:
         await asyncio.sleep(limits.security_watch_s)
         try:
@@ -102,8 +109,6 @@ async def watch(g: access.Guard, engine, served: tls.ServedCertificate | None = 
                 await asyncio.to_thread(authn.refresh_keys)
             if g.quotas.backlog_bytes:
                 g.quotas.measured(backlog_bytes(engine))
-            if sharing is not None:
-                await sharing.exchange()
         except asyncio.CancelledError:
             raise
         except Exception:  # noqa: BLE001 — a bad token file or an unreachable issuer: logged, tried again
@@ -118,6 +123,11 @@ class QuotaSharing:
     def __init__(self, quotas, cluster):
         self.quotas, self.cluster = quotas, cluster
         self.failing = False
+
+    async def run(self) -> None:
+        while True:  # the first at once: until a node has shared, it would hold every quota whole
+            await self.exchange()
+            await asyncio.sleep(limits.security_watch_s)
 
     async def exchange(self) -> None:
         import json

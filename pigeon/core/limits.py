@@ -158,6 +158,7 @@ decision_cache_max = 100_000  # (principal, permission, resource) → allowed, k
 jwt_leeway_s = 30  # clock skew allowed between the token's issuer and this node (exp, nbf, iat)
 jwks_refresh_s = 300.0  # an issuer's JWKS URL is read again this often (keys rotate: new ones appear first)
 security_watch_s = 1.0  # open streams are checked again (policies changed, token file changed) this often
+quota_report_projects_max = 5_000  # projects in a node's report of what was asked of the quotas (the busiest)
 quota_burst_s = 0.1  # publish throughput: a project's bucket holds this many seconds of its rate …
 quota_retry_s_min = 0.1  # … and a refusal's retry hint is at least this (a client waiting it out sends ≤ 10/s)
 admin_quota_window_s = 60.0  # admin operations are metered over this window

@@ -127,6 +127,8 @@ class ProjectQuotas:
                for p in set(self.asked_bytes) | set(self.asked_ops) | set(self.backlog)}
         self.asked_bytes.clear()
         self.asked_ops.clear()
+        if len(out) > limits.quota_report_projects_max:  # the busiest: the others get equal shares meanwhile
+            out = dict(sorted(out.items(), key=lambda kv: kv[1], reverse=True)[:limits.quota_report_projects_max])
         return out
 
     def share_out(self, own: dict[str, list[int]], others: list[dict[str, list[int]]]) -> None:

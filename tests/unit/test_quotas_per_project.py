@@ -151,3 +151,14 @@ def test_admin_operations_and_backlog_are_the_clusters_too():
     a.share_out(a.report(), [b.report()])
     with pytest.raises(QuotaExceeded):  # 300 here + 800 there > 1,000
         a.publish("p", 1, now=2.0)
+
+
+def test_a_report_names_the_busiest_projects_only():
+    from pigeon.core import limits
+
+    q = ProjectQuotas(publish_bytes_per_s=10**9, admin_ops_per_min=0, backlog_bytes=0)
+    for i in range(limits.quota_report_projects_max + 1):
+        q.publish(f"p{i}", 10 + i, now=1.0)
+    report = q.report()
+    assert len(report) == limits.quota_report_projects_max and "p0" not in report and report["p1"][0] == 11
+    assert q.report() == {}, "counted anew after each report"
