@@ -141,7 +141,10 @@ class QuotaSharing:
         try:
             await self.cluster.meta.put(me, json.dumps(own, separators=(",", ":")).encode(), lease)
             others = [json.loads(kv.value) for kv in await self.cluster.meta.list(M.USAGE_PREFIX) if kv.key != me]
-        except Exception as e:  # noqa: BLE001 — etcd away: the last shares stand
+            self.quotas.share_out(own, others)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 — etcd away, or a report this node cannot read: the last shares stand
             if not self.failing:
                 log.warning("cannot share the quotas out with the other nodes now (%s): keeping this node's "
                             "shares as they are", e)
@@ -150,7 +153,6 @@ class QuotaSharing:
         if self.failing:
             log.info("sharing the quotas out with the other nodes again")
             self.failing = False
-        self.quotas.share_out(own, others)
 
 
 def backlog_bytes(engine) -> dict[str, int]:

@@ -132,14 +132,15 @@ class ProjectQuotas:
         return out
 
     def share_out(self, own: dict[str, list[int]], others: list[dict[str, list[int]]]) -> None:
-        """This node's share of each project's quotas, from its own report and the other nodes' latest: in
-        proportion to what was asked of each node; equal shares of what nobody asked for."""
-        self.shares, self.default_share = shares(
-            own, others, (self.publish_bytes_per_s * REPORT_S, self.admin_ops_per_min * REPORT_S / 60))
-        self.elsewhere_backlog = {}
+        """This node's share of each project's quotas, from its own report and the other nodes' latest (max-min
+        fair: `shares`), and the backlog measured elsewhere. A report that cannot be read changes nothing."""
+        got, default = shares(own, others, (self.publish_bytes_per_s * REPORT_S, self.admin_ops_per_min * REPORT_S
+                                            / 60))
+        elsewhere: dict[str, int] = {}
         for r in others:
             for p, v in r.items():
-                self.elsewhere_backlog[p] = self.elsewhere_backlog.get(p, 0) + int(v[2])
+                elsewhere[p] = elsewhere.get(p, 0) + int(v[2])
+        self.shares, self.default_share, self.elsewhere_backlog = got, default, elsewhere
 
 
 # the least share a node holds of a project's quota, as a part of an equal share: its callers' first calls pass

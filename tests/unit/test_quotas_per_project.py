@@ -162,3 +162,14 @@ def test_a_report_names_the_busiest_projects_only():
     report = q.report()
     assert len(report) == limits.quota_report_projects_max and "p0" not in report and report["p1"][0] == 11
     assert q.report() == {}, "counted anew after each report"
+
+
+def test_a_report_that_cannot_be_read_changes_nothing():
+    q = ProjectQuotas(publish_bytes_per_s=10_000, admin_ops_per_min=0, backlog_bytes=0)
+    q.publish("p", 5_000, now=1.0)
+    own = q.report()
+    q.share_out(own, [{"p": [0, 0, 0]}])
+    before = (dict(q.shares), q.default_share, dict(q.elsewhere_backlog))
+    with pytest.raises((IndexError, TypeError, ValueError)):
+        q.share_out(own, [{"p": [1]}])  # (another version's shape)
+    assert (q.shares, q.default_share, q.elsewhere_backlog) == before
