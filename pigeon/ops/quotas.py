@@ -134,8 +134,8 @@ class ProjectQuotas:
     def share_out(self, own: dict[str, list[int]], others: list[dict[str, list[int]]]) -> None:
         """This node's share of each project's quotas, from its own report and the other nodes' latest (max-min
         fair: `shares`), and the backlog measured elsewhere. A report that cannot be read changes nothing."""
-        got, default = shares(own, others, (self.publish_bytes_per_s * REPORT_S, self.admin_ops_per_min * REPORT_S
-                                            / 60))
+        capacity = (self.publish_bytes_per_s * REPORT_S, self.admin_ops_per_min * REPORT_S / 60)
+        got, default = shares(own, others, capacity)
         elsewhere: dict[str, int] = {}
         for r in others:
             for p, v in r.items():
