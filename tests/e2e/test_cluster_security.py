@@ -280,7 +280,7 @@ def test_a_projects_publish_quota_is_the_clusters_not_each_nodes(etcd, tmp_path)
             extra = [*kit.serve_args(more=("--publish-bytes-per-s", str(quota))), "--peer-port", str(free_port()),
                      "--peer-cert", os.path.join(kit.dir, f"node-{i}.pem"), "--peer-key",
                      os.path.join(kit.dir, f"node-{i}-key.pem"), "--peer-ca", kit.ca_path]
-            nodes[i] = node_process(str(tmp_path), etcd.endpoint, i, extra=extra).start()
+            nodes[i] = node_process(str(tmp_path), etcd.endpoint, i, extra=extra, http=True).start()
         await_status(etcd.endpoint, lambda st: st["unowned"] == 0 and len(st["nodes"]) == 3
                      and all(r["bundles"] for r in st["nodes"]))
         admin = kit.admin_token
@@ -316,6 +316,14 @@ def test_a_projects_publish_quota_is_the_clusters_not_each_nodes(etcd, tmp_path)
         assert total >= 0.5 * quota * seconds, f"{total / seconds:,.0f} B/s: the quota was not served"
         assert min(passed.values()) >= 0.35 * total, f"not an equal part each: {passed}"
         assert refusals and all(f"limit {quota} bytes per second" in r for r in refusals), refusals[:3]
+        # each node's part, as /metrics shows it: about half for the two that took the calls
+        scrape = urllib.request.Request(f"https://localhost:{nodes['n1'].http_port}/metrics",
+                                        headers={"Authorization": f"Bearer {admin}"})
+        with urllib.request.urlopen(scrape, context=ssl.create_default_context(cafile=kit.ca_path), timeout=10) as r:
+            text = r.read().decode()
+        share = re.search(r'^pigeon_project_quota_share\{project="shared-quota",quota="publish-bytes-per-second"\} '
+                          r'(\S+)$', text, re.M)
+        assert share and 0.3 <= float(share.group(1)) <= 0.7, share and share.group(0)
     finally:
         for n in nodes.values():
             n.kill()
