@@ -35,7 +35,7 @@ def topic_owned_by(owner_of: dict[int, str], node: str, prefix: str, bundles: in
 
     for i in range(10_000):
         name = f"{prefix}-{i}"
-        if owner_of[bundle_of(name, bundles)] == node:
+        if owner_of.get(bundle_of(name, bundles)) == node:
             return name
     raise AssertionError(f"no topic name found for {node}")
 
@@ -97,6 +97,21 @@ def owners(endpoint: str | EtcdAccess) -> dict[int, str]:
             await meta.close()
 
     return asyncio.run(go())
+
+
+def settled_owners(endpoint: str | EtcdAccess, bundles: int = 16, timeout: float = 30.0) -> dict[int, str]:
+    """`owners` once every bundle has one and two reads half a second apart agree: while nodes join, placement
+    still moves bundles for a moment after each owns some (a bundle between two owners has none)."""
+    deadline = time.monotonic() + timeout
+    last = owners(endpoint)
+    while True:
+        time.sleep(0.5)
+        now = owners(endpoint)
+        if now == last and len(now) == bundles:
+            return now
+        if time.monotonic() > deadline:
+            raise AssertionError(f"waited {timeout:g} s for the bundles' owners to settle; they are at {now}")
+        last = now
 
 
 def ledgers_of(endpoint: str | EtcdAccess, log: int) -> list[dict]:

@@ -23,7 +23,8 @@ from google.pubsub_v1.services.subscriber.transports import SubscriberGrpcTransp
 
 from pigeon.core.bundles import bundle_log
 from pigeon.node.proto import pigeon_storage_pb2
-from pigeon.testing.cluster import await_status, node_process, open_ledgers, owners, topic_owned_by, wipe
+from pigeon.testing.cluster import (await_status, node_process, open_ledgers, owners, settled_owners,
+                                    topic_owned_by, wipe)
 from pigeon.testing.server import free_port
 from tests.e2e.security_kit import ADMIN, Kit, call
 
@@ -238,7 +239,7 @@ def test_a_machines_workers_join_a_secured_cluster_with_its_node_certificate(etc
                      and st["ledgers"]["open"] >= st["bundles"], timeout=60, what="four nodes to own bundles")
         assert all(sum(n.startswith("n1.") for n in m) == 1 for m in open_ledgers(etcd.endpoint).values())
         ch = kit.channel(machine.address, kit.client_cert("client-app", email="app@example.com"))
-        owner_of, admin = owners(etcd.endpoint), kit.admin_token
+        owner_of, admin = settled_owners(etcd.endpoint), kit.admin_token
         for n in sorted(nodes):
             topic = topic_owned_by(owner_of, n, f"projects/sec-w/topics/on-{n}")
             sub = f"projects/sec-w/subscriptions/on-{n}"
