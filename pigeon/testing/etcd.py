@@ -4,9 +4,13 @@ client certificates required, certificates from pigeon.ops.certs)."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import ssl
 import subprocess
+import time
+import urllib.request
 
 from pigeon.bench.procs import await_listening, free_port
 from pigeon.ops import certs, etcd_access, local_ports
@@ -74,7 +78,9 @@ class EtcdProcess:
             return etcd_access.read(self.url)
         return etcd_access.read(self.url, self.pki_file("ca"), self.pki_file(client), self.pki_file(f"{client}-key"))
 
-    def start(self, timeout: float = 30.0) -> "EtcdProcess":
+    def start(self, timeout: float = 30.0, healthy: bool = True) -> "EtcdProcess":
+        """With `healthy`, return once etcd answers requests (it binds its ports before it has a leader and serves:
+        a call in between fails); else once it listens (a member of a cluster that is not yet up)."""
         client, peer = self.url, f"http://127.0.0.1:{self.peer_port}"
         cmd = [etcd_binary(), "--name", self.name, "--data-dir", self.data_dir,
                "--listen-client-urls", client, "--advertise-client-urls", client,
@@ -87,7 +93,30 @@ class EtcdProcess:
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         await_listening(self.proc, self.client_port, timeout, "etcd", self.log_path)
+        if healthy:
+            self.await_healthy(timeout)
         return self
+
+    def await_healthy(self, timeout: float = 30.0) -> None:
+        """Wait until the member's /health says it serves (it has a leader)."""
+        context = None
+        if self.pki:
+            context = ssl.create_default_context(cafile=self.pki_file("ca"))
+            context.load_cert_chain(self.pki_file("client-ops"), self.pki_file("client-ops-key"))
+        deadline = time.monotonic() + timeout
+        last = ""
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"etcd exited with {self.proc.returncode}; see {self.log_path}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=2, context=context) as r:
+                    last = r.read().decode()
+                if json.loads(last).get("health") == "true":
+                    return
+            except (OSError, ValueError) as e:
+                last = str(e)
+            time.sleep(0.05)
+        raise RuntimeError(f"etcd did not become healthy within {timeout:g} s ({last}); see {self.log_path}")
 
     def stop(self, timeout: float = 10.0) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -101,3 +130,33 @@ class EtcdProcess:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(10)
+
+
+class EtcdCluster:
+    """Several etcd members forming one cluster on loopback (plaintext). `endpoint` names every member,
+    comma-separated, as `pigeon serve --etcd` takes them; members can be killed and started again one by one."""
+
+    def __init__(self, root: str, members: int = 3):
+        os.makedirs(root, exist_ok=True)
+        ports = [(free_port(), free_port()) for _ in range(members)]
+        initial = ",".join(f"e{i}=http://127.0.0.1:{peer}" for i, (_, peer) in enumerate(ports))
+        token = f"pigeon-test-{ports[0][1]}"
+        self.members = [EtcdProcess(os.path.join(root, f"e{i}"), f"e{i}", client, peer, initial, token)
+                        for i, (client, peer) in enumerate(ports)]
+
+    @property
+    def endpoint(self) -> str:
+        return ",".join(m.endpoint for m in self.members)
+
+    def start(self, timeout: float = 30.0) -> "EtcdCluster":
+        """Start every member that is not running (each binds its ports at once; they elect a leader together)."""
+        started = [m for m in self.members if m.proc is None or m.proc.poll() is not None]
+        for m in started:
+            m.start(timeout, healthy=False)
+        for m in started:
+            m.await_healthy(timeout)
+        return self
+
+    def kill(self) -> None:
+        for m in self.members:
+            m.kill()
