@@ -151,6 +151,10 @@ member_silence_s = 5.0  # a ledger member that answers none of the entries sent 
 #                        peer takes no entries and refuses none: without this its writer would wait for it forever)
 peer_connect_s = 1.0  # a connection attempt to a peer that takes longer tells nothing
 placement_check_s = 1.0  # a node compares what it owns with placement at least this often
+# a peer or an etcd member that was down is dialled again at most this long after it is back (gRPC's own backoff
+# grows to 120 s, and a channel waiting to dial again fails every call at once with the last error it saw)
+reconnect_s_min = 0.1
+reconnect_s_max = 0.5
 
 # --- security (docs/security.md) ---------------------------------------------------------------------------
 token_cache_max = 100_000  # verified credentials remembered (hash → principal, expiry): a call costs a lookup
@@ -163,4 +167,5 @@ quota_burst_s = 0.1  # publish throughput: a project's bucket holds this many se
 quota_retry_s_min = 0.1  # … and a refusal's retry hint is at least this (a client waiting it out sends ≤ 10/s)
 admin_quota_window_s = 60.0  # admin operations are metered over this window
 quota_refusal_hold_s_max = 1.0  # a call refused by a quota is answered when its retry hint is due, at most this late
+assert 0 < reconnect_s_min <= reconnect_s_max < session_ttl_s_min
 assert 0 < security_watch_s <= 5.0  # revocation reaches open streams "within seconds"

@@ -22,7 +22,7 @@ import grpc
 from aetcd import rpc
 
 from pigeon.cluster.metadata import KV, Cmp, Delete, Event, LeaseGone, Op, Put, StoreUnavailable
-from pigeon.ops import etcd_access
+from pigeon.ops import etcd_access, tls
 from pigeon.ops.etcd_access import EtcdAccess
 
 _TARGET = {"value": rpc.Compare.VALUE, "mod": rpc.Compare.MOD, "create": rpc.Compare.CREATE}
@@ -115,8 +115,8 @@ class EtcdMetadata:
 
     def _connect(self, endpoint: str) -> grpc.aio.Channel:
         if self._credentials is None:
-            return grpc.aio.insecure_channel(endpoint)
-        return grpc.aio.secure_channel(endpoint, self._credentials)
+            return grpc.aio.insecure_channel(endpoint, options=tls.reconnect_options())
+        return grpc.aio.secure_channel(endpoint, self._credentials, options=tls.reconnect_options())
 
     def _stubs(self) -> _Stubs:
         if self._current is None:

@@ -45,8 +45,7 @@ class StorageClient:
         self.append_at = ""  # its append channel (pigeon.node.append_channel), when it has one and it is known
         self.append_tls = tls.append_client_context(config)  # a secured cluster's channel speaks mutual TLS
         options = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
-        self.channel = tls.peer_channel(config, address, options) if config is not None else \
-            grpc.aio.insecure_channel(address, options=options)
+        self.channel = tls.peer_channel(config, address, options)
         self._append = self.channel.stream_stream("/pigeon.v1.Storage/Append",  # requests: append_wire's bytes
                                                   request_serializer=None,
                                                   response_deserializer=pb.AppendResponse.FromString)
