@@ -220,6 +220,19 @@ class Engine:
         if replicated is not None:
             await replicated
 
+    async def recorded(self, log_id: int) -> None:
+        """In a cluster, until every record committed so far to `log_id` is held by Qa members of its ensemble
+        (Unavailable when the log moved meanwhile); on one node at once. A delivery waits for it before its messages
+        go out: the lease it takes is then in the log every later owner of the bundle reads, before any ack of those
+        messages — and an owner that lost its bundle without knowing it yet (paused, cut off) cannot have its Deliver
+        record confirmed (the new owner fenced the ledger), so it hands out nothing, not even a message the new
+        owner has seen acknowledged since."""
+        replicated = self._replicated.get(log_id) if self.replicas is not None else None
+        if replicated is not None:
+            if not replicated.done():
+                self.replicas.flush(log_id)
+            await replicated
+
     async def _change(self, *recs: R.Record) -> None:
         """Commit administrative records and answer once they are durable; one log line per change."""
         self._check_open()
@@ -517,6 +530,7 @@ class Engine:
             out = self.deliver(s, max_messages, limits.response_bytes_max, None, s.ack_deadline_s)
             if out:
                 self._pass_on(s)
+                await self.recorded(s.log_id)
                 return out
             left = give_up - time.monotonic()
             if return_immediately or left <= 0:
@@ -581,6 +595,7 @@ class Engine:
                 )
                 if out:
                     self._pass_on(s)
+                    await self.recorded(s.log_id)
                     return out
                 await self._wait(s, limits.stream_idle_wake_s, stream)
                 if hops.ON:

@@ -26,6 +26,7 @@ import re
 from pigeon.core.pubsub_types import types
 
 from pigeon.core import ackid, limits
+from pigeon.core.errors import PigeonError
 
 log = logging.getLogger("pigeon.push")
 _PubsubMessage = types.PubsubMessage.pb()
@@ -365,7 +366,10 @@ class PushWorker:
     async def _deliver(self, s, num: int, version: int, raw: bytes) -> None:
         loop = asyncio.get_running_loop()
         try:
+            await self.engine.recorded(s.log_id)  # (in a cluster: the lease replicated before the message goes out)
             failure = await self._post(s, version, raw)
+        except PigeonError as e:  # the bundle moved: the lease was not recorded, the message is not sent
+            failure = e.message
         except asyncio.CancelledError:
             self.window.ended()
             raise

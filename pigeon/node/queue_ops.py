@@ -22,7 +22,10 @@ class QueueOps:
         s = self._sub(name)
         queue.check_take(max_messages, lock_s)
         s.last_activity = self.engine.clock.now()
-        return self.engine.deliver(s, max_messages, limits.response_bytes_max, None, lock_s or s.ack_deadline_s)
+        out = self.engine.deliver(s, max_messages, limits.response_bytes_max, None, lock_s or s.ack_deadline_s)
+        if out:
+            await self.engine.recorded(s.log_id)  # (in a cluster: the locks replicated before they go out)
+        return out
 
     async def ack(self, name: str, ack_ids) -> int:
         s = self._sub(name)
