@@ -89,11 +89,16 @@ fuzz: $(STAMP)
 
 # Fault scenarios against a real 3-node cluster under load (kill -9 of an owner and of a storage member, SIGSTOP
 # past the session, drain and join under load, etcd stopped), each ending in a full history check; prints a
-# table. CHAOS_SEEDS=N seeds each, CHAOS_SCENARIOS=a,b to choose. About 1 minute per run.
+# table. CHAOS_SEEDS=N seeds each, CHAOS_SCENARIOS=a,b to choose. About 1 minute per run. Then CHAOS_ROUNDS rounds
+# of random faults, one every ~20 s, over a three-member etcd with StreamingPull subscribers (about 20 minutes for
+# 50): the history check, and the time from each kill to the first publish through a survivor (at most 3 s).
 CHAOS_SEEDS ?= 3
 CHAOS_SCENARIOS ?= kill-owner,kill-replica,pause-owner,drain-owner,add-node,stop-etcd,cut-owner,cut-owner-peers
+CHAOS_ROUNDS ?= 50
+CHAOS_ROUNDS_SEED ?= 1
 chaos: $(STAMP) $(ETCD_BIN)
 	$(BIN)/python scripts/chaos.py --scenarios $(CHAOS_SCENARIOS) --seeds $(CHAOS_SEEDS)
+	$(BIN)/python scripts/fault_rounds.py --rounds $(CHAOS_ROUNDS) --seed $(CHAOS_ROUNDS_SEED)
 
 clean:
 	rm -rf $(VENV) $(DATA) .pytest_cache

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pigeon.core.bundles import bundle_of
 from pigeon.bench.procs import free_port
 from pigeon.testing.cluster import await_status, node_process, open_ledgers, owners, wipe
-from pigeon.testing.etcd import EtcdProcess
+from pigeon.testing.etcd import EtcdCluster, EtcdProcess
 from pigeon.testing.netsplit import Network
 
 P = "projects/chaos"
@@ -52,9 +52,8 @@ class History:
 
 
 @dataclass
-class Report:
-    scenario: str
-    seed: int
+class Checked:
+    """What the history check found, and the load it looked at."""
     published: int
     delivered: int
     lost: list[str]
@@ -62,12 +61,28 @@ class Report:
     disorder: list[str]
     publish_failed: int
     ack_failed: int
-    recovery_s: float | None  # from the fault to the first publish acknowledged after it
+
+    @property
+    def ok(self) -> bool:
+        return not (self.lost or self.undone or self.disorder)
+
+    @staticmethod
+    def of(w: "Workload") -> "Checked":
+        lost, undone, disorder = check(w.h, w.subs)
+        return Checked(len(w.h.published), sum(len(v) for v in w.h.deliveries.values()), lost, undone, disorder,
+                       w.h.publish_failed, w.h.ack_failed)
+
+
+@dataclass
+class Report(Checked):
+    scenario: str = ""
+    seed: int = 0
+    recovery_s: float | None = None  # from the fault to the first publish acknowledged after it
     unreplicated: list[str] = field(default_factory=list)  # acknowledged while no quorum could have stored it
 
     @property
     def ok(self) -> bool:
-        return not (self.lost or self.undone or self.disorder or self.unreplicated)
+        return super().ok and not self.unreplicated
 
 
 def expected(h: History, topic: int) -> dict[str, str]:
@@ -108,9 +123,11 @@ class Cluster:
     """etcd and N nodes under `root`; with `split`, node-to-node and node-to-etcd connections go through a
     Network that can cut them."""
 
-    def __init__(self, root: str, nodes: int = 3, extra: list[str] | None = None, split: bool = False):
+    def __init__(self, root: str, nodes: int = 3, extra: list[str] | None = None, split: bool = False,
+                 etcd_members: int = 1):
         self.root, self.extra = root, extra or []
-        self.etcd = EtcdProcess(os.path.join(root, "etcd"))
+        self.etcd = EtcdProcess(os.path.join(root, "etcd")) if etcd_members == 1 else \
+            EtcdCluster(os.path.join(root, "etcd"), etcd_members)
         self.nodes: dict[str, object] = {}
         self.count = nodes
         self.split = split
@@ -424,16 +441,14 @@ def run(scenario: str, seed: int, root: str, *, warm_s: float = 4.0, outage_s: f
         cut_off = fault(cluster, topics[0], rng, say, outage_s)  # a window no publish to it can be acked in
         time.sleep(after_s)
         w.finish(drain_s)
-        lost, undone, disorder = check(w.h, w.subs)
         unreplicated = [] if cut_off is None else [
             f"a publish sent {sent - cut_off[0]:.1f} s into the cut was acknowledged {done - sent:.1f} s later"
             for topic, sent, done in w.h.publish_times if topic == 0 and cut_off[0] <= sent and done < cut_off[1]]
         # publishes to the faulted topic sent after the fault: how long until the first was answered
         answered = sorted(done for topic, sent, done in w.h.publish_times if topic == 0 and sent >= t_fault)
         recovery = answered[0] - t_fault if answered else None
-        delivered = sum(len(v) for v in w.h.deliveries.values())
-        return Report(scenario, seed, len(w.h.published), delivered, lost, undone, disorder, w.h.publish_failed,
-                      w.h.ack_failed, recovery, unreplicated)
+        return Report(**vars(Checked.of(w)), scenario=scenario, seed=seed, recovery_s=recovery,
+                      unreplicated=unreplicated)
     finally:
         cluster.stop()
 

@@ -38,7 +38,7 @@ def test_a_paused_owner_resumed_hands_out_no_message_acknowledged_meanwhile(thre
         yield StreamingPullRequest(subscription=name, stream_ack_deadline_seconds=10, max_outstanding_messages=10)
         ended.wait(120)
 
-    stream = on_n1.api.streaming_pull(requests=requests(), timeout=120)
+    stream = on_n1.streaming_pull(requests=requests(), timeout=120)
 
     def read():
         try:
