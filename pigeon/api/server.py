@@ -17,7 +17,8 @@ from pigeon.api import access, admin_api, monitoring_api, pigeon_api, queue_api,
 from pigeon.api.grpc_api import PubSubApi
 from pigeon.core import hot, limits
 from pigeon.node import recovery
-from pigeon.node.engine import DataDirInUse, Engine
+from pigeon.node.engine import Engine
+from pigeon.node.host import DataDirInUse
 from pigeon.ops import allocator, workers
 from pigeon.ops.config import Config
 

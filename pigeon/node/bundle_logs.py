@@ -37,8 +37,7 @@ from pigeon.cluster.quorum import Replication, choose_ensemble, ensemble_size, m
 from pigeon.core.bundles import bundle_of_log
 from pigeon.core.errors import Unavailable
 from pigeon.node.ledger_store import FENCE_EPOCH
-from pigeon.node.replication import LedgerRolled, LedgerWriter, LocalMember, RecoveryFailed, StorageClient, \
-    recover_ledger
+from pigeon.node.replication import LedgerRolled, LedgerWriter, LocalMember, RecoveryFailed, recover_ledger
 
 log = logging.getLogger("pigeon.ledgers")
 
@@ -129,7 +128,7 @@ class BundleLogs:
         self.replication = replication
         self.me = cluster.info.node_id
         self.logs: dict[int, OwnedLog] = {}  # the logs served now
-        self._clients: dict[str, StorageClient] = {}
+        self._clients: dict = {}  # address → a peer's storage service (node.host: StorageClient)
         self._local = LocalMember(self.store)
         self._append_at: dict[str, str] = {}  # node → its append channel, as last read from the membership
         self.taken = 0  # takeovers done (statistics)
@@ -252,7 +251,7 @@ class BundleLogs:
             return self._local
         c = self._clients.get(address)
         if c is None:
-            c = self._clients[address] = StorageClient(address, self.cluster.config)
+            c = self._clients[address] = self.cluster.host.storage_client(address, self.cluster.config)
         c.append_at = self._append_at.get(node, "")  # (a restarted member announces a new one: the roll that its
         return c                                     # old one's failure causes reads the membership again)
 

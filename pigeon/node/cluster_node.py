@@ -51,6 +51,7 @@ class JoinRefused(Exception):
 class ClusterNode:
     def __init__(self, config: Config, engine, meta=None):
         self.config, self.engine = config, engine
+        self.host = engine.host
         self.meta = meta or EtcdMetadata(etcd_access.read(config.etcd, config.etcd_ca, config.etcd_cert,
                                                           config.etcd_key))
         self._append_sock = append_channel.listen(config.peer_listen_host, max(config.append_port, 0)) \
@@ -58,16 +59,18 @@ class ClusterNode:
         self._append_server = None
         appends_at = "" if self._append_sock is None else \
             f"{(config.peer_address or config.address).rpartition(':')[0]}:{self._append_sock.getsockname()[1]}"
-        self.info = NodeInfo(config.node_id, config.address, config.zone, home=_home(config.data_dir),
+        self.info = NodeInfo(config.node_id, config.address, config.zone, home=_home(self.host.disk, config.data_dir),
                              listening=False, peer=config.peer_address, append=appends_at, machine=config.machine)
         self.membership = Membership(self.meta, self.info, config.session_ttl_s)
-        self.store = LedgerStore(config.data_dir, config.fsync, node=engine.journal)  # it borrows the owner's copies
+        self.store = LedgerStore(config.data_dir, config.fsync, node=engine.journal,  # it borrows the owner's copies
+                                 host=self.host)
         engine.journal_floor = self.store.journal_floor
         self.cluster_id = ""
         self.meta_log = MetaLog(self.meta, engine)
         self.logs = BundleLogs(self, Replication(config.replicas, config.replicas, config.ack_quorum))
         self.routes: dict[int, str] = {}  # bundle → where its owner is dialled (NodeInfo.dial), as last read
         self._routes_event = asyncio.Event()  # set (and replaced) whenever `routes` changes
+        self._routes_stale = asyncio.Event()  # an owner or a node changed: read the routes again
         self.etcd_down = False  # the last placement pass could not reach etcd
         self.changed = asyncio.Event()  # something placement depends on may have changed
         self._tasks: list[asyncio.Task] = []
@@ -123,18 +126,20 @@ class ClusterNode:
             self._append_server = await append_channel.serve(self._append_sock, self.store, tls_context)
             log.info("appends from peers on %s (the append channel%s)", self.info.append,
                      ", mutual TLS" if tls_context else "")
+        self._routes_stale.set()
         self._tasks = [asyncio.create_task(self._watch(), name="pigeon-cluster-watch"),
+                       asyncio.create_task(self._follow_routes(), name="pigeon-cluster-routes"),
                        asyncio.create_task(self._follow_placement(), name="pigeon-cluster-placement")]
         log.info("node %s joined cluster %s at %s (zone %s)", self.info.node_id, self.cluster_id, self.info.address,
                  self.info.zone or "-")
         return True
 
     async def _join_once(self) -> None:
+        disk = self.host.disk
         path = os.path.join(self.config.data_dir, CLUSTER_ID_FILE)
         recorded = None
-        if os.path.exists(path):
-            with open(path) as f:
-                recorded = f.read().strip() or None
+        if disk.exists(path):
+            recorded = disk.read_file(path).decode().strip() or None
         if recorded is None and self.meta_log.end() > 0:
             raise JoinRefused(f"the data directory {self.config.data_dir} holds a single node's data "
                               f"({self.meta_log.end()} metadata records): a cluster node starts with an empty one")
@@ -144,12 +149,7 @@ class ClusterNode:
             raise JoinRefused(str(e)) from None
         await self._same_bundles()
         if recorded is None:
-            tmp = path + ".tmp"
-            with open(tmp, "w") as f:
-                f.write(self.cluster_id + "\n")
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
+            disk.write_durably(path, (self.cluster_id + "\n").encode())
         try:
             await self.membership.join()
         except NodeIdTaken as e:
@@ -180,15 +180,10 @@ class ClusterNode:
             info = NodeInfo.decode(node_id, kv.value)
             if not info.listening:
                 return  # it is starting: it may not listen yet
-            host, _, port = info.dial.rpartition(":")
             for _ in range(limits.peer_refusals):
-                try:
-                    _, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)),
-                                                       limits.peer_connect_s)
-                    writer.close()
-                    return  # it answers
-                except ConnectionRefusedError:
-                    await asyncio.sleep(limits.peer_refusal_interval_s)
+                if not await self.host.refuses(info.dial, limits.peer_connect_s):
+                    return  # it answers (or tells nothing)
+                await asyncio.sleep(limits.peer_refusal_interval_s)
             now = await self.meta.get(M.node_key(node_id))
             if now is not None and now.lease == kv.lease:
                 log.warning("node %s refuses connections at %s: its process is gone; ending its session",
@@ -225,13 +220,18 @@ class ClusterNode:
 
     # --- ownership follows placement -----------------------------------------------------------------------
     async def _watch(self) -> None:
-        """Wake the placement loop whenever a node, a drain mark or an owner changes."""
+        """Wake the placement loop whenever a node, a drain mark or an owner changes, and the routes' reader when
+        an owner or a node does."""
+        routing = (M.owner_key(0)[:-5], M.node_key(""))
         while True:
             try:
                 rev = await self.meta.revision()
                 self.changed.set()
-                async for _ in self.meta.watch(M.ROOT + "/", rev):
+                self._routes_stale.set()
+                async for ev in self.meta.watch(M.ROOT + "/", rev):
                     self.changed.set()
+                    if ev.kv.key.startswith(routing):
+                        self._routes_stale.set()
             except asyncio.CancelledError:
                 if asyncio.current_task().cancelling():
                     raise
@@ -240,6 +240,35 @@ class ClusterNode:
             except Exception as e:  # noqa: BLE001 — the periodic check covers the gap; watch again shortly
                 log.debug("watch ended (%s); watching again", e)
                 await asyncio.sleep(limits.placement_check_s)
+
+    async def _follow_routes(self) -> None:
+        """Keep `routes` to the owner keys as they change, apart from the placement loop: a pass of that loop can
+        take seconds (bundles given up wait for their records in flight, takeovers read logs back), and a router
+        that read its routes at the pass's start kept forwarding calls to a node that had died meanwhile — every
+        publish to its bundles refused through this node until the pass ended."""
+        while True:
+            await self._routes_stale.wait()
+            self._routes_stale.clear()
+            try:
+                await self.read_routes()
+            except M.StoreUnavailable:
+                self._routes_stale.set()  # read again once etcd answers
+                await asyncio.sleep(limits.placement_check_s)
+            except asyncio.CancelledError:
+                if asyncio.current_task().cancelling():
+                    raise
+                self._routes_stale.set()
+            except Exception:  # noqa: BLE001 — the next change (or placement pass) reads them again
+                log.exception("reading the routes failed")
+                await asyncio.sleep(limits.placement_check_s)
+
+    async def read_routes(self) -> None:
+        """Read where each bundle's owner is dialled (the owner keys, the nodes' records)."""
+        members = await self.membership.members()
+        owners = await self.membership.owners()
+        before = self.routes
+        self.routes = {b: members[n].dial for b, (n, _) in owners.items() if n in members}
+        self._routes_moved(before)
 
     def ready(self) -> tuple[bool, str]:
         """Serving as a member: joined under a live session, with etcd answering."""
@@ -311,17 +340,15 @@ class ClusterNode:
 
     async def rebalance(self) -> tuple[list[int], list[int]]:
         """Take the free bundles placement gives this node, give up the ones it gives another: (taken, released)."""
-        before = dict(self.routes)
         try:
             return await self._rebalance()
         finally:
-            self._routes_moved(before)
+            self._routes_stale.set()
 
     async def _rebalance(self) -> tuple[list[int], list[int]]:
         members = await self.membership.members()
         want = await self.membership.placement(self.config.bundles, members)
         owners = await self.membership.owners()
-        self.routes = {b: members[n].dial for b, (n, _) in owners.items() if n in members}
         me = self.info.node_id
         released = []
         for b in sorted(self.owned):
@@ -331,16 +358,22 @@ class ClusterNode:
                     released.append(b)
         for b in [b for b in self.owned if not self.logs.serving(b + 1) and b not in self._taking]:
             self.owned.pop(b)  # lost while being served (a roll found another owner): the key is not ours
+        for b, (node, epoch) in owners.items():
+            if node == me and b not in self.owned and not self.logs.serving(b + 1):
+                # the key says this node, which does not serve the bundle: a change of its ledgers that timed out
+                # yet was made (the roll then found "another" ledger) lost it here. Nobody else would take it while
+                # the key stays: give the key up (the next owner, this node too, fences and recovers).
+                if await self.membership.release(b, epoch):
+                    del owners[b]
         claimed = []
         for b, node in sorted(want.items()):
             if node == me and b not in self.owned and b not in owners:
                 epoch = await self.membership.claim(b)
                 if epoch is not None:
                     claimed.append((b, epoch))
-                    self.routes[b] = self.info.dial
+        if claimed:
+            await self.read_routes()  # this node is taking them over (the router answers UNAVAILABLE meanwhile)
         taken = [b for b, ok in zip([b for b, _ in claimed], await self._take(claimed)) if ok]
-        for b in released:
-            self.routes.pop(b, None)
         await self.logs.widen()
         self.logs.start_repair()
         self.logs.compact()
@@ -361,18 +394,13 @@ class ClusterNode:
             self._taking.difference_update(b for b, _ in claimed)
 
 
-def _home(data_dir: str) -> str:
+def _home(disk, data_dir: str) -> str:
     """The id of this data directory (made on first use): a restart of the same node carries the same."""
     path = os.path.join(data_dir, HOME_FILE)
-    if not os.path.exists(path):
-        tmp = path + ".tmp"
-        with open(tmp, "w") as f:
-            f.write(uuid.uuid4().hex + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    with open(path) as f:
-        return f.read().strip()
+    if not disk.exists(path):
+        disk.makedirs(data_dir)
+        disk.write_durably(path, (uuid.uuid4().hex + "\n").encode())
+    return disk.read_file(path).decode().strip()
 
 
 def _ranges(bundles: list[int]) -> str:

@@ -7,7 +7,6 @@ letters) are performed here. Every public coroutine here is one API call; the de
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import itertools
 import logging
 import os
@@ -25,6 +24,7 @@ from pigeon.core import limits
 from pigeon.core.errors import AckIdFailure, InvalidArgument, NotFound, FailedPrecondition, PigeonError, Unavailable
 from pigeon.node import hops, maintenance, push, recovery
 from pigeon.node.admission import Admission, AdmissionStats
+from pigeon.node.host import OsHost
 from pigeon.node.iam_ops import IamOps
 from pigeon.node.push import PushManager
 from pigeon.node.queue_ops import QueueOps
@@ -32,7 +32,7 @@ from pigeon.node.reader import MessageReader, ReaderStats
 from pigeon.node.samples import AckLatency, HotKeys
 from pigeon.node.schema_service import SchemaService
 from pigeon.node.streams import Signal, Stream, StreamStats, WallClock
-from pigeon.node.journal import JournalWriter, WriterStats
+from pigeon.node.journal import WriterStats
 from pigeon.ops.config import Config
 from pigeon.core.bundles import META_LOG, bundle_log
 from pigeon.core.histogram import Histogram, HistogramStats
@@ -57,31 +57,16 @@ class NodeStats:
     hot_keys: tuple[tuple[str, str, int], ...]  # (topic, ordering key, messages): the hottest keys
 
 
-class DataDirInUse(Exception):
-    pass
-
-
-def hold_data_dir(data_dir: str):
-    """Take the data directory for this process (an exclusive lock on <data dir>/LOCK, released when the process
-    ends, however it ends): two processes on one directory would corrupt it. DataDirInUse when another has it."""
-    f = open(os.path.join(data_dir, "LOCK"), "a+")
-    try:
-        fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a POSIX lock: per process, as the rule is
-    except OSError:
-        f.close()
-        raise DataDirInUse(f"the data directory {data_dir} is in use by another process") from None
-    return f
-
-
 class Engine:
-    def __init__(self, config: Config, clock=None):
+    def __init__(self, config: Config, clock=None, host=None):
         self.config = config
         self.clock = clock or WallClock()
+        self.host = host or OsHost()
         self.state = BrokerState()
         self.publish_latency = Histogram()
         self.ack_latency = AckLatency()  # sampled, from delivery to ack
         self.hot_keys = HotKeys()  # the ordering keys published most, per topic
-        self.journal = JournalWriter(os.path.join(config.data_dir, "wal"), config.fsync, config.segment_bytes)
+        self.journal = self.host.journal(os.path.join(config.data_dir, "wal"), config.fsync, config.segment_bytes)
         self.reader = MessageReader(self.journal, limits.read_cache_bytes_max)
         self.epoch = 0  # this process's epoch: it fences every log it writes at it
         self.signals: dict[int, Signal] = {}
@@ -112,12 +97,13 @@ class Engine:
 
     # --- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:
-        os.makedirs(os.path.join(self.config.data_dir, "checkpoints"), exist_ok=True)
-        self._dir_lock = hold_data_dir(self.config.data_dir)
+        disk = self.journal.disk
+        disk.makedirs(self._ck_dir)
+        self._dir_lock = self.host.lock_data_dir(self.config.data_dir)
         loop = asyncio.get_running_loop()
         t0 = time.monotonic()
         self.state, found = await loop.run_in_executor(None, lambda: recovery.recover(self.config.data_dir,
-                                                                                      repair=True))
+                                                                                      repair=True, disk=disk))
         self.report = found.report
         recovery.report(self.report)
         self.journal.open(found.tail, found.logs)

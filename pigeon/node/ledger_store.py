@@ -39,7 +39,7 @@ import struct
 from dataclasses import dataclass
 
 from pigeon.core.errors import FailedPrecondition, PigeonError
-from pigeon.node.disk import OsDisk
+from pigeon.node.host import OsHost
 from pigeon.node.journal import FsyncPolicy, JournalWriter
 from pigeon.storage import recovery
 from pigeon.storage.journal import Entry
@@ -86,8 +86,10 @@ class LedgerStats:
 
 class LedgerStore:
     def __init__(self, data_dir: str, policy: FsyncPolicy | str = FsyncPolicy.always,
-                 segment_bytes: int = 64 * 1024 * 1024, node: JournalWriter | None = None):
-        """`node`: the node's own journal (open before this store opens), which lends the owner's copies."""
+                 segment_bytes: int = 64 * 1024 * 1024, node: JournalWriter | None = None, host=None):
+        """`node`: the node's own journal (open before this store opens), which lends the owner's copies. `host`:
+        the machine (node.host), the real one by default."""
+        self.host = host or OsHost()
         self.dir = os.path.join(data_dir, "ledgers")
         self.policy, self.segment_bytes = FsyncPolicy(policy), segment_bytes
         self.node = node
@@ -95,7 +97,7 @@ class LedgerStore:
         self.deleted: set[int] = set()
         self.borrowed: dict[int, list[int]] = {}  # ledger → [its first borrowed record's position, last's end]
         self.append_requests = {"channel": 0, "grpc": 0}  # Append requests taken, by the way they came (statistics)
-        self._disk = OsDisk()
+        self._disk = self.host.disk
         self._deleting = asyncio.Lock()  # one write of `deleted` at a time, each holding every one before it
 
     @property
@@ -103,17 +105,17 @@ class LedgerStore:
         return os.path.join(self.dir, "deleted")
 
     async def open(self) -> None:
+        disk = self.host.cold_disk  # read back only to recover or repair a ledger: not worth the page cache
         for sub in ("wal", "checkpoints"):  # (recovery looks in both; this journal never writes a checkpoint)
-            os.makedirs(os.path.join(self.dir, sub), exist_ok=True)
-        disk = OsDisk(drop_synced=True)  # read back only to recover or repair a ledger: not worth the page cache
-        if os.path.exists(self._deleted_path):
+            disk.makedirs(os.path.join(self.dir, sub))
+        if self._disk.exists(self._deleted_path):
             self.deleted = set(json.loads(self._disk.read_file(self._deleted_path)))
         gone = frozenset(self.deleted)
         target = _Found(self.node.opened_at if self.node is not None else None)
         found = await asyncio.get_running_loop().run_in_executor(
             None, lambda: recovery.recover(disk, self.dir, lambda: target, repair=True, forgotten=gone))
         logs = {lid: st for lid, st in found.logs.items() if lid not in self.deleted}
-        self.writer = JournalWriter(os.path.join(self.dir, "wal"), self.policy, self.segment_bytes, disk)
+        self.writer = self.host.journal(os.path.join(self.dir, "wal"), self.policy, self.segment_bytes, disk)
         self.writer.open(found.tail, logs)
         if target.borrowed and self.node is None:
             raise ValueError(f"{self.dir} holds entries kept in a node journal, and none was given")
