@@ -92,19 +92,23 @@ class Membership:
         and restarted at once does not wait for its old session to run out, and its bundles move at once."""
         self.lease = await self.meta.grant(self.ttl)
         key = M.node_key(self.info.node_id)
-        ok, _ = await self.meta.txn([M.absent(key)], [M.Put(key, self.info.encode(), self.lease)])
-        if not ok and self.info.home:
+        for _ in range(3):  # the key may go between the tries (a peer ended that session too): try again
+            ok, _ = await self.meta.txn([M.absent(key)], [M.Put(key, self.info.encode(), self.lease)])
+            if ok:
+                break
             other = await self.meta.get(key)
-            if other is not None and NodeInfo.decode(self.info.node_id, other.value).home == self.info.home:
-                log.info("node %s restarts: ending the session of its earlier life", self.info.node_id)
-                await self.meta.revoke(other.lease)
-                ok, _ = await self.meta.txn([M.absent(key)], [M.Put(key, self.info.encode(), self.lease)])
-        if not ok:
+            if other is None:
+                continue
+            if not self.info.home or NodeInfo.decode(self.info.node_id, other.value).home != self.info.home:
+                await self.meta.revoke(self.lease)
+                where = NodeInfo.decode(self.info.node_id, other.value).address
+                raise NodeIdTaken(f"node id {self.info.node_id} is in use by a live node at {where}; if that node "
+                                  f"is gone, its session ends within {self.ttl} s")
+            log.info("node %s restarts: ending the session of its earlier life", self.info.node_id)
+            await self.meta.revoke(other.lease)
+        else:
             await self.meta.revoke(self.lease)
-            other = await self.meta.get(key)
-            where = NodeInfo.decode(self.info.node_id, other.value).address if other else "?"
-            raise NodeIdTaken(f"node id {self.info.node_id} is in use by a live node at {where}; if that node is "
-                              f"gone, its session ends within {self.ttl} s")
+            raise NodeIdTaken(f"node id {self.info.node_id} could not be registered: its key changed at every try")
         self._keeper = asyncio.create_task(self._keep())
 
     async def listening(self) -> None:

@@ -443,31 +443,43 @@ async def recover_ledger(ledger: int, members: dict[str, StorageClient], replica
     def spawn(coro) -> None:
         tasks.append(asyncio.create_task(coro))
 
+    # Every call to a member ends in exactly one event: a member that fails in a way not foreseen here (or ends
+    # its stream without an answer) is gone for this recovery — never silent, which would leave it waiting for
+    # ever with the bundle's owner key held (found by the cluster simulator: a copy to a member that restarted).
     async def fence(m):
+        event = ("gone", m, None)
         try:
-            events.put_nowait(("fenced", m, await members[m].fence(ledger)))
-        except (grpc.aio.AioRpcError, PigeonError):  # (this node's own store answers with PigeonError)
-            events.put_nowait(("gone", m, None))
+            event = ("fenced", m, await members[m].fence(ledger))
+        except Exception:  # noqa: BLE001 — gRPC's errors, this node's own store's PigeonError, a broken stream
+            pass
+        finally:
+            events.put_nowait(event)
 
     async def read(m, offset):
+        event = ("gone", m, None)
         try:
             got = await members[m].read(ledger, offset, offset + 1)
-            events.put_nowait(("read", m, (offset, _TYPE.pack(got[0][0]) + got[0][1] if got else None)))
-        except (grpc.aio.AioRpcError, PigeonError):  # (this node's own store answers with PigeonError)
-            events.put_nowait(("gone", m, None))
+            event = ("read", m, (offset, _TYPE.pack(got[0][0]) + got[0][1] if got else None))
+        except Exception:  # noqa: BLE001 — as fence's
+            pass
+        finally:
+            events.put_nowait(event)
 
     async def copy(m, offset, entry):
+        event = ("gone", m, None)
         stream = members[m].open_append()
         try:
             (rtype,), body = _TYPE.unpack_from(entry), entry[_TYPE.size:]
             stream.send(ledger, FENCE_EPOCH, offset, rtype, body)
             stream.flush()
             async for index, error in stream.answers():
-                events.put_nowait(("gone", m, None) if error else ("written", m, index))
-                return
-        except (grpc.aio.AioRpcError, PigeonError):  # (this node's own store answers with PigeonError)
-            events.put_nowait(("gone", m, None))
+                if not error:
+                    event = ("written", m, index)
+                break
+        except Exception:  # noqa: BLE001 — as fence's
+            pass
         finally:
+            events.put_nowait(event)
             stream.close()
 
     def perform(actions) -> int | None:
