@@ -27,6 +27,7 @@ class LocalMetadata:
         self.history: list[Event] = []
         self.watchers: list[tuple[str, asyncio.Queue]] = []
         self._timer: asyncio.TimerHandle | None = None
+        self._held = False  # no lease runs out (a simulated store that is down: see hold)
         if path and os.path.exists(path):
             with open(path) as f:
                 doc = json.load(f)
@@ -135,7 +136,19 @@ class LocalMetadata:
         if self.leases.pop(lease, None) is not None:
             self._apply([Delete(k) for k, kv in sorted(self.kvs.items()) if kv.lease == lease])
 
+    def hold(self, held: bool) -> None:
+        """While held, no lease runs out; let go, every lease starts its time to live again — what etcd does
+        across an outage of all its members (a new leader renews every lease). The cluster simulator's store
+        outages; a node's own embedded store is never held."""
+        self._held = held
+        if not held:
+            now = self.clock()
+            self.leases = {lease: (ttl, now + ttl) for lease, (ttl, _) in self.leases.items()}
+            self._arm()
+
     def _expire(self) -> None:
+        if self._held:
+            return
         now = self.clock()
         for lease in [lease for lease, (_, deadline) in self.leases.items() if deadline <= now]:
             self._end(lease)

@@ -1,0 +1,532 @@
+"""The cluster simulator: a whole cluster of the real node code — each node the real executor (node.engine), the
+real cluster node (node.cluster_node: membership, placement, routing, the metadata log, the bundle logs with their
+ledger writers, recovery, rolls, repair and cuts) and the real ledger store — on one event loop of virtual time
+(testing.simloop), over simulated disks (testing.simdisk: a crash loses what was not synced), journals without
+threads (testing.simjournal), a simulated network and metadata store (testing.simnet). One seed drives the
+workload and the faults; the same seed gives the same run (with the same PYTHONHASHSEED).
+
+The workload: clients publish with ordering keys through any node, and pull and acknowledge through any node (a
+call reaching a node that does not own the bundle is forwarded to the owner its routes name, as the router does).
+The faults, chosen by the seed between steps: a node crashes (its unsynced writes are lost; it starts again on its
+disk later), a node is cut off from its peers and the metadata store (clients still reach it), the metadata store
+goes down, links heal; nodes run with skewed clocks. At the end every fault is healed, every node started, and the
+clients drain the subscriptions. Checked:
+
+  * no acknowledged publish lost (each is delivered on every subscription by the end);
+  * no acknowledged ack undone (a pull sent after an ack returned OK never returns that message again);
+  * per-key order on the ordered subscriptions (first deliveries come in publish order);
+  * every bundle has an owner again, and no closed ledger stays short of members that are up.
+
+A failure raises SimFailure naming the seed; `python -m pigeon.testing.simcluster --seed N` replays it (with the
+PYTHONHASHSEED it prints), `--seeds N` runs many (`make sim-cluster SEEDS=N`)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextvars
+import logging
+import os
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+
+from google.pubsub_v1 import types
+
+from pigeon.cluster import metadata as M
+from pigeon.core.bundles import bundle_log
+from pigeon.core.errors import PigeonError
+from pigeon.node.cluster_node import ClusterNode
+from pigeon.node.engine import Engine
+from pigeon.node.membership import status_of
+from pigeon.node.meta_local import LocalMetadata
+from pigeon.ops.config import Config
+from pigeon.testing import simloop
+from pigeon.testing.simdisk import SimDisk
+from pigeon.testing.simjournal import SimJournalWriter
+from pigeon.testing.simnet import SimMeta, SimNet, SimStorageClient
+
+P = "projects/simc"
+BUNDLES = 4
+KEYS = ["k1", "k2", "k3"]
+WALL0 = 1_800_000_000.0  # the nodes' wall clocks start here (plus their skew)
+SESSION_TTL_S = 3
+CALL_S = 5.0  # a client's deadline for one call
+_PublishRequest, _PubsubMessage = types.PublishRequest.pb(), types.PubsubMessage.pb()
+_PullResponse = types.PullResponse.pb()
+
+NODE: contextvars.ContextVar = contextvars.ContextVar("pigeon_sim_node", default=None)
+
+
+class SimFailure(AssertionError):
+    pass
+
+
+class NodeClock:
+    """A node's wall clock: virtual time, skewed."""
+
+    def __init__(self, skew: float):
+        self.skew = skew
+
+    def now(self) -> float:
+        return WALL0 + asyncio.get_running_loop().time() + self.skew
+
+
+class _Lock:
+    def close(self) -> None:
+        pass
+
+
+class SimHost:
+    """node.host.OsHost's calls on the simulated machine of one node."""
+
+    def __init__(self, sim: "ClusterSim", node: "SimNode"):
+        self.sim, self.node = sim, node
+        self.disk = self.cold_disk = node.disk
+
+    def lock_data_dir(self, data_dir: str):
+        return _Lock()
+
+    def journal(self, directory: str, policy, segment_bytes: int, disk=None):
+        w = SimJournalWriter(directory, policy, min(segment_bytes, 1 << 20), disk or self.disk, self.sim.sync_s)
+        self.node.writers.append(w)
+        return w
+
+    def storage_client(self, address: str, config):
+        return SimStorageClient(self.sim.net, self.node.id, address)
+
+    async def refuses(self, address: str, timeout: float) -> bool:
+        net = self.sim.net
+        dst = net.by_address.get(address)
+        if dst is None:
+            return True
+        if not net.reachable(self.node.id, dst):
+            await asyncio.sleep(timeout)
+            return False
+        await asyncio.sleep(net.delay())
+        return net.refuses(dst)
+
+
+class Incarnation:
+    """One life of a node's process: its tasks (cancelled when it crashes) and its objects."""
+
+    def __init__(self, node: "SimNode"):
+        self.node = node
+        self.tasks: set[asyncio.Task] = set()
+        self.dead = False
+        self.context = contextvars.copy_context()
+        self.context.run(NODE.set, self)
+
+
+class SimNode:
+    def __init__(self, sim: "ClusterSim", node_id: str, skew: float):
+        self.sim, self.id, self.skew = sim, node_id, skew
+        self.address = f"{node_id}.sim:1"
+        self.disk = SimDisk()
+        self.writers: list[SimJournalWriter] = []
+        self.life: Incarnation | None = None
+        self.engine: Engine | None = None
+        self.cluster: ClusterNode | None = None
+        self.ready = False
+
+    @property
+    def store(self):
+        return self.cluster.store
+
+    @property
+    def up(self) -> bool:
+        return self.life is not None and not self.life.dead
+
+    def config(self) -> Config:
+        return Config(data_dir=f"/{self.id}", etcd="sim:2379", node_id=self.id, advertise=self.address,
+                      append_port=-1, session_ttl_s=SESSION_TTL_S, bundles=BUNDLES, shards_per_topic=2,
+                      log_snapshot_entries=self.sim.snapshot_entries)
+
+    def start(self) -> None:
+        net = self.sim.net
+        net.generation[self.id] = net.generation.get(self.id, 0) + 1
+        net.down.discard(self.id)
+        net.by_address[self.address] = self.id
+        net.nodes[self.id] = self
+        self.writers = []
+        self.ready = False
+        self.life = Incarnation(self)
+        self.spawn(self._start())
+
+    def spawn(self, coro) -> asyncio.Task:
+        """A task of this node's process (ends when it crashes)."""
+        return asyncio.get_running_loop().create_task(coro, context=self.life.context.copy())
+
+    async def _start(self) -> None:
+        config = self.config()
+        self.engine = Engine(config, NodeClock(self.skew), SimHost(self.sim, self))
+        await self.engine.start()
+        self.cluster = ClusterNode(config, self.engine, meta=SimMeta(self.sim.net, self.sim.meta, self.id))
+        stop = asyncio.Event()
+        if not await self.cluster.join(stop):
+            return
+        await self.cluster.listening()
+        self.ready = True
+
+    def crash(self) -> None:
+        """kill -9: its tasks end, nothing more is written, the disk keeps only what was synced."""
+        life = self.life
+        life.dead = True
+        self.ready = False
+        self.sim.net.down.add(self.id)
+        for w in self.writers:
+            w.crash()
+        for t in list(life.tasks):
+            t.cancel()
+        self.disk.crash(self.sim.rng, torn=self.sim.rng.random() < 0.5)
+
+    async def call(self, fn):
+        """Run `fn()` (a coroutine function of this node's API) as this node's work; a crash meanwhile fails it."""
+        if not self.up or not self.ready:
+            raise _Refused(f"{self.id} is down")
+        task = self.spawn(fn())
+        try:
+            return await task
+        except asyncio.CancelledError:
+            if asyncio.current_task().cancelling():
+                raise
+            raise _Refused(f"{self.id} crashed during the call") from None
+
+
+class _Refused(Exception):
+    pass
+
+
+@dataclass
+class History:
+    published: dict[str, tuple[int, str]] = field(default_factory=dict)  # message id → (topic, data), acked
+    keys: dict[str, str] = field(default_factory=dict)  # data → ordering key
+    seq: dict[str, int] = field(default_factory=dict)  # data → its place in its key
+    delivered: dict[str, set[str]] = field(default_factory=dict)  # sub → message ids delivered
+    first: dict[str, list[str]] = field(default_factory=dict)  # sub → data in order of first delivery
+    acked: dict[str, dict[str, float]] = field(default_factory=dict)  # sub → message id → when its ack returned
+    publish_failed: int = 0
+    calls: int = 0
+
+
+class ClusterSim:
+    def __init__(self, seed: int, nodes: int = 3, steps: int = 60, snapshot_entries: int = 40):
+        self.seed, self.steps, self.snapshot_entries = seed, steps, snapshot_entries
+        self.rng = random.Random(seed)
+        self.net = SimNet(self.rng)
+        self.meta: LocalMetadata | None = None
+        self.nodes = {f"n{i + 1}": SimNode(self, f"n{i + 1}", self.rng.uniform(-0.5, 0.5)) for i in range(nodes)}
+        self.h = History()
+        self.topics = [f"{P}/topics/topic{i}" for i in range(2)]
+        self.subs = {t.replace("/topics/", "/subscriptions/") + s: i for i, t in enumerate(self.topics)
+                     for s in ("-plain", "-ordered")}
+        self._seq = {k: 0 for k in KEYS}
+        self._publishing: dict[tuple[int, str], asyncio.Lock] = {}
+        self.faults: list[str] = []
+
+    def sync_s(self) -> float:
+        return self.rng.uniform(0.0002, 0.003)
+
+    def fail(self, why: str) -> None:
+        raise SimFailure(f"seed {self.seed}: {why}\n  faults: {'; '.join(self.faults[-12:])}")
+
+    # --- the task registry ---------------------------------------------------------------------------------
+    def _task_factory(self, loop, coro, context=None):
+        task = asyncio.Task(coro, loop=loop, context=context)
+        life = (context or contextvars.copy_context()).get(NODE)
+        if life is not None:
+            if life.dead:
+                task.cancel()
+            else:
+                life.tasks.add(task)
+                task.add_done_callback(life.tasks.discard)
+        return task
+
+    # --- clients -----------------------------------------------------------------------------------------
+    def _entry(self) -> SimNode:
+        up = [n for n in self.nodes.values() if n.up and n.ready]
+        return self.rng.choice(up or list(self.nodes.values()))
+
+    async def _routed(self, log_id: int, fn):
+        """A client's call through a random node: served there if it owns the log, else forwarded once to the
+        owner its routes name (as api.router does)."""
+        entry = self._entry()
+        self.h.calls += 1
+
+        async def at(node: SimNode):
+            if node.engine.owns(log_id):
+                return await fn(node)
+            address = node.cluster.address_of(log_id)
+            owner = self.net.by_address.get(address) if address else None
+            if owner is None or owner == node.id:
+                raise _Refused("no owner")
+            target = self.nodes[owner]
+            if not self.net.reachable(node.id, owner):
+                await asyncio.sleep(CALL_S)
+                raise _Refused("forward timed out")
+            return await target.call(lambda: _owned(target))
+
+        async def _owned(node: SimNode):
+            if not node.engine.owns(log_id):
+                raise _Refused("moved")
+            return await fn(node)
+
+        return await asyncio.wait_for(entry.call(lambda: at(entry)), CALL_S)
+
+    async def publish(self, t: int) -> None:
+        """One publish of 1–3 messages with an ordering key; a key's publishes go one at a time, as an ordered
+        publisher's do (per-key order is promised for publishes made in order)."""
+        topic = self.topics[t]
+        key = self.rng.choice(KEYS)
+        async with self._publishing.setdefault((t, key), asyncio.Lock()):
+            await self._publish(t, topic, key)
+
+    async def _publish(self, t: int, topic: str, key: str) -> None:
+        n = self.rng.randint(1, 3)
+        datas = []
+        for _ in range(n):
+            self._seq[key] += 1
+            d = f"{t}:{key}:{self._seq[key]}"
+            datas.append(d)
+            self.h.keys[d], self.h.seq[d] = key, self._seq[key]
+        raw = _PublishRequest(topic=topic, messages=[_PubsubMessage(data=d.encode(), ordering_key=key)
+                                                     for d in datas]).SerializeToString()
+        from pigeon.broker import commands
+
+        cmd = commands.check_publish(raw)
+        try:
+            ids = await self._routed(bundle_log(topic, BUNDLES), lambda node: node.engine.publish(
+                cmd.topic, cmd.request, cmd.count, cmd.ordering_key, cmd.idempotency_keys, cmd.activations))
+        except (PigeonError, _Refused, asyncio.TimeoutError):
+            self.h.publish_failed += 1
+            return
+        for mid, d in zip(ids, datas):
+            self.h.published[mid] = (t, d)
+
+    async def consume(self, sub: str) -> None:
+        t = self.subs[sub]
+        log_id = bundle_log(self.topics[t], BUNDLES)
+        sent = asyncio.get_running_loop().time()
+        try:
+            rms = await self._routed(log_id, lambda node: node.engine.pull(sub, 20, True))
+        except (PigeonError, _Refused, asyncio.TimeoutError):
+            return
+        got = _PullResponse.FromString(b"".join(rms)).received_messages
+        h = self.h
+        acked = h.acked.setdefault(sub, {})
+        for m in got:
+            mid = m.message.message_id
+            if mid in acked and acked[mid] < sent:
+                self.fail(f"{sub}: {m.message.data.decode()} (id {mid}) delivered by a pull sent "
+                          f"{sent - acked[mid]:.3f} s after its ack returned OK")
+            h.delivered.setdefault(sub, set()).add(mid)
+            d = m.message.data.decode()
+            first = h.first.setdefault(sub, [])
+            if sub.endswith("-ordered") and d not in set(first):
+                first.append(d)
+        if not got or self.rng.random() < 0.1:  # sometimes the consumer dies before acking
+            return
+        try:
+            await self._routed(log_id, lambda node: node.engine.acknowledge(sub, [m.ack_id for m in got]))
+        except (PigeonError, _Refused, asyncio.TimeoutError):
+            return
+        now = asyncio.get_running_loop().time()
+        for m in got:
+            acked.setdefault(m.message.message_id, now)
+
+    # --- faults ------------------------------------------------------------------------------------------
+    async def fault(self) -> None:
+        r = self.rng.random()
+        up = [n for n in self.nodes.values() if n.up]
+        down = [n for n in self.nodes.values() if not n.up]
+        now = asyncio.get_running_loop().time()
+        if r < 0.3 and len(up) > 1:
+            n = self.rng.choice(up)
+            self.faults.append(f"{now:.1f} crash {n.id}")
+            n.crash()
+        elif r < 0.55 and down:
+            n = self.rng.choice(down)
+            self.faults.append(f"{now:.1f} start {n.id}")
+            n.start()
+        elif r < 0.7 and not self.net.cut and up:
+            n = self.rng.choice(up)
+            self.faults.append(f"{now:.1f} cut {n.id} off")
+            self.net.isolate(n.id, from_meta=self.rng.random() < 0.7)
+        elif r < 0.85 and (self.net.cut or self.net.meta_cut):
+            self.faults.append(f"{now:.1f} heal")
+            self.net.heal()
+        elif r < 0.93 and not self.net.meta_down:
+            self.faults.append(f"{now:.1f} metadata store down")
+            self.set_meta_down(True)
+        elif self.net.meta_down:
+            self.faults.append(f"{now:.1f} metadata store back")
+            self.set_meta_down(False)
+
+    def set_meta_down(self, down: bool) -> None:
+        self.net.meta_down = down
+        self.meta.hold(down)
+
+    # --- the run -----------------------------------------------------------------------------------------
+    async def run(self) -> History:
+        loop = asyncio.get_running_loop()
+        loop.set_task_factory(self._task_factory)
+        self.meta = LocalMetadata(clock=loop.time)
+        for n in self.nodes.values():
+            n.start()
+        await self._until(lambda: all(n.ready for n in self.nodes.values()), 30, "the nodes to join")
+        first = self.nodes["n1"]
+        for t in self.topics:
+            await first.call(lambda t=t: first.engine.create_topic(types.Topic.pb()(name=t)))
+        for s, t in self.subs.items():
+            sub = types.Subscription.pb()(name=s, topic=self.topics[t], ack_deadline_seconds=10,
+                                          enable_message_ordering=s.endswith("-ordered"))
+            await first.call(lambda sub=sub: first.engine.create_subscription(sub))
+        await self._until(self._all_owned, 30, "every bundle to have an owner")
+        for _ in range(self.steps):
+            r = self.rng.random()
+            work = []
+            if r < 0.12:
+                await self.fault()
+            for _ in range(self.rng.randint(1, 3)):
+                work.append(self.publish(self.rng.randrange(len(self.topics))))
+            work.append(self.consume(self.rng.choice(list(self.subs))))
+            await asyncio.gather(*work)
+            await asyncio.sleep(self.rng.uniform(0.01, 0.3))
+        await self._heal_all()
+        await self._drain()
+        self._check()
+        return self.h
+
+    async def _heal_all(self) -> None:
+        self.faults.append("heal everything")
+        self.net.heal()
+        if self.net.meta_down:
+            self.set_meta_down(False)
+        for n in self.nodes.values():
+            if not n.up:
+                n.start()
+        await self._until(lambda: all(n.ready for n in self.nodes.values()), 60, "the nodes to start again")
+        await self._until(self._all_owned, 60, "every bundle to have an owner")
+
+    async def _drain(self) -> None:
+        deadline = asyncio.get_running_loop().time() + 120
+        while asyncio.get_running_loop().time() < deadline:
+            missing = self._missing()
+            if not missing:
+                return
+            await asyncio.gather(*(self.consume(s) for s in {s for s, _ in missing}))
+            await asyncio.sleep(0.2)
+
+    def _missing(self) -> list[tuple[str, str]]:
+        out = []
+        for sub, t in self.subs.items():
+            seen = self.h.delivered.get(sub, set())
+            out += [(sub, mid) for mid, (topic, _) in self.h.published.items() if topic == t and mid not in seen]
+        return out
+
+    def _all_owned(self) -> bool:
+        owned = {}
+        for n in self.nodes.values():
+            if n.ready:
+                for b in range(BUNDLES):
+                    if n.engine.owns(b + 1):
+                        owned[b] = n.id
+        return len(owned) == BUNDLES
+
+    async def _until(self, ok, seconds: float, what: str) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + seconds
+        while not ok():
+            if loop.time() > deadline:
+                self.fail(f"waited {seconds:g} s (virtual) for {what}; {self._describe()}")
+            await asyncio.sleep(0.05)
+
+    def _describe(self) -> str:
+        """Who owns what, as the store and each node see it (for a failure's message)."""
+        owners = {k.rsplit("/", 1)[-1]: v.value.decode() for k, v in self.meta.kvs.items() if "/owners/" in k}
+        nodes = sorted(k.rsplit("/", 1)[-1] for k in self.meta.kvs if "/nodes/" in k)
+        seen = []
+        for n in self.nodes.values():
+            if n.up and n.cluster is not None:
+                seen.append(f"{n.id}: ready {n.ready}, owned {dict(n.cluster.owned)}, serving "
+                            f"{sorted(b for b in range(BUNDLES) if n.engine.owns(b + 1))}")
+            else:
+                seen.append(f"{n.id}: down")
+        return f"owner keys {owners}; node keys {nodes}; " + "; ".join(seen)
+
+    def _check(self) -> None:
+        missing = self._missing()
+        if missing:
+            sub, mid = missing[0]
+            self.fail(f"{len(missing)} acknowledged publishes never delivered, e.g. {self.h.published[mid][1]} "
+                      f"(id {mid}) on {sub}")
+        for sub, order in self.h.first.items():
+            published = {d for _, d in self.h.published.values()}
+            last: dict[str, int] = {}
+            for d in order:
+                if d not in published:
+                    continue
+                key, seq = self.h.keys[d], self.h.seq[d]
+                if seq < last.get(key, 0):
+                    self.fail(f"{sub}: {d} first delivered after a later message of key {key}")
+                last[key] = seq
+
+
+async def _status(sim: ClusterSim) -> dict:
+    view = SimMeta(sim.net, sim.meta, "checker")
+    return await status_of(view)
+
+
+def run_seed(seed: int, steps: int = 60) -> ClusterSim:
+    """One seed, start to end; SimFailure when a rule broke."""
+    sim = ClusterSim(seed, steps=steps)
+    try:
+        simloop.run(sim.run())
+    except simloop.Stuck as e:
+        raise SimFailure(f"seed {seed}: the simulated cluster is stuck ({e})\n  faults: {'; '.join(sim.faults)}")
+    return sim
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description="Run the cluster simulator over seeds.")
+    ap.add_argument("--seed", type=int, help="run this one seed")
+    ap.add_argument("--seeds", type=int, default=100)
+    ap.add_argument("--first-seed", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--verbose", action="store_true", help="the nodes' logs on stderr")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.CRITICAL, stream=sys.stderr,
+                        format="%(vtime)9.3f %(node)s %(name)s %(message)s")
+    old_factory = logging.getLogRecordFactory()
+
+    def record(*a, **kw):  # virtual time and the node, on every line
+        r = old_factory(*a, **kw)
+        try:
+            r.vtime = asyncio.get_running_loop().time()
+        except RuntimeError:
+            r.vtime = 0.0
+        life = NODE.get()
+        r.node = life.node.id if life is not None else "--"
+        return r
+    logging.setLogRecordFactory(record)
+    seeds = [args.seed] if args.seed is not None else range(args.first_seed, args.first_seed + args.seeds)
+    t0 = time.monotonic()
+    failed = 0
+    for i, seed in enumerate(seeds):
+        try:
+            run_seed(seed, args.steps)
+        except SimFailure as e:
+            failed += 1
+            print(f"FAILED {e}\n  replay: PYTHONHASHSEED={os.environ.get('PYTHONHASHSEED', '?')} "
+                  f"python -m pigeon.testing.simcluster --seed {seed} --steps {args.steps}", flush=True)
+        if (i + 1) % 10 == 0:
+            print(f"{i + 1} seeds, {failed} failed, {(i + 1) / (time.monotonic() - t0) * 60:.0f} seeds a minute",
+                  flush=True)
+    took = time.monotonic() - t0
+    print(f"{len(seeds)} seeds in {took:.1f} s ({len(seeds) / took * 60:.0f} a minute): {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
