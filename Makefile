@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 SPARK_STAMP := $(VENV)/.installed-spark
 DATA ?= ./data
 
-.PHONY: run cluster test lint bench bench-quick soak sim fuzz chaos clean
+.PHONY: run cluster test lint bench bench-quick soak sim sim-cluster fuzz chaos clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -77,6 +77,13 @@ SEEDS ?= 10000
 STEPS ?= 150
 sim: $(STAMP)
 	$(BIN)/python -m pigeon.testing.simulator --seeds $(SEEDS) --steps $(STEPS)
+
+# The cluster simulator over many seeds (make test runs 40): three nodes of the real node code on virtual time,
+# crashes, cuts and metadata outages by seed. SEEDS=N CLUSTER_STEPS=M; a failure prints its seed and the command
+# that replays it.
+CLUSTER_STEPS ?= 100
+sim-cluster: $(STAMP)
+	PYTHONHASHSEED=0 $(BIN)/python -m pigeon.testing.simcluster --seeds $(SEEDS) --steps $(CLUSTER_STEPS)
 
 # Hostile input, long: every gRPC method with FUZZ_EXAMPLES random, garbled and mutated requests (make test runs
 # 12 each); prints the calls made and the status codes seen per method. Then the REST API from its OpenAPI

@@ -299,8 +299,9 @@ class BundleLogs:
         t_apply = loop.time()
         await engine.rebuild_log(log_id, entries)  # returns once the journal holds what it applied
         start = (ledgers[0].start or ledgers[0].first) if ledgers else 0
-        ol = self.logs[log_id] = OwnedLog(log_id, epoch, new, next_offset=first, snapshot_at=start, start=start)
+        ol = OwnedLog(log_id, epoch, new, next_offset=first, snapshot_at=start, start=start)
         ol.writer = self._writer(ol, new)
+        self.logs[log_id] = ol  # served from now on
         self.taken += 1
         log.info("took bundle %d over at epoch %d: %d entries (%.1f MB) in %d ledger(s) read in %.2f s, applied and "
                  "durable in %.2f s; ledger %d on %s", bundle_of_log(log_id), epoch, len(entries), nbytes / 1e6,

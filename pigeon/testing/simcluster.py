@@ -30,6 +30,7 @@ import os
 import random
 import sys
 import time
+import traceback
 from dataclasses import dataclass, field
 
 from google.pubsub_v1 import types
@@ -53,6 +54,7 @@ KEYS = ["k1", "k2", "k3"]
 WALL0 = 1_800_000_000.0  # the nodes' wall clocks start here (plus their skew)
 SESSION_TTL_S = 3
 CALL_S = 5.0  # a client's deadline for one call
+FAULT_RATE = 0.2  # the share of steps that begin with a fault
 _PublishRequest, _PubsubMessage = types.PublishRequest.pb(), types.PubsubMessage.pb()
 _PullResponse = types.PullResponse.pb()
 
@@ -317,6 +319,9 @@ class ClusterSim:
         acked = h.acked.setdefault(sub, {})
         for m in got:
             mid = m.message.message_id
+            stored = h.published.get(mid)
+            if stored is not None and stored[1] != m.message.data.decode():
+                self.fail(f"{sub}: message {mid} reads {m.message.data.decode()!r}, published as {stored[1]!r}")
             if mid in acked and acked[mid] < sent:
                 self.fail(f"{sub}: {m.message.data.decode()} (id {mid}) delivered by a pull sent "
                           f"{sent - acked[mid]:.3f} s after its ack returned OK")
@@ -349,10 +354,18 @@ class ClusterSim:
             n = self.rng.choice(down)
             self.faults.append(f"{now:.1f} start {n.id}")
             n.start()
-        elif r < 0.7 and not self.net.cut and up:
+        elif r < 0.7 and not self.net.cut and not self.net.meta_cut and up:
             n = self.rng.choice(up)
-            self.faults.append(f"{now:.1f} cut {n.id} off")
-            self.net.isolate(n.id, from_meta=self.rng.random() < 0.7)
+            how = self.rng.random()
+            if how < 0.4:  # from everything: its session ends, it cannot replicate
+                self.faults.append(f"{now:.1f} cut {n.id} off")
+                self.net.isolate(n.id)
+            elif how < 0.7:  # from its peers only: it keeps its session (and steps down)
+                self.faults.append(f"{now:.1f} cut {n.id} off its peers")
+                self.net.isolate(n.id, from_meta=False)
+            else:  # from the metadata store only: its session ends while it still reaches the members
+                self.faults.append(f"{now:.1f} cut {n.id} off the metadata store")
+                self.net.meta_cut.add(n.id)
         elif r < 0.85 and (self.net.cut or self.net.meta_cut):
             self.faults.append(f"{now:.1f} heal")
             self.net.heal()
@@ -386,7 +399,7 @@ class ClusterSim:
         for _ in range(self.steps):
             r = self.rng.random()
             work = []
-            if r < 0.12:
+            if r < FAULT_RATE:
                 await self.fault()
             for _ in range(self.rng.randint(1, 3)):
                 work.append(self.publish(self.rng.randrange(len(self.topics))))
@@ -478,13 +491,18 @@ async def _status(sim: ClusterSim) -> dict:
     return await status_of(view)
 
 
-def run_seed(seed: int, steps: int = 60) -> ClusterSim:
+def run_seed(seed: int, steps: int = 100) -> ClusterSim:
     """One seed, start to end; SimFailure when a rule broke."""
     sim = ClusterSim(seed, steps=steps)
     try:
         simloop.run(sim.run())
+    except SimFailure:
+        raise
     except simloop.Stuck as e:
         raise SimFailure(f"seed {seed}: the simulated cluster is stuck ({e})\n  faults: {'; '.join(sim.faults)}")
+    except Exception as e:  # a node's code raised where nothing catches it: a bug the run found
+        raise SimFailure(f"seed {seed}: {type(e).__name__}: {e}\n{traceback.format_exc()}\n  faults: "
+                         f"{'; '.join(sim.faults)}") from e
     return sim
 
 
@@ -493,7 +511,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, help="run this one seed")
     ap.add_argument("--seeds", type=int, default=100)
     ap.add_argument("--first-seed", type=int, default=1)
-    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--verbose", action="store_true", help="the nodes' logs on stderr")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.CRITICAL, stream=sys.stderr,
