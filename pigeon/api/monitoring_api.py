@@ -50,7 +50,7 @@ class MonitoringApi:
         payload = local.SerializeToString()
 
         async def ask(address: str):
-            call = self.router._channel(address).unary_unary(f"/{SERVICE}/{method}", request_serializer=None,
+            call = self.router.channel(address).unary_unary(f"/{SERVICE}/{method}", request_serializer=None,
                                                              response_deserializer=response_cls.FromString)
             try:
                 return await call(payload, timeout=limits.forward_s_max, metadata=self.router.peer_metadata())

@@ -56,7 +56,7 @@ class Router:
         """None to serve here; else the owner."""
         if log_id == META_LOG or self.engine.owns(log_id):
             return None
-        self.engine._check_open()
+        self.engine.check_open()
         if any(k == FORWARDED for k, _ in (context.invocation_metadata() or ())):
             raise Unavailable(_RETRYABLE)
         address = self.cluster.address_of(log_id)
@@ -76,7 +76,7 @@ class Router:
         return self._owner(state.log_of_sub(name, self.engine.config.bundles), context)
 
     # --- forwarding ----------------------------------------------------------------------------------------
-    def _channel(self, address: str) -> grpc.aio.Channel:
+    def channel(self, address: str) -> grpc.aio.Channel:
         ch = self._channels.get(address)
         if ch is None:
             ch = self._channels[address] = tls.peer_channel(self.engine.config, address, [
@@ -102,7 +102,7 @@ class Router:
         limits.forward_s_max: an owner that does not answer by then is paused or cut off, and the client's
         retry finds the bundle's new owner once it has been taken over (UNAVAILABLE meanwhile). One that waits
         ends when the bundle moves away from the owner."""
-        call = self._channel(owner.address).unary_unary(method, request_serializer=_same,
+        call = self.channel(owner.address).unary_unary(method, request_serializer=_same,
                                                         response_deserializer=_same)
         self.forwarded += 1
         left = context.time_remaining()
@@ -124,7 +124,7 @@ class Router:
             async for req in requests:
                 yield req.SerializeToString()
 
-        call = self._channel(owner.address).stream_stream(method, request_serializer=_same,
+        call = self.channel(owner.address).stream_stream(method, request_serializer=_same,
                                                           response_deserializer=_same)
         self.forwarded += 1
         it = call(up(), metadata=self._metadata(context))

@@ -25,7 +25,7 @@ import time
 
 from pigeon.bench.grpc_client import GrpcDriver, publish_request
 from pigeon.bench.peers import RABBIT, RabbitServer, Server, _dpkg_version, nats_binary, server_tree
-from pigeon.bench.procs import Daemon, free_port
+from pigeon.bench.procs import Daemon, cluster_status, free_port
 from pigeon.cluster.placement import assign
 from pigeon.core.bundles import bundle_of
 
@@ -33,14 +33,6 @@ ETCD = "/usr/bin/etcd"
 RABBITMQCTL = "/usr/lib/rabbitmq/bin/rabbitmqctl"
 NODES = 3
 BUNDLES = 16
-
-
-def cluster_status(etcd: str) -> dict:
-    out = subprocess.run([sys.executable, "-m", "pigeon", "cluster", "status", "--etcd", etcd, "--format", "json"],
-                         capture_output=True, text=True, timeout=30)
-    if out.returncode != 0:
-        raise RuntimeError(f"pigeon cluster status: {out.stderr.strip()}")
-    return json.loads(out.stdout)
 
 
 class OwnerRoutedDriver(GrpcDriver):

@@ -24,7 +24,7 @@ import subprocess
 import sys
 import time
 
-from pigeon.bench.procs import Daemon, free_port, port_open
+from pigeon.bench.procs import Daemon, cluster_status, free_port, port_open
 from pigeon.ops import local_ports
 
 RABBIT = "/usr/lib/rabbitmq/bin/rabbitmq-server"
@@ -189,8 +189,6 @@ class PigeonWorkersServer(PigeonServer):
 
     def _settle(self, timeout_s: float = 60.0) -> None:
         """Until every worker serves: a call for each bundle is answered (the workers share one port)."""
-        from pigeon.bench.cluster import cluster_status
-
         with open(os.path.join(self.root, "data", "workers.json")) as f:
             etcd = json.load(f)["etcd_client"]
         deadline = time.monotonic() + timeout_s

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import json
 import ctypes
 import multiprocessing as mp
 import os
@@ -18,6 +19,7 @@ import queue
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -623,3 +625,12 @@ async def open_loop(send, rate: int, gate, settle_s: float = OPEN_LOOP_SETTLE_S)
             "send_lag_p99_ms": round(lag[int(len(lag) * 0.99)] * 1e3, 3) if lag else None,
             "ack_p50_ms": round(acks[len(acks) // 2] * 1e3, 3) if acks else None,
             "ack_p99_ms": round(acks[int(len(acks) * 0.99)] * 1e3, 3) if acks else None}
+
+
+def cluster_status(etcd: str) -> dict:
+    """What `pigeon cluster status --format json` prints for the cluster on `etcd`."""
+    out = subprocess.run([sys.executable, "-m", "pigeon", "cluster", "status", "--etcd", etcd, "--format", "json"],
+                         capture_output=True, text=True, timeout=30)
+    if out.returncode != 0:
+        raise RuntimeError(f"pigeon cluster status: {out.stderr.strip()}")
+    return json.loads(out.stdout)

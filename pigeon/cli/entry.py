@@ -8,8 +8,8 @@ import sys
 
 
 def main() -> None:
-    if sys.argv[1:2] == ["serve"]:
+    if sys.argv[1:2] == ["serve"] and not {"--help", "-h"} & set(sys.argv[2:]):
         from pigeon.cli.serve import main as run
-    else:
+    else:  # (serve's help is the whole command line's)
         from pigeon.cli.main import main as run
     run()

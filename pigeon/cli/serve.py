@@ -105,12 +105,8 @@ def parse(argv: list[str]) -> dict:
 
 
 def main() -> None:
-    """`pigeon serve …` (sys.argv[1] is "serve"); its help is the whole command line's."""
+    """`pigeon serve …` (sys.argv[1] is "serve"; its help is the whole command line's: pigeon.cli.entry)."""
     argv = sys.argv[2:]
-    if "--help" in argv or "-h" in argv:
-        from pigeon.cli.main import main as whole
-
-        return whole()
     from pigeon.cli import errors
 
     sys.exit(errors.guard(sys.argv[1:], lambda: start(parse([a for a in argv if a != "--debug"]))))

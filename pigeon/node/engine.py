@@ -85,10 +85,8 @@ class Engine:
         self._replicated: dict[int, asyncio.Future] = {}  # log → the replication of its latest record
         self.report: recovery.Report | None = None
         self._fenced: set[int] = set()  # logs fenced at self.epoch
-        self._checkpoints: list[int] = []
-        self._last_ck_time = 0.0
+        self.checkpoints = maintenance.Checkpoints(os.path.join(config.data_dir, "checkpoints"))
         self._maintenance: asyncio.Task | None = None
-        self._ck_lock = asyncio.Lock()
         self._tasks: set[asyncio.Task] = set()
         self.push = PushManager(self)
         self.schemas = SchemaService(self)
@@ -98,7 +96,7 @@ class Engine:
     # --- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:
         disk = self.journal.disk
-        disk.makedirs(self._ck_dir)
+        disk.makedirs(self.checkpoints.dir)
         self._dir_lock = self.host.lock_data_dir(self.config.data_dir)
         loop = asyncio.get_running_loop()
         t0 = time.monotonic()
@@ -109,9 +107,8 @@ class Engine:
         self.journal.open(found.tail, found.logs)
         # a new owner of every log: appends of an earlier life (none can come: it is dead) would be refused
         self.epoch = 1 + max((st.fenced for st in found.logs.values()), default=0)
-        self._checkpoints = found.checkpoints
-        self._last_ck_time = self.clock.now()
-        self.state.rebuild(self._last_ck_time)
+        self.checkpoints.found(found.checkpoints, self.clock.now())
+        self.state.rebuild(self.checkpoints.last_time)
         c = self.config
         self.state.quotas = bs.Quotas(c.topics_per_project, c.subscriptions_per_project, c.snapshots_per_project,
                                       c.schemas_per_project, c.resources_per_server)
@@ -143,17 +140,13 @@ class Engine:
             self._dir_lock.close()
             self._dir_lock = None
 
-    @property
-    def _ck_dir(self) -> str:
-        return os.path.join(self.config.data_dir, "checkpoints")
-
     def signal(self, sub_uid: int) -> Signal:
         sig = self.signals.get(sub_uid)
         if sig is None:
             sig = self.signals[sub_uid] = Signal()
         return sig
 
-    def _check_open(self) -> None:
+    def check_open(self) -> None:
         if self.closing:
             raise Unavailable(SHUTTING_DOWN)
 
@@ -219,9 +212,9 @@ class Engine:
                 self.replicas.flush(log_id)
             await replicated
 
-    async def _change(self, *recs: R.Record) -> None:
+    async def change(self, *recs: R.Record) -> None:
         """Commit administrative records and answer once they are durable; one log line per change."""
-        self._check_open()
+        self.check_open()
         said = [d for d in map(self.state.describe, recs) if d]
         if self.meta_log is not None and any(rec.META for rec in recs):
             await self.meta_log.commit(recs)  # validated against this state: no await may come before
@@ -238,24 +231,24 @@ class Engine:
 
     # --- topics ----------------------------------------------------------------------------------
     async def create_topic(self, topic):
-        self._check_open()
+        self.check_open()
         await self.schemas.check_topic_settings(topic)
         rec = commands.create_topic(self.state, topic, self.config.shards_per_topic)
-        await self._change(rec)
+        await self.change(rec)
         return self.state.topics_by_uid[rec.uid].config
 
     def get_topic(self, name: str):
         return self.state.topic(name).config
 
     async def update_topic(self, topic, mask):
-        self._check_open()
+        self.check_open()
         await self.schemas.check_topic_settings(commands.merged_topic(self.state, topic, mask))
         rec = commands.update_topic(self.state, topic, mask)
-        await self._change(rec)
+        await self.change(rec)
         return self.state.topics_by_uid[rec.uid].config
 
     async def delete_topic(self, name: str) -> None:
-        await self._change(commands.delete_topic(self.state, name))
+        await self.change(commands.delete_topic(self.state, name))
 
     def list_topics(self, project: str, page_size: int, token: str):
         return commands.page(commands.in_project(self.state.topics, project, "topics"), page_size, token)
@@ -271,9 +264,9 @@ class Engine:
 
     # --- subscriptions ---------------------------------------------------------------------------
     async def create_subscription(self, sub):
-        self._check_open()
+        self.check_open()
         rec = commands.create_subscription(self.state, sub, f"sub-{uuid.uuid4().hex}")
-        await self._change(rec)
+        await self.change(rec)
         created = self.state.subs_by_uid[rec.uid]
         created.last_activity = self.clock.now()
         return commands.subscription_view(created)
@@ -284,24 +277,24 @@ class Engine:
         return commands.subscription_view(self.state.sub(name))
 
     async def update_subscription(self, sub, mask):
-        self._check_open()
+        self.check_open()
         rec = commands.update_subscription(self.state, sub, mask)
-        await self._change(rec)
+        await self.change(rec)
         return commands.subscription_view(self.state.subs_by_uid[rec.uid])
 
     async def delete_subscription(self, name: str) -> None:
-        await self._change(commands.delete_subscription(self.state, name))
+        await self.change(commands.delete_subscription(self.state, name))
 
     async def detach_subscription(self, name: str) -> None:
         """Stop delivery for good: the backlog is dropped, later pulls fail with FAILED_PRECONDITION."""
-        self._check_open()
-        await self._change(*commands.detach_subscription(self.state, name))
+        self.check_open()
+        await self.change(*commands.detach_subscription(self.state, name))
 
     def list_subscriptions(self, project: str, page_size: int, token: str):
         return commands.page(commands.in_project(self.state.subs, project, "subscriptions"), page_size, token)
 
-    def _live_sub(self, name: str) -> SubscriptionState:
-        self._check_open()
+    def live_sub(self, name: str) -> SubscriptionState:
+        self.check_open()
         s = commands.live_sub(self.state, name)
         if self.replicas is not None and not self.owns(self.state.log_of_sub(name, self.config.bundles)):
             raise Unavailable("The subscription's bundle moved to another node; retry.")
@@ -357,7 +350,7 @@ class Engine:
         durable. `idem_keys`: the messages' idempotency keys ("" for none); repeats inside the window are not
         stored again and get the original message id. `sched`: the messages' (activate-at, delay) attributes,
         when some message carries one: the batch then waits in the topic's activation index."""
-        self._check_open()
+        self.check_open()
         t = self.state.topic(topic_name)
         self.journal.check_publish()  # a full disk refuses publishes, keeps room for deliveries and acks
         if not idem_keys:
@@ -505,7 +498,7 @@ class Engine:
         list, which the caller sees as "no messages" rather than DEADLINE_EXCEEDED."""
         if max_messages <= 0:
             raise InvalidArgument("max_messages must be greater than 0.")
-        s = self._live_sub(name)
+        s = self.live_sub(name)
         s.last_activity = self.clock.now()
         max_messages = min(max_messages, limits.pull_messages_max)
         wait = limits.pull_wait_s_max
@@ -522,7 +515,7 @@ class Engine:
             if return_immediately or left <= 0:
                 return out
             await self._wait(s, left)
-            s = self._live_sub(name)
+            s = self.live_sub(name)
 
     async def _wait(self, s: SubscriptionState, cap: float, stream: Stream | None = None) -> None:
         """Wait for `s`'s messages (or `stream`'s own events), at most `cap` seconds; the subscription's
@@ -545,7 +538,7 @@ class Engine:
                 sig.notify()
 
     def open_stream(self, name: str, client_id: str, deadline_s: int, max_messages: int, max_bytes: int) -> Stream:
-        s = self._live_sub(name)
+        s = self.live_sub(name)
         commands.check_stream(deadline_s)
         self.admission.open_stream()
         stream = Stream(s, client_id, deadline_s, max_messages, max_bytes)
@@ -557,7 +550,7 @@ class Engine:
         return the messages (possibly none), or None once the client has half-closed."""
         s = stream.sub
         while True:
-            self._check_open()
+            self.check_open()
             if stream.error is not None or stream.ended:
                 self._pass_on(s)  # it may have been the waiter woken for messages: the next one takes them
                 if stream.error is not None:
@@ -646,7 +639,7 @@ class Engine:
         return failures
 
     async def acknowledge(self, name: str, ack_ids) -> None:
-        s = self._live_sub(name)
+        s = self.live_sub(name)
         if not ack_ids:
             raise InvalidArgument("ack_ids must not be empty.")
         failures = self.ack_nowait(s, ack_ids)
@@ -657,7 +650,7 @@ class Engine:
     async def modify_ack_deadline(self, name: str, ack_ids, seconds: int) -> None:
         """Answered once durable, as an ack is: a nack or an extension the client was told of survives a crash
         (delivery counts and lease deadlines after a restart are what the client saw)."""
-        s = self._live_sub(name)
+        s = self.live_sub(name)
         failures = self.modify_deadlines(s, ack_ids, [seconds] * len(ack_ids))
         await self.durable(log_id=s.log_id)
         if failures:
@@ -684,10 +677,10 @@ class Engine:
 
     # --- snapshots and seek ----------------------------------------------------------------------
     async def create_snapshot(self, name: str, sub_name: str, labels: dict):
-        self._check_open()
+        self.check_open()
         name, rec = commands.create_snapshot(self.state, name, sub_name, labels, self.clock.now(),
                                              f"snap-{uuid.uuid4().hex}")
-        await self._change(rec)
+        await self.change(rec)
         return self.state.snapshots[name].config
 
     def get_snapshot(self, name: str):
@@ -697,16 +690,16 @@ class Engine:
         return commands.page(commands.in_project(self.state.snapshots, project, "snapshots"), page_size, token)
 
     async def update_snapshot(self, snap, mask):
-        self._check_open()
-        await self._change(commands.update_snapshot(self.state, snap, mask, self.clock.now()))
+        self.check_open()
+        await self.change(commands.update_snapshot(self.state, snap, mask, self.clock.now()))
         return self.state.snapshots[snap.name].config
 
     async def delete_snapshot(self, name: str) -> None:
-        await self._change(commands.delete_snapshot(self.state, name))
+        await self.change(commands.delete_snapshot(self.state, name))
 
     async def seek(self, sub_name: str, time_ms: int | None, snapshot: str | None) -> None:
-        self._check_open()
-        await self._change(commands.seek(self.state, sub_name, time_ms, snapshot))
+        self.check_open()
+        await self.change(commands.seek(self.state, sub_name, time_ms, snapshot))
 
     # --- maintenance -----------------------------------------------------------------------------
     async def _maintain(self) -> None:

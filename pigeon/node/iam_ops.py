@@ -37,7 +37,7 @@ class IamOps:
         return out
 
     async def set_policy(self, resource: str, policy):
-        self.engine._check_open()
+        self.engine.check_open()
         self._resource(resource)
         current = self.get_policy(resource)
         if policy.etag and policy.etag != current.etag:
@@ -50,7 +50,7 @@ class IamOps:
         stored.CopyFrom(policy)
         stored.ClearField("etag")
         stored.etag = iam.etag(stored.SerializeToString(deterministic=True))
-        await self.engine._change(R.PolicyPut(resource, stored.SerializeToString(deterministic=True)))
+        await self.engine.change(R.PolicyPut(resource, stored.SerializeToString(deterministic=True)))
         return stored
 
     def test_permissions(self, resource: str, permissions: list[str], principal: str | None,

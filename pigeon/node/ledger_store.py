@@ -39,7 +39,7 @@ import struct
 from dataclasses import dataclass
 
 from pigeon.core.errors import FailedPrecondition, PigeonError
-from pigeon.node.host import OsHost
+from pigeon.node.disk import OsDisk
 from pigeon.node.journal import FsyncPolicy, JournalWriter
 from pigeon.storage import recovery
 from pigeon.storage.journal import Entry
@@ -88,8 +88,8 @@ class LedgerStore:
     def __init__(self, data_dir: str, policy: FsyncPolicy | str = FsyncPolicy.always,
                  segment_bytes: int = 64 * 1024 * 1024, node: JournalWriter | None = None, host=None):
         """`node`: the node's own journal (open before this store opens), which lends the owner's copies. `host`:
-        the machine (node.host), the real one by default."""
-        self.host = host or OsHost()
+        the machine (node.host) its disks and journal come from; the real files without one."""
+        self.host = host
         self.dir = os.path.join(data_dir, "ledgers")
         self.policy, self.segment_bytes = FsyncPolicy(policy), segment_bytes
         self.node = node
@@ -97,7 +97,7 @@ class LedgerStore:
         self.deleted: set[int] = set()
         self.borrowed: dict[int, list[int]] = {}  # ledger → [its first borrowed record's position, last's end]
         self.append_requests = {"channel": 0, "grpc": 0}  # Append requests taken, by the way they came (statistics)
-        self._disk = self.host.disk
+        self._disk = host.disk if host is not None else OsDisk()
         self._deleting = asyncio.Lock()  # one write of `deleted` at a time, each holding every one before it
 
     @property
@@ -105,7 +105,8 @@ class LedgerStore:
         return os.path.join(self.dir, "deleted")
 
     async def open(self) -> None:
-        disk = self.host.cold_disk  # read back only to recover or repair a ledger: not worth the page cache
+        # read back only to recover or repair a ledger: not worth the page cache
+        disk = self.host.cold_disk if self.host is not None else OsDisk(drop_synced=True)
         for sub in ("wal", "checkpoints"):  # (recovery looks in both; this journal never writes a checkpoint)
             disk.makedirs(os.path.join(self.dir, sub))
         if self._disk.exists(self._deleted_path):
@@ -115,7 +116,9 @@ class LedgerStore:
         found = await asyncio.get_running_loop().run_in_executor(
             None, lambda: recovery.recover(disk, self.dir, lambda: target, repair=True, forgotten=gone))
         logs = {lid: st for lid, st in found.logs.items() if lid not in self.deleted}
-        self.writer = self.host.journal(os.path.join(self.dir, "wal"), self.policy, self.segment_bytes, disk)
+        wal = os.path.join(self.dir, "wal")
+        self.writer = self.host.journal(wal, self.policy, self.segment_bytes, disk) if self.host is not None else \
+            JournalWriter(wal, self.policy, self.segment_bytes, disk)
         self.writer.open(found.tail, logs)
         if target.borrowed and self.node is None:
             raise ValueError(f"{self.dir} holds entries kept in a node journal, and none was given")

@@ -16,6 +16,21 @@ from pigeon.storage import checkpoint as ck
 log = logging.getLogger("pigeon.maintenance")
 
 
+class Checkpoints:
+    """Where a node's checkpoints are and which it keeps: the journal positions of the newest ones (recovery needs
+    the journal from the older of the last two), when the last was taken, and one writer at a time."""
+
+    def __init__(self, directory: str):
+        self.dir = directory
+        self.positions: list[int] = []
+        self.last_time = 0.0
+        self.lock = asyncio.Lock()
+
+    def found(self, positions: list[int], now: float) -> None:
+        """Recovery found these (start-up)."""
+        self.positions, self.last_time = list(positions), now
+
+
 async def maintain_once(engine) -> None:
     """Retention, expirations, index trimming, checkpoints and WAL segment deletion: one pass."""
     now = engine.clock.now()
@@ -23,7 +38,7 @@ async def maintain_once(engine) -> None:
     st = engine.state
     try:
         for rec in commands.expired_snapshots(st, now):
-            await engine._change(rec)
+            await engine.change(rec)
         for name in commands.inactive_subscriptions(st, now):
             if engine.owns(st.log_of_sub(name, engine.config.bundles)):  # only its owner sees its clients
                 log.info("deleting %s: inactive for longer than its expiration ttl", name)
@@ -37,15 +52,15 @@ async def maintain_once(engine) -> None:
     floor = engine.journal_floor()  # entries a cluster node's ledger store borrows from the journal
     if floor is not None:
         need_pos = min(need_pos, floor)
-    grown = engine.journal.tail - (engine._checkpoints[-1] if engine._checkpoints else 0)
+    cks = engine.checkpoints
+    grown = engine.journal.tail - (cks.positions[-1] if cks.positions else 0)
     if grown >= engine.config.checkpoint_wal_bytes or (
-        grown > 0 and now - engine._last_ck_time >= engine.config.checkpoint_interval_s
+        grown > 0 and now - cks.last_time >= engine.config.checkpoint_interval_s
     ):
         await checkpoint(engine)
-    cks = engine._checkpoints
-    if cks and grown == 0:
-        older = cks[-2] if len(cks) >= 2 else 0
-        if engine.journal.journal.deletable(min(need_pos, cks[-1])) > engine.journal.journal.deletable(
+    if cks.positions and grown == 0:
+        older = cks.positions[-2] if len(cks.positions) >= 2 else 0
+        if engine.journal.journal.deletable(min(need_pos, cks.positions[-1])) > engine.journal.journal.deletable(
                 min(need_pos, older)):
             # segments wait only for a second checkpoint while nothing is written (a drained backlog, a disk
             # that filled up): a marker entry that changes nothing gives a new checkpoint a position of its own
@@ -53,24 +68,25 @@ async def maintain_once(engine) -> None:
             await engine.durable()
             await checkpoint(engine)
     # recovery needs the journal from the older of the two newest checkpoints
-    if len(engine._checkpoints) >= 2:
-        removed = engine.journal.delete_before(min(need_pos, engine._checkpoints[-2]))
+    if len(cks.positions) >= 2:
+        removed = engine.journal.delete_before(min(need_pos, cks.positions[-2]))
         if removed:
             log.info("deleted %d journal segments no longer needed", len(removed))
 
 
 async def checkpoint(engine) -> None:
     """Write a checkpoint of everything at the current WAL position (once the WAL covers it)."""
-    async with engine._ck_lock:
+    cks = engine.checkpoints
+    async with cks.lock:
         pos = engine.journal.tail
-        if engine._checkpoints and engine._checkpoints[-1] == pos:
+        if cks.positions and cks.positions[-1] == pos:
             return
         st = engine.state
         logs = {i: (lg.next, lg.epoch, lg.fenced) for i, lg in engine.journal.journal.logs.items()}
         recs = ck.encode(ck.Header(pos, st.next_uid, logs), st.meta_records(), st.images())
         await engine.journal.wait_durable(pos)
-        keep = engine._checkpoints[-1:]
-        await asyncio.get_running_loop().run_in_executor(None, ck.write, engine.journal.disk, engine._ck_dir, pos,
-                                                         recs, keep)
-        engine._checkpoints = keep + [pos]
-        engine._last_ck_time = engine.clock.now()
+        keep = cks.positions[-1:]
+        await asyncio.get_running_loop().run_in_executor(None, ck.write, engine.journal.disk, cks.dir, pos, recs,
+                                                         keep)
+        cks.positions = keep + [pos]
+        cks.last_time = engine.clock.now()

@@ -263,7 +263,7 @@ class PushManager:
         elif s is not None and s.config.push_config.push_endpoint and not allowed(s.config.push_config.push_endpoint):
             log.warning("not pushing %s: endpoint %s is not allowed", s.name, s.config.push_config.push_endpoint)
 
-    def _forget(self, worker: PushWorker) -> None:
+    def forget(self, worker: PushWorker) -> None:
         if self.workers.get(worker.uid) is worker:
             del self.workers[worker.uid]
 
@@ -297,7 +297,7 @@ class PushWorker:
         self.held: dict[int, int] = {}  # message number → delivery version, leased to this worker
         self.requests: set[asyncio.Task] = set()
         self.task = asyncio.get_running_loop().create_task(self._run())
-        self.task.add_done_callback(lambda _: manager._forget(self))
+        self.task.add_done_callback(lambda _: manager.forget(self))
 
     def release(self, num: int) -> None:
         self.held.pop(num, None)

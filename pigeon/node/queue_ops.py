@@ -13,7 +13,7 @@ class QueueOps:
         self.engine = engine
 
     def _sub(self, name: str):
-        return self.engine._live_sub(name)
+        return self.engine.live_sub(name)
 
     def _locked(self, s, ack_ids) -> list[int]:
         return queue.locked(s, ack_ids, self.engine.clock.now())
@@ -37,13 +37,13 @@ class QueueOps:
     async def reschedule(self, name: str, ack_ids, activate_ms: int) -> int:
         s = self._sub(name)
         activate_ms = max(0, activate_ms)
-        await self.engine._change(R.Park(s.uid, activate_ms, self._locked(s, ack_ids)))
+        await self.engine.change(R.Park(s.uid, activate_ms, self._locked(s, ack_ids)))
         return activate_ms
 
     async def bury(self, name: str, ack_ids) -> int:
         s = self._sub(name)
         nums = self._locked(s, ack_ids)
-        await self.engine._change(R.Park(s.uid, -1, nums))
+        await self.engine.change(R.Park(s.uid, -1, nums))
         return len(nums)
 
     async def kick(self, name: str, max_messages: int) -> int:
@@ -52,14 +52,14 @@ class QueueOps:
         if max_messages > 0:
             buried = buried[:max_messages]
         if buried:
-            await self.engine._change(R.Kick(s.uid, buried))
+            await self.engine.change(R.Kick(s.uid, buried))
         return len(buried)
 
     async def update(self, name: str, ack_id: str, data: bytes, attributes: dict, keep_attributes: bool) -> None:
         s = self._sub(name)
         (num,) = self._locked(s, [ack_id])
         ((body, _tail),) = self.engine.read(s, [num])
-        await self.engine._change(R.Update(s.uid, num, queue.updated_message(body, data, attributes,
+        await self.engine.change(R.Update(s.uid, num, queue.updated_message(body, data, attributes,
                                                                              keep_attributes)))
 
     def peek(self, name: str, message_id: str) -> tuple[bytes, str, int, int]:

@@ -154,12 +154,12 @@ def _clamp(t: TopicState, offsets: list[int]) -> list[int]:
 
 async def _move(engine, s: SubscriptionState, floors: list[int]) -> None:
     """Set the ack floors (a Seek record), keeping acks above them (filters ack rejected messages ahead)."""
-    await engine._change(commands.move_floors(s, floors))
+    await engine.change(commands.move_floors(s, floors))
 
 
 async def create_cursor(engine, name: str, topic_name: str, offsets: list[int]) -> CursorView:
     """Create the cursor subscription at `offsets` (empty: the latest offsets), or return it as it is."""
-    engine._check_open()
+    engine.check_open()
     t = engine.state.topic(topic_name)
     s = engine.state.subs.get(name)
     if s is not None:
@@ -184,7 +184,7 @@ def get_cursor(engine, name: str) -> CursorView:
 
 async def commit_cursor(engine, name: str, offsets: list[int]) -> CursorView:
     """Everything below `offsets` was consumed: move the floors forward (never back)."""
-    engine._check_open()
+    engine.check_open()
     s = engine.state.sub(name)
     t = s.topic
     if t is None or t.deleted:

@@ -46,7 +46,7 @@ class StorageClient:
         self.append_tls = tls.append_client_context(config)  # a secured cluster's channel speaks mutual TLS
         options = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
         self.channel = tls.peer_channel(config, address, options)
-        self._append = self.channel.stream_stream("/pigeon.v1.Storage/Append",  # requests: append_wire's bytes
+        self.append_call = self.channel.stream_stream("/pigeon.v1.Storage/Append",  # requests: append_wire's bytes
                                                   request_serializer=None,
                                                   response_deserializer=pb.AppendResponse.FromString)
         self._fence = self.channel.unary_unary("/pigeon.v1.Storage/Fence",
@@ -110,7 +110,7 @@ class AppendStream:
         self._open(client)
 
     def _open(self, client: StorageClient) -> None:
-        self.call = client._append(self._requests())
+        self.call = client.append_call(self._requests())
 
     def _encode(self, ledger: int, epoch: int, index: int, types: list[int], entries: list) -> bytes:
         return append_wire.encode(ledger, epoch, index, types, entries)

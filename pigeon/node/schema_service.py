@@ -82,7 +82,7 @@ class SchemaService:
 
     # --- changes -------------------------------------------------------------------------------
     async def create(self, parent: str, schema, schema_id: str):
-        self.engine._check_open()
+        self.engine.check_open()
         project = names.project_of(parent)
         if not schema_id:
             schema_id = f"schema-{uuid.uuid4().hex[:12]}"
@@ -93,30 +93,30 @@ class SchemaService:
         self.registry.check_room(name, "schemas")
         await self._compile(schema.type_, schema.definition)
         rev = self._revision(name, schema.type_, schema.definition)
-        await self.engine._change(R.SchemaPut(rev.SerializeToString(deterministic=True)))
+        await self.engine.change(R.SchemaPut(rev.SerializeToString(deterministic=True)))
         return rev
 
     async def commit(self, name: str, schema):
-        self.engine._check_open()
+        self.engine.check_open()
         revs = self.registry.schema(name)
         if schema.type_ and schema.type_ != revs[-1].type_:
             raise InvalidArgument("A new revision must keep the schema's type.")
         await self._compile(revs[-1].type_, schema.definition)
         rev = self._revision(name, revs[-1].type_, schema.definition)
-        await self.engine._change(R.SchemaPut(rev.SerializeToString(deterministic=True)))
+        await self.engine.change(R.SchemaPut(rev.SerializeToString(deterministic=True)))
         return rev
 
     async def rollback(self, name: str, revision_id: str):
-        self.engine._check_open()
+        self.engine.check_open()
         old = self.get(f"{name}@{revision_id}") if revision_id else None
         if old is None:
             raise InvalidArgument("revision_id must be set.")
         rev = self._revision(name, old.type_, old.definition)
-        await self.engine._change(R.SchemaPut(rev.SerializeToString(deterministic=True)))
+        await self.engine.change(R.SchemaPut(rev.SerializeToString(deterministic=True)))
         return rev
 
     async def delete_revision(self, name: str, revision_id: str):
-        self.engine._check_open()
+        self.engine.check_open()
         base, rev_id = split_revision(name)
         rev_id = rev_id or revision_id
         target = self.get(f"{base}@{rev_id}") if rev_id else None
@@ -124,13 +124,13 @@ class SchemaService:
             raise InvalidArgument("The revision to delete must be named (name@revision_id).")
         if len(self.registry.schema(base)) == 1:
             raise FailedPrecondition("The last revision of a schema cannot be deleted; delete the schema.")
-        await self.engine._change(R.SchemaRevDel(base, rev_id))
+        await self.engine.change(R.SchemaRevDel(base, rev_id))
         return target
 
     async def delete(self, name: str) -> None:
-        self.engine._check_open()
+        self.engine.check_open()
         self.registry.schema(name)
-        await self.engine._change(R.SchemaDel(name))
+        await self.engine.change(R.SchemaDel(name))
 
     async def validate_schema(self, parent: str, schema) -> None:
         names.project_of(parent)
