@@ -173,7 +173,7 @@ class PubSubApi:
             raise InvalidArgument("ack_ids must not be empty.")
         if self.router is not None and (owner := await self.router.for_subscription(req.subscription, context)):
             return await self.router.unary(owner, MODIFY_ACK_DEADLINE, req.SerializeToString(), context)
-        await self.engine.modify_ack_deadline(req.subscription, list(req.ack_ids), req.ack_deadline_seconds)
+        await self.engine.delivery.modify_ack_deadline(req.subscription, list(req.ack_ids), req.ack_deadline_seconds)
         return b""
 
     @translate
@@ -181,7 +181,7 @@ class PubSubApi:
     async def acknowledge(self, req, context):
         if self.router is not None and (owner := await self.router.for_subscription(req.subscription, context)):
             return await self.router.unary(owner, ACKNOWLEDGE, req.SerializeToString(), context)
-        await self.engine.acknowledge(req.subscription, list(req.ack_ids))
+        await self.engine.delivery.acknowledge(req.subscription, list(req.ack_ids))
         return b""
 
     @translate
@@ -189,7 +189,7 @@ class PubSubApi:
     async def pull(self, req, context):
         if self.router is not None and (owner := await self.router.for_subscription(req.subscription, context)):
             return await self.router.unary(owner, PULL, req.SerializeToString(), context, waits=True)
-        rms = await self.engine.pull(req.subscription, req.max_messages, req.return_immediately,
+        rms = await self.engine.delivery.pull(req.subscription, req.max_messages, req.return_immediately,
                                      context.time_remaining())
         return b"".join(rms)  # each is already an encoded received_messages entry
 
@@ -216,7 +216,7 @@ class PubSubApi:
                                                      request_iterator, context):
                     yield resp
                 return
-            stream = engine.open_stream(
+            stream = engine.delivery.open_stream(
                 first.subscription,
                 first.client_id,
                 first.stream_ack_deadline_seconds,
@@ -233,7 +233,7 @@ class PubSubApi:
             )
             admission, clock = engine.admission, engine.clock
             while True:
-                rms = await engine.stream_next(stream)
+                rms = await engine.delivery.stream_next(stream)
                 if rms is None:
                     return
                 out, stream.outbox = stream.outbox, []
@@ -256,13 +256,13 @@ class PubSubApi:
             if reader is not None:
                 reader.cancel()
             if stream is not None:
-                engine.close_stream(stream)
+                engine.delivery.close_stream(stream)
 
     def _stream_requests(self, stream, req) -> None:
         eod = stream.sub.config.enable_exactly_once_delivery
         if req.ack_ids:
             ack_ids = list(req.ack_ids)
-            durable, failures = self.engine.stream_acks(stream, ack_ids)
+            durable, failures = self.engine.delivery.stream_acks(stream, ack_ids)
             if eod:  # confirm once the acks are durable
                 ok = [a for a in ack_ids if a not in failures]
                 confirmation = pb["StreamingPullResponse"](
@@ -270,7 +270,7 @@ class PubSubApi:
                 durable.add_done_callback(lambda _f: self._post(stream, confirmation))
         if req.modify_deadline_ack_ids or req.modify_deadline_seconds:
             ids = list(req.modify_deadline_ack_ids)
-            failures = self.engine.modify_deadlines(stream.sub, ids, list(req.modify_deadline_seconds))
+            failures = self.engine.delivery.modify_deadlines(stream.sub, ids, list(req.modify_deadline_seconds))
             if eod:
                 self._post(stream, pb["StreamingPullResponse"](modify_ack_deadline_confirmation={
                     "ack_ids": [a for a in ids if a not in failures], "invalid_ack_ids": list(failures)}))

@@ -13,7 +13,6 @@ import os
 import time
 import uuid
 from dataclasses import dataclass
-from operator import itemgetter
 from typing import Callable
 
 from pigeon.broker import commands
@@ -21,9 +20,10 @@ from pigeon.broker import state as bs
 from pigeon.broker.state import BrokerState
 from pigeon.broker.subscription import SubscriptionState, SubscriptionStats
 from pigeon.core import limits
-from pigeon.core.errors import AckIdFailure, InvalidArgument, NotFound, FailedPrecondition, PigeonError, Unavailable
+from pigeon.core.errors import Unavailable
 from pigeon.node import hops, maintenance, push, recovery
 from pigeon.node.admission import Admission, AdmissionStats
+from pigeon.node.delivery import Delivery
 from pigeon.node.host import OsHost
 from pigeon.node.iam_ops import IamOps
 from pigeon.node.push import PushManager
@@ -87,7 +87,7 @@ class Engine:
         self._fenced: set[int] = set()  # logs fenced at self.epoch
         self.checkpoints = maintenance.Checkpoints(os.path.join(config.data_dir, "checkpoints"))
         self._maintenance: asyncio.Task | None = None
-        self._tasks: set[asyncio.Task] = set()
+        self.delivery = Delivery(self)
         self.push = PushManager(self)
         self.schemas = SchemaService(self)
         self.queue = QueueOps(self)
@@ -182,11 +182,11 @@ class Engine:
             elif kind == bs.CHANGED:
                 self.push.subscription_changed(uid)
             elif kind == bs.DEAD_LETTERS:
-                self._forward_dead_letters(self.state.subs_by_uid[uid])
+                self.delivery.forward_dead_letters(self.state.subs_by_uid[uid])
             elif kind == bs.DEADLINE:
                 sig = self.signals.get(uid)
                 if sig is not None:
-                    self._arm(self.state.subs_by_uid[uid], sig)
+                    self.delivery.arm(self.state.subs_by_uid[uid], sig)
 
     async def durable(self, end: int | None = None, log_id: int | None = None) -> None:
         """Until everything committed so far (or up to `end`) is durable — and in a cluster, everything committed
@@ -420,192 +420,6 @@ class Engine:
                 if sig is not None:
                     sig.notify()
 
-    def ack(self, s: SubscriptionState, nums: list[int]) -> None:
-        """Acknowledge message numbers (logged; durable with the next group commit — callers that answer a
-        client wait for it)."""
-        if nums:
-            self.commit(R.Ack(s.uid, nums))
-            self.ack_latency.acked(s.uid, nums, self.clock.now())
-
-    # --- delivery --------------------------------------------------------------------------------
-    def deliver(self, s: SubscriptionState, max_messages: int, max_bytes: int, owner, deadline_s: float) -> list[bytes]:
-        """Lock up to `max_messages` messages; return each as an encoded `received_messages` entry (field 1 of
-        PullResponse and StreamingPullResponse alike)."""
-        now = self.clock.now()
-        picks = s.take(max_messages, now)
-        if not picks:
-            return []
-        out: list[bytes] = []
-        sizes: list[int] = []
-        if picks.out:
-            show_attempt = bool(s.config.dead_letter_policy.dead_letter_topic)
-            out, sizes = self.reader.received(s.topic, picks.out, s.uid, show_attempt, max_bytes, s.overrides)
-            if len(out) < len(picks.out):  # the rest did not fit: given back before anything is leased
-                s.untake(picks, len(out))
-        self.commit(picks.record(s.uid, now + deadline_s), owner)
-        if out:
-            self.ack_latency.delivered(s.uid, picks.out[0][0], now)
-        if owner is not None and out:  # nothing ran since the commit: every leased message is the stream's
-            if picks.fresh:
-                owner.hold(map(itemgetter(0), picks.out), sizes)
-            else:  # an ordered batch resent whole may hold acked members: those have no lease to release
-                held = [(n, size) for (n, _), size in zip(picks.out, sizes) if s.leases.get(n, (0, 0, None))[2] is owner]
-                owner.hold([n for n, _ in held], [size for _, size in held])
-        return out
-
-    def lease(self, s: SubscriptionState, max_messages: int, deadline_s: float, owner=None, per_key_max: int = 0):
-        """Lock up to `max_messages` messages for `owner` (a push worker); messages past their delivery attempts
-        go to the dead-letter topic instead. [(num, version)]"""
-        now = self.clock.now()
-        picks = s.take(max_messages, now, per_key_max)
-        if not picks:
-            return []
-        self.commit(picks.record(s.uid, now + deadline_s), owner)
-        if picks.out:
-            self.ack_latency.delivered(s.uid, picks.out[0][0], now)
-        return picks.out
-
-    def read(self, s: SubscriptionState, nums: list[int]) -> list[tuple[bytes, bytes]]:
-        """(stored message bytes, message id/publish time tail) as this subscription delivers them: a message
-        updated in place through the queue extensions reads as updated."""
-        return self.reader.messages(s.topic, nums, s.overrides)
-
-    def _forward_dead_letters(self, s: SubscriptionState) -> None:
-        nums, s.dead_letters = s.dead_letters, []
-        task = asyncio.get_running_loop().create_task(self._dead_letter(s, nums))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _dead_letter(self, s: SubscriptionState, nums: list[int]) -> None:
-        """Publish to the dead-letter topic with the source attributes, then ack on the source. If the
-        topic is missing or the publish fails, the held leases run out and the messages come back."""
-        dlt = s.config.dead_letter_policy.dead_letter_topic
-        try:
-            commands.check_topic_exists(self.state, dlt)
-            for key, request, count in commands.dead_letter_batches(s, nums, self.reader.messages(s.topic, nums)):
-                await self.publish(dlt, request, count, key)
-        except PigeonError as e:
-            log.warning("dead-lettering %d messages of %s to %s failed: %s", len(nums), s.name, dlt, e.message)
-            return
-        if self.state.subs_by_uid.get(s.uid) is s:  # not deleted while the publish waited
-            self.ack(s, nums)
-            await self.durable(log_id=s.log_id)
-
-    async def pull(self, name: str, max_messages: int, return_immediately: bool,
-                   time_left_s: float | None = None) -> list[bytes]:
-        """Messages to hand out, waiting for some while there are none: until shortly before the caller's
-        deadline (`time_left_s`), at most limits.pull_wait_s_max. With nothing by then the answer is an empty
-        list, which the caller sees as "no messages" rather than DEADLINE_EXCEEDED."""
-        if max_messages <= 0:
-            raise InvalidArgument("max_messages must be greater than 0.")
-        s = self.live_sub(name)
-        s.last_activity = self.clock.now()
-        max_messages = min(max_messages, limits.pull_messages_max)
-        wait = limits.pull_wait_s_max
-        if time_left_s is not None:
-            wait = min(wait, time_left_s - limits.pull_answer_before_deadline_s)
-        give_up = time.monotonic() + wait
-        while True:
-            out = self.deliver(s, max_messages, limits.response_bytes_max, None, s.ack_deadline_s)
-            if out:
-                self._pass_on(s)
-                await self.recorded(s.log_id)
-                return out
-            left = give_up - time.monotonic()
-            if return_immediately or left <= 0:
-                return out
-            await self._wait(s, left)
-            s = self.live_sub(name)
-
-    async def _wait(self, s: SubscriptionState, cap: float, stream: Stream | None = None) -> None:
-        """Wait for `s`'s messages (or `stream`'s own events), at most `cap` seconds; the subscription's
-        timer wakes one waiter when something becomes ready by itself."""
-        sig = self.signal(s.uid)
-        self._arm(s, sig)
-        await sig.wait(cap, stream)
-
-    def _arm(self, s: SubscriptionState, sig: Signal) -> None:
-        """Keep `sig`'s timer at the earliest time something of `s` becomes ready by itself."""
-        d = s.next_deadline()
-        if d is not None:
-            sig.wake_at(asyncio.get_running_loop().time() + max(0.001, d - self.clock.now()))
-
-    def _pass_on(self, s: SubscriptionState) -> None:
-        """A waiter took messages: if more are ready, wake the next one (the chain that replaces waking all)."""
-        if s.has_ready(self.clock.now()):
-            sig = self.signals.get(s.uid)
-            if sig is not None:
-                sig.notify()
-
-    def open_stream(self, name: str, client_id: str, deadline_s: int, max_messages: int, max_bytes: int) -> Stream:
-        s = self.live_sub(name)
-        commands.check_stream(deadline_s)
-        self.admission.open_stream()
-        stream = Stream(s, client_id, deadline_s, max_messages, max_bytes)
-        self.streams.add(stream)
-        return stream
-
-    async def stream_next(self, stream: Stream) -> list[bytes] | None:
-        """Wait until the stream may take messages and some are ready, or it has something in its outbox;
-        return the messages (possibly none), or None once the client has half-closed."""
-        s = stream.sub
-        while True:
-            self.check_open()
-            if stream.error is not None or stream.ended:
-                self._pass_on(s)  # it may have been the waiter woken for messages: the next one takes them
-                if stream.error is not None:
-                    raise stream.error
-                return None
-            if stream.outbox:
-                return []
-            if self.state.subs_by_uid.get(s.uid) is not s:
-                raise NotFound(f"Resource not found (resource={s.name.split('/')[-1]}).")
-            if s.detached:
-                raise FailedPrecondition(f"The subscription {s.name} is detached.")
-            s.last_activity = self.clock.now()  # an open stream keeps the subscription alive
-            room = stream.room()
-            if room > 0:
-                out = self.deliver(
-                    s,
-                    min(room, limits.stream_response_messages_max),
-                    max(1, min(stream.max_bytes - stream.held_bytes, self.admission.share())),
-                    stream,
-                    stream.deadline_s,
-                )
-                if out:
-                    self._pass_on(s)
-                    await self.recorded(s.log_id)
-                    return out
-                await self._wait(s, limits.stream_idle_wake_s, stream)
-                if hops.ON:
-                    hops.mark("woken")
-            else:  # flow control: only this stream's acks (or its own events) can change that
-                await stream.wait(limits.stream_idle_wake_s)
-
-    def close_stream(self, stream: Stream) -> None:
-        """Messages it still holds stay leased until their deadline (the client may still ack them)."""
-        stream.sub.disown(stream, list(stream.held))
-        stream.held.clear()
-        if stream in self.streams:
-            self.streams.discard(stream)
-            self.admission.close_stream()
-
-    def note_stalled_streams(self) -> int:
-        """Log (once each) the streams whose client has left a response untaken past the stall limit: they hold
-        that response until the client reads or goes (the server's keepalive closes a connection whose peer
-        vanished; a live client that does not read keeps it). Their leases run out as any other's, so the
-        messages go to other subscribers. Returns how many were found this time."""
-        now = self.clock.now()
-        stalled = [st for st in self.streams if st.sending_since is not None and not st.stall_noted
-                   and now - st.sending_since > self.admission.stall_s]
-        for st in stalled:
-            st.stall_noted = True
-            log.warning("a StreamingPull client of %s (client id %r) has left a response of %d bytes untaken for "
-                        "%.1f s; its stream holds it until the client reads or disconnects",
-                        st.sub.name, st.client_id, st.sending_bytes, now - st.sending_since)
-        self.admission.stalled += len(stalled)
-        return len(stalled)
-
     def subscription_statistics(self, chunk: int = 2000):
         """Every subscription's statistics, `chunk` at a time (a generator: the metrics endpoint spreads the pass
         over turns of the event loop when there are many)."""
@@ -628,52 +442,6 @@ class Engine:
                                for t in self.state.topics.values()),
                          self.publish_latency.snapshot(), self.ack_latency.histogram.snapshot(),
                          tuple(self.hot_keys.hottest(limits.hot_keys_exported)))
-
-    def ack_nowait(self, s: SubscriptionState, ack_ids) -> dict[str, str]:
-        """Apply acks (logged, not yet durable). Returns exactly-once failures {ack_id: code}: with
-        exactly-once delivery an ack id is valid only for the current, unexpired delivery."""
-        now = self.clock.now()
-        s.last_activity = now
-        nums, failures = commands.acks(s, ack_ids, now)
-        self.ack(s, nums)
-        return failures
-
-    async def acknowledge(self, name: str, ack_ids) -> None:
-        s = self.live_sub(name)
-        if not ack_ids:
-            raise InvalidArgument("ack_ids must not be empty.")
-        failures = self.ack_nowait(s, ack_ids)
-        await self.durable(log_id=s.log_id)  # also covers an equal ack still in flight
-        if failures:
-            raise AckIdFailure(failures)
-
-    async def modify_ack_deadline(self, name: str, ack_ids, seconds: int) -> None:
-        """Answered once durable, as an ack is: a nack or an extension the client was told of survives a crash
-        (delivery counts and lease deadlines after a restart are what the client saw)."""
-        s = self.live_sub(name)
-        failures = self.modify_deadlines(s, ack_ids, [seconds] * len(ack_ids))
-        await self.durable(log_id=s.log_id)
-        if failures:
-            raise AckIdFailure(failures)
-
-    def modify_deadlines(self, s: SubscriptionState, ack_ids, seconds) -> dict[str, str]:
-        """Extend or release (0) leases. Returns exactly-once failures {ack_id: code}."""
-        now = self.clock.now()
-        s.last_activity = now
-        recs, failures = commands.modacks(s, ack_ids, seconds, now)
-        for rec in recs:
-            self.commit(rec)
-        return failures
-
-    def stream_acks(self, stream: Stream, ack_ids) -> tuple[asyncio.Future | None, dict[str, str]]:
-        """Acks sent on a stream: (durability future with exactly-once delivery — the confirmation waits for
-        it —, else None: the acks ride along with the next group commit; exactly-once failures)."""
-        failures = self.ack_nowait(stream.sub, ack_ids)
-        if not stream.sub.config.enable_exactly_once_delivery:
-            return None, failures
-        if self.replicas is not None:
-            return asyncio.ensure_future(self.durable(log_id=stream.sub.log_id)), failures
-        return self.journal.wait_durable(self.journal.tail), failures
 
     # --- snapshots and seek ----------------------------------------------------------------------
     async def create_snapshot(self, name: str, sub_name: str, labels: dict):

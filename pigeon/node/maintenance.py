@@ -34,7 +34,7 @@ class Checkpoints:
 async def maintain_once(engine) -> None:
     """Retention, expirations, index trimming, checkpoints and WAL segment deletion: one pass."""
     now = engine.clock.now()
-    engine.note_stalled_streams()
+    engine.delivery.note_stalled_streams()
     st = engine.state
     try:
         for rec in commands.expired_snapshots(st, now):

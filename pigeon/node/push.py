@@ -349,10 +349,10 @@ class PushWorker:
     def _push_some(self, s, room: int) -> int:
         """Lease up to `room` messages and start a request for each; returns how many."""
         engine = self.engine
-        taken = engine.lease(s, room, s.ack_deadline_s, self, 1 if s.ordered else 0)
+        taken = engine.delivery.lease(s, room, s.ack_deadline_s, self, 1 if s.ordered else 0)
         if not taken:
             return 0
-        msgs = engine.read(s, [num for num, _ in taken])
+        msgs = engine.delivery.read(s, [num for num, _ in taken])
         loop = asyncio.get_running_loop()
         for (num, version), (body, tail) in zip(taken, msgs):
             if num in s.leases:  # an acked message resent with its ordered batch has no lease
@@ -425,6 +425,6 @@ class PushWorker:
             return  # deleted meanwhile
         ack_id = ackid.make(self.uid, num, version)
         if ok:
-            self.engine.ack_nowait(s, [ack_id])
+            self.engine.delivery.ack_nowait(s, [ack_id])
         else:
-            self.engine.modify_deadlines(s, [ack_id], [0])
+            self.engine.delivery.modify_deadlines(s, [ack_id], [0])

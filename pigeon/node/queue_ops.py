@@ -22,7 +22,7 @@ class QueueOps:
         s = self._sub(name)
         queue.check_take(max_messages, lock_s)
         s.last_activity = self.engine.clock.now()
-        out = self.engine.deliver(s, max_messages, limits.response_bytes_max, None, lock_s or s.ack_deadline_s)
+        out = self.engine.delivery.deliver(s, max_messages, limits.response_bytes_max, None, lock_s or s.ack_deadline_s)
         if out:
             await self.engine.recorded(s.log_id)  # (in a cluster: the locks replicated before they go out)
         return out
@@ -30,7 +30,7 @@ class QueueOps:
     async def ack(self, name: str, ack_ids) -> int:
         s = self._sub(name)
         nums = self._locked(s, ack_ids)
-        self.engine.ack(s, nums)
+        self.engine.delivery.ack(s, nums)
         await self.engine.durable(log_id=s.log_id)  # (in a cluster: replicated)
         return len(set(nums))
 
@@ -58,7 +58,7 @@ class QueueOps:
     async def update(self, name: str, ack_id: str, data: bytes, attributes: dict, keep_attributes: bool) -> None:
         s = self._sub(name)
         (num,) = self._locked(s, [ack_id])
-        ((body, _tail),) = self.engine.read(s, [num])
+        ((body, _tail),) = self.engine.delivery.read(s, [num])
         await self.engine.change(R.Update(s.uid, num, queue.updated_message(body, data, attributes,
                                                                              keep_attributes)))
 
@@ -66,7 +66,7 @@ class QueueOps:
         """(PubsubMessage bytes, state, deliveries so far, activation ms or 0)."""
         s = self.engine.state.sub(name)
         num = queue.num_of(s, message_id)
-        ((body, tail),) = self.engine.read(s, [num])
+        ((body, tail),) = self.engine.delivery.read(s, [num])
         state, attempts, at = queue.peek_state(s, num, self.engine.clock.now() * 1000)
         return body + tail, state, attempts, at
 
@@ -74,6 +74,6 @@ class QueueOps:
         s = self._sub(name)
         nums = [queue.num_of(s, m) for m in message_ids]
         deleted = len({n for n in nums if not s.is_acked(n)})
-        self.engine.ack(s, nums)
+        self.engine.delivery.ack(s, nums)
         await self.engine.durable(log_id=s.log_id)  # (in a cluster: replicated)
         return deleted

@@ -35,12 +35,10 @@ from dataclasses import dataclass, field
 
 from google.pubsub_v1 import types
 
-from pigeon.cluster import metadata as M
 from pigeon.core.bundles import bundle_log
 from pigeon.core.errors import PigeonError
 from pigeon.node.cluster_node import ClusterNode
 from pigeon.node.engine import Engine
-from pigeon.node.membership import status_of
 from pigeon.node.meta_local import LocalMetadata
 from pigeon.ops.config import Config
 from pigeon.testing import simloop
@@ -311,7 +309,7 @@ class ClusterSim:
         log_id = bundle_log(self.topics[t], BUNDLES)
         sent = asyncio.get_running_loop().time()
         try:
-            rms = await self._routed(log_id, lambda node: node.engine.pull(sub, 20, True))
+            rms = await self._routed(log_id, lambda node: node.engine.delivery.pull(sub, 20, True))
         except (PigeonError, _Refused, asyncio.TimeoutError):
             return
         got = _PullResponse.FromString(b"".join(rms)).received_messages
@@ -333,7 +331,7 @@ class ClusterSim:
         if not got or self.rng.random() < 0.1:  # sometimes the consumer dies before acking
             return
         try:
-            await self._routed(log_id, lambda node: node.engine.acknowledge(sub, [m.ack_id for m in got]))
+            await self._routed(log_id, lambda node: node.engine.delivery.acknowledge(sub, [m.ack_id for m in got]))
         except (PigeonError, _Refused, asyncio.TimeoutError):
             return
         now = asyncio.get_running_loop().time()
@@ -484,11 +482,6 @@ class ClusterSim:
                 if seq < last.get(key, 0):
                     self.fail(f"{sub}: {d} first delivered after a later message of key {key}")
                 last[key] = seq
-
-
-async def _status(sim: ClusterSim) -> dict:
-    view = SimMeta(sim.net, sim.meta, "checker")
-    return await status_of(view)
 
 
 def run_seed(seed: int, steps: int = 100) -> ClusterSim:

@@ -138,7 +138,7 @@ class SimAppendStream(AppendStream):
 
     def _open(self, client: SimStorageClient) -> None:
         self.client = client
-        net, src, dst = client.net, client.src, client.dst
+        net, dst = client.net, client.dst
         self._answers: asyncio.Queue = asyncio.Queue()
         self.call = self  # (AppendStream.close cancels its call)
         self._inbox: asyncio.Queue = asyncio.Queue()  # requests as they reach the member

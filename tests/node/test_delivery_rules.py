@@ -37,7 +37,7 @@ def test_one_outstanding_batch_per_key_in_publish_order(tmp_path):
         assert sorted(data(first)) == [b"a1", b"b1"]  # a2 waits behind a1
         assert await pull_all(e) == []
         a1 = next(m for m in first if m.message.data == b"a1")
-        await e.acknowledge(S, [a1.ack_id])
+        await e.delivery.acknowledge(S, [a1.ack_id])
         assert data(await pull_all(e)) == [b"a2"]
         await e.stop()
 
@@ -69,11 +69,11 @@ def test_redelivery_sends_later_messages_of_the_batch_back_even_if_acked(tmp_pat
         batch = await pull_all(e)
         assert data(batch) == [b"k1", b"k2", b"k3"]
         by = {m.message.data: m for m in batch}
-        await e.acknowledge(S, [by[b"k1"].ack_id, by[b"k3"].ack_id])
-        await e.modify_ack_deadline(S, [by[b"k2"].ack_id], 0)  # nack k2
+        await e.delivery.acknowledge(S, [by[b"k1"].ack_id, by[b"k3"].ack_id])
+        await e.delivery.modify_ack_deadline(S, [by[b"k2"].ack_id], 0)  # nack k2
         again = await pull_all(e)
         assert data(again) == [b"k2", b"k3"]  # k3 comes back with it, in order; k4 still waits
-        await e.acknowledge(S, [m.ack_id for m in again])
+        await e.delivery.acknowledge(S, [m.ack_id for m in again])
         assert data(await pull_all(e)) == [b"k4"]
         await e.stop()
 
@@ -101,12 +101,12 @@ def test_retry_backoff_grows_exponentially(tmp_path):
         await setup(e, retry_policy={"minimum_backoff": {"seconds": 10}, "maximum_backoff": {"seconds": 15}})
         await e.publish(T, *_plain(b"r"), "")
         (m,) = await pull_all(e)
-        await e.modify_ack_deadline(S, [m.ack_id], 0)
+        await e.delivery.modify_ack_deadline(S, [m.ack_id], 0)
         clock.advance(9)
         assert await pull_all(e) == []
         clock.advance(1.5)
         (m,) = await pull_all(e)
-        await e.modify_ack_deadline(S, [m.ack_id], 0)
+        await e.delivery.modify_ack_deadline(S, [m.ack_id], 0)
         clock.advance(14)  # second failure: min(15, 10 * 2) = 15 s
         assert await pull_all(e) == []
         clock.advance(1.5)
@@ -132,7 +132,7 @@ async def _dead_letter_setup(e):
 async def _settle(e):
     for _ in range(20):
         await asyncio.sleep(0.01)
-        if not e._tasks:
+        if not e.delivery.dead_letters_in_flight:
             return
 
 
@@ -144,7 +144,7 @@ def test_dead_letter_after_max_attempts(tmp_path):
         for attempt in range(1, 6):
             (m,) = await pull_all(e)
             assert m.delivery_attempt == attempt
-            await e.modify_ack_deadline(S, [m.ack_id], 0)
+            await e.delivery.modify_ack_deadline(S, [m.ack_id], 0)
         assert await pull_all(e) == []  # the sixth hand-out forwards instead
         await _settle(e)
         (dead,) = await pull_all(e, DLS)
@@ -170,18 +170,18 @@ def test_delivery_attempts_survive_restart(tmp_path):
         await e.publish(T, *_plain(b"again"), "")
         for _ in range(3):
             (m,) = await pull_all(e)
-            await e.modify_ack_deadline(S, [m.ack_id], 0)
+            await e.delivery.modify_ack_deadline(S, [m.ack_id], 0)
         await e.journal.close()  # crash: no checkpoint
         e2 = await started(cfg, clock)
         (m,) = await pull_all(e2)
         assert m.delivery_attempt == 4
-        await e2.modify_ack_deadline(S, [m.ack_id], 0)
+        await e2.delivery.modify_ack_deadline(S, [m.ack_id], 0)
         await e2.checkpoint()  # and through a checkpoint
         await e2.stop()
         e3 = await started(cfg, clock)
         (m,) = await pull_all(e3)
         assert m.delivery_attempt == 5
-        await e3.modify_ack_deadline(S, [m.ack_id], 0)
+        await e3.delivery.modify_ack_deadline(S, [m.ack_id], 0)
         assert await pull_all(e3) == []
         await _settle(e3)
         assert data(await pull_all(e3, DLS)) == [b"again"]
@@ -203,7 +203,7 @@ def test_dead_lettering_unblocks_an_ordering_key(tmp_path):
         for _ in range(5):
             (m,) = await pull_all(e)
             assert m.message.data == b"bad"
-            await e.modify_ack_deadline(S, [m.ack_id], 0)
+            await e.delivery.modify_ack_deadline(S, [m.ack_id], 0)
         got = data(await pull_all(e))
         assert got == [b"good"]
         await e.stop()

@@ -55,7 +55,7 @@ def received(entries: list[bytes]):
 
 
 async def pull_all(e: Engine, sub: str = S, n: int = 1000):
-    return received(await e.pull(sub, n, True))
+    return received(await e.delivery.pull(sub, n, True))
 
 
 async def setup(e: Engine, **sub_fields):
@@ -88,14 +88,14 @@ def test_lease_expiry_redelivers_and_ack_is_final(tmp_path):
         first = await pull_all(e)
         assert len(first) == 2
         assert await pull_all(e) == []  # locked
-        await e.acknowledge(S, [first[0].ack_id])
+        await e.delivery.acknowledge(S, [first[0].ack_id])
         clock.advance(9.9)
         assert await pull_all(e) == []
         clock.advance(0.2)
         again = await pull_all(e)
         assert [m.message.data for m in again] == [first[1].message.data]
         assert again[0].ack_id != first[1].ack_id  # a new delivery version
-        await e.acknowledge(S, [again[0].ack_id])
+        await e.delivery.acknowledge(S, [again[0].ack_id])
         clock.advance(3600)
         assert await pull_all(e) == []
         await e.stop()
@@ -110,16 +110,16 @@ def test_nack_and_modack(tmp_path):
         await setup(e)
         await publish(e, [b"m"])
         (m,) = await pull_all(e)
-        await e.modify_ack_deadline(S, [m.ack_id], 60)
+        await e.delivery.modify_ack_deadline(S, [m.ack_id], 60)
         clock.advance(30)
         assert await pull_all(e) == []  # extended past the 10 s default
-        await e.modify_ack_deadline(S, [m.ack_id], 0)  # nack
+        await e.delivery.modify_ack_deadline(S, [m.ack_id], 0)  # nack
         (again,) = await pull_all(e)
         assert again.message.data == b"m"
         with pytest.raises(InvalidArgument):
-            await e.modify_ack_deadline(S, [again.ack_id], 601)
+            await e.delivery.modify_ack_deadline(S, [again.ack_id], 601)
         with pytest.raises(InvalidArgument):
-            await e.acknowledge(S, ["not-an-ack-id"])
+            await e.delivery.acknowledge(S, ["not-an-ack-id"])
         await e.stop()
 
     run(go())
@@ -134,11 +134,11 @@ def test_restart_keeps_acks_and_redelivers_unacked(tmp_path):
         await publish(e, [b"%d" % i for i in range(10)])
         got = await pull_all(e)
         acked = {m.message.data for m in got[:4]}
-        await e.acknowledge(S, [m.ack_id for m in got[:4]])
+        await e.delivery.acknowledge(S, [m.ack_id for m in got[:4]])
         await e.stop()
         e2 = await started(cfg, clock)
         assert await pull_all(e2) == []  # the locks survive the restart, until their deadline
-        await e2.acknowledge(S, [got[4].ack_id])  # so an ack id from before the restart still acks
+        await e2.delivery.acknowledge(S, [got[4].ack_id])  # so an ack id from before the restart still acks
         clock.advance(10)
         again = await pull_all(e2)
         assert {m.message.data for m in again} == {b"%d" % i for i in range(10)} - acked - {got[4].message.data}
@@ -157,11 +157,11 @@ def test_restart_from_checkpoint_equals_restart_from_wal(tmp_path):
         await setup(e)
         await publish(e, [b"a%d" % i for i in range(20)])
         got = await pull_all(e, n=7)
-        await e.acknowledge(S, [m.ack_id for m in got])
+        await e.delivery.acknowledge(S, [m.ack_id for m in got])
         await e.checkpoint()
         await publish(e, [b"b%d" % i for i in range(5)])
         more = await pull_all(e, n=1000)
-        await e.acknowledge(S, [m.ack_id for m in more if m.message.data.startswith(b"b")])
+        await e.delivery.acknowledge(S, [m.ack_id for m in more if m.message.data.startswith(b"b")])
         expect = sorted(m.message.data for m in more if m.message.data.startswith(b"a"))
         await e.journal.close()  # a crash after the checkpoint: no final checkpoint
         e2 = await started(cfg, clock)
@@ -198,7 +198,7 @@ def test_seek_to_time_and_snapshot(tmp_path):
         middle = clock.now()
         await publish(e, [b"two"])
         got = await pull_all(e)
-        await e.acknowledge(S, [m.ack_id for m in got])
+        await e.delivery.acknowledge(S, [m.ack_id for m in got])
         assert await pull_all(e) == []
         await e.seek(S, int(middle * 1000), None)  # "two" becomes unacked again, "one" stays acked
         assert [m.message.data for m in await pull_all(e)] == [b"two"]
@@ -207,7 +207,7 @@ def test_seek_to_time_and_snapshot(tmp_path):
         assert sorted(m.message.data for m in back) == [b"one", b"two"]
         snap = await e.create_snapshot("projects/p/snapshots/snap-a", S, {})
         assert snap.topic == T
-        await e.acknowledge(S, [m.ack_id for m in back])
+        await e.delivery.acknowledge(S, [m.ack_id for m in back])
         await e.seek(S, None, "projects/p/snapshots/snap-a")
         assert sorted(m.message.data for m in await pull_all(e)) == [b"one", b"two"]
         with pytest.raises(AlreadyExists):
@@ -261,7 +261,7 @@ def test_acked_segments_are_deleted(tmp_path):
         wal_dir = os.path.join(cfg.data_dir, "wal")
         assert len(os.listdir(wal_dir)) >= 3
         while got := await pull_all(e, n=100):
-            await e.acknowledge(S, [m.ack_id for m in got])
+            await e.delivery.acknowledge(S, [m.ack_id for m in got])
         for _ in range(3):  # two checkpoints must lie past the acked data before segments go
             await e.maintain_once()
             await publish(e, [b"tick"])
@@ -289,7 +289,7 @@ def test_segments_a_ledger_store_borrows_from_are_kept_until_it_lets_them_go(tmp
         e.journal_floor = lambda: floor
         wal_dir = os.path.join(cfg.data_dir, "wal")
         while got := await pull_all(e, n=100):
-            await e.acknowledge(S, [m.ack_id for m in got])
+            await e.delivery.acknowledge(S, [m.ack_id for m in got])
         for _ in range(3):
             await e.maintain_once()
             await publish(e, [b"tick"])
@@ -351,7 +351,7 @@ def test_detach_drops_backlog_and_refuses_pulls(tmp_path):
         await e.detach_subscription(S)
         assert e.get_subscription(S).detached
         with pytest.raises(FailedPrecondition):
-            await e.pull(S, 10, True)
+            await e.delivery.pull(S, 10, True)
         assert e.state.sub(S).backlog() == 0
         await e.stop()
 
@@ -368,7 +368,7 @@ def test_inactive_subscription_expires(tmp_path):
         await e.create_subscription(PB["Subscription"](name=S + "-busy", topic=T, **short))
         await e.create_subscription(PB["Subscription"](name=S + "-forever", topic=T, expiration_policy={}))
         clock.advance(day - 400)
-        await e.pull(S + "-busy", 1, True)  # activity resets the clock
+        await e.delivery.pull(S + "-busy", 1, True)  # activity resets the clock
         clock.advance(1000)
         await e.maintain_once()
         with pytest.raises(NotFound):
@@ -388,10 +388,10 @@ def test_statistics_are_plain_values_of_every_part(tmp_path):
         await publish(e, [b"a", b"b", b"c"])
         clock.advance(5)
         got = await pull_all(e, n=2)
-        await e.acknowledge(S, [got[0].ack_id])
+        await e.delivery.acknowledge(S, [got[0].ack_id])
         clock.advance(11)  # the other pulled message's lease runs out
         assert len(await pull_all(e)) == 2  # it and the third one
-        stream = e.open_stream(S, "client", 10, 100, 0)
+        stream = e.delivery.open_stream(S, "client", 10, 100, 0)
         st = e.statistics()
         (sub,) = st.subscriptions
         assert (sub.undelivered, sub.outstanding, sub.delivered, sub.acked, sub.expired) == (2, 2, 4, 1, 1)
@@ -403,7 +403,7 @@ def test_statistics_are_plain_values_of_every_part(tmp_path):
         assert {lg.log_id for lg in st.journal.logs} == {0, e.state.log_of(R.Ack(e.state.sub(S).uid, []), 16)}
         assert all(lg.durable <= lg.end for lg in st.journal.logs)
         assert st.reader.cached_batches >= 1
-        e.close_stream(stream)
+        e.delivery.close_stream(stream)
         assert e.statistics().streams == ()
         await e.stop()
 

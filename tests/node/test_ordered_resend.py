@@ -83,11 +83,11 @@ async def _scenario(seed: int, shards: int, tmp_path, expire: bool = False) -> N
     await e.create_topic(_Topic(name=T))
     await e.create_subscription(_Sub(name=S, topic=T, ack_deadline_seconds=10, enable_message_ordering=True))
     outstanding = r.choice([1000, 7, 3, 1])
-    stream = e.open_stream(S, "c", 10, outstanding, 0)
+    stream = e.delivery.open_stream(S, "c", 10, outstanding, 0)
     inbox: collections.deque = collections.deque()
 
     async def serve():
-        while (out := await e.stream_next(stream)) is not None:
+        while (out := await e.delivery.stream_next(stream)) is not None:
             if out:
                 inbox.append(_Resp.FromString(b"".join(out)).received_messages)
 
@@ -127,11 +127,11 @@ async def _scenario(seed: int, shards: int, tmp_path, expire: bool = False) -> N
                 client.callback(client.ready.pop(r.randrange(len(client.ready))))
             elif step == "ack":
                 cut = r.randint(1, len(client.acks))
-                e.stream_acks(stream, client.acks[:cut])
+                e.delivery.stream_acks(stream, client.acks[:cut])
                 del client.acks[:cut]
             elif step == "nack":
                 cut = r.randint(1, len(client.nacks))
-                e.modify_deadlines(stream.sub, client.nacks[:cut], [0] * cut)
+                e.delivery.modify_deadlines(stream.sub, client.nacks[:cut], [0] * cut)
                 del client.nacks[:cut]
             for _ in range(r.choice([1, 5, 30])):
                 await asyncio.sleep(0)

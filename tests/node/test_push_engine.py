@@ -201,7 +201,7 @@ def test_failing_endpoint_dead_letters_after_max_attempts(tmp_path, monkeypatch)
             await publish(e, [b"poison"])
             await until(lambda: backlog(e) == 0, timeout=8, r=r)
             assert [m["json"]["deliveryAttempt"] for m in r.got] == [1, 2, 3, 4, 5]
-            got = PB["PullResponse"].FromString(b"".join(await e.pull(dls, 10, True))).received_messages
+            got = PB["PullResponse"].FromString(b"".join(await e.delivery.pull(dls, 10, True))).received_messages
             assert [m.message.data for m in got] == [b"poison"]
             assert got[0].message.attributes["CloudPubSubDeadLetterSourceDeliveryCount"] == "5"
             await e.stop()
@@ -373,9 +373,9 @@ def test_switching_to_pull_stops_the_worker_and_detach_stops_pushing(tmp_path):
                                         PB["FieldMask"](paths=["push_config"]))
             await until(lambda: uid not in e.push.workers, r=r)
             await publish(e, [b"pulled"])
-            got = PB["PullResponse"].FromString(b"".join(await e.pull(S, 10, True))).received_messages
+            got = PB["PullResponse"].FromString(b"".join(await e.delivery.pull(S, 10, True))).received_messages
             assert [m.message.data for m in got] == [b"pulled"]
-            await e.acknowledge(S, [got[0].ack_id])
+            await e.delivery.acknowledge(S, [got[0].ack_id])
             await e.update_subscription(PB["Subscription"](name=S, push_config={"push_endpoint": r.url}),
                                         PB["FieldMask"](paths=["push_config"]))
             assert uid in e.push.workers

@@ -74,7 +74,7 @@ def test_delayed_message_waits_for_its_time(tmp_path):
         await e.publish(T, PB["PublishRequest"](topic=T, messages=[PB["PubsubMessage"](data=b"now")]).SerializeToString(), 1, "")
         got = await pull_all(e)
         assert data(got) == [b"now"]
-        await e.acknowledge(S, [got[0].ack_id])
+        await e.delivery.acknowledge(S, [got[0].ack_id])
         clock.advance(59)
         assert await pull_all(e) == []
         clock.advance(1.5)
@@ -101,7 +101,7 @@ def test_activation_order_even_in_the_past_and_across_restart(tmp_path):
         clock.advance(31)
         got = await pull_all(e2)
         assert data(got) == [b"old", b"a", b"b", b"c"]  # "old" was never acked: it comes again, first
-        await e2.acknowledge(S, [m.ack_id for m in got[:2]])
+        await e2.delivery.acknowledge(S, [m.ack_id for m in got[:2]])
         await e2.checkpoint()
         await e2.stop()
         e3 = await started(cfg, clock)  # and from a checkpoint (which keeps the locks of e2's pull)
@@ -140,7 +140,7 @@ def test_walked_and_acked_seconds_are_forgotten(tmp_path):
         assert len(got) == 3
         await e.maintain_once()
         assert e.state.topic(T).schedule.count == 3  # unacked: still needed after a restart
-        await e.acknowledge(S, [m.ack_id for m in got])
+        await e.delivery.acknowledge(S, [m.ack_id for m in got])
         await e.maintain_once()
         # every walked second goes, but the one holding the walk's mark (entries may still join it)
         assert e.state.topic(T).schedule.count == 1

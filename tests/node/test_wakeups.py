@@ -8,6 +8,7 @@ import asyncio
 
 from google.pubsub_v1 import types
 
+from pigeon.node.delivery import Delivery
 from pigeon.node.engine import Engine
 from pigeon.node.reader import MessageReader
 from pigeon.node.streams import Signal
@@ -20,8 +21,8 @@ _Topic, _Sub, _Req, _Msg, _Resp = (getattr(types, n).pb() for n in
                                    ("Topic", "Subscription", "PublishRequest", "PubsubMessage", "PullResponse"))
 
 
-class CountingEngine(Engine):
-    """The real engine, counting how often a waiter tried to take messages."""
+class CountingDelivery(Delivery):
+    """The real delivery, counting how often a waiter tried to take messages."""
 
     attempts = 0
 
@@ -30,8 +31,9 @@ class CountingEngine(Engine):
         return super().deliver(*args, **kwargs)
 
 
-async def _engine(tmp_path) -> CountingEngine:
-    e = CountingEngine(Config(data_dir=str(tmp_path / "data"), fsync="never", shards_per_topic=1), SimClock())
+async def _engine(tmp_path) -> Engine:
+    e = Engine(Config(data_dir=str(tmp_path / "data"), fsync="never", shards_per_topic=1), SimClock())
+    e.delivery = CountingDelivery(e)
     await e.start()
     e._maintenance.cancel()
     await e.create_topic(_Topic(name=T))
@@ -58,12 +60,12 @@ class Consumers:
 
     def __init__(self, e: Engine, n: int, max_messages: int):
         self.e = e
-        self.streams = [e.open_stream(S, f"c{i}", 60, max_messages, 0) for i in range(n)]
+        self.streams = [e.delivery.open_stream(S, f"c{i}", 60, max_messages, 0) for i in range(n)]
         self.got: list[list[str]] = [[] for _ in range(n)]
         self.tasks = [asyncio.create_task(self._run(i)) for i in range(n)]
 
     async def _run(self, i: int) -> None:
-        while (out := await self.e.stream_next(self.streams[i])) is not None:
+        while (out := await self.e.delivery.stream_next(self.streams[i])) is not None:
             self.got[i].extend(_ack_ids(out))
 
     def total(self) -> int:
@@ -80,12 +82,12 @@ def test_one_publish_wakes_one_of_many_waiting_streams(tmp_path):
         e = await _engine(tmp_path)
         c = Consumers(e, 200, 100)
         await _settle()
-        before = e.attempts  # each stream tried once and went to sleep
+        before = e.delivery.attempts  # each stream tried once and went to sleep
         assert before == 200
         await _publish(e, 1)
         await _settle()
         assert c.total() == 1
-        assert e.attempts - before == 2  # the one woken took it and looked once more; 199 slept on
+        assert e.delivery.attempts - before == 2  # the one woken took it and looked once more; 199 slept on
         await c.stop()
         await e.stop()
 
@@ -126,12 +128,12 @@ def test_a_full_stream_wakes_for_its_own_acks_only(tmp_path):
         await _publish(e, 1)
         await _settle()
         assert others.total() == 1 and full.total() == 2  # the waiting streams got it, the full one slept
-        attempts = e.attempts
+        attempts = e.delivery.attempts
         taker = next(i for i, g in enumerate(others.got) if g)
-        e.stream_acks(others.streams[taker], others.got[taker])  # another stream's ack: not the full one's room
+        e.delivery.stream_acks(others.streams[taker], others.got[taker])  # another stream's ack: not the full one's room
         await _settle()
-        assert e.attempts == attempts + 1  # only the taker, freed by its own ack, looked again
-        e.stream_acks(full.streams[0], full.got[0][:1])
+        assert e.delivery.attempts == attempts + 1  # only the taker, freed by its own ack, looked again
+        e.delivery.stream_acks(full.streams[0], full.got[0][:1])
         await _publish(e, 1)
         await _settle()
         assert full.total() + others.total() == 4
@@ -150,7 +152,7 @@ def test_nacked_messages_reach_a_waiting_stream(tmp_path):
         await _publish(e, 5)
         await _settle()
         (holder,) = [i for i, g in enumerate(c.got) if g]
-        e.modify_deadlines(e.state.sub(S), c.got[holder], [0] * 5)
+        e.delivery.modify_deadlines(e.state.sub(S), c.got[holder], [0] * 5)
         await _settle()
         assert c.total() == 10  # all five delivered again, to the waiting streams
         await c.stop()
@@ -267,7 +269,7 @@ def test_a_batch_nobody_waits_for_is_not_kept_in_memory(tmp_path):
         e = await _engine(tmp_path)
         await _publish(e, 10)
         assert e.reader.statistics().cached_batches == 0  # a backlog costs no memory until it is read
-        msgs = await e.pull(S, 100, True, 5)
+        msgs = await e.delivery.pull(S, 100, True, 5)
         assert len(msgs) == 10 and e.reader.statistics().disk_reads == 1
         await e.stop()
 
@@ -298,7 +300,7 @@ def test_a_batch_whose_publisher_went_away_is_shown_once_durable(tmp_path):
         publishing.cancel()
         await asyncio.gather(publishing, return_exceptions=True)
         await e.durable()
-        got = await e.pull(S, 10, True, 5)
+        got = await e.delivery.pull(S, 10, True, 5)
         assert [m.message.data for m in _Resp.FromString(b"".join(got)).received_messages] == [b"orphan"]
         await e.stop()
 

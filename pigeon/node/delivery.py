@@ -1,0 +1,266 @@
+"""Delivery, performed: handing messages out (Pull, StreamingPull, Take, push leases) and taking them back (acks,
+deadline changes, the dead-letter topic). Owns the rules of the node's side of delivery: a pull waits for messages
+until shortly before its deadline and answers empty rather than late; a stream takes messages only within its flow
+control, and one waiter woken for a subscription passes the wake-up on while more is ready; a delivery's messages
+go out only once its lease is recorded (in a cluster, replicated: Executor.recorded); an ack is answered once
+durable, a stream's ack with the next group commit (exactly-once: once durable). The choices are the broker's
+(broker.subscription, broker.commands); every state change is a record committed through the executor."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from operator import itemgetter
+
+from pigeon.broker import commands
+from pigeon.broker.subscription import SubscriptionState
+from pigeon.core import limits
+from pigeon.core.errors import AckIdFailure, FailedPrecondition, InvalidArgument, NotFound, PigeonError
+from pigeon.node import hops
+from pigeon.node.streams import Signal, Stream
+from pigeon.storage import records as R
+
+log = logging.getLogger("pigeon.delivery")
+
+
+class Delivery:
+    def __init__(self, executor):
+        self.executor = executor  # node.engine.Engine: the state, the one commit, durability
+        self._tasks: set[asyncio.Task] = set()  # dead letters on their way
+
+    @property
+    def dead_letters_in_flight(self) -> int:
+        """Batches being published to a dead-letter topic now."""
+        return len(self._tasks)
+
+    def ack(self, s: SubscriptionState, nums: list[int]) -> None:
+        """Acknowledge message numbers (logged; durable with the next group commit — callers that answer a
+        client wait for it)."""
+        if nums:
+            self.executor.commit(R.Ack(s.uid, nums))
+            self.executor.ack_latency.acked(s.uid, nums, self.executor.clock.now())
+
+    def deliver(self, s: SubscriptionState, max_messages: int, max_bytes: int, owner, deadline_s: float) -> list[bytes]:
+        """Lock up to `max_messages` messages; return each as an encoded `received_messages` entry (field 1 of
+        PullResponse and StreamingPullResponse alike)."""
+        now = self.executor.clock.now()
+        picks = s.take(max_messages, now)
+        if not picks:
+            return []
+        out: list[bytes] = []
+        sizes: list[int] = []
+        if picks.out:
+            show_attempt = bool(s.config.dead_letter_policy.dead_letter_topic)
+            out, sizes = self.executor.reader.received(s.topic, picks.out, s.uid, show_attempt, max_bytes, s.overrides)
+            if len(out) < len(picks.out):  # the rest did not fit: given back before anything is leased
+                s.untake(picks, len(out))
+        self.executor.commit(picks.record(s.uid, now + deadline_s), owner)
+        if out:
+            self.executor.ack_latency.delivered(s.uid, picks.out[0][0], now)
+        if owner is not None and out:  # nothing ran since the commit: every leased message is the stream's
+            if picks.fresh:
+                owner.hold(map(itemgetter(0), picks.out), sizes)
+            else:  # an ordered batch resent whole may hold acked members: those have no lease to release
+                held = [(n, size) for (n, _), size in zip(picks.out, sizes) if s.leases.get(n, (0, 0, None))[2] is owner]
+                owner.hold([n for n, _ in held], [size for _, size in held])
+        return out
+
+    def lease(self, s: SubscriptionState, max_messages: int, deadline_s: float, owner=None, per_key_max: int = 0):
+        """Lock up to `max_messages` messages for `owner` (a push worker); messages past their delivery attempts
+        go to the dead-letter topic instead. [(num, version)]"""
+        now = self.executor.clock.now()
+        picks = s.take(max_messages, now, per_key_max)
+        if not picks:
+            return []
+        self.executor.commit(picks.record(s.uid, now + deadline_s), owner)
+        if picks.out:
+            self.executor.ack_latency.delivered(s.uid, picks.out[0][0], now)
+        return picks.out
+
+    def read(self, s: SubscriptionState, nums: list[int]) -> list[tuple[bytes, bytes]]:
+        """(stored message bytes, message id/publish time tail) as this subscription delivers them: a message
+        updated in place through the queue extensions reads as updated."""
+        return self.executor.reader.messages(s.topic, nums, s.overrides)
+
+    def forward_dead_letters(self, s: SubscriptionState) -> None:
+        nums, s.dead_letters = s.dead_letters, []
+        task = asyncio.get_running_loop().create_task(self._dead_letter(s, nums))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _dead_letter(self, s: SubscriptionState, nums: list[int]) -> None:
+        """Publish to the dead-letter topic with the source attributes, then ack on the source. If the
+        topic is missing or the publish fails, the held leases run out and the messages come back."""
+        dlt = s.config.dead_letter_policy.dead_letter_topic
+        try:
+            commands.check_topic_exists(self.executor.state, dlt)
+            for key, request, count in commands.dead_letter_batches(s, nums, self.executor.reader.messages(s.topic, nums)):
+                await self.executor.publish(dlt, request, count, key)
+        except PigeonError as e:
+            log.warning("dead-lettering %d messages of %s to %s failed: %s", len(nums), s.name, dlt, e.message)
+            return
+        if self.executor.state.subs_by_uid.get(s.uid) is s:  # not deleted while the publish waited
+            self.ack(s, nums)
+            await self.executor.durable(log_id=s.log_id)
+
+    async def pull(self, name: str, max_messages: int, return_immediately: bool,
+                   time_left_s: float | None = None) -> list[bytes]:
+        """Messages to hand out, waiting for some while there are none: until shortly before the caller's
+        deadline (`time_left_s`), at most limits.pull_wait_s_max. With nothing by then the answer is an empty
+        list, which the caller sees as "no messages" rather than DEADLINE_EXCEEDED."""
+        if max_messages <= 0:
+            raise InvalidArgument("max_messages must be greater than 0.")
+        s = self.executor.live_sub(name)
+        s.last_activity = self.executor.clock.now()
+        max_messages = min(max_messages, limits.pull_messages_max)
+        wait = limits.pull_wait_s_max
+        if time_left_s is not None:
+            wait = min(wait, time_left_s - limits.pull_answer_before_deadline_s)
+        give_up = time.monotonic() + wait
+        while True:
+            out = self.deliver(s, max_messages, limits.response_bytes_max, None, s.ack_deadline_s)
+            if out:
+                self._pass_on(s)
+                await self.executor.recorded(s.log_id)
+                return out
+            left = give_up - time.monotonic()
+            if return_immediately or left <= 0:
+                return out
+            await self._wait(s, left)
+            s = self.executor.live_sub(name)
+
+    async def _wait(self, s: SubscriptionState, cap: float, stream: Stream | None = None) -> None:
+        """Wait for `s`'s messages (or `stream`'s own events), at most `cap` seconds; the subscription's
+        timer wakes one waiter when something becomes ready by itself."""
+        sig = self.executor.signal(s.uid)
+        self.arm(s, sig)
+        await sig.wait(cap, stream)
+
+    def arm(self, s: SubscriptionState, sig: Signal) -> None:
+        """Keep `sig`'s timer at the earliest time something of `s` becomes ready by itself."""
+        d = s.next_deadline()
+        if d is not None:
+            sig.wake_at(asyncio.get_running_loop().time() + max(0.001, d - self.executor.clock.now()))
+
+    def _pass_on(self, s: SubscriptionState) -> None:
+        """A waiter took messages: if more are ready, wake the next one (the chain that replaces waking all)."""
+        if s.has_ready(self.executor.clock.now()):
+            sig = self.executor.signals.get(s.uid)
+            if sig is not None:
+                sig.notify()
+
+    def open_stream(self, name: str, client_id: str, deadline_s: int, max_messages: int, max_bytes: int) -> Stream:
+        s = self.executor.live_sub(name)
+        commands.check_stream(deadline_s)
+        self.executor.admission.open_stream()
+        stream = Stream(s, client_id, deadline_s, max_messages, max_bytes)
+        self.executor.streams.add(stream)
+        return stream
+
+    async def stream_next(self, stream: Stream) -> list[bytes] | None:
+        """Wait until the stream may take messages and some are ready, or it has something in its outbox;
+        return the messages (possibly none), or None once the client has half-closed."""
+        s = stream.sub
+        while True:
+            self.executor.check_open()
+            if stream.error is not None or stream.ended:
+                self._pass_on(s)  # it may have been the waiter woken for messages: the next one takes them
+                if stream.error is not None:
+                    raise stream.error
+                return None
+            if stream.outbox:
+                return []
+            if self.executor.state.subs_by_uid.get(s.uid) is not s:
+                raise NotFound(f"Resource not found (resource={s.name.split('/')[-1]}).")
+            if s.detached:
+                raise FailedPrecondition(f"The subscription {s.name} is detached.")
+            s.last_activity = self.executor.clock.now()  # an open stream keeps the subscription alive
+            room = stream.room()
+            if room > 0:
+                out = self.deliver(
+                    s,
+                    min(room, limits.stream_response_messages_max),
+                    max(1, min(stream.max_bytes - stream.held_bytes, self.executor.admission.share())),
+                    stream,
+                    stream.deadline_s,
+                )
+                if out:
+                    self._pass_on(s)
+                    await self.executor.recorded(s.log_id)
+                    return out
+                await self._wait(s, limits.stream_idle_wake_s, stream)
+                if hops.ON:
+                    hops.mark("woken")
+            else:  # flow control: only this stream's acks (or its own events) can change that
+                await stream.wait(limits.stream_idle_wake_s)
+
+    def close_stream(self, stream: Stream) -> None:
+        """Messages it still holds stay leased until their deadline (the client may still ack them)."""
+        stream.sub.disown(stream, list(stream.held))
+        stream.held.clear()
+        if stream in self.executor.streams:
+            self.executor.streams.discard(stream)
+            self.executor.admission.close_stream()
+
+    def note_stalled_streams(self) -> int:
+        """Log (once each) the streams whose client has left a response untaken past the stall limit: they hold
+        that response until the client reads or goes (the server's keepalive closes a connection whose peer
+        vanished; a live client that does not read keeps it). Their leases run out as any other's, so the
+        messages go to other subscribers. Returns how many were found this time."""
+        now = self.executor.clock.now()
+        stalled = [st for st in self.executor.streams if st.sending_since is not None and not st.stall_noted
+                   and now - st.sending_since > self.executor.admission.stall_s]
+        for st in stalled:
+            st.stall_noted = True
+            log.warning("a StreamingPull client of %s (client id %r) has left a response of %d bytes untaken for "
+                        "%.1f s; its stream holds it until the client reads or disconnects",
+                        st.sub.name, st.client_id, st.sending_bytes, now - st.sending_since)
+        self.executor.admission.stalled += len(stalled)
+        return len(stalled)
+
+    def ack_nowait(self, s: SubscriptionState, ack_ids) -> dict[str, str]:
+        """Apply acks (logged, not yet durable). Returns exactly-once failures {ack_id: code}: with
+        exactly-once delivery an ack id is valid only for the current, unexpired delivery."""
+        now = self.executor.clock.now()
+        s.last_activity = now
+        nums, failures = commands.acks(s, ack_ids, now)
+        self.ack(s, nums)
+        return failures
+
+    async def acknowledge(self, name: str, ack_ids) -> None:
+        s = self.executor.live_sub(name)
+        if not ack_ids:
+            raise InvalidArgument("ack_ids must not be empty.")
+        failures = self.ack_nowait(s, ack_ids)
+        await self.executor.durable(log_id=s.log_id)  # also covers an equal ack still in flight
+        if failures:
+            raise AckIdFailure(failures)
+
+    async def modify_ack_deadline(self, name: str, ack_ids, seconds: int) -> None:
+        """Answered once durable, as an ack is: a nack or an extension the client was told of survives a crash
+        (delivery counts and lease deadlines after a restart are what the client saw)."""
+        s = self.executor.live_sub(name)
+        failures = self.modify_deadlines(s, ack_ids, [seconds] * len(ack_ids))
+        await self.executor.durable(log_id=s.log_id)
+        if failures:
+            raise AckIdFailure(failures)
+
+    def modify_deadlines(self, s: SubscriptionState, ack_ids, seconds) -> dict[str, str]:
+        """Extend or release (0) leases. Returns exactly-once failures {ack_id: code}."""
+        now = self.executor.clock.now()
+        s.last_activity = now
+        recs, failures = commands.modacks(s, ack_ids, seconds, now)
+        for rec in recs:
+            self.executor.commit(rec)
+        return failures
+
+    def stream_acks(self, stream: Stream, ack_ids) -> tuple[asyncio.Future | None, dict[str, str]]:
+        """Acks sent on a stream: (durability future with exactly-once delivery — the confirmation waits for
+        it —, else None: the acks ride along with the next group commit; exactly-once failures)."""
+        failures = self.ack_nowait(stream.sub, ack_ids)
+        if not stream.sub.config.enable_exactly_once_delivery:
+            return None, failures
+        if self.executor.replicas is not None:
+            return asyncio.ensure_future(self.executor.durable(log_id=stream.sub.log_id)), failures
+        return self.executor.journal.wait_durable(self.executor.journal.tail), failures
