@@ -330,34 +330,6 @@ class BrokerState:
             self.restore(image)
         return effects
 
-    def _bundle(self, log: int, bundles: int) -> list[TopicState]:
-        return sorted((t for t in self.topics_by_uid.values() if bundle_log(t.name, bundles) == log),
-                      key=lambda t: t.uid)
-
-    def bundle_snapshot(self, log: int, bundles: int) -> R.Snapshot:
-        """The record that recreates this bundle's data state (but the message index) when applied."""
-        images = []
-        for t in self._bundle(log, bundles):
-            images += [CK.ShardImage(t.uid, shard, ix.next, b"", b"", b"", b"") for shard, ix in enumerate(t.shards)]
-            if t.schedule.count:
-                images.append(CK.ScheduleImage(t.uid, t.schedule.export()))
-            idem = t.idempotency.export()
-            if idem:
-                images.append(CK.IdempotencyImage(t.uid, idem))
-            for uid in sorted(t.subscriptions):
-                images.append(self._sub_image(self.subs_by_uid[uid]))
-        return R.Snapshot(log, bundles, CK.encode_images(images))
-
-    def bundle_need(self, log: int, bundles: int) -> int:
-        """The lowest log position (this node's journal) of a message index batch of the bundle still kept (a
-        huge number when none is): the journal before it holds no message the bundle still needs."""
-        need = 1 << 62
-        for t in self._bundle(log, bundles):
-            for ix in t.shards:
-                if len(ix.pos):
-                    need = min(need, ix.pos[0])
-        return need
-
     def resume_log(self, log: int, bundles: int, now: float) -> None:
         """After a bundle log was applied again from its start (`_reset`): everything in it is durable, and its
         subscriptions dispatch again."""
@@ -558,62 +530,7 @@ class BrokerState:
             s.rebuild(now)
             s.last_activity = now  # inactivity is counted from the restart
 
-    # --- checkpoints: the state as the records that create it, plus compact indexes ----------------
-    def meta_records(self) -> list[R.Record]:
-        """Records that recreate the metadata (topics, subscriptions, snapshots, schemas, policies) on an empty
-        state, in an order `apply` accepts: a deleted topic that kept subscriptions comes back with them and is
-        deleted again before a newer topic of the same name is created."""
-        out: list[R.Record] = []
-
-        def topic_and_subs(t: TopicState) -> None:
-            out.append(R.TopicPut(t.uid, len(t.shards), t.config.SerializeToString(deterministic=True)))
-            for uid in sorted(t.subscriptions):
-                out.append(self._sub_record(self.subs_by_uid[uid]))
-            if t.deleted:
-                out.append(R.TopicDel(t.uid))
-
-        topics = sorted(self.topics_by_uid.values(), key=lambda t: t.uid)
-        for t in topics:
-            if t.deleted:
-                topic_and_subs(t)
-        for t in topics:
-            if not t.deleted:
-                topic_and_subs(t)
-        out.extend(self._sub_record(s) for s in self.subs_by_uid.values() if s.topic is None)
-        for sn in self.snapshots.values():
-            out.append(R.SnapPut(sn.topic_uid, sn.config.SerializeToString(deterministic=True), list(sn.floors),
-                                 [list(a) for a in sn.acked]))
-        for revs in self.schemas.values():
-            out.extend(R.SchemaPut(r.SerializeToString(deterministic=True)) for r in revs)
-        for name, p in self.policies.items():
-            out.append(R.PolicyPut(name, p.SerializeToString(deterministic=True)))
-        return out
-
-    @staticmethod
-    def _sub_record(s: SubscriptionState) -> R.SubPut:
-        return R.SubPut(s.uid, s.topic.uid if s.topic is not None else 0, s.config.SerializeToString(deterministic=True),
-                        list(s.start))
-
-    def images(self):
-        """The compact parts of a checkpoint, after `meta_records`: shard indexes, activation indexes,
-        idempotency windows and each subscription's durable state."""
-        for t in sorted(self.topics_by_uid.values(), key=lambda t: t.uid):
-            for shard, ix in enumerate(t.shards):
-                yield CK.ShardImage(t.uid, shard, *ix.export())
-            if t.schedule.count:
-                yield CK.ScheduleImage(t.uid, t.schedule.export())
-            idem = t.idempotency.export()
-            if idem:
-                yield CK.IdempotencyImage(t.uid, idem)
-        for s in sorted(self.subs_by_uid.values(), key=lambda s: s.uid):
-            yield self._sub_image(s)
-
-    @staticmethod
-    def _sub_image(s: SubscriptionState) -> CK.SubImage:
-        floors, acked = s.export_state()
-        return CK.SubImage(s.uid, floors, acked, s.export_leases(), list(s.versions.items()),
-                           list(s.parked.items()), list(s.overrides.items()))
-
+    # --- checkpoints and bundle snapshots (broker.images writes what this loads) -------------------------
     def restore(self, image) -> None:
         """Load one image of a checkpoint (after its meta records were applied). Raises Contradiction."""
         if isinstance(image, CK.SubImage):

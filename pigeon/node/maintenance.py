@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from pigeon.broker import images
 from pigeon.broker import commands
 from pigeon.core.bundles import META_LOG
 from pigeon.core.errors import Unavailable
@@ -83,7 +84,7 @@ async def checkpoint(engine) -> None:
             return
         st = engine.state
         logs = {i: (lg.next, lg.epoch, lg.fenced) for i, lg in engine.journal.journal.logs.items()}
-        recs = ck.encode(ck.Header(pos, st.next_uid, logs), st.meta_records(), st.images())
+        recs = ck.encode(ck.Header(pos, st.next_uid, logs), images.meta_records(st), images.images(st))
         await engine.journal.wait_durable(pos)
         keep = cks.positions[-1:]
         await asyncio.get_running_loop().run_in_executor(None, ck.write, engine.journal.disk, cks.dir, pos, recs,

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 from google.pubsub_v1 import types
 
+from pigeon.broker import images
 from pigeon.broker import commands
 from pigeon.broker.state import BrokerState
 from pigeon.core import limits
@@ -409,7 +410,7 @@ class Simulator:
         if self.sj.journal.durable < pos:
             return
         logs = {i: (lg.next, lg.epoch, lg.fenced) for i, lg in self.sj.journal.logs.items()}
-        recs = ck.encode(ck.Header(pos, st.next_uid, logs), st.meta_records(), st.images())
+        recs = ck.encode(ck.Header(pos, st.next_uid, logs), images.meta_records(st), images.images(st))
         keep = self.checkpoints[-1:]
         try:
             ck.write(self.disk, "/data/checkpoints", pos, recs, keep)

@@ -8,6 +8,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from pigeon.broker import images
 from pigeon.core import names
 from pigeon.core.errors import InvalidArgument, NotFound
 from pigeon.broker.state import BrokerState, Contradiction
@@ -58,19 +59,19 @@ def summary(r: BrokerState) -> dict:
 
 def restored(r: BrokerState) -> BrokerState:
     """Through a checkpoint: encoded, decoded and loaded into an empty state."""
-    buf = b"".join(ck.encode(ck.Header(0, r.next_uid), r.meta_records(), r.images()))
-    header, meta, images = ck.decode(buf)
+    buf = b"".join(ck.encode(ck.Header(0, r.next_uid), images.meta_records(r), images.images(r)))
+    header, meta, imgs = ck.decode(buf)
     back = BrokerState()
     for rec in meta:
         back.apply(rec)
-    for image in images:
+    for image in imgs:
         back.restore(image)
     back.next_uid = max(back.next_uid, header.next_uid)
     return back
 
 
 def exported(r: BrokerState) -> list[bytes]:
-    return ck.encode(ck.Header(0, r.next_uid), r.meta_records(), r.images())
+    return ck.encode(ck.Header(0, r.next_uid), images.meta_records(r), images.images(r))
 
 
 # --- direct examples ---------------------------------------------------------------------------
@@ -369,9 +370,9 @@ def test_a_bundle_snapshot_and_the_log_after_it_rebuild_the_state():
     owner = fresh()
     for at, rec in enumerate(before):
         owner.apply(rec, at)
-    snap = owner.bundle_snapshot(1, bundles)
+    snap = images.bundle_snapshot(owner, 1, bundles)
     snap = R.decode(R.RecordType.SNAPSHOT, b"".join(snap.parts()))  # as the log carries it
-    assert owner.bundle_need(1, bundles) == 0, "the snapshot's messages are still needed: no cut yet"
+    assert images.bundle_need(owner, 1, bundles) == 0, "the snapshot's messages are still needed: no cut yet"
 
     taker = fresh()  # another node: other bundles' state of its own, this bundle's from the log
     taker.apply(R.Publish(1, 0, 0, 999, 1, 0, b""), 200)  # stale state of the bundle, which Reset drops
@@ -384,7 +385,7 @@ def test_a_bundle_snapshot_and_the_log_after_it_rebuild_the_state():
     whole.resume_log(1, bundles, 0.0)
     for r in (whole, taker):
         r.trim_indexes(0.0)  # the batches of the messages acked everywhere go
-    assert whole.bundle_need(1, bundles) == len(before) + 3, "only the batch published after the cut is needed"
+    assert images.bundle_need(whole, 1, bundles) == len(before) + 3, "only the batch published after the cut is needed"
     assert exported(taker) == exported(whole)
 
 
@@ -394,7 +395,7 @@ def test_a_snapshot_skips_what_was_deleted_since():
     r.apply(new_sub(r, 3, SUBS[0], 1, TOPICS[0]))
     from pigeon.core.bundles import bundle_log
 
-    snap = r.bundle_snapshot(bundle_log(TOPICS[0], 4), 4)
+    snap = images.bundle_snapshot(r, bundle_log(TOPICS[0], 4), 4)
     r.apply(R.SubDel(3))
     r.apply(snap)  # the subscription's image finds no subscription: nothing to load, no Contradiction
     assert 3 not in r.subs_by_uid and r.topics_by_uid[1].shards[0].next == 0

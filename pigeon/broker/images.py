@@ -1,0 +1,102 @@
+"""The broker state written down: as the records that recreate its metadata plus the compact images of its indexes
+and subscriptions (a checkpoint: storage.checkpoint frames them), or one bundle's data state as a Snapshot record
+(a cluster's bundle log is cut there). Owns the rule: applying what is written here to an empty state — the
+records with `BrokerState.apply`, the images with `BrokerState.restore` — gives back the state it was written
+from, but for message indexes a snapshot leaves out (the log after it holds every message still needed). Pure."""
+
+from __future__ import annotations
+
+from pigeon.broker.state import BrokerState
+from pigeon.broker.subscription import SubscriptionState
+from pigeon.broker.topic import TopicState
+from pigeon.core.bundles import bundle_log
+from pigeon.storage import checkpoint as CK
+from pigeon.storage import records as R
+
+
+def meta_records(state: BrokerState) -> list[R.Record]:
+    """Records that recreate the metadata (topics, subscriptions, snapshots, schemas, policies) on an empty state,
+    in an order `apply` accepts: a deleted topic that kept subscriptions comes back with them and is deleted again
+    before a newer topic of the same name is created."""
+    out: list[R.Record] = []
+
+    def topic_and_subs(t: TopicState) -> None:
+        out.append(R.TopicPut(t.uid, len(t.shards), t.config.SerializeToString(deterministic=True)))
+        for uid in sorted(t.subscriptions):
+            out.append(_sub_record(state.subs_by_uid[uid]))
+        if t.deleted:
+            out.append(R.TopicDel(t.uid))
+
+    topics = sorted(state.topics_by_uid.values(), key=lambda t: t.uid)
+    for t in topics:
+        if t.deleted:
+            topic_and_subs(t)
+    for t in topics:
+        if not t.deleted:
+            topic_and_subs(t)
+    out.extend(_sub_record(s) for s in state.subs_by_uid.values() if s.topic is None)
+    for sn in state.snapshots.values():
+        out.append(R.SnapPut(sn.topic_uid, sn.config.SerializeToString(deterministic=True), list(sn.floors),
+                             [list(a) for a in sn.acked]))
+    for revs in state.schemas.values():
+        out.extend(R.SchemaPut(r.SerializeToString(deterministic=True)) for r in revs)
+    for name, p in state.policies.items():
+        out.append(R.PolicyPut(name, p.SerializeToString(deterministic=True)))
+    return out
+
+
+def _sub_record(s: SubscriptionState) -> R.SubPut:
+    return R.SubPut(s.uid, s.topic.uid if s.topic is not None else 0, s.config.SerializeToString(deterministic=True),
+                    list(s.start))
+
+
+def images(state: BrokerState):
+    """The compact parts of a checkpoint, after `meta_records`: shard indexes, activation indexes, idempotency
+    windows and each subscription's durable state."""
+    for t in sorted(state.topics_by_uid.values(), key=lambda t: t.uid):
+        for shard, ix in enumerate(t.shards):
+            yield CK.ShardImage(t.uid, shard, *ix.export())
+        if t.schedule.count:
+            yield CK.ScheduleImage(t.uid, t.schedule.export())
+        idem = t.idempotency.export()
+        if idem:
+            yield CK.IdempotencyImage(t.uid, idem)
+    for s in sorted(state.subs_by_uid.values(), key=lambda s: s.uid):
+        yield sub_image(s)
+
+
+def sub_image(s: SubscriptionState) -> CK.SubImage:
+    floors, acked = s.export_state()
+    return CK.SubImage(s.uid, floors, acked, s.export_leases(), list(s.versions.items()), list(s.parked.items()),
+                       list(s.overrides.items()))
+
+
+def _bundle(state: BrokerState, log: int, bundles: int) -> list[TopicState]:
+    return sorted((t for t in state.topics_by_uid.values() if bundle_log(t.name, bundles) == log),
+                  key=lambda t: t.uid)
+
+
+def bundle_snapshot(state: BrokerState, log: int, bundles: int) -> R.Snapshot:
+    """The record that recreates this bundle's data state (but the message index) when applied."""
+    out = []
+    for t in _bundle(state, log, bundles):
+        out += [CK.ShardImage(t.uid, shard, ix.next, b"", b"", b"", b"") for shard, ix in enumerate(t.shards)]
+        if t.schedule.count:
+            out.append(CK.ScheduleImage(t.uid, t.schedule.export()))
+        idem = t.idempotency.export()
+        if idem:
+            out.append(CK.IdempotencyImage(t.uid, idem))
+        for uid in sorted(t.subscriptions):
+            out.append(sub_image(state.subs_by_uid[uid]))
+    return R.Snapshot(log, bundles, CK.encode_images(out))
+
+
+def bundle_need(state: BrokerState, log: int, bundles: int) -> int:
+    """The lowest log position (this node's journal) of a message index batch of the bundle still kept (a huge
+    number when none is): the journal before it holds no message the bundle still needs."""
+    need = 1 << 62
+    for t in _bundle(state, log, bundles):
+        for ix in t.shards:
+            if len(ix.pos):
+                need = min(need, ix.pos[0])
+    return need
