@@ -208,7 +208,7 @@ class NodeCollector(Collector):
                                       value=logs.rolls)
             yield GaugeMetricFamily("pigeon_cluster_under_replicated_ledgers", "Closed ledgers of the logs this "
                                     "node owns with fewer members up than E (at the last repair pass)",
-                                    value=logs.under_replicated)
+                                    value=self.cluster.upkeep.under_replicated)
             floor = self.cluster.store.journal_floor()
             yield GaugeMetricFamily("pigeon_cluster_journal_held_bytes", "Journal bytes from the first record a "
                                     "kept ledger borrows (this node's own copy of its ledgers): the journal is not "

@@ -21,8 +21,7 @@
     there; a failed change of the list while the owner key is still ours is read again, never taken for a lost
     bundle.
 
-Ledger ids are `log << 20 | n` (n: the ledger's place in its log's list), unique in the cluster for as long as
-ledgers are kept (they are never deleted yet: a takeover reads a log back from its first entry)."""
+The ledger list itself and the changes planned on it (ids, cuts, repair targets) are pigeon.cluster.ledgers'."""
 
 from __future__ import annotations
 
@@ -30,18 +29,17 @@ import asyncio
 import json
 import logging
 from collections import deque
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 from pigeon.cluster import metadata as M
+from pigeon.cluster.ledgers import LedgerInfo, ledger_id, next_seq
 from pigeon.cluster.quorum import Replication, choose_ensemble, ensemble_size, machines
 from pigeon.core.bundles import bundle_of_log
 from pigeon.core.errors import Unavailable
-from pigeon.node.ledger_store import FENCE_EPOCH
 from pigeon.node.replication import LedgerRolled, LedgerWriter, LocalMember, RecoveryFailed, recover_ledger
 
 log = logging.getLogger("pigeon.ledgers")
 
-LEDGER_SEQ_BITS = 20
 READ_CHUNK = 512  # entries per Read call when a log is read back, at most …
 READ_BYTES = 8 << 20  # … and about this many bytes (the first call asks for READ_FIRST entries, later ones as many
 READ_FIRST = 16  # as the entries so far average to this): a read of this node's own copy holds the event loop
@@ -49,39 +47,6 @@ RETRY_S = 0.5  # between attempts of a takeover or a roll that could not finish 
 RELEASE_WAIT_S = 5.0  # how long a bundle given up waits for its records in flight to be confirmed
 
 _MOVED = "The topic's bundle moved to another node; retry."
-
-
-@dataclass
-class LedgerInfo:
-    id: int
-    epoch: int  # the ownership epoch of the node that wrote it
-    members: dict[str, str]  # node id → where it is dialled (NodeInfo.dial), the ensemble in order
-    first: int  # the log offset of its first entry
-    end: int | None = None  # the log offset after its last entry, once closed
-    start: int | None = None  # on the list's first ledger once the log was cut: where reading it starts (a
-    #                           Snapshot record; the ledgers before were dropped)
-
-    @property
-    def seq(self) -> int:
-        return self.id & ((1 << LEDGER_SEQ_BITS) - 1)
-
-    @staticmethod
-    def decode_list(raw: bytes | None) -> list["LedgerInfo"]:
-        return [LedgerInfo(**d) for d in json.loads(raw)] if raw else []
-
-    @staticmethod
-    def encode_list(ledgers: list["LedgerInfo"]) -> bytes:
-        return json.dumps([asdict(lg) for lg in ledgers]).encode()
-
-
-def _next_seq(ledgers: list[LedgerInfo]) -> int:
-    """The sequence number of a log's next ledger (ids are never reused, also after the list was cut)."""
-    return ledgers[-1].seq + 1 if ledgers else 0
-
-
-def ledger_id(log_id: int, seq: int) -> int:
-    assert seq < 1 << LEDGER_SEQ_BITS and log_id < 1 << (32 - LEDGER_SEQ_BITS)
-    return log_id << LEDGER_SEQ_BITS | seq
 
 
 class Lost(Exception):
@@ -133,12 +98,10 @@ class BundleLogs:
         self._append_at: dict[str, str] = {}  # node → its append channel, as last read from the membership
         self.taken = 0  # takeovers done (statistics)
         self.rolls = 0
-        self.under_replicated = 0  # closed ledgers short of members that are up, at the last repair pass
         # members that failed a write lately (node → when): left out of new ensembles until their session has
         # surely ended if they are dead (twice its time to live), so ledgers do not roll onto them again
         self._suspects: dict[str, float] = {}
         self._suspect_s = 2 * cluster.config.session_ttl_s
-        self._repairing: asyncio.Task | None = None
 
     # --- the engine's side -------------------------------------------------------------------------------
     def serving(self, log_id: int) -> bool:
@@ -171,14 +134,14 @@ class BundleLogs:
         try:
             wfut = ol.writer.append(p.rtype, p.body, p.where)
         except LedgerRolled:
-            self._start_roll(ol)
+            self.start_roll(ol)
             return
         wfut.add_done_callback(lambda f, ol=ol, p=p: self._answered(ol, p, f))
 
     def _answered(self, ol: OwnedLog, p: _Pending, f: asyncio.Future) -> None:
         if f.cancelled() or f.exception() is not None:
             if isinstance(f.exception(), LedgerRolled):
-                self._start_roll(ol)
+                self.start_roll(ol)
             return
         # the writer confirms in log order: p is the oldest unconfirmed entry
         if ol.pending and ol.pending[0] is p:
@@ -190,11 +153,11 @@ class BundleLogs:
     def _owner_cmp(self, bundle: int, epoch: int) -> M.Cmp:
         return M.holds(M.owner_key(bundle), json.dumps({"node": self.me, "epoch": epoch}).encode())
 
-    async def _ledgers(self, log_id: int) -> tuple[M.KV | None, list[LedgerInfo]]:
+    async def read_ledgers(self, log_id: int) -> tuple[M.KV | None, list[LedgerInfo]]:
         kv = await self.meta.get(M.ledgers_key(log_id))
         return kv, LedgerInfo.decode_list(kv.value if kv else None)
 
-    async def _put_ledgers(self, log_id: int, epoch: int, kv: M.KV | None, ledgers: list[LedgerInfo]) -> None:
+    async def put_ledgers(self, log_id: int, epoch: int, kv: M.KV | None, ledgers: list[LedgerInfo]) -> None:
         key = M.ledgers_key(log_id)
         ok, _ = await self.meta.txn([M.unchanged_since(kv) if kv else M.absent(key),
                                      self._owner_cmp(bundle_of_log(log_id), epoch)],
@@ -205,7 +168,7 @@ class BundleLogs:
                 raise Conflict(f"the ledger list of log {log_id} changed meanwhile")
             raise Lost(f"bundle {bundle_of_log(log_id)} changed hands")
 
-    async def _storage_nodes(self) -> dict:
+    async def storage_nodes(self) -> dict:
         """node → NodeInfo of the nodes new ledgers (and repairs) may use: listening, and not cut off."""
         nodes = await self.cluster.membership.members()
         self._append_at = {n: i.append for n, i in nodes.items() if i.append}
@@ -213,7 +176,7 @@ class BundleLogs:
 
     async def answering(self, peers: dict, timeout: float) -> int:
         """How many of `peers` (node → NodeInfo) answer a storage call within `timeout`."""
-        answers = await asyncio.gather(*(self._member(n, i.dial).answers(timeout) for n, i in peers.items()))
+        answers = await asyncio.gather(*(self.member(n, i.dial).answers(timeout) for n, i in peers.items()))
         return sum(answers)
 
     def failed_within(self, seconds: float) -> set[str]:
@@ -221,7 +184,7 @@ class BundleLogs:
         now = asyncio.get_running_loop().time()
         return {n for n, t in self._suspects.items() if now - t <= seconds}
 
-    def _suspected(self) -> set[str]:
+    def suspected(self) -> set[str]:
         now = asyncio.get_running_loop().time()
         for n in [n for n, t in self._suspects.items() if now - t > self._suspect_s]:
             del self._suspects[n]
@@ -230,8 +193,8 @@ class BundleLogs:
     async def _new_ledger(self, log_id: int, epoch: int, seq: int, first: int, avoid=()) -> LedgerInfo:
         """A ledger on an ensemble of the live nodes (E of them, or as many as are up when fewer: at least Qa)."""
         lid = ledger_id(log_id, seq)
-        avoid = set(avoid) | self._suspected()
-        members = await self._storage_nodes()
+        avoid = set(avoid) | self.suspected()
+        members = await self.storage_nodes()
         machine_of = {n: i.machine for n, i in members.items()}  # one copy per machine at most
         zones = {n: i.zone for n, i in members.items() if n not in avoid}  # a member that just failed is left out
         if machines(zones, machine_of) < self.replication.ack_quorum:  # … unless too few remain without it
@@ -246,7 +209,7 @@ class BundleLogs:
             chosen = choose_ensemble(lid, zones, size, machine_of=machine_of)
         return LedgerInfo(lid, epoch, {n: members[n].dial for n in chosen}, first)
 
-    def _member(self, node: str, address: str):
+    def member(self, node: str, address: str):
         if node == self.me:
             return self._local
         c = self._clients.get(address)
@@ -260,9 +223,9 @@ class BundleLogs:
         return Replication(n, n, min(self.replication.ack_quorum, n))
 
     def _writer(self, ol: OwnedLog, lg: LedgerInfo) -> LedgerWriter:
-        w = LedgerWriter(lg.id, lg.epoch, {n: self._member(n, a) for n, a in lg.members.items()},
+        w = LedgerWriter(lg.id, lg.epoch, {n: self.member(n, a) for n, a in lg.members.items()},
                          self._replication_of(lg))
-        w.on_roll = lambda: self._start_roll(ol)  # a member failed, perhaps with nothing waiting: roll now
+        w.on_roll = lambda: self.start_roll(ol)  # a member failed, perhaps with nothing waiting: roll now
         return w
 
     # --- taking a bundle over ------------------------------------------------------------------------------
@@ -284,16 +247,16 @@ class BundleLogs:
             await asyncio.sleep(RETRY_S)
 
     async def _take_once(self, log_id: int, epoch: int) -> None:
-        kv, ledgers = await self._ledgers(log_id)
+        kv, ledgers = await self.read_ledgers(log_id)
         if ledgers and ledgers[-1].end is None:
             last = ledgers[-1]
-            members = {n: self._member(n, a) for n, a in last.members.items()}
+            members = {n: self.member(n, a) for n, a in last.members.items()}
             held = await recover_ledger(last.id, members, self._replication_of(last))
             last.end = last.first + held
         entries, nbytes, read_s = await self._read_log(ledgers)
         first = ledgers[-1].end if ledgers else 0
-        new = await self._new_ledger(log_id, epoch, _next_seq(ledgers), first)
-        await self._put_ledgers(log_id, epoch, kv, ledgers + [new])
+        new = await self._new_ledger(log_id, epoch, next_seq(ledgers), first)
+        await self.put_ledgers(log_id, epoch, kv, ledgers + [new])
         engine = self.cluster.engine
         loop = asyncio.get_running_loop()
         t_apply = loop.time()
@@ -320,7 +283,7 @@ class BundleLogs:
             start = lg.start - lg.first if i == 0 and lg.start is not None else 0
             while start < count:
                 end = min(count, start + step)
-                got = await self._read_range(lg, start, end)
+                got = await self.read_range(lg, start, end)
                 out.extend(got)
                 start += len(got)
                 nbytes += sum(len(b) for _, b in got)
@@ -328,11 +291,11 @@ class BundleLogs:
                 await asyncio.sleep(0)
         return out, nbytes, loop.time() - t0
 
-    async def _read_range(self, lg: LedgerInfo, start: int, end: int) -> list[tuple[int, bytes]]:
+    async def read_range(self, lg: LedgerInfo, start: int, end: int) -> list[tuple[int, bytes]]:
         order = sorted(lg.members.items(), key=lambda m: m[0] != self.me)  # this node's own copy first
         for node, address in order:
             try:
-                got = await self._member(node, address).read(lg.id, start, end)
+                got = await self.member(node, address).read(lg.id, start, end)
             except Exception as e:  # noqa: BLE001 — another member may have it
                 log.debug("reading ledger %d from %s failed: %s", lg.id, node, e)
                 continue
@@ -342,7 +305,7 @@ class BundleLogs:
                              f"{start}..{end - 1}")
 
     # --- rolling to a new ledger -----------------------------------------------------------------------------
-    def _start_roll(self, ol: OwnedLog) -> None:
+    def start_roll(self, ol: OwnedLog) -> None:
         """(Pending entries' futures also start a roll once the writer fails them: one roll at a time.)"""
         if ol.rolling is None and not ol.released:
             ol.rolling = asyncio.create_task(self._roll(ol), name=f"pigeon-roll-{ol.log_id}")
@@ -364,12 +327,12 @@ class BundleLogs:
                     close_at, rolled.why, len(ol.pending))
         while True:
             try:
-                kv, ledgers = await self._ledgers(ol.log_id)
+                kv, ledgers = await self.read_ledgers(ol.log_id)
                 if not ledgers or ledgers[-1].id != ol.ledger.id or ledgers[-1].end is not None:
                     raise Lost(f"ledger {ol.ledger.id} was closed by another node")
                 ledgers[-1].end = close_at
-                new = await self._new_ledger(ol.log_id, ol.epoch, _next_seq(ledgers), close_at, avoid=failed)
-                await self._put_ledgers(ol.log_id, ol.epoch, kv, ledgers + [new])
+                new = await self._new_ledger(ol.log_id, ol.epoch, next_seq(ledgers), close_at, avoid=failed)
+                await self.put_ledgers(ol.log_id, ol.epoch, kv, ledgers + [new])
                 break
             except Lost as e:
                 self.lose(ol.log_id, str(e))
@@ -399,180 +362,17 @@ class BundleLogs:
         (a ledger opened while nodes were down): the writer rolls of its own accord. How many rolled. (Machines,
         not nodes: two workers of one machine make no wider ensemble, and counting them rolled such a ledger onto
         another of the same size at every pass.)"""
-        nodes = await self._storage_nodes()
-        suspects = self._suspected()
+        nodes = await self.storage_nodes()
+        suspects = self.suspected()
         size = ensemble_size([n for n in nodes if n not in suspects], {n: i.machine for n, i in nodes.items()},
                              self.replication.ensemble)
         rolled = 0
         for ol in list(self.logs.values()):
             if ol.writer is not None and ol.rolling is None and len(ol.ledger.members) < size:
                 ol.writer.stop(f"moving to an ensemble of {size} (machines came up)")
-                self._start_roll(ol)
+                self.start_roll(ol)
                 rolled += 1
         return rolled
-
-    # --- cutting logs -----------------------------------------------------------------------------------------
-    def compact(self) -> None:
-        """Write a snapshot into each owned log that grew by `log_snapshot_entries` since its last one, and cut
-        logs where a confirmed snapshot allows (in the background): the log is read from there on takeover, and
-        the ledgers wholly before it leave the list."""
-        every = self.cluster.config.log_snapshot_entries
-        for ol in list(self.logs.values()):
-            if ol.released:
-                continue
-            if ol.next_offset - ol.snapshot_at >= every and ol.rolling is None:
-                self._snapshot(ol)
-            if ol.snapshots and (ol.trimming is None or ol.trimming.done()):
-                ol.trimming = asyncio.get_running_loop().create_task(self._cut_logged(ol),
-                                                                     name=f"pigeon-cut-{ol.log_id}")
-
-    def _snapshot(self, ol: OwnedLog) -> None:
-        """Append the bundle's state to its log. No await between reading the state and appending: the record
-        lands right after every record the state has applied."""
-        engine = self.cluster.engine
-        if ol.writer is not None and ol.rolling is None:  # it starts a ledger: the ones before can go whole
-            ol.writer.stop("a snapshot starts the next ledger")
-            self._start_roll(ol)
-        at, offset = engine.journal.tail, ol.next_offset
-        rec = engine.state.bundle_snapshot(ol.log_id, self.cluster.config.bundles)
-        fut = self.append(ol.log_id, rec.TYPE, b"".join(rec.parts()))
-        ol.snapshot_at = offset
-
-        def confirmed(f: asyncio.Future) -> None:
-            if not f.cancelled() and f.exception() is None:
-                ol.snapshots.append((at, offset))
-        fut.add_done_callback(confirmed)
-
-    async def _cut_logged(self, ol: OwnedLog) -> None:
-        try:
-            await self.cut(ol)
-        except asyncio.CancelledError:
-            raise
-        except (Lost, Conflict, M.StoreUnavailable) as e:  # the next pass tries again (or the log is gone)
-            log.info("cutting log %d: %s", ol.log_id, e)
-        except Exception:  # noqa: BLE001 — the next pass tries again
-            log.exception("cutting log %d failed", ol.log_id)
-
-    async def cut(self, ol: OwnedLog) -> bool:
-        """Cut the log at its latest confirmed snapshot that no message still needed comes before: every batch
-        the bundle's index keeps was stored after it (this node's journal holds the log in its order, so
-        journal positions compare as log offsets do). The ledger list loses the ledgers that end before it, by
-        the owner-guarded transaction. Whether it cut."""
-        engine = self.cluster.engine
-        need = engine.state.bundle_need(ol.log_id, self.cluster.config.bundles)
-        usable = [offset for at, offset in ol.snapshots if at <= need]
-        if not usable or max(usable) <= ol.start:
-            return False
-        at = max(usable)
-        kv, ledgers = await self._ledgers(ol.log_id)
-        keep = [lg for lg in ledgers if lg.end is None or lg.end > at]
-        if not keep or keep[0].first > at:
-            return False
-        keep[0].start = at
-        await self._put_ledgers(ol.log_id, ol.epoch, kv, keep)
-        dropped = ledgers[:len(ledgers) - len(keep)]
-        ol.start = at
-        ol.snapshots = [(a, o) for a, o in ol.snapshots if o > at]
-        log.info("log %d is read from %d now (a snapshot): %d ledger(s) before it dropped", ol.log_id, at,
-                 len(dropped))
-        await self._delete(dropped)
-        return True
-
-    async def _delete(self, ledgers: list[LedgerInfo]) -> None:
-        """Tell the members of ledgers no list names any more to delete them. A member that cannot be reached
-        keeps them (its disk is not reclaimed: the known gap, docs/cluster.md)."""
-        by_member: dict[tuple[str, str], list[int]] = {}
-        for lg in ledgers:
-            for node, address in lg.members.items():
-                by_member.setdefault((node, address), []).append(lg.id)
-
-        async def one(node: str, address: str, ids: list[int]) -> None:
-            try:
-                await self._member(node, address).delete(ids)
-            except Exception as e:  # noqa: BLE001 — best effort
-                log.info("deleting ledgers %s on %s: %s", ids, node, e)
-        await asyncio.gather(*(one(n, a, ids) for (n, a), ids in by_member.items()))
-
-    # --- repair -------------------------------------------------------------------------------------------------
-    def start_repair(self) -> None:
-        """Repair in the background (one pass at a time): see `repair`."""
-        if self._repairing is None or self._repairing.done():
-            self._repairing = asyncio.get_running_loop().create_task(self._repair_logged(), name="pigeon-repair")
-
-    async def _repair_logged(self) -> None:
-        try:
-            await self.repair()
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:  # noqa: BLE001 — the next pass tries again
-            log.warning("repairing ledgers: %s", e)
-
-    async def repair(self) -> int:
-        """Give every closed ledger of the logs this node owns as many members that are up as E allows: a member
-        that is down (or missing: the ledger was opened while nodes were down) is replaced by a node that is up,
-        after its entries were copied there from a member that has them; the ledger's member list then changes by
-        the same owner-guarded transaction as every other change. How many ledgers were repaired."""
-        members = await self._storage_nodes()
-        up = set(members) - self._suspected()
-        machine_of = {n: i.machine or n for n, i in members.items()}
-        size = ensemble_size(up, machine_of, self.replication.ensemble)
-        repaired = short = 0
-        for log_id in list(self.logs):
-            kv, ledgers = await self._ledgers(log_id)
-            short += sum(1 for lg in ledgers if lg.end is not None and len([n for n in lg.members if n in up]) < size)
-            for lg in ledgers:
-                live = [n for n in lg.members if n in up]
-                held = {machine_of.get(n, n) for n in lg.members}  # a copy on a machine is the machine's one
-                spare = sorted(n for n in up if n not in lg.members and machine_of[n] not in held)
-                if lg.end is None or not live or len(live) >= size or not spare:
-                    continue
-                new = choose_ensemble(lg.id, {n: members[n].zone for n in spare}, 1, machine_of=machine_of)[0]
-                await self._copy(lg, live, new, members[new].dial)
-                ol = self.logs.get(log_id)
-                if ol is None:
-                    return repaired
-                kv, ledgers = await self._ledgers(log_id)
-                if all(other.id != lg.id for other in ledgers):  # the log was cut past it meanwhile
-                    await self._delete([LedgerInfo(lg.id, lg.epoch, {new: members[new].dial}, lg.first)])
-                    continue
-                for other in ledgers:
-                    if other.id == lg.id:
-                        dead = [n for n in other.members if n not in up]
-                        if dead:
-                            del other.members[dead[0]]
-                        other.members[new] = members[new].dial
-                try:
-                    await self._put_ledgers(log_id, ol.epoch, kv, ledgers)
-                except (Lost, Conflict):  # the list changed meanwhile (a roll): the next pass looks again
-                    return repaired
-                repaired += 1
-                log.info("ledger %d (log %d, entries %d..%d) copied to %s: on %s now", lg.id, log_id, lg.first,
-                         lg.end - 1, new, ",".join([*live, new]))
-                short -= 1
-        self.under_replicated = short
-        return repaired
-
-    async def _copy(self, lg: LedgerInfo, sources: list[str], target: str, address: str) -> None:
-        """Every entry of closed ledger `lg` onto `target` (entries it already holds are answered again)."""
-        count = lg.end - lg.first
-        if count == 0:
-            return
-        stream = self._member(target, address).open_append()
-        try:
-            start = 0
-            while start < count:
-                got = await self._read_range(lg, start, min(count, start + READ_CHUNK))
-                for i, (rtype, body) in enumerate(got):
-                    stream.send(lg.id, FENCE_EPOCH, start + i, rtype, body)
-                stream.flush()
-                start += len(got)
-            async for index, error in stream.answers():
-                if error:
-                    raise RecoveryFailed(f"copying ledger {lg.id} to {target}: {error}")
-                if index >= count - 1:
-                    return
-        finally:
-            stream.close()
 
     # --- giving a bundle up ------------------------------------------------------------------------------
     def lose(self, log_id: int, why: str) -> None:
@@ -619,16 +419,14 @@ class BundleLogs:
         await writer.close()
         self._fail(ol)
         try:
-            kv, ledgers = await self._ledgers(log_id)
+            kv, ledgers = await self.read_ledgers(log_id)
             if ledgers and ledgers[-1].id == ol.ledger.id and ledgers[-1].end is None:
                 ledgers[-1].end = end
-                await self._put_ledgers(log_id, ol.epoch, kv, ledgers)
+                await self.put_ledgers(log_id, ol.epoch, kv, ledgers)
         except (Lost, Conflict, M.StoreUnavailable) as e:  # the next owner fences and recovers it instead
             log.info("bundle %d given up without closing its ledger (%s)", bundle, e)
 
     async def close(self) -> None:
-        if self._repairing is not None:
-            self._repairing.cancel()
         for log_id in list(self.logs):
             ol = self.logs.pop(log_id)
             ol.released = True

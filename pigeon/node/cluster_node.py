@@ -29,6 +29,7 @@ from pigeon.cluster.quorum import Replication
 from pigeon.node.bundle_logs import BundleLogs
 from pigeon.node import append_channel
 from pigeon.node.ledger_store import LedgerStore
+from pigeon.node.ledger_upkeep import LedgerUpkeep
 from pigeon.core.bundles import bundle_of_log
 from pigeon.node.meta_log import Diverged, MetaLog
 from pigeon.node.membership import Membership, NodeIdTaken, NodeInfo, OtherCluster, cluster_id
@@ -68,6 +69,7 @@ class ClusterNode:
         self.cluster_id = ""
         self.meta_log = MetaLog(self.meta, engine)
         self.logs = BundleLogs(self, Replication(config.replicas, config.replicas, config.ack_quorum))
+        self.upkeep = LedgerUpkeep(self.logs)
         self.routes: dict[int, str] = {}  # bundle → where its owner is dialled (NodeInfo.dial), as last read
         self._routes_event = asyncio.Event()  # set (and replaced) whenever `routes` changes
         self._routes_stale = asyncio.Event()  # an owner or a node changed: read the routes again
@@ -210,6 +212,7 @@ class ClusterNode:
         except M.StoreUnavailable as e:
             log.warning("could not leave cleanly (%s): the session ends by itself within %d s", e,
                         self.config.session_ttl_s)
+        self.upkeep.close()
         await self.logs.close()
         if self._append_server is not None:
             self._append_server.close()
@@ -375,8 +378,8 @@ class ClusterNode:
             await self.read_routes()  # this node is taking them over (the router answers UNAVAILABLE meanwhile)
         taken = [b for b, ok in zip([b for b, _ in claimed], await self._take(claimed)) if ok]
         await self.logs.widen()
-        self.logs.start_repair()
-        self.logs.compact()
+        self.upkeep.start_repair()
+        self.upkeep.compact()
         for b in {b for b, _ in claimed} - set(taken):
             self.owned.pop(b, None)
         if taken or released:

@@ -133,7 +133,7 @@ def ledgers_of(endpoint: str | EtcdAccess, log: int) -> list[dict]:
 
 def open_ledgers(endpoint: str | EtcdAccess) -> dict[int, list[str]]:
     """log → the members of its open ledger (logs whose last ledger is open)."""
-    from pigeon.node.bundle_logs import LedgerInfo
+    from pigeon.cluster.ledgers import LedgerInfo
     from pigeon.node.meta_etcd import EtcdMetadata
 
     async def go():

@@ -1,0 +1,75 @@
+"""A log's ledger list (docs/cluster.md, "A log is a sequence of ledgers") and the changes its owner plans on it.
+Owns the rules:
+
+  * ledger ids are `log << 20 | n`, n the ledger's place in its log's list, never reused — also after the list was
+    cut (the next n follows the last ledger's);
+  * a cut keeps every ledger that ends after the snapshot it cuts at, and only when the first ledger kept starts at
+    or before it (reading starts at the snapshot: the ledgers wholly before it leave the list);
+  * repair gives a closed ledger short of members that are up one more, chosen by rendezvous hashing among the
+    nodes that are up and on a machine the ledger has no copy on yet (one copy per machine at most).
+
+Pure: the node reads and writes the list in the metadata store (node.bundle_logs) and performs what these decide."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+
+from pigeon.cluster.quorum import choose_ensemble
+
+LEDGER_SEQ_BITS = 20
+
+
+@dataclass
+class LedgerInfo:
+    id: int
+    epoch: int  # the ownership epoch of the node that wrote it
+    members: dict[str, str]  # node id → where it is dialled (NodeInfo.dial), the ensemble in order
+    first: int  # the log offset of its first entry
+    end: int | None = None  # the log offset after its last entry, once closed
+    start: int | None = None  # on the list's first ledger once the log was cut: where reading it starts (a
+    #                           Snapshot record; the ledgers before were dropped)
+
+    @property
+    def seq(self) -> int:
+        return self.id & ((1 << LEDGER_SEQ_BITS) - 1)
+
+    @staticmethod
+    def decode_list(raw: bytes | None) -> list["LedgerInfo"]:
+        return [LedgerInfo(**d) for d in json.loads(raw)] if raw else []
+
+    @staticmethod
+    def encode_list(ledgers: list["LedgerInfo"]) -> bytes:
+        return json.dumps([asdict(lg) for lg in ledgers]).encode()
+
+
+def next_seq(ledgers: list[LedgerInfo]) -> int:
+    """The sequence number of a log's next ledger (ids are never reused, also after the list was cut)."""
+    return ledgers[-1].seq + 1 if ledgers else 0
+
+
+def ledger_id(log_id: int, seq: int) -> int:
+    assert seq < 1 << LEDGER_SEQ_BITS and log_id < 1 << (32 - LEDGER_SEQ_BITS)
+    return log_id << LEDGER_SEQ_BITS | seq
+
+
+def cut_at(ledgers: list[LedgerInfo], at: int) -> tuple[list[LedgerInfo], list[LedgerInfo]] | None:
+    """The list cut at offset `at` (a snapshot's), and the ledgers that leave it; None when it cannot be cut there
+    (no ledger holds `at`)."""
+    keep = [LedgerInfo(**asdict(lg)) for lg in ledgers if lg.end is None or lg.end > at]
+    if not keep or keep[0].first > at:
+        return None
+    keep[0].start = at
+    return keep, ledgers[:len(ledgers) - len(keep)]
+
+
+def repair_target(lg: LedgerInfo, up: set[str], size: int, machine_of: dict[str, str],
+                  zones: dict[str, str]) -> str | None:
+    """The node a closed ledger should be copied to now (None: it has `size` members up already, or none up to
+    copy from, or no node to copy to). `machine_of`: node → machine; `zones`: node → zone, of the nodes up."""
+    live = [n for n in lg.members if n in up]
+    held = {machine_of.get(n, n) for n in lg.members}  # a copy on a machine is the machine's one
+    spare = sorted(n for n in up if n not in lg.members and machine_of[n] not in held)
+    if lg.end is None or not live or len(live) >= size or not spare:
+        return None
+    return choose_ensemble(lg.id, {n: zones[n] for n in spare}, 1, machine_of=machine_of)[0]

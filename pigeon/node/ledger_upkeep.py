@@ -1,0 +1,200 @@
+"""The upkeep of the bundle logs a node owns (docs/cluster.md, "Cutting a log" and "Repair"), performed over
+node.bundle_logs: what to cut and where to copy is pigeon.cluster.ledgers'. Owns the rules:
+
+  * every `log_snapshot_entries` entries the owner writes the bundle's state into its log, with no await between
+    reading the state and appending it (the record lands right after every record the state applied), and each
+    snapshot starts a ledger, so the ledgers before a cut leave the list whole;
+  * a log is cut at its latest confirmed snapshot that no message still needed comes before, by the owner-guarded
+    change of its ledger list; the members of the ledgers cut off are then told to delete them (best effort: one
+    that cannot be reached keeps them);
+  * repair: a closed ledger short of members that are up gets a new member only after every entry was copied
+    there — a copy whose stream ends before the last entry was answered has failed — and a failed change of the
+    list while the owner key is still ours is read again, never taken for a lost bundle."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from pigeon.broker import images
+from pigeon.cluster import metadata as M
+from pigeon.cluster.ledgers import LedgerInfo, cut_at, repair_target
+from pigeon.cluster.quorum import ensemble_size
+from pigeon.node.bundle_logs import READ_CHUNK, BundleLogs, Conflict, Lost, OwnedLog
+from pigeon.node.ledger_store import FENCE_EPOCH
+from pigeon.node.replication import RecoveryFailed
+
+log = logging.getLogger("pigeon.ledgers")
+
+
+class LedgerUpkeep:
+    def __init__(self, bundles: BundleLogs):
+        self.bundles = bundles
+        self.under_replicated = 0  # closed ledgers short of members that are up, at the last repair pass
+        self._repairing: asyncio.Task | None = None
+
+    def close(self) -> None:
+        if self._repairing is not None:
+            self._repairing.cancel()
+
+    # --- cutting logs -----------------------------------------------------------------------------------------
+    def compact(self) -> None:
+        """Write a snapshot into each owned log that grew by `log_snapshot_entries` since its last one, and cut
+        logs where a confirmed snapshot allows (in the background): the log is read from there on takeover, and
+        the ledgers wholly before it leave the list."""
+        every = self.bundles.cluster.config.log_snapshot_entries
+        for ol in list(self.bundles.logs.values()):
+            if ol.released:
+                continue
+            if ol.next_offset - ol.snapshot_at >= every and ol.rolling is None:
+                self._snapshot(ol)
+            if ol.snapshots and (ol.trimming is None or ol.trimming.done()):
+                ol.trimming = asyncio.get_running_loop().create_task(self._cut_logged(ol),
+                                                                     name=f"pigeon-cut-{ol.log_id}")
+
+    def _snapshot(self, ol: OwnedLog) -> None:
+        """Append the bundle's state to its log. No await between reading the state and appending: the record
+        lands right after every record the state has applied."""
+        engine = self.bundles.cluster.engine
+        if ol.writer is not None and ol.rolling is None:  # it starts a ledger: the ones before can go whole
+            ol.writer.stop("a snapshot starts the next ledger")
+            self.bundles.start_roll(ol)
+        at, offset = engine.journal.tail, ol.next_offset
+        rec = images.bundle_snapshot(engine.state, ol.log_id, self.bundles.cluster.config.bundles)
+        fut = self.bundles.append(ol.log_id, rec.TYPE, b"".join(rec.parts()))
+        ol.snapshot_at = offset
+
+        def confirmed(f: asyncio.Future) -> None:
+            if not f.cancelled() and f.exception() is None:
+                ol.snapshots.append((at, offset))
+        fut.add_done_callback(confirmed)
+
+    async def _cut_logged(self, ol: OwnedLog) -> None:
+        try:
+            await self.cut(ol)
+        except asyncio.CancelledError:
+            raise
+        except (Lost, Conflict, M.StoreUnavailable) as e:  # the next pass tries again (or the log is gone)
+            log.info("cutting log %d: %s", ol.log_id, e)
+        except Exception:  # noqa: BLE001 — the next pass tries again
+            log.exception("cutting log %d failed", ol.log_id)
+
+    async def cut(self, ol: OwnedLog) -> bool:
+        """Cut the log at its latest confirmed snapshot that no message still needed comes before: every batch
+        the bundle's index keeps was stored after it (this node's journal holds the log in its order, so
+        journal positions compare as log offsets do). The ledger list loses the ledgers that end before it, by
+        the owner-guarded transaction. Whether it cut."""
+        engine = self.bundles.cluster.engine
+        need = images.bundle_need(engine.state, ol.log_id, self.bundles.cluster.config.bundles)
+        usable = [offset for at, offset in ol.snapshots if at <= need]
+        if not usable or max(usable) <= ol.start:
+            return False
+        at = max(usable)
+        kv, ledgers = await self.bundles.read_ledgers(ol.log_id)
+        plan = cut_at(ledgers, at)
+        if plan is None:
+            return False
+        keep, dropped = plan
+        await self.bundles.put_ledgers(ol.log_id, ol.epoch, kv, keep)
+        ol.start = at
+        ol.snapshots = [(a, o) for a, o in ol.snapshots if o > at]
+        log.info("log %d is read from %d now (a snapshot): %d ledger(s) before it dropped", ol.log_id, at,
+                 len(dropped))
+        await self._delete(dropped)
+        return True
+
+    async def _delete(self, ledgers: list[LedgerInfo]) -> None:
+        """Tell the members of ledgers no list names any more to delete them. A member that cannot be reached
+        keeps them (its disk is not reclaimed: the known gap, docs/cluster.md)."""
+        by_member: dict[tuple[str, str], list[int]] = {}
+        for lg in ledgers:
+            for node, address in lg.members.items():
+                by_member.setdefault((node, address), []).append(lg.id)
+
+        async def one(node: str, address: str, ids: list[int]) -> None:
+            try:
+                await self.bundles.member(node, address).delete(ids)
+            except Exception as e:  # noqa: BLE001 — best effort
+                log.info("deleting ledgers %s on %s: %s", ids, node, e)
+        await asyncio.gather(*(one(n, a, ids) for (n, a), ids in by_member.items()))
+
+    # --- repair -------------------------------------------------------------------------------------------------
+    def start_repair(self) -> None:
+        """Repair in the background (one pass at a time): see `repair`."""
+        if self._repairing is None or self._repairing.done():
+            self._repairing = asyncio.get_running_loop().create_task(self._repair_logged(), name="pigeon-repair")
+
+    async def _repair_logged(self) -> None:
+        try:
+            await self.repair()
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 — the next pass tries again
+            log.warning("repairing ledgers: %s", e)
+
+    async def repair(self) -> int:
+        """Give every closed ledger of the logs this node owns as many members that are up as E allows: a member
+        that is down (or missing: the ledger was opened while nodes were down) is replaced by a node that is up,
+        after its entries were copied there from a member that has them; the ledger's member list then changes by
+        the same owner-guarded transaction as every other change. How many ledgers were repaired."""
+        members = await self.bundles.storage_nodes()
+        up = set(members) - self.bundles.suspected()
+        machine_of = {n: i.machine or n for n, i in members.items()}
+        size = ensemble_size(up, machine_of, self.bundles.replication.ensemble)
+        repaired = short = 0
+        for log_id in list(self.bundles.logs):
+            kv, ledgers = await self.bundles.read_ledgers(log_id)
+            short += sum(1 for lg in ledgers if lg.end is not None and len([n for n in lg.members if n in up]) < size)
+            for lg in ledgers:
+                new = repair_target(lg, up, size, machine_of, {n: members[n].zone for n in up})
+                if new is None:
+                    continue
+                live = [n for n in lg.members if n in up]
+                await self._copy(lg, live, new, members[new].dial)
+                ol = self.bundles.logs.get(log_id)
+                if ol is None:
+                    return repaired
+                kv, ledgers = await self.bundles.read_ledgers(log_id)
+                if all(other.id != lg.id for other in ledgers):  # the log was cut past it meanwhile
+                    await self._delete([LedgerInfo(lg.id, lg.epoch, {new: members[new].dial}, lg.first)])
+                    continue
+                for other in ledgers:
+                    if other.id == lg.id:
+                        dead = [n for n in other.members if n not in up]
+                        if dead:
+                            del other.members[dead[0]]
+                        other.members[new] = members[new].dial
+                try:
+                    await self.bundles.put_ledgers(log_id, ol.epoch, kv, ledgers)
+                except (Lost, Conflict):  # the list changed meanwhile (a roll): the next pass looks again
+                    return repaired
+                repaired += 1
+                log.info("ledger %d (log %d, entries %d..%d) copied to %s: on %s now", lg.id, log_id, lg.first,
+                         lg.end - 1, new, ",".join([*live, new]))
+                short -= 1
+        self.under_replicated = short
+        return repaired
+
+    async def _copy(self, lg: LedgerInfo, sources: list[str], target: str, address: str) -> None:
+        """Every entry of closed ledger `lg` onto `target` (entries it already holds are answered again)."""
+        count = lg.end - lg.first
+        if count == 0:
+            return
+        stream = self.bundles.member(target, address).open_append()
+        try:
+            start = 0
+            while start < count:
+                got = await self.bundles.read_range(lg, start, min(count, start + READ_CHUNK))
+                for i, (rtype, body) in enumerate(got):
+                    stream.send(lg.id, FENCE_EPOCH, start + i, rtype, body)
+                stream.flush()
+                start += len(got)
+            async for index, error in stream.answers():
+                if error:
+                    raise RecoveryFailed(f"copying ledger {lg.id} to {target}: {error}")
+                if index >= count - 1:
+                    return
+            raise RecoveryFailed(f"copying ledger {lg.id} to {target}: {stream.why_ended} before every entry was "
+                                 "answered")
+        finally:
+            stream.close()
