@@ -271,6 +271,46 @@ def publish(t: TopicState, request: bytes, count: int, ordering_key: str, now_ms
     return R.Publish(t.uid, shard, ix.next, ms, count, key, request, acts, idempotency_keys)
 
 
+class PublishPlan(NamedTuple):
+    """What one publish stores and how it answers (publish_batch)."""
+
+    record: R.Publish | None  # None: every message repeats one accepted inside the idempotency window
+    fresh: list[int] | None  # with idempotency keys: the indexes of the request's messages the record stores …
+    keys: list[str] | None  # … and every message's key ("" for none), to answer repeats with the originals' ids
+
+
+def publish_batch(t: TopicState, cmd: PublishCommand, now_ms: int, idempotency_window_s: float,
+                  check=None) -> PublishPlan:
+    """One validated publish into topic `t`, the broker's whole part of it: broker.dedup inside the window (a
+    message whose key was accepted, or repeats one earlier in the request, is not stored again), the messages
+    kept, `check` on the request to store (a schema's: it may re-encode it), and its Publish record."""
+    request, keys, acts = cmd.request, cmd.idempotency_keys, cmd.activations
+    fresh = None
+    if keys:
+        t.idempotency.expire(now_ms - int(idempotency_window_s * 1000))
+        fresh = deduplicate(t, keys)
+        if not fresh:
+            return PublishPlan(None, fresh, keys)
+        if len(fresh) < cmd.count:
+            request = keep_messages(request, fresh)
+            acts = [acts[i] for i in fresh] if acts else None
+    if check is not None:
+        request = check(request)
+    stored_keys = [keys[i] for i in fresh] if keys else None
+    count = cmd.count if fresh is None else len(fresh)
+    return PublishPlan(publish(t, request, count, cmd.ordering_key, now_ms, stored_keys, acts), fresh, keys)
+
+
+def publish_answer(t: TopicState, plan: PublishPlan) -> list[str]:
+    """The message ids a publish answers with, once its record was applied: each stored message's own, and a
+    repeat's the original's (which the idempotency window holds)."""
+    ids = message_ids(t, plan.record) if plan.record is not None else []
+    if plan.keys is None:
+        return ids
+    stored = dict(zip(plan.fresh, ids))
+    return [stored.get(i) or t.idempotency.get(k) for i, k in enumerate(plan.keys)]
+
+
 def message_ids(t: TopicState, rec: R.Publish) -> list[str]:
     step = 1 << limits.shard_bits
     first = t.id_base() | (rec.base << limits.shard_bits) | rec.shard

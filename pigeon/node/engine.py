@@ -24,6 +24,7 @@ from pigeon.core.errors import Unavailable
 from pigeon.node import hops, maintenance, push, recovery
 from pigeon.node.admission import Admission, AdmissionStats
 from pigeon.node.delivery import Delivery
+from pigeon.node.executor import commit_step
 from pigeon.node.host import OsHost
 from pigeon.node.iam_ops import IamOps
 from pigeon.node.push import PushManager
@@ -154,16 +155,11 @@ class Engine:
     def commit(self, rec: R.Record, owner=None) -> int:
         """Append `rec` to its log and apply it (validated before: applying must not fail), then perform its
         effects. Returns the journal position after it: durable once the journal's durable position reaches it."""
-        log_id = self.state.log_of(rec, self.config.bundles)
-        if log_id not in self._fenced:
-            self.journal.fence(log_id, self.epoch)
-            self._fenced.add(log_id)
-        parts = rec.parts()
-        offset, at = self.journal.append(log_id, self.epoch, rec.TYPE, parts)
+        log_id, offset, at, parts, effects = commit_step(self.state, self.journal, self.epoch, self._fenced,
+                                                         self.config.bundles, rec, owner)
         if self.replicas is not None and log_id != META_LOG and rec.TYPE < R.RecordType.RESET:
             self._replicated[log_id] = self.replicas.append(log_id, rec.TYPE, b"".join(parts),
                                                             (log_id, offset, at, self.journal.tail))
-        effects = self.state.apply(rec, at, owner)
         if effects:
             self._perform(effects)
         return self.journal.tail
@@ -346,34 +342,23 @@ class Engine:
     # --- publish ---------------------------------------------------------------------------------
     async def publish(self, topic_name: str, request: bytes, count: int, ordering_key: str,
                       idem_keys: list[str] | None = None, sched: list[tuple[str, str]] | None = None) -> list[str]:
-        """Store one PublishRequest (validated by commands.check_publish) whole; return the message ids once
-        durable. `idem_keys`: the messages' idempotency keys ("" for none); repeats inside the window are not
-        stored again and get the original message id. `sched`: the messages' (activate-at, delay) attributes,
-        when some message carries one: the batch then waits in the topic's activation index."""
+        """Store one PublishRequest (validated by commands.check_publish: these are its fields) whole; return the
+        message ids once durable. `idem_keys`: the messages' idempotency keys ("" for none); repeats inside the
+        window are not stored again and get the original message id. `sched`: the messages' (activate-at, delay)
+        attributes, when some message carries one: the batch then waits in the topic's activation index."""
         self.check_open()
         t = self.state.topic(topic_name)
         self.journal.check_publish()  # a full disk refuses publishes, keeps room for deliveries and acks
-        if not idem_keys:
-            return await self._store(t, request, count, ordering_key, None, sched)
-        t.idempotency.expire(int((self.clock.now() - self.config.idempotency_window_s) * 1000))
-        fresh = commands.deduplicate(t, idem_keys)
-        stored: dict[int, str] = {}
-        if fresh:
-            if len(fresh) < count:
-                request = commands.keep_messages(request, fresh)
-                sched = [sched[i] for i in fresh] if sched else None
-            ids = await self._store(t, request, len(fresh), ordering_key, [idem_keys[i] for i in fresh], sched)
-            stored = dict(zip(fresh, ids))
-        else:
+        check = (lambda req: self.schemas.check_publish(t.config, req)) if t.config.schema_settings.schema else None
+        plan = commands.publish_batch(t, commands.PublishCommand(topic_name, request, count, ordering_key, idem_keys,
+                                                                 sched),
+                                      int(self.clock.now() * 1000), self.config.idempotency_window_s, check)
+        rec = plan.record
+        if rec is None:
             await self.durable(log_id=t.log_id)  # the originals may still be on their way to disk (and members)
-        return [stored.get(i) or t.idempotency.get(k) for i, k in enumerate(idem_keys)]
-
-    async def _store(self, t, request: bytes, count: int, ordering_key: str, keys, sched) -> list[str]:
-        if t.config.schema_settings.schema:
-            request = self.schemas.check_publish(t.config, request)
-        rec = commands.publish(t, request, count, ordering_key, int(self.clock.now() * 1000), keys, sched)
+            return commands.publish_answer(t, plan)
         t0 = time.perf_counter()
-        with self.admission.publishing(len(request)):
+        with self.admission.publishing(len(rec.request)):
             end = self.commit(rec)
             if hops.ON:
                 hops.mark("committed")
@@ -381,11 +366,11 @@ class Engine:
             await self.durable(end, t.log_id)
         self.publish_latency.observe(time.perf_counter() - t0)
         t.publish_requests += 1
-        t.published += count
-        t.published_bytes += len(request)
+        t.published += rec.count
+        t.published_bytes += len(rec.request)
         if ordering_key:
-            self.hot_keys.published(t.name, ordering_key, count)
-        return commands.message_ids(t, rec)
+            self.hot_keys.published(t.name, ordering_key, rec.count)
+        return commands.publish_answer(t, plan)
 
     def _show_when_durable(self, t, rec: R.Publish, end: int) -> None:
         """Show the batch to the topic's subscriptions the moment it is durable (in a cluster: held by the

@@ -27,7 +27,6 @@ import posixpath
 import random
 import sys
 import time
-from dataclasses import dataclass, field
 
 from google.pubsub_v1 import types
 
@@ -36,6 +35,7 @@ from pigeon.broker import commands
 from pigeon.broker.state import BrokerState
 from pigeon.core import limits
 from pigeon.core.errors import PigeonError
+from pigeon.node.executor import commit_step
 from pigeon.node.reader import MessageReader
 from pigeon.node.recovery import BrokerTarget, type_name
 from pigeon.storage import checkpoint as ck
@@ -44,6 +44,7 @@ from pigeon.storage import records as R
 from pigeon.storage.space import SpaceWatch
 from pigeon.testing.clock import SimClock
 from pigeon.testing.journal import SyncJournal
+from pigeon.testing.sim_oracle import Msg, Oracle, Stream, summary
 from pigeon.testing.simdisk import SimDisk
 
 P = "projects/sim"
@@ -56,39 +57,6 @@ _PublishRequest, _PubsubMessage = types.PublishRequest.pb(), types.PubsubMessage
 
 class SimFailure(AssertionError):
     pass
-
-
-class Stream:
-    """A client's stream: the lease owner told when leases end."""
-
-    def __init__(self):
-        self.released: list[int] = []
-
-    def release(self, num: int) -> None:
-        self.released.append(num)
-
-    def release_all(self, nums) -> None:
-        self.released.extend(nums)
-
-
-@dataclass
-class Msg:
-    topic: int
-    num: int
-    data: bytes
-    key: str  # ordering key, "" when none (or when the message waits for an activation time)
-    end: int  # journal position after its record
-
-
-@dataclass
-class Oracle:
-    """What clients were told, as the simulator's own bookkeeping (never read from the broker)."""
-
-    msgs: dict[tuple[int, int], Msg] = field(default_factory=dict)  # (topic uid, num) → message
-    durable_msgs: set[tuple[int, int]] = field(default_factory=set)  # publishes answered OK (durable)
-    pending_acks: list[tuple[int, int, list[int]]] = field(default_factory=list)  # (end, sub, nums)
-    durable_acks: dict[int, set[int]] = field(default_factory=dict)  # sub uid → nums whose ack was durable
-    dead: dict[int, set[int]] = field(default_factory=dict)  # sub uid → nums taken out for dead-lettering
 
 
 class Simulator:
@@ -143,14 +111,9 @@ class Simulator:
     def fail(self, what: str) -> None:
         raise SimFailure(f"seed {self.seed}, step {self.step_no} ({' '.join(self.log[-8:])}): {what}")
 
-    # --- the executor's one step (as node.engine.Engine.commit) ----------------------------------------
+    # --- the executor's one step (node.executor's, as the engine commits) -------------------------------
     def commit_record(self, rec: R.Record, owner=None) -> int:
-        log_id = self.state.log_of(rec, BUNDLES)
-        if log_id not in self.fenced:
-            self.sj.fence(log_id, self.epoch)
-            self.fenced.add(log_id)
-        at = self.sj.append(log_id, self.epoch, rec.TYPE, rec.parts())[1]
-        effects = self.state.apply(rec, at, owner)
+        _, _, at, _, effects = commit_step(self.state, self.sj, self.epoch, self.fenced, BUNDLES, rec, owner)
         end = self.sj.journal.tail
         self.history.append((rec, at, end))
         self.orphaned.update(s.uid for s in self.state.subs.values() if s.max_attempts and not s.dead_letter_open)
@@ -225,22 +188,16 @@ class Simulator:
                 m.attributes["pigeon-idempotency-key"] = k
             msgs.append(m)
         cmd = commands.check_publish(_PublishRequest(topic=t.name, messages=msgs).SerializeToString())
-        request, count, keys, acts = cmd.request, cmd.count, cmd.idempotency_keys, cmd.activations
-        if keys:
-            t.idempotency.expire(int((self.clock.now() - limits.idempotency_window_s_default) * 1000))
-            fresh = commands.deduplicate(t, keys)
-            if not fresh:
-                return
-            if len(fresh) < count:
-                request = commands.keep_messages(request, fresh)
-                acts = [acts[i] for i in fresh] if acts else None
-                msgs = [msgs[i] for i in fresh]
-            keys, count = [keys[i] for i in fresh], len(fresh)
-        rec = commands.publish(t, request, count, cmd.ordering_key, int(self.clock.now() * 1000), keys, acts)
+        plan = commands.publish_batch(t, cmd, int(self.clock.now() * 1000), limits.idempotency_window_s_default)
+        if plan.record is None:
+            return
+        if plan.fresh is not None:
+            msgs = [msgs[i] for i in plan.fresh]
+        rec = plan.record
         end = self.commit_record(rec)
         for i, m in enumerate(msgs):
             num = ((rec.base + i) << limits.shard_bits) | rec.shard
-            self.oracle.msgs[(t.uid, num)] = Msg(t.uid, num, m.data, "" if acts else key, end)
+            self.oracle.msgs[(t.uid, num)] = Msg(t.uid, num, m.data, "" if cmd.activations else key, end)
 
     def take(self) -> None:
         subs = [s for s in self.state.subs_by_uid.values() if not s.detached]
@@ -591,22 +548,6 @@ class Simulator:
                     num = (o << limits.shard_bits) | ix_no
                     if not s.is_acked(num) and num not in s.parked and num not in got:
                         self.fail(f"message {num} of {s.name} is unacked but never delivered again")
-
-
-def summary(st: BrokerState, now: float) -> dict:
-    """The durable state, as plain values (leases that ran out by `now` count as ended on both sides)."""
-    subs = {}
-    for uid, s in st.subs_by_uid.items():
-        leases = {n: (d, v, k) for n, (d, v, _, k) in s.leases.items() if d > now}
-        counts = dict(s.versions)
-        counts.update({n: v for n, (d, v, _, _) in s.leases.items() if d <= now})
-        subs[uid] = (s.name, s.export_state(), leases, counts, dict(s.parked), s.detached, s.dead_letter_open)
-    return {
-        "topics": {u: (t.name, t.deleted, [ix.next for ix in t.shards]) for u, t in st.topics_by_uid.items()},
-        "subs": subs,
-        "snaps": {n: (sn.topic_uid, sn.floors, sn.acked) for n, sn in st.snapshots.items()},
-        "next_uid": st.next_uid,
-    }
 
 
 def run_seeds(first: int, count: int, steps: int, out=sys.stdout) -> int:

@@ -1,0 +1,24 @@
+"""The executor's one step: a validated record appended to its log and applied, in one step with no await — so the
+log's order is the order of application. Owns the rules: a record goes to the log `BrokerState.log_of` names; a
+log is fenced at the writer's epoch before its first append of a life (an older writer's appends are refused from
+then on); the record is applied at the journal position it was appended at, and `apply` must not fail (every
+check ran before the record was made). The node's engine (node.engine) and the deterministic simulator
+(testing.simulator) both commit through `commit_step`: there is no second copy of it to drift."""
+
+from __future__ import annotations
+
+from pigeon.broker.state import BrokerState
+from pigeon.storage import records as R
+
+
+def commit_step(state: BrokerState, journal, epoch: int, fenced: set[int], bundles: int, rec: R.Record,
+                owner=None) -> tuple[int, int, int, list, list | None]:
+    """Append `rec` to `journal` (node.journal.JournalWriter or testing.journal.SyncJournal) and apply it:
+    (log id, offset in its log, journal position, the record's parts, apply's effects)."""
+    log_id = state.log_of(rec, bundles)
+    if log_id not in fenced:
+        journal.fence(log_id, epoch)
+        fenced.add(log_id)
+    parts = rec.parts()
+    offset, at = journal.append(log_id, epoch, rec.TYPE, parts)
+    return log_id, offset, at, parts, state.apply(rec, at, owner)

@@ -1,0 +1,58 @@
+"""What the single-node simulator's clients were told and hold (testing.simulator), as its own bookkeeping —
+never read from the broker — and the durable state as plain values, for comparing a recovered state with a
+replay of the surviving log."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pigeon.broker.state import BrokerState
+
+
+class Stream:
+    """A client's stream: the lease owner told when leases end."""
+
+    def __init__(self):
+        self.released: list[int] = []
+
+    def release(self, num: int) -> None:
+        self.released.append(num)
+
+    def release_all(self, nums) -> None:
+        self.released.extend(nums)
+
+
+@dataclass
+class Msg:
+    topic: int
+    num: int
+    data: bytes
+    key: str  # ordering key, "" when none (or when the message waits for an activation time)
+    end: int  # journal position after its record
+
+
+@dataclass
+class Oracle:
+    """What clients were told, as the simulator's own bookkeeping (never read from the broker)."""
+
+    msgs: dict[tuple[int, int], Msg] = field(default_factory=dict)  # (topic uid, num) → message
+    durable_msgs: set[tuple[int, int]] = field(default_factory=set)  # publishes answered OK (durable)
+    pending_acks: list[tuple[int, int, list[int]]] = field(default_factory=list)  # (end, sub, nums)
+    durable_acks: dict[int, set[int]] = field(default_factory=dict)  # sub uid → nums whose ack was durable
+    dead: dict[int, set[int]] = field(default_factory=dict)  # sub uid → nums taken out for dead-lettering
+
+
+def summary(st: BrokerState, now: float) -> dict:
+    """The durable state, as plain values (leases that ran out by `now` count as ended on both sides)."""
+    subs = {}
+    for uid, s in st.subs_by_uid.items():
+        leases = {n: (d, v, k) for n, (d, v, _, k) in s.leases.items() if d > now}
+        counts = dict(s.versions)
+        counts.update({n: v for n, (d, v, _, _) in s.leases.items() if d <= now})
+        subs[uid] = (s.name, s.export_state(), leases, counts, dict(s.parked), s.detached, s.dead_letter_open)
+    return {
+        "topics": {u: (t.name, t.deleted, [ix.next for ix in t.shards]) for u, t in st.topics_by_uid.items()},
+        "subs": subs,
+        "snaps": {n: (sn.topic_uid, sn.floors, sn.acked) for n, sn in st.snapshots.items()},
+        "next_uid": st.next_uid,
+    }
