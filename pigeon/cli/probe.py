@@ -19,9 +19,9 @@ from collections import deque
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 
+from pigeon.core import limits
 from pigeon.client.access import ClientAuth, pubsub_clients
 
-SETUP_S = 10.0  # creating the probe's topic and subscription: longer, and the target is not serving
 LATENCY_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
 
 
@@ -55,13 +55,13 @@ class Prober:
         self.pub, self.sub = self._clients()
         from google.api_core.retry import Retry, if_exception_type
 
-        retry = Retry(predicate=if_exception_type(exceptions.ServiceUnavailable), timeout=SETUP_S)
+        retry = Retry(predicate=if_exception_type(exceptions.ServiceUnavailable), timeout=limits.probe_setup_s)
         try:
-            self.pub.create_topic(name=self.topic, retry=retry, timeout=SETUP_S)
+            self.pub.create_topic(name=self.topic, retry=retry, timeout=limits.probe_setup_s)
         except exceptions.AlreadyExists:
             pass
         self.sub.create_subscription(name=self.subscription, topic=self.topic, ack_deadline_seconds=10,
-                                     retry=retry, timeout=SETUP_S)
+                                     retry=retry, timeout=limits.probe_setup_s)
 
     def teardown(self) -> None:
         try:

@@ -89,6 +89,23 @@ idempotency_key_bytes_max = 1_024
 lock_s_max = 31 * 86_400.0  # queue extension: Take may lock for this long
 retention_tick_s = 5.0
 
+# the journal (node.journal, storage.journal) and the files it writes
+lazy_write_s = 0.002  # the longest an entry nobody waits for stays unwritten (a kill -9 would lose it)
+lazy_flush_s = 0.01  # fsync=always: the longest a written entry nobody waits for stays without fdatasync
+batch_sync_s = 0.005  # fsync=batch: the longest a written entry waits for its fdatasync
+commit_tell_asks = 2  # asks since a batch was taken from which its group commit leaves the telling to the caller
+gather_bytes_min = 64 * 1024  # an entry this big is written from its parts, not copied into one record first
+segment_reserve_bytes = 4 * 1024 * 1024  # the active segment is allocated this far ahead of a small write …
+reserved_write_bytes_max = 64 * 1024  # … for a write up to this size (a bigger one appends)
+drop_pages_bytes = 8 << 20  # a cold file's pages are dropped once this much was written through it since the last time
+read_ahead_bytes = 32 * 1024 * 1024  # how far ahead of a reader of the journal its pages are fetched …
+read_ahead_chunk_bytes = 1024 * 1024  # … in reads of this size
+read_ahead_idle_s = 0.05  # with nothing readable yet (not durable), the read-ahead looks again after this
+malloc_mmap_threshold_bytes = 32 << 20  # allocations below this come from the heap (glibc's bound on 64-bit) …
+malloc_trim_threshold_bytes = 64 << 20  # … and freed heap up to this is kept for reuse
+compiled_schemas_max = 128  # protocol buffer schemas kept compiled
+protoc_s_max = 30.0  # compiling a protocol buffer schema with protoc
+
 # a full disk: publishes are refused while less than the reserve is free, so deliveries, acks and checkpoints
 # (which let consumers drain the backlog and old segments go) can still be written
 disk_reserve_fraction = 0.02  # of the filesystem…
@@ -97,6 +114,8 @@ disk_reserve_bytes_max = 1024 * 1024 * 1024  # … and at most this
 disk_free_check_s = 0.1  # free space is looked up at most this often (one statvfs)
 disk_full_retry_s = 0.5  # after ENOSPC the writer tries again this often, keeping what it could not write
 resources_per_server_max = 200_000  # topics, subscriptions, snapshots and schemas of every project together
+probe_setup_s = 10.0  # creating the probe's topic and subscription: longer, and the target is not serving
+certificate_days = 825  # `pigeon certs`: the longest validity browsers and most TLS stacks accept for a leaf
 cli_connect_s_max = 3.0  # the command line says "cannot reach" when no server answers within this long
 
 # push delivery
@@ -139,6 +158,7 @@ session_ttl_s_default = 5  # a node whose session lease is not renewed this long
 session_ttl_s_min = 2
 session_ttl_s_max = 60
 workers_max = 64  # `pigeon serve --workers N`: worker processes behind one port (pigeon.ops.workers)
+worker_stop_s = shutdown_grace_s + 10.0  # a worker still running this long after SIGTERM is killed
 worker_restart_s_max = 5.0  # a worker that exited is started again after at most this long (backing off)
 etcd_retry_s_max = 5.0  # an unreachable etcd is tried again at most this far apart
 slow_request_s = 1.0  # a call (but one that waits by design) slower than this gets a log line with its duration
@@ -151,6 +171,17 @@ member_silence_s = 5.0  # a ledger member that answers none of the entries sent 
 #                        peer takes no entries and refuses none: without this its writer would wait for it forever)
 peer_connect_s = 1.0  # a connection attempt to a peer that takes longer tells nothing
 placement_check_s = 1.0  # a node compares what it owns with placement at least this often
+storage_call_s = 10.0  # one call of a peer's storage service (fence, read, delete)
+etcd_call_s = 5.0  # one etcd call
+append_connect_s = 10.0  # to reach a member's append channel (a cut-off one is never answered)
+append_scratch_bytes = 64 * 1024  # append channel frames that fit are read several at a time into one buffer
+metadata_watch_history_max = 10_000  # changes of the embedded metadata store a watch may start behind the present
+log_read_entries_max = 512  # entries per Read call when a bundle log is read back, at most, and about …
+log_read_bytes = 8 << 20  # … this many bytes: the first call asks for log_read_first_entries, later ones as many
+log_read_first_entries = 16  # as the entries so far average to log_read_bytes (a read of one's own copy holds the loop)
+ledger_retry_s = 0.5  # between attempts of a takeover or a roll that could not finish (etcd or members unreachable)
+release_wait_s_max = 5.0  # how long a bundle given up waits for its records in flight to be confirmed
+quota_share_floor = 0.25  # a node's part of a quota is at least this share of an equal part (its first calls pass)
 # a peer or an etcd member that was down is dialled again at most this long after it is back (gRPC's own backoff
 # grows to 120 s, and a channel waiting to dial again fails every call at once with the last error it saw)
 reconnect_s_min = 0.1
@@ -168,4 +199,8 @@ quota_retry_s_min = 0.1  # … and a refusal's retry hint is at least this (a cl
 admin_quota_window_s = 60.0  # admin operations are metered over this window
 quota_refusal_hold_s_max = 1.0  # a call refused by a quota is answered when its retry hint is due, at most this late
 assert 0 < reconnect_s_min <= reconnect_s_max < session_ttl_s_min
+assert log_read_first_entries <= log_read_entries_max
+assert reserved_write_bytes_max <= segment_reserve_bytes <= segment_bytes_max
+assert lazy_write_s <= lazy_flush_s
+assert 0 < quota_share_floor <= 1
 assert 0 < security_watch_s <= 5.0  # revocation reaches open streams "within seconds"

@@ -38,8 +38,6 @@ from pigeon.node.proto import pigeon_storage_pb2 as pb
 log = logging.getLogger("pigeon.replication")
 
 LENGTH = struct.Struct("<I")
-_SCRATCH = 64 * 1024  # frames that fit are read several at a time into one buffer; larger ones into their own
-CONNECT_S = 10.0  # to reach a member's channel (a cut-off one is never answered)
 
 _END = ("end",)  # the queue's end, once taken while merging answers
 
@@ -153,7 +151,7 @@ class _Connection(asyncio.BufferedProtocol):
     def __init__(self, server: ChannelServer):
         self.server = server
         self.store = server.store
-        self._scratch = bytearray(_SCRATCH)
+        self._scratch = bytearray(limits.append_scratch_bytes)
         self._have = 0  # bytes of _scratch read and not yet taken
         self._frame: bytearray | None = None  # a frame too long for _scratch, being read into a buffer of its own
         self._got = 0  # … how much of it has come

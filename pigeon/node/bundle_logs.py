@@ -31,6 +31,7 @@ import logging
 from collections import deque
 from dataclasses import dataclass, field
 
+from pigeon.core import limits
 from pigeon.cluster import metadata as M
 from pigeon.cluster.ledgers import LedgerInfo, ledger_id, next_seq
 from pigeon.cluster.quorum import Replication, choose_ensemble, ensemble_size, machines
@@ -40,11 +41,6 @@ from pigeon.node.replication import LedgerRolled, LedgerWriter, LocalMember, Rec
 
 log = logging.getLogger("pigeon.ledgers")
 
-READ_CHUNK = 512  # entries per Read call when a log is read back, at most …
-READ_BYTES = 8 << 20  # … and about this many bytes (the first call asks for READ_FIRST entries, later ones as many
-READ_FIRST = 16  # as the entries so far average to this): a read of this node's own copy holds the event loop
-RETRY_S = 0.5  # between attempts of a takeover or a roll that could not finish (etcd or members unreachable)
-RELEASE_WAIT_S = 5.0  # how long a bundle given up waits for its records in flight to be confirmed
 
 _MOVED = "The topic's bundle moved to another node; retry."
 
@@ -244,7 +240,7 @@ class BundleLogs:
                 log.warning("taking bundle %d over: %s; trying again", bundle, e)
             if self.cluster.membership.owned.get(bundle) != epoch:
                 return False
-            await asyncio.sleep(RETRY_S)
+            await asyncio.sleep(limits.ledger_retry_s)
 
     async def _take_once(self, log_id: int, epoch: int) -> None:
         kv, ledgers = await self.read_ledgers(log_id)
@@ -272,12 +268,12 @@ class BundleLogs:
 
     async def _read_log(self, ledgers: list[LedgerInfo]) -> tuple[list[tuple[int, bytes]], int, float]:
         """Every entry of the log from where it was cut, in order, from the members of its (closed) ledgers; their
-        bytes and the seconds it took. Each call asks for about READ_BYTES, and the loop turns between calls: a log
-        of big entries read back from this node's own copy (no await inside) held the loop for seconds, and the
+        bytes and the seconds it took. Each call asks for about limits.log_read_bytes, and the loop turns between
+        calls: a log of big entries read back from this node's own copy (no await inside) held the loop for seconds, and the
         node's etcd session ended."""
         out: list[tuple[int, bytes]] = []
         loop = asyncio.get_running_loop()
-        t0, nbytes, step = loop.time(), 0, READ_FIRST
+        t0, nbytes, step = loop.time(), 0, limits.log_read_first_entries
         for i, lg in enumerate(ledgers):
             count = lg.end - lg.first
             start = lg.start - lg.first if i == 0 and lg.start is not None else 0
@@ -287,7 +283,7 @@ class BundleLogs:
                 out.extend(got)
                 start += len(got)
                 nbytes += sum(len(b) for _, b in got)
-                step = max(1, min(READ_CHUNK, READ_BYTES * len(out) // max(nbytes, 1)))
+                step = max(1, min(limits.log_read_entries_max, limits.log_read_bytes * len(out) // max(nbytes, 1)))
                 await asyncio.sleep(0)
         return out, nbytes, loop.time() - t0
 
@@ -347,7 +343,7 @@ class BundleLogs:
                 log.exception("log %d: opening the next ledger was cancelled under it; trying again", ol.log_id)
             except Exception:  # a roll that ended here would leave the log's publishes waiting for good
                 log.exception("log %d: opening the next ledger failed; trying again", ol.log_id)
-            await asyncio.sleep(RETRY_S)
+            await asyncio.sleep(limits.ledger_retry_s)
         self.rolls += 1
         ol.ledger, ol.writer, ol.rolling = new, self._writer(ol, new), None
         for p in list(ol.pending):
@@ -404,7 +400,7 @@ class BundleLogs:
         ol.released = True
         self.cluster.engine.log_moved(log_id)
         loop = asyncio.get_running_loop()
-        give_up = loop.time() + RELEASE_WAIT_S
+        give_up = loop.time() + limits.release_wait_s_max
         if ol.writer is not None:
             ol.writer.flush()
         while ol.pending and ol.rolling is None and loop.time() < give_up:

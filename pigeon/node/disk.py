@@ -7,8 +7,8 @@ clean after the fdatasync, so dropping them is free of I/O), as a BookKeeper boo
 would fill memory with copies nobody reads, and every write would then first have to win a page back: on the
 benchmark's machine a 3-node cluster right after publishing a few GB took 2.6 µs of a member's CPU per message
 replicated with them cached and 1.0 µs without, and published 1.5× as fast (docs/cluster.md). They are dropped
-once DROP_BYTES were written since the last time (and when the file is closed), so the call is rare at low rates:
-it sits after a group commit's fdatasync, once the loop has been told.
+once limits.drop_pages_bytes were written since the last time (and when the file is closed), so the call is rare
+at low rates: it sits after a group commit's fdatasync, once the loop has been told.
 
 A journal's group commit (`OsDisk.commit`) writes, syncs and tells the event loop in one call: compiled
 (`pigeon.node._commit`, built by the package's install: setup.py) it takes the GIL back only once all three are
@@ -22,10 +22,10 @@ import os
 import threading
 import time
 
+from pigeon.core import limits
+
 _IOV_MAX = os.sysconf("SC_IOV_MAX")  # buffers per writev
 _DROP = getattr(os, "POSIX_FADV_DONTNEED", None)  # (not on every OS: there the pages stay)
-LATER = 2  # asks since a batch was taken from which its group commit leaves the telling to the caller (_commit)
-DROP_BYTES = 8 << 20  # OsDisk(drop_synced=True) drops a file's pages once this much was written since the last time
 
 
 class _PyPost:
@@ -66,7 +66,7 @@ def _py_commit(handle: int, chunks: list, sync: bool, post: _PyPost | None, end:
     if post is not None:
         if sync:
             post.synced_ns = synced_at
-        if post.asked - post.seen < LATER:
+        if post.asked - post.seen < limits.commit_tell_asks:
             post.tell(end, sync, synced_at)
     return took
 
@@ -139,18 +139,19 @@ class OsDisk:
     def commit(self, handle: int, chunks: list, sync: bool, post: Post | None, end: int) -> float:
         """A group commit: write `chunks` (as `writev`), fdatasync if `sync`, then tell `post` (if given) that the
         journal is written up to `end` — the loop hears it before this thread has the GIL back, unless it has
-        asked for more LATER times or more meanwhile (the caller tells then: pigeon.node._commit). Returns the
+        asked for more limits.commit_tell_asks times or more meanwhile (the caller tells then: pigeon.node._commit).
+        Returns the
         fdatasync's seconds (0 without). Raises OSError, having told nobody, when a write or the sync fails."""
         took = _commit_io(handle, chunks, sync, post, end) / 1e9
         if self.drop_synced:
             self._undropped[handle] = self._undropped.get(handle, 0) + sum(map(len, chunks))
-            if sync and self._undropped[handle] >= DROP_BYTES:
+            if sync and self._undropped[handle] >= limits.drop_pages_bytes:
                 self._drop(handle)
         return took
 
     def sync(self, handle: int) -> None:
         os.fdatasync(handle)
-        if self.drop_synced and self._undropped.get(handle, 0) >= DROP_BYTES:
+        if self.drop_synced and self._undropped.get(handle, 0) >= limits.drop_pages_bytes:
             self._drop(handle)
 
     def _drop(self, handle: int) -> None:

@@ -3,11 +3,12 @@ rules (entries, offsets, fencing, acknowledged ⇒ covered by fdatasync). Entrie
 appended (on the event loop's thread); one writer thread writes everything pending with one writev and one
 fdatasync, then wakes every waiter whose entry is covered. The writer is woken when someone waits for an entry (a
 publish, a unary ack); an entry nobody waits for (an ack sent on a stream, a delivery) is handed to it with the
-next one somebody waits for, or LAZY_WRITE_S after it at the latest, and fdatasync'd LAZY_FLUSH_S after it at the
-latest: those ride along with the next group commit instead of costing a wake-up of the writer thread and a disk
-flush of their own. (Waking the writer for every entry cost the event loop's thread a futex wake and, on a busy
-machine, the core, three times per message delivered; a process killed within LAZY_WRITE_S of such an entry loses
-it, which changes no answer given: its message is delivered again, as after any lost lease.)"""
+next one somebody waits for, or limits.lazy_write_s after it at the latest, and fdatasync'd limits.lazy_flush_s
+after it at the latest: those ride along with the next group commit instead of costing a wake-up of the writer
+thread and a disk flush of their own. (Waking the writer for every entry cost the event loop's thread a futex
+wake and, on a busy machine, the core, three times per message delivered; a process killed within
+limits.lazy_write_s of such an entry loses it, which changes no answer given: its message is delivered again, as
+after any lost lease.)"""
 
 from __future__ import annotations
 
@@ -31,10 +32,6 @@ from pigeon.storage.log import JournalLog, LogStats
 from pigeon.storage.space import SpaceStats, SpaceWatch
 
 log = logging.getLogger("pigeon.journal")
-
-BATCH_SYNC_S = 0.005  # fsync=batch: the longest a written entry waits for its fdatasync
-LAZY_FLUSH_S = 0.01  # fsync=always: the longest a written entry nobody waits for stays without fdatasync
-LAZY_WRITE_S = 0.002  # the longest an entry nobody waits for stays unwritten (a kill -9 would lose it)
 
 
 class FsyncPolicy(str, enum.Enum):
@@ -160,9 +157,9 @@ class JournalWriter:
         with self._cv:  # the writer is not woken: a waiter (flush_soon) or the write timer does that
             out = self.journal.append(log_id, epoch, rtype, parts)
         if self._write_timer is None:
-            self._write_timer = self._loop.call_later(LAZY_WRITE_S, self._hand_over)
+            self._write_timer = self._loop.call_later(limits.lazy_write_s, self._hand_over)
         if self._lazy_timer is None and self.policy is FsyncPolicy.always:
-            self._lazy_timer = self._loop.call_later(LAZY_FLUSH_S, self.flush_soon)
+            self._lazy_timer = self._loop.call_later(limits.lazy_flush_s, self.flush_soon)
         return out
 
     def _hand_over(self) -> None:
@@ -209,7 +206,8 @@ class JournalWriter:
 
     def wait_durable(self, end: int, ask: bool = True) -> asyncio.Future:
         """A future done once the journal is durable up to `end`. With `ask` false the writer is not asked for
-        it: it rides with the next group commit somebody asks for, or LAZY_FLUSH_S (fsync=always) at the latest."""
+        it: it rides with the next group commit somebody asks for, or limits.lazy_flush_s (fsync=always) at the
+        latest."""
         fut = self._loop.create_future()
         if self.journal.durable >= end:
             fut.set_result(None)
@@ -253,10 +251,10 @@ class JournalWriter:
                 try:
                     with self._cv:
                         # asked for: durable (always), else written — under batch a waiter is answered once its
-                        # entry is written, and waiting for the sync here would spin until BATCH_SYNC_S passed
+                        # entry is written, and waiting for the sync here would spin until limits.batch_sync_s passed
                         while not (journal.pending() or self._closing or self._want > (synced if always else written)):
                             if batch_policy and written > synced:  # sync soon after the last write, even when idle
-                                self._cv.wait(BATCH_SYNC_S)
+                                self._cv.wait(limits.batch_sync_s)
                                 if not (journal.pending() or self._closing):
                                     idle_sync = True  # … outside the lock: appends go on meanwhile
                                     break
@@ -284,7 +282,7 @@ class JournalWriter:
                         kept.append(batch)
                         sync = tell = want > synced  # else written for nobody waiting: the next sync covers it
                     else:
-                        sync, tell = batch_policy and time.monotonic() - last_sync >= BATCH_SYNC_S, True
+                        sync, tell = batch_policy and time.monotonic() - last_sync >= limits.batch_sync_s, True
                     if sync and hops.ON:
                         hops.mark("syncing")
                     # write, sync, and tell the loop: one call, which has the GIL back only once all are done

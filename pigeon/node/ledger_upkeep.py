@@ -18,9 +18,10 @@ import logging
 
 from pigeon.broker import images
 from pigeon.cluster import metadata as M
+from pigeon.core import limits
 from pigeon.cluster.ledgers import LedgerInfo, cut_at, repair_target
 from pigeon.cluster.quorum import ensemble_size
-from pigeon.node.bundle_logs import READ_CHUNK, BundleLogs, Conflict, Lost, OwnedLog
+from pigeon.node.bundle_logs import BundleLogs, Conflict, Lost, OwnedLog
 from pigeon.node.ledger_store import FENCE_EPOCH
 from pigeon.node.replication import RecoveryFailed
 
@@ -184,7 +185,7 @@ class LedgerUpkeep:
         try:
             start = 0
             while start < count:
-                got = await self.bundles.read_range(lg, start, min(count, start + READ_CHUNK))
+                got = await self.bundles.read_range(lg, start, min(count, start + limits.log_read_entries_max))
                 for i, (rtype, body) in enumerate(got):
                     stream.send(lg.id, FENCE_EPOCH, start + i, rtype, body)
                 stream.flush()

@@ -21,13 +21,13 @@ from typing import AsyncIterator
 import grpc
 from aetcd import rpc
 
+from pigeon.core import limits
 from pigeon.cluster.metadata import KV, Cmp, Delete, Event, LeaseGone, Op, Put, StoreUnavailable
 from pigeon.ops import etcd_access, tls
 from pigeon.ops.etcd_access import EtcdAccess
 
 _TARGET = {"value": rpc.Compare.VALUE, "mod": rpc.Compare.MOD, "create": rpc.Compare.CREATE}
 _RESULT = {"==": rpc.Compare.EQUAL, "!=": rpc.Compare.NOT_EQUAL, "<": rpc.Compare.LESS, ">": rpc.Compare.GREATER}
-_CALL_S = 5.0  # one etcd call
 _UNREACHABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
 
 
@@ -96,7 +96,7 @@ async def _close_later(channel: grpc.aio.Channel) -> None:
     """Close a channel no new call takes once the calls on it have had their deadlines. (Not grpc.aio's own grace:
     a close with grace that is cancelled leaves the channel "closing", and a second close then returns at once
     without ending its calls.)"""
-    await asyncio.sleep(_CALL_S)
+    await asyncio.sleep(limits.etcd_call_s)
     await channel.close()
 
 
@@ -133,7 +133,7 @@ class EtcdMetadata:
 
     async def _call(self, fn, request):
         """One unary call, on the next endpoint when this one cannot be reached."""
-        return await self._on_any_endpoint(lambda stubs: fn(stubs)(request, timeout=_CALL_S))
+        return await self._on_any_endpoint(lambda stubs: fn(stubs)(request, timeout=limits.etcd_call_s))
 
     async def _on_any_endpoint(self, call):
         """`await call(stubs)` on this endpoint, on the next one when it cannot be reached."""
@@ -204,7 +204,7 @@ class EtcdMetadata:
 
     async def keepalive(self, lease: int) -> None:
         async def once(stubs):
-            call = stubs.lease.LeaseKeepAlive(iter([rpc.LeaseKeepAliveRequest(ID=lease)]), timeout=_CALL_S)
+            call = stubs.lease.LeaseKeepAlive(iter([rpc.LeaseKeepAliveRequest(ID=lease)]), timeout=limits.etcd_call_s)
             async for r in call:
                 return r
             return None

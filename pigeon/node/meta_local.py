@@ -12,9 +12,8 @@ import os
 import time
 from typing import AsyncIterator
 
+from pigeon.core import limits
 from pigeon.cluster.metadata import KV, Cmp, Delete, Event, LeaseGone, Op, Put, compare
-
-_HISTORY = 10_000  # changes a watch may start behind the present
 
 
 class LocalMetadata:
@@ -91,7 +90,7 @@ class LocalMetadata:
 
     def _publish(self, events: list[Event]) -> None:
         self.history.extend(events)
-        del self.history[:-_HISTORY]
+        del self.history[:-limits.metadata_watch_history_max]
         for prefix, q in self.watchers:
             for e in events:
                 if e.kv.key.startswith(prefix):

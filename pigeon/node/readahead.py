@@ -15,11 +15,10 @@ import os
 import threading
 from typing import Callable
 
+from pigeon.core import limits
 from pigeon.storage import readahead as plan
 
 log = logging.getLogger("pigeon.readahead")
-
-_IDLE_S = 0.05  # with nothing readable yet (not durable), look again after this
 
 
 class ReadAhead:
@@ -28,7 +27,7 @@ class ReadAhead:
         self._durable = durable
         self._path_of = path_of  # a segment's file, by its start
         self._cv = threading.Condition()
-        self._window = plan.Window(plan.AHEAD_BYTES)  # guarded by _cv
+        self._window = plan.Window(limits.read_ahead_bytes)  # guarded by _cv
         self._closing = False
         self._thread: threading.Thread | None = None
         self._fds: dict[int, int] = {}  # segment start → a file the thread reads (its own)
@@ -54,7 +53,7 @@ class ReadAhead:
             self._thread.join()
 
     def _run(self) -> None:
-        view = memoryview(bytearray(plan.CHUNK_BYTES))
+        view = memoryview(bytearray(limits.read_ahead_chunk_bytes))
         done = 0
         try:
             while True:
@@ -70,7 +69,7 @@ class ReadAhead:
                             continue
                         if self._window.caught_up(done):  # no file held open while idle (a segment deleted
                             self._close_files()  # meanwhile would keep its disk space)
-                        self._cv.wait(_IDLE_S if not self._window.caught_up(done) else None)
+                        self._cv.wait(limits.read_ahead_idle_s if not self._window.caught_up(done) else None)
                 if n:
                     done = self._read(seg, offset, view[:n], done)
                     self.warmed = done

@@ -22,7 +22,6 @@ from pigeon.node.ledger_store import FENCE_EPOCH
 from pigeon.ops import tls
 
 _TYPE = struct.Struct("<I")
-_CALL_S = 10.0
 
 
 class LedgerRolled(Exception):
@@ -65,10 +64,10 @@ class StorageClient:
         return ChannelAppend(self) if channel and self.append_at else AppendStream(self)
 
     async def fence(self, ledger: int) -> int:
-        return (await self._fence(pb.FenceRequest(ledger=ledger), timeout=_CALL_S)).held
+        return (await self._fence(pb.FenceRequest(ledger=ledger), timeout=limits.storage_call_s)).held
 
     async def read(self, ledger: int, start: int, end: int) -> list[tuple[int, bytes]]:
-        r = await self._read(pb.ReadRequest(ledger=ledger, start=start, end=end), timeout=_CALL_S)
+        r = await self._read(pb.ReadRequest(ledger=ledger, start=start, end=end), timeout=limits.storage_call_s)
         return list(zip(r.types, r.entries))
 
     async def answers(self, timeout: float) -> bool:
@@ -80,7 +79,8 @@ class StorageClient:
             return False
 
     async def delete(self, ledgers: list[int]) -> int:
-        return (await self._delete(pb.DeleteLedgersRequest(ledgers=ledgers), timeout=_CALL_S)).segments_removed
+        request = pb.DeleteLedgersRequest(ledgers=ledgers)
+        return (await self._delete(request, timeout=limits.storage_call_s)).segments_removed
 
     async def close(self) -> None:
         await self.channel.close()
@@ -209,7 +209,7 @@ class ChannelAppend(AppendStream):
 
     async def _send_all(self) -> None:
         try:
-            conn = await asyncio.wait_for(append_channel.connect(self.address, self._tls), append_channel.CONNECT_S)
+            conn = await asyncio.wait_for(append_channel.connect(self.address, self._tls), limits.append_connect_s)
         except (OSError, asyncio.TimeoutError) as e:  # (ssl.SSLError is an OSError)
             self.why_ended = f"its append channel at {self.address} cannot be reached ({e or type(e).__name__})"
             if not self._conn.done():

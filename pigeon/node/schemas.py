@@ -29,15 +29,12 @@ from collections.abc import Iterable
 
 from google.protobuf import descriptor_pb2, descriptor_pool, json_format, message_factory
 
+from pigeon.core import limits
 from pigeon.broker.avro import AvroSchema
 from pigeon.broker.schema_kinds import (  # noqa: F401  (re-exported: the schema service and tests use these names)
     AVRO, BINARY, DATA_PREFIX, DEF_PREFIX, DEFINITION_BYTES_MAX, JSON, PROTOCOL_BUFFER, CompiledSchema, encoding_name,
     type_name)
 from pigeon.core.errors import InvalidArgument
-
-PROTOC_TIMEOUT_S = 30.0
-CACHE_SIZE = 128
-# ============================================================================================== public API
 
 
 def compile_schema(schema_type, definition: str) -> CompiledSchema:
@@ -55,7 +52,7 @@ def compile_schema(schema_type, definition: str) -> CompiledSchema:
     return ProtoSchema(definition)
 
 
-@functools.lru_cache(maxsize=CACHE_SIZE)
+@functools.lru_cache(maxsize=limits.compiled_schemas_max)
 def _cached(kind: str, definition: str) -> CompiledSchema | str:
     try:
         return compile_schema(kind, definition)
@@ -103,9 +100,10 @@ def _protoc(definition: str) -> bytes:
             f.write(definition)
         cmd = [sys.executable, "-m", "grpc_tools.protoc", "--proto_path=.", "--descriptor_set_out=out.pb", _PROTO_FILE]
         try:
-            done = subprocess.run(cmd, cwd=tmp, capture_output=True, timeout=PROTOC_TIMEOUT_S, stdin=subprocess.DEVNULL)
+            done = subprocess.run(cmd, cwd=tmp, capture_output=True, timeout=limits.protoc_s_max,
+                                  stdin=subprocess.DEVNULL)
         except subprocess.TimeoutExpired:
-            raise InvalidArgument(DEF_PREFIX + f"protoc took longer than {PROTOC_TIMEOUT_S:g} s") from None
+            raise InvalidArgument(DEF_PREFIX + f"protoc took longer than {limits.protoc_s_max:g} s") from None
         if done.returncode != 0:
             lines = done.stderr.decode("utf-8", "replace").replace(tmp + os.sep, "").splitlines()
             text = "\n".join(ln for ln in lines if ln.strip() and not _PROTOC_NOISE.match(ln))

@@ -22,8 +22,9 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from pigeon.core import limits
+
 NODE_URI = "spiffe://pigeon/node/"  # a node certificate's URI SAN: this prefix, then the node id
-_DAYS = 825  # the longest validity browsers and most TLS stacks accept for a leaf
 
 
 def _key():
@@ -90,7 +91,7 @@ def _sans(hosts: list[str]) -> list[x509.GeneralName]:
 
 
 def issue(directory: str, name: str, *, hosts: list[str] = (), email: str = "", node_id: str = "",
-          client: bool = False, days: int = _DAYS) -> tuple[str, str]:
+          client: bool = False, days: int = limits.certificate_days) -> tuple[str, str]:
     """A key and certificate signed by the CA in `directory`, written as <name>.pem and <name>-key.pem there.
     `hosts`: DNS names and IP addresses it serves (a server or node certificate); `email`: the principal of a
     client certificate; `node_id`: a node certificate (serves `hosts` and is a client of its peers); `client`: a

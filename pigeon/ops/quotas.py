@@ -145,7 +145,6 @@ class ProjectQuotas:
 
 # the least share a node holds of a project's quota, as a part of an equal share: its callers' first calls pass
 # before the next exchange gives it more (the nodes' shares then add up to a little over the whole)
-SHARE_FLOOR = 0.25
 
 
 def shares(own: dict[str, list[int]], others: list[dict[str, list[int]]],
@@ -170,7 +169,7 @@ def shares(own: dict[str, list[int]], others: list[dict[str, list[int]]],
                 part.append(equal)
                 continue
             given, left = _water_fill(wants, cap)
-            part.append(max(equal * SHARE_FLOOR, (given + left / n) / cap))
+            part.append(max(equal * limits.quota_share_floor, (given + left / n) / cap))
         out[p] = (part[0], part[1])
     return out, equal
 

@@ -52,7 +52,6 @@ log = logging.getLogger("pigeon.workers")
 
 LAYOUT = "workers.json"  # in the data directory: {"workers": N, "etcd_client": port, "etcd_peer": port,
 #                          "worker_http_ports": [this start's HTTP port of each worker's own, 0 for none]}
-STOP_S = limits.shutdown_grace_s + 10.0  # a worker still running this long after SIGTERM is killed
 
 
 def refuse_as_single(data_dir: str) -> str | None:
@@ -234,12 +233,12 @@ class Supervisor:
         running = [w for w in self.workers if w is not None and w.poll() is None]
         for w in running:
             w.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + STOP_S
+        deadline = time.monotonic() + limits.worker_stop_s
         for w in running:
             try:
                 w.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                log.error("worker pid %d did not stop in %.0f s: killed", w.pid, STOP_S)
+                log.error("worker pid %d did not stop in %.0f s: killed", w.pid, limits.worker_stop_s)
                 w.kill()
                 w.wait()
         etcd = self.etcd.proc if self.etcd else None

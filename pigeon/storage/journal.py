@@ -7,7 +7,8 @@
   after a sync that covers it; one sync serves every log and every waiter;
 - segments are files named by the journal position of their first byte, so a position maps to a file by
   bisection and a segment's end is the next one's start; segments are deleted whole, never the active one;
-- small group commits write into space reserved ahead of them (RESERVE_BYTES of allocated zeros, Disk.reserve):
+- small group commits write into space reserved ahead of them (limits.segment_reserve_bytes of allocated zeros,
+  Disk.reserve):
   their fdatasync then records data only, not a new file length too (on ext4 here 85–100 µs instead of 125–145).
   Big ones append as before: their fdatasync gains little, and reserving for every write measured publish × 100 at
   0.87× and 0.93× in two A/B sittings (converting reserved blocks is kernel work per commit; the machine's noise
@@ -29,15 +30,13 @@ import struct
 from collections import deque
 from dataclasses import dataclass, field
 
+from pigeon.core import limits
 from pigeon.storage import record
 from pigeon.storage.disk import Disk, join
 
 SUFFIX = ".wal"
 FENCE, TRUNCATE = 30, 31  # marker entries: journal-level, never a broker record
 MARKERS = (FENCE, TRUNCATE)
-GATHER_BYTES_MIN = 64 * 1024  # an entry this big is written from its parts, not copied into one record first
-RESERVE_BYTES = 4 * 1024 * 1024  # the active segment is allocated this far ahead of a small write
-RESERVED_WRITE_MAX = 64 * 1024  # a write up to this size gets space reserved ahead of it; a bigger one appends
 _MARK = struct.Struct("<Q")
 
 
@@ -143,7 +142,7 @@ class Journal:
             raise Fenced(log_id, epoch, st.fenced)
         offset = st.next
         body = sum(map(len, parts))
-        if body >= GATHER_BYTES_MIN and all(type(p) is bytes or (type(p) is memoryview and p.readonly)
+        if body >= limits.gather_bytes_min and all(type(p) is bytes or (type(p) is memoryview and p.readonly)
                                             for p in parts):
             data = record.entry_buffers(rtype, log_id, epoch, offset, parts)
             size = record.HEADER_BYTES + record.ENTRY_BYTES + body
@@ -252,10 +251,11 @@ class Journal:
         cursor.at += size
 
     def _reserve(self, cursor: "WriteCursor", size: int) -> None:
-        """Allocate the segment ahead of a write of `size` bytes at the cursor (RESERVE_BYTES at a time)."""
+        """Allocate the segment ahead of a write of `size` bytes at the cursor (limits.segment_reserve_bytes at a
+        time)."""
         end = cursor.at + size
-        if size and end > cursor.reserved and cursor.reserving and size <= RESERVED_WRITE_MAX:
-            want = max(end, min(cursor.at + RESERVE_BYTES, self.segment_bytes))
+        if size and end > cursor.reserved and cursor.reserving and size <= limits.reserved_write_bytes_max:
+            want = max(end, min(cursor.at + limits.segment_reserve_bytes, self.segment_bytes))
             try:
                 self.disk.reserve(cursor.handle, want)
             except OSError as e:  # no room for it (the write may still fit) or no such call: write without

@@ -1,14 +1,13 @@
-"""Read-ahead planning. Owns the rule: when a reader reads the journal from disk, the next AHEAD_BYTES after it
-are fetched ahead of it — never past what is durable, never past the window, starting over only where the reader
-jumped (a seek, another subscription far behind), not for a read a little behind (another shard's batch, whose
-pages came with the window). The node's read-ahead thread performs the reads (node.readahead)."""
+"""Read-ahead planning. Owns the rule: when a reader reads the journal from disk, the next limits.read_ahead_bytes
+after it are fetched ahead of it — never past what is durable, never past the window, starting over only where the
+reader jumped (a seek, another subscription far behind), not for a read a little behind (another shard's batch,
+whose pages came with the window). The node's read-ahead thread performs the reads (node.readahead)."""
 
 from __future__ import annotations
 
 import bisect
 
-AHEAD_BYTES = 32 * 1024 * 1024  # how far ahead of the reader the pages are fetched
-CHUNK_BYTES = 1024 * 1024  # one read
+from pigeon.core import limits
 
 
 class Window:
@@ -16,7 +15,7 @@ class Window:
 
     __slots__ = ("lo", "hi", "jumped", "ahead")
 
-    def __init__(self, ahead: int = AHEAD_BYTES):
+    def __init__(self, ahead: int = limits.read_ahead_bytes):
         self.lo = self.hi = 0
         self.jumped = False
         self.ahead = ahead
@@ -45,7 +44,7 @@ class Window:
             return (starts[0] if starts else stop), -1, 0, 0
         seg = starts[i]
         end = min(stop, starts[i + 1]) if i + 1 < len(starts) else stop
-        return done, seg, done - seg, min(CHUNK_BYTES, end - done)
+        return done, seg, done - seg, min(limits.read_ahead_chunk_bytes, end - done)
 
     def caught_up(self, done: int) -> bool:
         return done >= self.hi

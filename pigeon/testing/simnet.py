@@ -19,6 +19,7 @@ import random
 import grpc
 
 from pigeon.cluster.metadata import StoreUnavailable
+from pigeon.core import limits
 from pigeon.core.errors import PigeonError
 from pigeon.node import append_wire
 from pigeon.node.append_channel import serve_appends
@@ -26,8 +27,6 @@ from pigeon.node.meta_local import LocalMetadata
 from pigeon.node.proto import pigeon_storage_pb2 as pb
 from pigeon.node.replication import AppendStream
 
-CALL_S = 10.0  # a storage call's deadline (node.replication's)
-META_CALL_S = 5.0  # an etcd call's deadline (node.meta_etcd's)
 
 
 def rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
@@ -70,7 +69,7 @@ class SimNet:
             await asyncio.sleep(self.delay())
             raise rpc_error(grpc.StatusCode.UNAVAILABLE, f"connection to {dst} refused")
         if not self.reachable(src, dst):
-            await asyncio.sleep(CALL_S)
+            await asyncio.sleep(limits.storage_call_s)
             raise rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
         gen = self.generation.get(dst, 0)
         await asyncio.sleep(self.delay())
@@ -81,7 +80,7 @@ class SimNet:
         except PigeonError as e:
             raise rpc_error(grpc.StatusCode[e.code], e.message) from None
         if not self.reachable(dst, src):
-            await asyncio.sleep(CALL_S)
+            await asyncio.sleep(limits.storage_call_s)
             raise rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
         await asyncio.sleep(self.delay())
         return out
@@ -215,13 +214,13 @@ class SimMeta:
             await asyncio.sleep(net.delay())
             raise StoreUnavailable("etcd cannot be reached (simulated: every member is down)")
         if self.node in net.meta_cut:
-            await asyncio.sleep(META_CALL_S)
+            await asyncio.sleep(limits.etcd_call_s)
             raise StoreUnavailable("etcd cannot be reached (simulated: this node is cut off from it)")
         await asyncio.sleep(net.delay())
 
     async def _back(self) -> None:
         if self.node in self.net.meta_cut or self.net.meta_down:  # the answer is lost on its way back
-            await asyncio.sleep(META_CALL_S)
+            await asyncio.sleep(limits.etcd_call_s)
             raise StoreUnavailable("etcd's answer did not come back (simulated)")
         await asyncio.sleep(self.net.delay())
 

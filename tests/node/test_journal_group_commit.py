@@ -1,6 +1,6 @@
 """The journal's group commit on real files (fsync=always): the writer writes and fdatasyncs when someone waits for
-a record; records nobody waits for ride along with the next group commit, or are written within LAZY_WRITE_S and
-synced within LAZY_FLUSH_S; closing writes everything. Each test runs over the compiled group commit and over its
+a record; records nobody waits for ride along with the next group commit, or are written within limits.lazy_write_s and
+synced within limits.lazy_flush_s; closing writes everything. Each test runs over the compiled group commit and over its
 Python twin (pigeon.node.disk)."""
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def _on_disk(tmp_path) -> int:
 
 
 def test_records_nobody_waits_for_join_the_next_group_commit(tmp_path, monkeypatch):
-    monkeypatch.setattr(wal_mod, "LAZY_FLUSH_S", 3600.0)  # no timer within the test
+    monkeypatch.setattr(limits, "lazy_flush_s", 3600.0)  # no timer within the test
 
     async def go():
         w = await _open(tmp_path, "always")
@@ -84,9 +84,9 @@ def test_a_record_nobody_waits_for_is_synced_soon_anyway(tmp_path):
     async def go():
         w = await _open(tmp_path, "always")
         w.append(_rec(1))
-        deadline = asyncio.get_running_loop().time() + 20 * wal_mod.LAZY_FLUSH_S + 1.0
+        deadline = asyncio.get_running_loop().time() + 20 * limits.lazy_flush_s + 1.0
         while w.durable < w.tail and asyncio.get_running_loop().time() < deadline:
-            await asyncio.sleep(wal_mod.LAZY_FLUSH_S)
+            await asyncio.sleep(limits.lazy_flush_s)
         assert w.durable == w.tail and w.flushes == 1
         await w.close()
 
@@ -94,13 +94,13 @@ def test_a_record_nobody_waits_for_is_synced_soon_anyway(tmp_path):
 
 
 def test_records_nobody_waits_for_reach_the_file_soon_without_fdatasync(tmp_path, monkeypatch):
-    monkeypatch.setattr(wal_mod, "LAZY_FLUSH_S", 3600.0)  # only a waiter could start the fdatasync
+    monkeypatch.setattr(limits, "lazy_flush_s", 3600.0)  # only a waiter could start the fdatasync
 
     async def go():
         w = await _open(tmp_path, "always")
         for i in range(10):
             w.append(_rec(i))
-        for _ in range(200):  # after LAZY_WRITE_S a killed process would lose none of them: they are in the file
+        for _ in range(200):  # after limits.lazy_write_s a killed process would lose none of them: they are in the file
             if _on_disk(tmp_path) == w.tail:
                 break
             await asyncio.sleep(0.01)
@@ -112,8 +112,8 @@ def test_records_nobody_waits_for_reach_the_file_soon_without_fdatasync(tmp_path
 
 
 def test_the_writer_thread_is_not_woken_per_record_nobody_waits_for(tmp_path, monkeypatch):
-    monkeypatch.setattr(wal_mod, "LAZY_FLUSH_S", 3600.0)
-    monkeypatch.setattr(wal_mod, "LAZY_WRITE_S", 3600.0)  # no timer within the test: only a waiter wakes it
+    monkeypatch.setattr(limits, "lazy_flush_s", 3600.0)
+    monkeypatch.setattr(limits, "lazy_write_s", 3600.0)  # no timer within the test: only a waiter wakes it
 
     async def go():
         w = await _open(tmp_path, "always")
@@ -136,7 +136,7 @@ def test_the_writer_thread_is_not_woken_per_record_nobody_waits_for(tmp_path, mo
 
 
 def test_close_writes_what_is_pending(tmp_path, monkeypatch):
-    monkeypatch.setattr(wal_mod, "LAZY_FLUSH_S", 3600.0)
+    monkeypatch.setattr(limits, "lazy_flush_s", 3600.0)
 
     async def go():
         w = await _open(tmp_path, "always")
@@ -150,7 +150,7 @@ def test_close_writes_what_is_pending(tmp_path, monkeypatch):
 
 
 def test_under_batch_a_waiter_is_answered_once_written_and_the_writer_then_rests(tmp_path, monkeypatch):
-    """fsync=batch answers once the entry is written and syncs within BATCH_SYNC_S. The writer used to take a
+    """fsync=batch answers once the entry is written and syncs within limits.batch_sync_s. The writer used to take a
     waiter's position for one to be synced: until the periodic sync it went round empty — thousands of empty
     group commits, each waking the event loop, for every answer."""
     syncs = []
@@ -163,9 +163,9 @@ def test_under_batch_a_waiter_is_answered_once_written_and_the_writer_then_rests
         pos = w.append(parts)
         await asyncio.wait_for(w.wait_durable(pos + _size(parts)), 5)
         assert _on_disk(tmp_path) == w.tail, "answered once written"
-        await asyncio.sleep(10 * wal_mod.BATCH_SYNC_S)
+        await asyncio.sleep(10 * limits.batch_sync_s)
         assert w.flushes <= 2, f"{w.flushes} group commits for one entry: the writer went round empty"
-        assert syncs, "synced within BATCH_SYNC_S of the write, though nobody waits for that"
+        assert syncs, "synced within limits.batch_sync_s of the write, though nobody waits for that"
         await w.close()
 
     asyncio.run(go())

@@ -315,15 +315,14 @@ def _cached_pages(path: str) -> int:
 
 def test_a_members_ledgers_leave_the_page_cache_once_synced(tmp_path):
     """A member's ledgers are read back only to recover or repair one: once durable their pages are dropped (every
-    DROP_BYTES written, and when the store closes), so they do not fill memory; the node's own journal, which
+    limits.drop_pages_bytes written, and when the store closes), so they do not fill memory; the node's own journal, which
     deliveries read, keeps its pages."""
-    from pigeon.node.disk import DROP_BYTES
 
     def wal_pages(d):
         return sum(_cached_pages(os.path.join(p, f)) for p, _, fs in os.walk(d) for f in fs if f.endswith(".wal"))
 
     entry = 256 * 1024
-    n = (DROP_BYTES * 3 // 2) // entry  # one and a half times DROP_BYTES
+    n = (limits.drop_pages_bytes * 3 // 2) // entry  # one and a half times limits.drop_pages_bytes
 
     async def go():
         s = LedgerStore(str(tmp_path / "store"), segment_bytes=64 << 20)
@@ -344,5 +343,5 @@ def test_a_members_ledgers_leave_the_page_cache_once_synced(tmp_path):
     if node_kept == 0:
         pytest.skip("this filesystem keeps no written pages cached at all (nothing to compare with)")
     assert node_kept >= written * 9 // 10  # the node journal's stay
-    assert kept <= written * 2 // 3  # at least the first DROP_BYTES went while the store was written
+    assert kept <= written * 2 // 3  # at least the first limits.drop_pages_bytes went while the store was written
     assert wal_pages(tmp_path / "store") <= 2  # and the rest when it closed (but a partial last page)

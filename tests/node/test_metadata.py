@@ -200,4 +200,4 @@ def test_a_client_etcd_does_not_trust_or_that_does_not_trust_etcd_is_told_so_at_
     message, took = asyncio.run(run())
     assert message.startswith(f"etcd cannot be reached at {etcd_tls.endpoint}")
     assert says in message
-    assert took < 5.0  # one call's timeout (meta_etcd._CALL_S) at most: a refusal is no hang
+    assert took < 5.0  # one call's timeout (limits.etcd_call_s) at most: a refusal is no hang

@@ -225,7 +225,6 @@ def test_the_owners_own_copy_of_entries_nobody_waits_for_rides_with_the_next_flu
     fdatasync) of its own for each either — a cluster owner's CPU per message at low rates went mostly there.
     Such entries are written but not fdatasync'd until an entry somebody waits for (`flush`) comes, and then all
     share one fdatasync; entries nobody ever flushes are still answered, by the journal's lazy flush."""
-    from pigeon.node import journal
     from pigeon.node.replication import LocalAppend
 
     async def written(store, before: int) -> None:
@@ -239,7 +238,7 @@ def test_the_owners_own_copy_of_entries_nobody_waits_for_rides_with_the_next_flu
         stream = LocalAppend(own)
         answers = stream.answers()
         syncs = own.writer.statistics().syncs
-        monkeypatch.setattr(journal, "LAZY_FLUSH_S", 60.0)
+        monkeypatch.setattr(limits, "lazy_flush_s", 60.0)
         for i in range(5):
             commits = own.writer.statistics().group_commits
             stream.send(42, 1, i, 1, body(i))
@@ -250,7 +249,7 @@ def test_the_owners_own_copy_of_entries_nobody_waits_for_rides_with_the_next_flu
         assert [await asyncio.wait_for(answers.__anext__(), 10) for _ in range(6)] == [(i, "") for i in range(6)]
         assert own.writer.statistics().syncs == syncs + 1
         assert own.held(42) == 6
-        monkeypatch.setattr(journal, "LAZY_FLUSH_S", 0.01)
+        monkeypatch.setattr(limits, "lazy_flush_s", 0.01)
         stream.send(42, 1, 6, 1, body(6))  # never flushed: the lazy flush makes it durable all the same
         assert await asyncio.wait_for(answers.__anext__(), 10) == (6, "")
         assert own.writer.statistics().syncs == syncs + 2

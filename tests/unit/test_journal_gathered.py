@@ -1,15 +1,15 @@
-"""A big entry is written from its parts (storage.journal.GATHER_BYTES_MIN, record.entry_buffers), not copied into
+"""A big entry is written from its parts (limits.gather_bytes_min, record.entry_buffers), not copied into
 one record first: the bytes on disk are exactly the joined record's, recovery reads it back, a full disk keeps and
 writes it again, and a part that could still change (a bytearray) is copied at once as before."""
 
 from __future__ import annotations
 
+from pigeon.core import limits
 from pigeon.storage import record
-from pigeon.storage.journal import GATHER_BYTES_MIN
 from pigeon.testing.journal import SyncJournal
 from pigeon.testing.simdisk import SimDisk
 
-BIG = GATHER_BYTES_MIN + 123
+BIG = limits.gather_bytes_min + 123
 
 
 def _files(disk: SimDisk, written: int) -> bytes:

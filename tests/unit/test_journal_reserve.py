@@ -1,4 +1,4 @@
-"""The active segment is reserved ahead of its writes (storage.journal.RESERVE_BYTES): zeros after the last record
+"""The active segment is reserved ahead of its writes (limits.segment_reserve_bytes): zeros after the last record
 are where the records end, for recovery and every scanner, never a broken record; a crash undoes the writes into
 the reserve that no sync covered (and, torn, keeps part of them); a segment the writer leaves, and every segment
 recovery finds, is cut back to its records; a disk without room for a reserve still takes the write."""
@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import random
 
+from pigeon.core import limits
 from pigeon.storage import record
-from pigeon.storage.journal import RESERVED_WRITE_MAX, segment_name
+from pigeon.storage.journal import segment_name
 from pigeon.testing.journal import SyncJournal
 from pigeon.testing.simdisk import SimDisk
 
@@ -160,7 +161,7 @@ def test_every_scanner_reads_zeros_as_the_end():
 def test_a_big_write_appends_without_a_reserve():
     """Converting reserved blocks costs the kernel CPU per group commit: big writes, where the fdatasync's length
     update is a small share, append as before."""
-    disk, sj = _one_committed(b"b" * (RESERVED_WRITE_MAX + 1))
+    disk, sj = _one_committed(b"b" * (limits.reserved_write_bytes_max + 1))
     (data,) = _wal(disk).values()
     assert len(data) == sj.journal.tail, "nothing reserved"
     sj.append(3, 1, 1, [b"small"])

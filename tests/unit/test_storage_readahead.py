@@ -1,7 +1,8 @@
 """storage.readahead: the plan the read-ahead thread follows — a window ahead of the reader, never past what is
 durable, starting over only where the reader jumped, skipping a segment that is gone."""
 
-from pigeon.storage.readahead import CHUNK_BYTES, Window
+from pigeon.core import limits
+from pigeon.storage.readahead import Window
 
 MB = 1 << 20
 
@@ -9,7 +10,7 @@ MB = 1 << 20
 def test_reads_in_chunks_up_to_the_window_and_what_is_durable():
     w = Window(4 * MB)
     w.reader_at(0)
-    assert w.next_read(0, 100 * MB, [0]) == (0, 0, 0, CHUNK_BYTES)
+    assert w.next_read(0, 100 * MB, [0]) == (0, 0, 0, limits.read_ahead_chunk_bytes)
     assert w.next_read(4 * MB - 10, 100 * MB, [0]) == (4 * MB - 10, 0, 4 * MB - 10, 10)  # the window's end
     assert w.next_read(2 * MB, 2 * MB + 5, [0]) == (2 * MB, 0, 2 * MB, 5)  # durable ends sooner
     assert w.next_read(4 * MB, 100 * MB, [0])[3] == 0 and w.caught_up(4 * MB)
@@ -19,7 +20,7 @@ def test_a_read_stops_at_its_segments_end():
     w = Window(8 * MB)
     w.reader_at(0)
     assert w.next_read(3 * MB - 100, 100 * MB, [0, 3 * MB]) == (3 * MB - 100, 0, 3 * MB - 100, 100)
-    assert w.next_read(3 * MB, 100 * MB, [0, 3 * MB]) == (3 * MB, 3 * MB, 0, CHUNK_BYTES)
+    assert w.next_read(3 * MB, 100 * MB, [0, 3 * MB]) == (3 * MB, 3 * MB, 0, limits.read_ahead_chunk_bytes)
 
 
 def test_a_reader_a_little_behind_keeps_the_window_a_jump_starts_it_over():
@@ -31,7 +32,7 @@ def test_a_reader_a_little_behind_keeps_the_window_a_jump_starts_it_over():
     assert (w.lo, w.hi, w.jumped) == (10 * MB, 17 * MB, True)
     w.next_read(10 * MB, 100 * MB, [0])
     w.reader_at(50 * MB)  # a jump
-    assert w.next_read(14 * MB, 100 * MB, [0]) == (50 * MB, 0, 50 * MB, CHUNK_BYTES)
+    assert w.next_read(14 * MB, 100 * MB, [0]) == (50 * MB, 0, 50 * MB, limits.read_ahead_chunk_bytes)
 
 
 def test_a_deleted_segment_is_skipped():
