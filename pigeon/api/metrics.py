@@ -21,7 +21,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from pigeon.core.histogram import Histogram, HistogramStats
-from pigeon.node.journal import SYNC_BUCKETS_MS
+from pigeon.node.journal_writer import SYNC_BUCKETS_MS
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

@@ -89,7 +89,7 @@ idempotency_key_bytes_max = 1_024
 lock_s_max = 31 * 86_400.0  # queue extension: Take may lock for this long
 retention_tick_s = 5.0
 
-# the journal (node.journal, storage.journal) and the files it writes
+# the journal (node.journal_writer, storage.journal) and the files it writes
 lazy_write_s = 0.002  # the longest an entry nobody waits for stays unwritten (a kill -9 would lose it)
 lazy_flush_s = 0.01  # fsync=always: the longest a written entry nobody waits for stays without fdatasync
 batch_sync_s = 0.005  # fsync=batch: the longest a written entry waits for its fdatasync

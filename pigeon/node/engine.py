@@ -33,7 +33,7 @@ from pigeon.node.reader import MessageReader, ReaderStats
 from pigeon.node.samples import AckLatency, HotKeys
 from pigeon.node.schema_service import SchemaService
 from pigeon.node.streams import Signal, Stream, StreamStats, WallClock
-from pigeon.node.journal import WriterStats
+from pigeon.node.journal_writer import WriterStats
 from pigeon.ops.config import Config
 from pigeon.core.bundles import META_LOG, bundle_log
 from pigeon.core.histogram import Histogram, HistogramStats

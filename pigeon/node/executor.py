@@ -13,7 +13,7 @@ from pigeon.storage import records as R
 
 def commit_step(state: BrokerState, journal, epoch: int, fenced: set[int], bundles: int, rec: R.Record,
                 owner=None) -> tuple[int, int, int, list, list | None]:
-    """Append `rec` to `journal` (node.journal.JournalWriter or testing.journal.SyncJournal) and apply it:
+    """Append `rec` to `journal` (node.journal_writer.JournalWriter or testing.sync_journal.SyncJournal) and apply it:
     (log id, offset in its log, journal position, the record's parts, apply's effects)."""
     log_id = state.log_of(rec, bundles)
     if log_id not in fenced:

@@ -4,7 +4,7 @@ place a node's code reaches the operating system through, so the cluster simulat
 can run the same code over simulated disks, journals and a simulated network by passing a host of its own.
 
 `OsHost` is the real machine: files through node.disk.OsDisk, a journal written by a thread of its own
-(node.journal.JournalWriter), peers over gRPC (node.replication.StorageClient), a refused TCP connection as the
+(node.journal_writer.JournalWriter), peers over gRPC (node.replication.StorageClient), a refused TCP connection as the
 sign of a dead peer."""
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ class OsHost:
 
     def journal(self, directory: str, policy, segment_bytes: int, disk=None):
         """A journal's writer over `disk` (the node's own by default)."""
-        from pigeon.node.journal import JournalWriter
+        from pigeon.node.journal_writer import JournalWriter
 
         return JournalWriter(directory, policy, segment_bytes, disk or self.disk)
 

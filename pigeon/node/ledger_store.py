@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 from pigeon.core.errors import FailedPrecondition, PigeonError
 from pigeon.node.disk import OsDisk
-from pigeon.node.journal import FsyncPolicy, JournalWriter
+from pigeon.node.journal_writer import FsyncPolicy, JournalWriter
 from pigeon.storage import recovery
 from pigeon.storage.journal import Entry
 from pigeon.storage.record import Broken, Malformed, decode_at, split_entry

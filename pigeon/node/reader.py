@@ -34,7 +34,7 @@ class ReaderStats:
 
 class MessageReader:
     def __init__(self, journal, cache_bytes_max: int):
-        self.journal = journal  # node.journal.JournalWriter: read, read_into, read_ahead
+        self.journal = journal  # node.journal_writer.JournalWriter: read, read_into, read_ahead
         self.cache_bytes_max = cache_bytes_max
         self._cache: OrderedDict[int, Batch] = OrderedDict()  # record position → batch
         self._cache_bytes = 0

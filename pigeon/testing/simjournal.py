@@ -1,4 +1,4 @@
-"""The journal's writer (node.journal.JournalWriter) without its thread, for the cluster simulator: the same
+"""The journal's writer (node.journal_writer.JournalWriter) without its thread, for the cluster simulator: the same
 appends, fences, waits and callbacks on the event loop, and a group commit that is a timer of the (virtual) loop —
 write everything pending, sync it, tell the waiters — taking as long as `latency()` says. A crash of the node is
 `crash()` on the writer (nothing more is written) and on the simulated disk (what was not synced is lost)."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 
-from pigeon.node.journal import FsyncPolicy, JournalWriter
+from pigeon.node.journal_writer import FsyncPolicy, JournalWriter
 
 
 class _Asks:

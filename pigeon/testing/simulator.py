@@ -43,7 +43,7 @@ from pigeon.storage import recovery as storage_recovery
 from pigeon.storage import records as R
 from pigeon.storage.space import SpaceWatch
 from pigeon.testing.clock import SimClock
-from pigeon.testing.journal import SyncJournal
+from pigeon.testing.sync_journal import SyncJournal
 from pigeon.testing.sim_oracle import Msg, Oracle, Stream, summary
 from pigeon.testing.simdisk import SimDisk
 

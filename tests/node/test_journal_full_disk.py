@@ -10,7 +10,7 @@ import pytest
 
 from pigeon.core import limits
 from pigeon.core.errors import ResourceExhausted
-from pigeon.node.journal import JournalWriter
+from pigeon.node.journal_writer import JournalWriter
 from pigeon.storage.records import TopicDel
 from pigeon.testing.simdisk import SimDisk
 

@@ -12,8 +12,8 @@ import pytest
 
 from pigeon.core import limits
 from pigeon.node import disk as disk_mod
-from pigeon.node import journal as wal_mod
-from pigeon.node.journal import JournalWriter
+from pigeon.node import journal_writer as wal_mod
+from pigeon.node.journal_writer import JournalWriter
 from pigeon.storage import record
 from pigeon.storage.records import TopicDel
 

@@ -13,7 +13,7 @@ import pytest
 from pigeon.core import limits
 from pigeon.core.errors import FailedPrecondition, PigeonError
 from pigeon.node.disk import OsDisk
-from pigeon.node.journal import FsyncPolicy, JournalWriter
+from pigeon.node.journal_writer import FsyncPolicy, JournalWriter
 from pigeon.node.ledger_store import FENCE_EPOCH, LedgerStore
 from pigeon.storage import record
 from pigeon.storage import recovery as storage_recovery

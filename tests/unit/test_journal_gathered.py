@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pigeon.core import limits
 from pigeon.storage import record
-from pigeon.testing.journal import SyncJournal
+from pigeon.testing.sync_journal import SyncJournal
 from pigeon.testing.simdisk import SimDisk
 
 BIG = limits.gather_bytes_min + 123

@@ -4,7 +4,7 @@ quadratic in the journal's size — and still gives the entry a truncation repla
 
 from __future__ import annotations
 
-from pigeon.testing.journal import SyncJournal
+from pigeon.testing.sync_journal import SyncJournal
 from pigeon.testing.simdisk import SimDisk
 
 

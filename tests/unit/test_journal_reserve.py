@@ -10,7 +10,7 @@ import random
 from pigeon.core import limits
 from pigeon.storage import record
 from pigeon.storage.journal import segment_name
-from pigeon.testing.journal import SyncJournal
+from pigeon.testing.sync_journal import SyncJournal
 from pigeon.testing.simdisk import SimDisk
 
 WAL = "/data/wal"

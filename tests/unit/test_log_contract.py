@@ -9,7 +9,7 @@ import pytest
 
 from pigeon.node.disk import OsDisk
 from pigeon.storage.log import Fenced
-from pigeon.testing.journal import SyncJournal
+from pigeon.testing.sync_journal import SyncJournal
 from pigeon.testing.simdisk import SimDisk
 from pigeon.testing.simlog import SimLog
 
