@@ -169,8 +169,6 @@ class PubSubApi:
     @translate
     @fresh
     async def modify_ack_deadline(self, req, context):
-        if not req.ack_ids:
-            raise InvalidArgument("ack_ids must not be empty.")
         if self.router is not None and (owner := await self.router.for_subscription(req.subscription, context)):
             return await self.router.unary(owner, MODIFY_ACK_DEADLINE, req.SerializeToString(), context)
         await self.engine.delivery.modify_ack_deadline(req.subscription, list(req.ack_ids), req.ack_deadline_seconds)
@@ -206,10 +204,6 @@ class PubSubApi:
                 raise first.refused()
             if not first.subscription:
                 raise InvalidArgument("The first StreamingPullRequest must set subscription.")
-            if first.modify_deadline_seconds or first.modify_deadline_ack_ids:
-                if len(first.modify_deadline_seconds) != len(first.modify_deadline_ack_ids):
-                    raise InvalidArgument(
-                        "modify_deadline_seconds and modify_deadline_ack_ids must have the same length.")
             if self.router is not None and (owner := await self.router.for_subscription(first.subscription,
                                                                                        context)):
                 async for resp in self.router.stream(owner, STREAMING_PULL, first.SerializeToString(),

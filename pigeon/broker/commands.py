@@ -355,6 +355,13 @@ def acks(s: SubscriptionState, ack_ids, now: float) -> tuple[list[int], dict[str
     return nums, failures
 
 
+def require_ack_ids(ack_ids) -> None:
+    """An Acknowledge, a ModifyAckDeadline or a queue operation names at least one ack id (a stream's request
+    need not)."""
+    if not ack_ids:
+        raise InvalidArgument("ack_ids must not be empty.")
+
+
 def check_deadlines(ack_ids, seconds) -> None:
     if len(ack_ids) != len(seconds):
         raise InvalidArgument("modify_deadline_seconds and modify_deadline_ack_ids must have the same length.")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pigeon.core.pubsub_types import types
 
+from pigeon.broker import commands
 from pigeon.broker.subscription import SubscriptionState
 from pigeon.broker.topic import parse_message_id, split_msgnum
 from pigeon.core import ackid, limits
@@ -25,8 +26,7 @@ def check_take(max_messages: int, lock_s: float) -> None:
 def locked(s: SubscriptionState, ack_ids, now: float) -> list[int]:
     """Message numbers of ack ids that are the current locks; FAILED_PRECONDITION naming the others. Locks
     that ran out are expired first (`now`)."""
-    if not ack_ids:
-        raise InvalidArgument("ack_ids must not be empty.")
+    commands.require_ack_ids(ack_ids)
     s.expire(now)
     nums, stale = [], []
     for a in ack_ids:

@@ -230,8 +230,7 @@ class Delivery:
 
     async def acknowledge(self, name: str, ack_ids) -> None:
         s = self.executor.live_sub(name)
-        if not ack_ids:
-            raise InvalidArgument("ack_ids must not be empty.")
+        commands.require_ack_ids(ack_ids)
         failures = self.ack_nowait(s, ack_ids)
         await self.executor.durable(log_id=s.log_id)  # also covers an equal ack still in flight
         if failures:
@@ -241,6 +240,7 @@ class Delivery:
         """Answered once durable, as an ack is: a nack or an extension the client was told of survives a crash
         (delivery counts and lease deadlines after a restart are what the client saw)."""
         s = self.executor.live_sub(name)
+        commands.require_ack_ids(ack_ids)
         failures = self.modify_deadlines(s, ack_ids, [seconds] * len(ack_ids))
         await self.executor.durable(log_id=s.log_id)
         if failures:
