@@ -120,9 +120,7 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
     stopping = asyncio.gather(server.stop(grace=limits.shutdown_grace_s),
                               *([peers.stop(grace=limits.shutdown_grace_s)] if peers is not None else []))
     await asyncio.sleep(limits.shutdown_goaway_s)
-    engine.closing = True
-    for s in engine.signals.values():
-        s.notify_all()
+    engine.refuse_calls()
     if router is not None:
         router.end_waiting()
     if http is not None:

@@ -65,7 +65,7 @@ class ClusterNode:
         self.membership = Membership(self.meta, self.info, config.session_ttl_s)
         self.store = LedgerStore(config.data_dir, config.fsync, node=engine.journal,  # it borrows the owner's copies
                                  host=self.host)
-        engine.journal_floor = self.store.journal_floor
+        engine.borrowed_from(self.store.journal_floor)
         self.cluster_id = ""
         self.meta_log = MetaLog(self.meta, engine)
         self.logs = BundleLogs(self, Replication(config.replicas, config.replicas, config.ack_quorum))
@@ -119,9 +119,7 @@ class ClusterNode:
         except Diverged as e:
             await self.membership.leave()
             raise JoinRefused(str(e)) from None
-        self.engine.meta_log = self.meta_log
-        self.engine.owns = self.logs.serving  # owned, taken over, and a ledger open
-        self.engine.replicas = self.logs
+        self.engine.join_cluster(self.meta_log, self.logs.serving, self.logs)  # owns: taken over, a ledger open
         await self.store.open()
         if self._append_sock is not None:
             tls_context = tls.append_server_context(self.config)
@@ -202,7 +200,7 @@ class ClusterNode:
             log.warning("could not say this node listens (%s); its ledgers wait until etcd answers", e)
 
     async def leave(self) -> None:
-        self.engine.meta_log = None
+        self.engine.leave_cluster()
         await self.meta_log.stop()
         for t in self._tasks:
             t.cancel()

@@ -126,9 +126,7 @@ class Engine:
         self.push.start()
 
     async def stop(self) -> None:
-        self.closing = True
-        for sig in self.signals.values():
-            sig.notify_all()
+        self.refuse_calls()
         await self.push.stop()
         if self._maintenance:
             self._maintenance.cancel()
@@ -146,6 +144,26 @@ class Engine:
         if sig is None:
             sig = self.signals[sub_uid] = Signal()
         return sig
+
+    def join_cluster(self, meta_log, owns: Callable[[int], bool], replicas) -> None:
+        """Serve as a cluster node from now on (node.cluster_node, once joined): metadata changes go through
+        `meta_log`, the data logs this node `owns` are replicated by `replicas` (node.bundle_logs)."""
+        self.meta_log, self.owns, self.replicas = meta_log, owns, replicas
+
+    def leave_cluster(self) -> None:
+        """Metadata changes are refused from now on (the node is leaving its cluster)."""
+        self.meta_log = None
+
+    def borrowed_from(self, journal_floor: Callable[[], int | None]) -> None:
+        """The journal must be kept from `journal_floor()` on (a cluster node's ledger store borrows its own copies
+        of ledger entries from it: node.ledger_store)."""
+        self.journal_floor = journal_floor
+
+    def refuse_calls(self) -> None:
+        """Shutting down: every call from now on is refused (UNAVAILABLE), every waiter looks again and leaves."""
+        self.closing = True
+        for sig in self.signals.values():
+            sig.notify_all()
 
     def check_open(self) -> None:
         if self.closing:
