@@ -261,6 +261,4 @@ class Delivery:
         failures = self.ack_nowait(stream.sub, ack_ids)
         if not stream.sub.config.enable_exactly_once_delivery:
             return None, failures
-        if self.executor.replicas is not None:
-            return asyncio.ensure_future(self.executor.durable(log_id=stream.sub.log_id)), failures
-        return self.executor.journal.wait_durable(self.executor.journal.tail), failures
+        return asyncio.ensure_future(self.executor.durable(log_id=stream.sub.log_id)), failures

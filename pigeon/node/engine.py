@@ -25,6 +25,7 @@ from pigeon.node import hops, maintenance, push, recovery
 from pigeon.node.admission import Admission, AdmissionStats
 from pigeon.node.delivery import Delivery
 from pigeon.node.executor import commit_step
+from pigeon.node.logs import NodeLogs
 from pigeon.node.host import OsHost
 from pigeon.node.iam_ops import IamOps
 from pigeon.node.push import PushManager
@@ -68,6 +69,7 @@ class Engine:
         self.ack_latency = AckLatency()  # sampled, from delivery to ack
         self.hot_keys = HotKeys()  # the ordering keys published most, per topic
         self.journal = self.host.journal(os.path.join(config.data_dir, "wal"), config.fsync, config.segment_bytes)
+        self.logs = NodeLogs(self.journal)  # what commit appends to (in a cluster: replicated)
         self.reader = MessageReader(self.journal, limits.read_cache_bytes_max)
         self.epoch = 0  # this process's epoch: it fences every log it writes at it
         self.signals: dict[int, Signal] = {}
@@ -79,11 +81,9 @@ class Engine:
         self._dir_lock = None
         self.meta_log = None  # a cluster node's metadata log (node.meta_log): metadata changes go through it
         self.owns = lambda log_id: True  # whether this node owns a log (a cluster node owns some bundles)
-        self.replicas = None  # a cluster node's bundle logs (node.bundle_logs): data records are replicated
         # where the journal must be kept from whatever the checkpoints allow (a cluster node's ledger store
         # borrows its own copies from it: node.ledger_store); None: no such bound
         self.journal_floor: Callable[[], int | None] = (lambda: 0) if config.etcd else (lambda: None)
-        self._replicated: dict[int, asyncio.Future] = {}  # log → the replication of its latest record
         self.report: recovery.Report | None = None
         self._fenced: set[int] = set()  # logs fenced at self.epoch
         self.checkpoints = maintenance.Checkpoints(os.path.join(config.data_dir, "checkpoints"))
@@ -148,7 +148,8 @@ class Engine:
     def join_cluster(self, meta_log, owns: Callable[[int], bool], replicas) -> None:
         """Serve as a cluster node from now on (node.cluster_node, once joined): metadata changes go through
         `meta_log`, the data logs this node `owns` are replicated by `replicas` (node.bundle_logs)."""
-        self.meta_log, self.owns, self.replicas = meta_log, owns, replicas
+        self.meta_log, self.owns = meta_log, owns
+        self.logs.replicate_with(replicas)
 
     def leave_cluster(self) -> None:
         """Metadata changes are refused from now on (the node is leaving its cluster)."""
@@ -173,11 +174,7 @@ class Engine:
     def commit(self, rec: R.Record, owner=None) -> int:
         """Append `rec` to its log and apply it (validated before: applying must not fail), then perform its
         effects. Returns the journal position after it: durable once the journal's durable position reaches it."""
-        log_id, offset, at, parts, effects = commit_step(self.state, self.journal, self.epoch, self._fenced,
-                                                         self.config.bundles, rec, owner)
-        if self.replicas is not None and log_id != META_LOG and rec.TYPE < R.RecordType.RESET:
-            self._replicated[log_id] = self.replicas.append(log_id, rec.TYPE, b"".join(parts),
-                                                            (log_id, offset, at, self.journal.tail))
+        effects = commit_step(self.state, self.logs, self.epoch, self._fenced, self.config.bundles, rec, owner)[4]
         if effects:
             self._perform(effects)
         return self.journal.tail
@@ -203,15 +200,10 @@ class Engine:
                     self.delivery.arm(self.state.subs_by_uid[uid], sig)
 
     async def durable(self, end: int | None = None, log_id: int | None = None) -> None:
-        """Until everything committed so far (or up to `end`) is durable — and in a cluster, everything committed
-        so far to `log_id` is held by Qa members of its ensemble (Unavailable when the log moved meanwhile). The
-        owner's own journal must have it too: its reader serves messages from there."""
-        replicated = self._replicated.get(log_id) if log_id is not None else None
-        if replicated is not None and not replicated.done():
-            self.replicas.flush(log_id)  # (records nobody waited for linger before they go to the members)
-        await self.journal.wait_durable(self.journal.tail if end is None else end)
-        if replicated is not None:
-            await replicated
+        """Until everything committed so far (or up to journal position `end`) is durable — and in a cluster,
+        everything committed so far to `log_id` is held by Qa members of its ensemble (Unavailable when the log
+        moved meanwhile). The owner's own journal must have it too: its reader serves messages from there."""
+        await self.logs.durable(end, log_id)
 
     async def recorded(self, log_id: int) -> None:
         """In a cluster, until every record committed so far to `log_id` is held by Qa members of its ensemble
@@ -220,11 +212,7 @@ class Engine:
         messages — and an owner that lost its bundle without knowing it yet (paused, cut off) cannot have its Deliver
         record confirmed (the new owner fenced the ledger), so it hands out nothing, not even a message the new
         owner has seen acknowledged since."""
-        replicated = self._replicated.get(log_id) if self.replicas is not None else None
-        if replicated is not None:
-            if not replicated.done():
-                self.replicas.flush(log_id)
-            await replicated
+        await self.logs.replicated(log_id)
 
     async def change(self, *recs: R.Record) -> None:
         """Commit administrative records and answer once they are durable; one log line per change."""
@@ -310,7 +298,7 @@ class Engine:
     def live_sub(self, name: str) -> SubscriptionState:
         self.check_open()
         s = commands.live_sub(self.state, name)
-        if self.replicas is not None and not self.owns(self.state.log_of_sub(name, self.config.bundles)):
+        if not self.owns(self.state.log_of_sub(name, self.config.bundles)):
             raise Unavailable("The subscription's bundle moved to another node; retry.")
         return s
 
@@ -355,7 +343,7 @@ class Engine:
             if st.sub.topic is not None and bundle_log(st.sub.topic.name, self.config.bundles) == log_id:
                 st.error = gone
                 st.wake()
-        self._replicated.pop(log_id, None)
+        self.logs.moved(log_id)
 
     # --- publish ---------------------------------------------------------------------------------
     async def publish(self, topic_name: str, request: bytes, count: int, ordering_key: str,
@@ -400,17 +388,8 @@ class Engine:
         if any(sig.waiting for uid in t.subscriptions if (sig := self.signals.get(uid)) is not None):
             pos = t.shards[rec.shard].pos[-1]  # apply has just indexed the batch
             self.reader.remember_published(pos, rec.request, rec.publish_ms, end - pos)
-        replicated = self._replicated.get(t.log_id) if self.replicas is not None else None
-
-        def on_journal(exc) -> None:
-            if exc is not None:
-                return
-            if replicated is None:
-                self._show(t, rec)
-            else:  # (a failed replication raises in the publisher's wait: the log's next owner shows the batch)
-                replicated.add_done_callback(lambda f: f.cancelled() or f.exception() is not None or self._show(t, rec))
-
-        self.journal.on_durable(end, on_journal)
+        # (a failed replication raises in the publisher's wait: the log's next owner shows the batch)
+        self.logs.on_durable(end, t.log_id, lambda: self._show(t, rec))
 
     def _show(self, t, rec: R.Publish) -> None:
         """The batch is durable: its messages may be handed out; wake one waiter of each subscription."""

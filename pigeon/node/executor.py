@@ -11,14 +11,14 @@ from pigeon.broker.state import BrokerState
 from pigeon.storage import records as R
 
 
-def commit_step(state: BrokerState, journal, epoch: int, fenced: set[int], bundles: int, rec: R.Record,
+def commit_step(state: BrokerState, logs, epoch: int, fenced: set[int], bundles: int, rec: R.Record,
                 owner=None) -> tuple[int, int, int, list, list | None]:
-    """Append `rec` to `journal` (node.journal_writer.JournalWriter or testing.sync_journal.SyncJournal) and apply it:
-    (log id, offset in its log, journal position, the record's parts, apply's effects)."""
+    """Append `rec` to `logs` (the node's: node.logs.NodeLogs; the simulator's: testing.sync_journal.SyncJournal)
+    and apply it: (log id, offset in its log, journal position, the record's parts, apply's effects)."""
     log_id = state.log_of(rec, bundles)
     if log_id not in fenced:
-        journal.fence(log_id, epoch)
+        logs.fence(log_id, epoch)
         fenced.add(log_id)
     parts = rec.parts()
-    offset, at = journal.append(log_id, epoch, rec.TYPE, parts)
+    offset, at = logs.append(log_id, epoch, rec.TYPE, parts)
     return log_id, offset, at, parts, state.apply(rec, at, owner)

@@ -1,0 +1,76 @@
+"""The logs the executor writes: every log in the node's journal (storage.log's contract over one group commit), and
+on a cluster node the data logs of the bundles it owns replicated besides to the ensemble of each log's open ledger
+(node.bundle_logs). Owns the rule: an entry is durable once the journal holds it durable and, for a replicated log,
+Qa members do — the executor appends, waits and hears through here and cannot tell a replicated log from a local
+one. A log that moved to another node fails its waiters with Unavailable (its next owner has every entry ever
+confirmed)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from pigeon.core.bundles import META_LOG
+from pigeon.storage import records as R
+
+
+class NodeLogs:
+    def __init__(self, journal):
+        self.journal = journal  # node.journal_writer.JournalWriter
+        self.replicas = None  # a cluster node's bundle logs, once it joined
+        self._latest: dict[int, asyncio.Future] = {}  # replicated log → the replication of its latest entry
+
+    def replicate_with(self, replicas) -> None:
+        """From now on the data logs are replicated by `replicas` (node.bundle_logs.BundleLogs)."""
+        self.replicas = replicas
+
+    def fence(self, log_id: int, epoch: int) -> int:
+        return self.journal.fence(log_id, epoch)
+
+    def append(self, log_id: int, epoch: int, rtype: int, parts: list) -> tuple[int, int]:
+        """Append an entry: (its offset in its log, its journal position)."""
+        offset, at = self.journal.append(log_id, epoch, rtype, parts)
+        if self.replicas is not None and log_id != META_LOG and rtype < R.RecordType.RESET:  # (Reset, Snapshot:
+            self._latest[log_id] = self.replicas.append(  # the node's own copy starting over, not log entries)
+                log_id, rtype, b"".join(parts), (log_id, offset, at, self.journal.tail))
+        return offset, at
+
+    def _replication(self, log_id: int | None) -> asyncio.Future | None:
+        """The replication of the log's latest entry, asked to go out now when it lingers (entries nobody waited
+        for ride with the next one somebody does)."""
+        fut = self._latest.get(log_id) if log_id is not None else None
+        if fut is not None and not fut.done():
+            self.replicas.flush(log_id)
+        return fut
+
+    async def durable(self, end: int | None = None, log_id: int | None = None) -> None:
+        """Until everything appended so far (or up to journal position `end`) is durable in the journal — and
+        everything appended to `log_id` is held by Qa members when it is replicated."""
+        replicated = self._replication(log_id)
+        await self.journal.wait_durable(self.journal.tail if end is None else end)
+        if replicated is not None:
+            await replicated
+
+    async def replicated(self, log_id: int) -> None:
+        """Until everything appended so far to `log_id` is held by Qa members (at once for a log not replicated)."""
+        replicated = self._replication(log_id)
+        if replicated is not None:
+            await replicated
+
+    def on_durable(self, end: int, log_id: int, callback) -> None:
+        """`callback()` once the journal is durable up to `end` and what was appended to `log_id` so far is
+        replicated; never, if either fails (the log's next owner takes over from there)."""
+        replicated = self._latest.get(log_id) if self.replicas is not None else None
+
+        def on_journal(exc) -> None:
+            if exc is not None:
+                return
+            if replicated is None:
+                callback()
+            else:
+                replicated.add_done_callback(lambda f: f.cancelled() or f.exception() is not None or callback())
+
+        self.journal.on_durable(end, on_journal)
+
+    def moved(self, log_id: int) -> None:
+        """The log is another node's now: nothing of it is waited for here any more."""
+        self._latest.pop(log_id, None)
