@@ -13,7 +13,7 @@ Pure: the node reads and writes the list in the metadata store (node.bundle_logs
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from pigeon.cluster.quorum import choose_ensemble
 
@@ -34,13 +34,20 @@ class LedgerInfo:
     def seq(self) -> int:
         return self.id & ((1 << LEDGER_SEQ_BITS) - 1)
 
+    def copy(self) -> "LedgerInfo":
+        return LedgerInfo(self.id, self.epoch, dict(self.members), self.first, self.end, self.start)
+
+    def to_dict(self) -> dict:
+        return {"id": self.id, "epoch": self.epoch, "members": self.members, "first": self.first, "end": self.end,
+                "start": self.start}
+
     @staticmethod
     def decode_list(raw: bytes | None) -> list["LedgerInfo"]:
         return [LedgerInfo(**d) for d in json.loads(raw)] if raw else []
 
     @staticmethod
     def encode_list(ledgers: list["LedgerInfo"]) -> bytes:
-        return json.dumps([asdict(lg) for lg in ledgers]).encode()
+        return json.dumps([lg.to_dict() for lg in ledgers]).encode()
 
 
 def next_seq(ledgers: list[LedgerInfo]) -> int:
@@ -56,7 +63,7 @@ def ledger_id(log_id: int, seq: int) -> int:
 def cut_at(ledgers: list[LedgerInfo], at: int) -> tuple[list[LedgerInfo], list[LedgerInfo]] | None:
     """The list cut at offset `at` (a snapshot's), and the ledgers that leave it; None when it cannot be cut there
     (no ledger holds `at`)."""
-    keep = [LedgerInfo(**asdict(lg)) for lg in ledgers if lg.end is None or lg.end > at]
+    keep = [lg.copy() for lg in ledgers if lg.end is None or lg.end > at]
     if not keep or keep[0].first > at:
         return None
     keep[0].start = at

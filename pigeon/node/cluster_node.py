@@ -224,15 +224,18 @@ class ClusterNode:
         """Wake the placement loop whenever a node, a drain mark or an owner changes, and the routes' reader when
         an owner or a node does."""
         routing = (M.owner_key(0)[:-5], M.node_key(""))
-        while True:
+        placing = routing + (M.drain_key(""),)  # (not ledger lists, the metadata log, usage: they change often
+        while True:                              # under load, and placement reads none of them)
             try:
                 rev = await self.meta.revision()
                 self.changed.set()
                 self._routes_stale.set()
                 async for ev in self.meta.watch(M.ROOT + "/", rev):
-                    self.changed.set()
-                    if ev.kv.key.startswith(routing):
-                        self._routes_stale.set()
+                    key = ev.kv.key
+                    if key.startswith(placing):
+                        self.changed.set()
+                        if key.startswith(routing):
+                            self._routes_stale.set()
             except asyncio.CancelledError:
                 if asyncio.current_task().cancelling():
                     raise

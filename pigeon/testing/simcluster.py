@@ -26,6 +26,7 @@ import argparse
 import asyncio
 import contextvars
 import logging
+import multiprocessing
 import os
 import random
 import sys
@@ -499,13 +500,25 @@ def run_seed(seed: int, steps: int = 100) -> ClusterSim:
     return sim
 
 
+def _one(job: tuple[int, int]) -> str | None:
+    """A seed's failure as text (None when clean): what a worker process sends back."""
+    seed, steps = job
+    try:
+        run_seed(seed, steps)
+    except SimFailure as e:
+        return f"FAILED {e}\n  replay: PYTHONHASHSEED={os.environ.get('PYTHONHASHSEED', '?')} python -m " \
+               f"pigeon.testing.simcluster --seed {seed} --steps {steps}"
+    return None
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="Run the cluster simulator over seeds.")
     ap.add_argument("--seed", type=int, help="run this one seed")
     ap.add_argument("--seeds", type=int, default=100)
     ap.add_argument("--first-seed", type=int, default=1)
     ap.add_argument("--steps", type=int, default=100)
-    ap.add_argument("--verbose", action="store_true", help="the nodes' logs on stderr")
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="processes running seeds side by side")
+    ap.add_argument("--verbose", action="store_true", help="the nodes' logs on stderr (one process)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.CRITICAL, stream=sys.stderr,
                         format="%(vtime)9.3f %(node)s %(name)s %(message)s")
@@ -522,20 +535,27 @@ def main(argv=None) -> int:
         return r
     logging.setLogRecordFactory(record)
     seeds = [args.seed] if args.seed is not None else range(args.first_seed, args.first_seed + args.seeds)
+    jobs = [(seed, args.steps) for seed in seeds]
     t0 = time.monotonic()
-    failed = 0
-    for i, seed in enumerate(seeds):
-        try:
-            run_seed(seed, args.steps)
-        except SimFailure as e:
-            failed += 1
-            print(f"FAILED {e}\n  replay: PYTHONHASHSEED={os.environ.get('PYTHONHASHSEED', '?')} "
-                  f"python -m pigeon.testing.simcluster --seed {seed} --steps {args.steps}", flush=True)
-        if (i + 1) % 10 == 0:
-            print(f"{i + 1} seeds, {failed} failed, {(i + 1) / (time.monotonic() - t0) * 60:.0f} seeds a minute",
-                  flush=True)
+    failed = done = 0
+    workers = 1 if args.verbose or len(jobs) == 1 else max(1, args.jobs)
+    pool = multiprocessing.get_context("fork").Pool(workers) if workers > 1 else None
+    try:
+        for out in (pool.imap_unordered(_one, jobs) if pool is not None else map(_one, jobs)):
+            done += 1
+            if out is not None:
+                failed += 1
+                print(out, flush=True)
+            if done % 100 == 0:
+                print(f"{done} seeds, {failed} failed, {done / (time.monotonic() - t0) * 60:.0f} seeds a minute",
+                      flush=True)
+    finally:
+        if pool is not None:
+            pool.close()
+            pool.join()
     took = time.monotonic() - t0
-    print(f"{len(seeds)} seeds in {took:.1f} s ({len(seeds) / took * 60:.0f} a minute): {failed} failed")
+    print(f"{len(jobs)} seeds in {took:.1f} s ({len(jobs) / took * 60:.0f} a minute, {workers} process(es)): "
+          f"{failed} failed")
     return 1 if failed else 0
 
 
