@@ -213,11 +213,11 @@ async def _start_http(config: Config, grpc_port: int, engine, cluster, guard=Non
     TLS)."""
     if config.http_port == 0:
         return None
-    from pigeon.api import metrics, rest
+    from pigeon.api import metrics, rest, rest_openapi, rest_routes
 
     # The routes are compiled from the protos (protoc, then every binding: ~0.4 s) once gRPC already serves, on
     # a thread: a restart's first calls do not wait for them, and the loop keeps answering meanwhile.
-    await asyncio.to_thread(lambda: (rest.routes(), rest.openapi()))
+    await asyncio.to_thread(lambda: (rest_routes.routes(), rest_openapi.openapi()))
     gc.freeze()  # they live as long as the process, as startup's other objects (serve)
     port = config.http_port if config.http_port > 0 else grpc_port + 1
     target = local.target if local is not None else \

@@ -26,12 +26,12 @@ SERVED = sorted(set(RULES) - NODE_ONLY)
 
 def _request_classes() -> dict[str, type]:
     from pigeon.api.proto import pigeon_monitoring_pb2, pigeon_queue_pb2, pigeon_ranges_pb2
-    from pigeon.api.rest import _compiled_protos
+    from pigeon.api.rest_routes import compiled_protos
 
     import google.pubsub_v1.types  # noqa: F401 — the library's messages (newer than its shipped protos)
 
     pool = descriptor_pool.DescriptorPool()
-    files = _compiled_protos()
+    files = compiled_protos()
     for f in files.file:
         pool.Add(f)
 

@@ -12,13 +12,13 @@ from google.protobuf import json_format
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pigeon.api import rest
+from pigeon.api import rest, rest_openapi, rest_routes
 from pigeon.core import names
 from pigeon.core.errors import InvalidArgument
 
 
 def test_every_unary_method_has_a_route():
-    rpcs = {r.rpc for r in rest.routes()}
+    rpcs = {r.rpc for r in rest_routes.routes()}
     for method in ("CreateTopic", "UpdateTopic", "Publish", "GetTopic", "ListTopics", "ListTopicSubscriptions",
                    "ListTopicSnapshots", "DeleteTopic", "DetachSubscription"):
         assert f"/google.pubsub.v1.Publisher/{method}" in rpcs
@@ -30,7 +30,7 @@ def test_every_unary_method_has_a_route():
     for method in ("CreateSchema", "GetSchema", "ListSchemas", "ListSchemaRevisions", "CommitSchema", "RollbackSchema",
                    "DeleteSchemaRevision", "DeleteSchema", "ValidateSchema", "ValidateMessage"):
         assert f"/google.pubsub.v1.SchemaService/{method}" in rpcs
-    iam = [r.template for r in rest.routes() if r.rpc.startswith("/google.iam.v1.")]
+    iam = [r.template for r in rest_routes.routes() if r.rpc.startswith("/google.iam.v1.")]
     assert len(iam) == 12 and all(any(k in t for t in iam) for k in ("topics", "subscriptions", "snapshots", "schemas"))
 
 
@@ -44,17 +44,17 @@ def test_every_unary_method_has_a_route():
      ("projects/p/subscriptions/s-1",)),
 ])
 def test_paths_match_their_routes(verb, path, rpc, values):
-    route, got = rest.match(verb, path)
+    route, got = rest_routes.match(verb, path)
     assert (route.rpc, got) == (rpc, values)
 
 
 def test_no_route_for_other_paths():
-    assert rest.match("GET", "/v1/projects/p/topics/t/extra") is None
-    assert rest.match("DELETE", "/v1/projects/p/topics/t:publish") is None
+    assert rest_routes.match("GET", "/v1/projects/p/topics/t/extra") is None
+    assert rest_routes.match("DELETE", "/v1/projects/p/topics/t:publish") is None
 
 
 def test_openapi_paths_split_variables_into_segments():
-    paths = rest.openapi()["paths"]
+    paths = rest_openapi.openapi()["paths"]
     op = paths["/v1/projects/{project}/topics/{topic}:publish"]["post"]
     assert [p["name"] for p in op["parameters"] if p["in"] == "path"] == ["project", "topic"]
     assert "requestBody" in op
@@ -62,7 +62,7 @@ def test_openapi_paths_split_variables_into_segments():
     assert {p["name"] for p in listing["parameters"] if p["in"] == "query"} == {"pageSize", "pageToken"}
 
 
-PUBLISH = next(r for r in rest.routes() if r.rpc == "/google.pubsub.v1.Publisher/Publish")
+PUBLISH = next(r for r in rest_routes.routes() if r.rpc == "/google.pubsub.v1.Publisher/Publish")
 
 
 @pytest.mark.parametrize("body", [
@@ -90,9 +90,9 @@ def test_unusual_publish_bodies_go_the_general_way(body):
 
 
 def _path_schema(name: str) -> dict:
-    op = rest.openapi()["paths"]["/v1/projects/{project}/subscriptions/{subscription}:pull"]["post"]
+    op = rest_openapi.openapi()["paths"]["/v1/projects/{project}/subscriptions/{subscription}:pull"]["post"]
     if name == "topic":
-        op = rest.openapi()["paths"]["/v1/projects/{project}/topics/{topic}"]["put"]
+        op = rest_openapi.openapi()["paths"]["/v1/projects/{project}/topics/{topic}"]["put"]
     return next(p["schema"] for p in op["parameters"] if p["name"] == name)
 
 
