@@ -33,7 +33,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from pigeon.bench import workloads as w  # noqa: E402
 from pigeon.bench.peers import PigeonServer  # noqa: E402
 from pigeon.bench.plan import PLANS  # noqa: E402
-from pigeon.bench.procs import Background  # noqa: E402
+from pigeon.bench.workers import Background  # noqa: E402
 
 console = Console(width=150)
 

@@ -2,7 +2,8 @@
 JetStream, Redis Streams, Google's Pub/Sub emulator) on this machine, in one run.
 
     plan      sizes, durations and time bounds of every workload (smoke / quick / full)
-    procs     bounded server processes, forked load workers that start together
+    procs     bounded server processes, and what the machine does while they run
+    workers   forked load workers that start together, the open loop's pacing
     peers     how each server is started on loopback with durable settings
     workloads publish, consume, latency, ordered, many clients, backlog memory, restart
     *_client  one lean driver per protocol (gRPC Pub/Sub, AMQP, NATS, Redis)

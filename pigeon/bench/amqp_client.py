@@ -15,7 +15,7 @@ import aiormq
 from pamqp.commands import Basic
 
 from pigeon.bench.amqp_wire import AmqpWire, ConfirmTracker, ack_frame, publish_frames
-from pigeon.bench.procs import open_loop
+from pigeon.bench.workers import open_loop
 
 _PERSISTENT = Basic.Properties(delivery_mode=2)
 

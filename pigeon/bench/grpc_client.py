@@ -13,7 +13,7 @@ import grpc
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.pubsub_v1 import types
 
-from pigeon.bench.procs import open_loop
+from pigeon.bench.workers import open_loop
 
 PROJECT = "bench"
 _PUBLISH = "/google.pubsub.v1.Publisher/Publish"

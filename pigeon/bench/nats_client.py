@@ -16,7 +16,7 @@ import nats
 from nats.js.api import AckPolicy, ConsumerConfig, StorageType
 
 from pigeon.bench.nats_wire import NatsWire, pub_frames
-from pigeon.bench.procs import open_loop
+from pigeon.bench.workers import open_loop
 
 CONSUMER = "c"
 

@@ -14,7 +14,7 @@ from importlib.metadata import version
 import redis
 import redis.asyncio as aredis
 
-from pigeon.bench.procs import open_loop
+from pigeon.bench.workers import open_loop
 
 GROUP = "g"
 

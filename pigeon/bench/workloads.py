@@ -12,7 +12,8 @@ import multiprocessing as mp
 import time
 from typing import Callable
 
-from pigeon.bench.procs import Background, DiskProbe, Gate, run_one, run_workers
+from pigeon.bench.procs import DiskProbe
+from pigeon.bench.workers import Background, Gate, run_one, run_workers
 
 Tick = Callable[[float, int], None]  # (fraction done, messages so far)
 

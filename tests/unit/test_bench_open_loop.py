@@ -1,4 +1,4 @@
-"""The latency workloads' open loop (pigeon.bench.procs.open_loop) on a slow or failing server: a failed send is
+"""The latency workloads' open loop (pigeon.bench.workers.open_loop) on a slow or failing server: a failed send is
 counted and the run goes on (one failure used to end the loop and cancel every call still out, and the run
 reported nothing); what is still unanswered a while after the gate's end is counted and cancelled."""
 
@@ -9,7 +9,7 @@ import time
 
 import uvloop
 
-from pigeon.bench.procs import open_loop
+from pigeon.bench.workers import open_loop
 
 
 class _Gate:
