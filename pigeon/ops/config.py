@@ -29,13 +29,13 @@ class Config:
     log_level: str = "INFO"
     idempotency_window_s: float = limits.idempotency_window_s_default
     push_allowed_endpoints: str = ""  # comma-separated URL prefixes push may reach; empty: any http(s) URL
-    # quotas: what one project may hold, and every project together (README, "Limits")
+    # quotas: what one project may hold, and every project together (docs/reference.md, "Limits")
     topics_per_project: int = limits.topics_per_project_max
     subscriptions_per_project: int = limits.subscriptions_per_project_max
     snapshots_per_project: int = limits.snapshots_per_project_max
     schemas_per_project: int = limits.schemas_per_project_max
     resources_per_server: int = limits.resources_per_server_max
-    # what clients may hold of the server's memory at once (README, "Limits")
+    # what clients may hold of the server's memory at once (docs/reference.md, "Limits")
     streams_max: int = limits.streams_max
     stream_unsent_bytes: int = limits.stream_unsent_bytes_max
     stream_write_stall_s: float = limits.stream_write_stall_s
