@@ -3,7 +3,7 @@ event loop has taken the one before: the call's arrival, its request, the new as
 about five turns per call. So the calls a server starts per second are capped by how long its loop's turns are,
 however many wait in gRPC's queue and however idle the process otherwise is — a cluster owner replicating 100 KB
 publishes started ~1,200 a second with its loop half idle, every request waiting ~20 ms in that queue for its
-turn (found by timing the publish handler against what the clients saw).
+turn.
 
 Owns the rule: the hot methods (`HOT`) are registered with gRPC, and `limits.grpc_call_takers` asks for each are
 kept outstanding beside grpc.aio's own, so that many calls of one method are taken in one turn of the loop. A call

@@ -1,6 +1,6 @@
 """`pigeon serve`: its options, declared once here, and how a server starts from them. A server's start is what
 every restart waits for, so `pigeon serve` is parsed here with argparse, without importing the rest of the command
-line (typer builds its options through pydantic on its first parse: ~0.2 s of a start measured on this machine);
+line (typer builds its options through pydantic on its first parse, a noticeable part of a start);
 pigeon.cli.main registers the same options as a typer command, for `pigeon --help` and `pigeon serve --help`."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The append channel: pigeon.v1.Storage's Append stream on a TCP connection of its own, without gRPC — the
-replication path's bytes are most of a cluster's work, and a member spent five times the CPU taking a megabyte
-from a gRPC stream (1.05–1.22 ms per MiB) as from a socket read straight into the buffer that is then written
-(0.20 ms per MiB; both measured on loopback in one sitting). Owns the rules:
+replication path's bytes are most of a cluster's work, and a member spends several times the CPU taking a
+megabyte from a gRPC stream as from a socket read straight into the buffer that is then written (docs/cluster.md
+has the measurement). Owns the rules:
 
   * one connection is one Append stream: the owner sends frames `length:u32 · AppendRequest`
     (pigeon.node.append_wire, little endian length), the member answers `length:u32 · AppendResponse`, in order,

@@ -4,9 +4,8 @@
 `OsDisk(drop_synced=True)` is for files written and hardly ever read back — a storage member's ledgers, read only
 when an owner recovers or repairs a ledger: once synced, their pages leave the page cache (POSIX_FADV_DONTNEED;
 clean after the fdatasync, so dropping them is free of I/O), as a BookKeeper bookie drops its journal's. Kept, they
-would fill memory with copies nobody reads, and every write would then first have to win a page back: on the
-benchmark's machine a 3-node cluster right after publishing a few GB took 2.6 µs of a member's CPU per message
-replicated with them cached and 1.0 µs without, and published 1.5× as fast (docs/cluster.md). They are dropped
+would fill memory with copies nobody reads, and every write would then first have to win a page back (a
+member's CPU per message replicated, and the cluster's publish rate, in docs/cluster.md). They are dropped
 once limits.drop_pages_bytes were written since the last time (and when the file is closed), so the call is rare
 at low rates: it sits after a group commit's fdatasync, once the loop has been told.
 

@@ -309,8 +309,8 @@ class Engine:
         applied again — kept in this node's journal too, behind that Reset or Snapshot, so a restart rebuilds the
         same. Later snapshots are skipped: they describe the state the entries before them built. The new owner's
         first step in serving it (node.bundle_logs). Its messages become visible once the journal holds them, as
-        a publish's do: the reader reads them from the journal's files (chaos found a Pull, 3 ms after a
-        takeover, reading a record its writer had not yet written)."""
+        a publish's do: the reader reads them from the journal's files (a Pull right after a takeover would
+        otherwise read a record its writer had not yet written)."""
         entries = iter(entries)
         first = next(entries, None)
         if first is not None and first[0] == R.RecordType.SNAPSHOT:  # the log was cut: it starts with its state

@@ -91,7 +91,7 @@ class AppendStream:
     answer covering every entry up to its index. Entries sent while the stream is busy go out together, in one
     request (a batch of consecutive entries of one ledger) of at most limits.storage_message_bytes_max — more
     would pass the member's largest message, which it refuses: the ledger rolled, the next one was sent the same
-    batch, and so on without end (found by the cluster benchmark with 1 MB records). At most
+    batch, and so on without end (1 MB records do it). At most
     limits.append_requests_in_flight_max requests wait for their answer: while the window is full, entries
     gather into the next request (as Nagle's algorithm does) — records coming faster than a member answers
     share requests instead of costing a message each. An entry nobody waits for yet (a delivery, an ack on a
@@ -445,7 +445,7 @@ async def recover_ledger(ledger: int, members: dict[str, StorageClient], replica
 
     # Every call to a member ends in exactly one event: a member that fails in a way not foreseen here (or ends
     # its stream without an answer) is gone for this recovery — never silent, which would leave it waiting for
-    # ever with the bundle's owner key held (found by the cluster simulator: a copy to a member that restarted).
+    # ever with the bundle's owner key held (a copy to a member that restarted ends its stream without an answer).
     async def fence(m):
         event = ("gone", m, None)
         try:

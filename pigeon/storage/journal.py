@@ -8,11 +8,9 @@
 - segments are files named by the journal position of their first byte, so a position maps to a file by
   bisection and a segment's end is the next one's start; segments are deleted whole, never the active one;
 - small group commits write into space reserved ahead of them (limits.segment_reserve_bytes of allocated zeros,
-  Disk.reserve):
-  their fdatasync then records data only, not a new file length too (on ext4 here 85–100 µs instead of 125–145).
-  Big ones append as before: their fdatasync gains little, and reserving for every write measured publish × 100 at
-  0.87× and 0.93× in two A/B sittings (converting reserved blocks is kernel work per commit; the machine's noise
-  is ±7%), with big writes appending 1.05×. A segment is cut back to its records when the writer leaves it
+  Disk.reserve): their fdatasync then records data only, not a new file length too. Big ones append as before:
+  their fdatasync gains little, and converting reserved blocks is kernel work per commit that made reserving for
+  every write slower. A segment is cut back to its records when the writer leaves it
   (rotation, a clean close) and by recovery, which reads zeros to a file's end as the end of its records, not as a
   broken one.
 
