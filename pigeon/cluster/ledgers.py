@@ -5,6 +5,9 @@ Owns the rules:
     cut (the next n follows the last ledger's);
   * a cut keeps every ledger that ends after the snapshot it cuts at, and only when the first ledger kept starts at
     or before it (reading starts at the snapshot: the ledgers wholly before it leave the list);
+  * a new ledger's ensemble is E of the nodes that are up (as many as there are machines up, when fewer, never fewer
+    than Qa), one per machine at most, chosen by rendezvous hashing on the ledger's id and spread over zones; the
+    members that failed a write lately are left out unless too few machines remain without them;
   * repair gives a closed ledger short of members that are up one more, chosen by rendezvous hashing among the
     nodes that are up and on a machine the ledger has no copy on yet (one copy per machine at most).
 
@@ -15,7 +18,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from pigeon.cluster.quorum import choose_ensemble
+from pigeon.cluster.quorum import Replication, choose_ensemble, ensemble_size, machines
 
 LEDGER_SEQ_BITS = 20
 
@@ -80,3 +83,25 @@ def repair_target(lg: LedgerInfo, up: set[str], size: int, machine_of: dict[str,
     if lg.end is None or not live or len(live) >= size or not spare:
         return None
     return choose_ensemble(lg.id, {n: zones[n] for n in spare}, 1, machine_of=machine_of)[0]
+
+
+class TooFewNodes(Exception):
+    """Fewer machines are up than the ack quorum: no ledger can be opened now."""
+
+
+def new_ensemble(ledger: int, zones: dict[str, str], machine_of: dict[str, str], avoid: set[str],
+                 replication: Replication, me: str) -> list[str]:
+    """The members of a new ledger, in order. `zones`: node → zone of the nodes up (listening, not cut off);
+    `machine_of`: node → the machine it shares ("" for its own); `avoid`: members that failed a write lately; `me`:
+    the writer (a ledger of one copy — the workers of one machine — is its own, reached without a hop)."""
+    usable = {n: z for n, z in zones.items() if n not in avoid}
+    if machines(usable, machine_of) < replication.ack_quorum:  # too few without them: they are tried again
+        usable = dict(zones)
+    size = ensemble_size(usable, machine_of, replication.ensemble)
+    if size < replication.ack_quorum:
+        raise TooFewNodes(f"storage nodes on {machines(usable, machine_of)} machine(s) are up; "
+                          f"{replication.ack_quorum} are needed")
+    if size == 1 and me in usable:
+        return [me]
+    return choose_ensemble(ledger, usable, size, machine_of=machine_of)
+

@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 
 from pigeon.core import limits
 from pigeon.cluster import metadata as M
-from pigeon.cluster.ledgers import LedgerInfo, ledger_id, next_seq
-from pigeon.cluster.quorum import Replication, choose_ensemble, ensemble_size, machines
+from pigeon.cluster.ledgers import LedgerInfo, TooFewNodes, ledger_id, new_ensemble, next_seq
+from pigeon.cluster.quorum import Replication, ensemble_size
 from pigeon.core.bundles import bundle_of_log
 from pigeon.core.errors import Unavailable
 from pigeon.node.replication import LedgerRolled, LedgerWriter, LocalMember, RecoveryFailed, recover_ledger
@@ -187,22 +187,15 @@ class BundleLogs:
         return set(self._suspects)
 
     async def _new_ledger(self, log_id: int, epoch: int, seq: int, first: int, avoid=()) -> LedgerInfo:
-        """A ledger on an ensemble of the live nodes (E of them, or as many as are up when fewer: at least Qa)."""
+        """A ledger on an ensemble of the live nodes (cluster.ledgers.new_ensemble decides which)."""
         lid = ledger_id(log_id, seq)
-        avoid = set(avoid) | self.suspected()
         members = await self.storage_nodes()
-        machine_of = {n: i.machine for n, i in members.items()}  # one copy per machine at most
-        zones = {n: i.zone for n, i in members.items() if n not in avoid}  # a member that just failed is left out
-        if machines(zones, machine_of) < self.replication.ack_quorum:  # … unless too few remain without it
-            zones = {n: i.zone for n, i in members.items()}
-        size = ensemble_size(zones, machine_of, self.replication.ensemble)
-        if size < self.replication.ack_quorum:
-            raise Unavailable(f"storage nodes on {machines(zones, machine_of)} machine(s) are up; "
-                              f"{self.replication.ack_quorum} are needed")
-        if size == 1 and self.me in zones:
-            chosen = [self.me]  # one copy (the workers of one machine): the owner's own, reached without a hop
-        else:
-            chosen = choose_ensemble(lid, zones, size, machine_of=machine_of)
+        try:
+            chosen = new_ensemble(lid, {n: i.zone for n, i in members.items()},
+                                  {n: i.machine for n, i in members.items()}, set(avoid) | self.suspected(),
+                                  self.replication, self.me)
+        except TooFewNodes as e:
+            raise Unavailable(str(e)) from None
         return LedgerInfo(lid, epoch, {n: members[n].dial for n in chosen}, first)
 
     def member(self, node: str, address: str):

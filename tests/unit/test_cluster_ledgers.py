@@ -1,0 +1,72 @@
+"""cluster.ledgers: a log's ledger list and the changes planned on it — ids never reused, where a cut may fall, a new
+ledger's ensemble, a repair's target — as pure functions, with hypothesis drawing the lists and the nodes."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pigeon.cluster.ledgers import LedgerInfo, TooFewNodes, cut_at, ledger_id, new_ensemble, next_seq, repair_target
+from pigeon.cluster.quorum import Replication
+
+REP = Replication(3, 3, 2)
+
+
+def _list(lengths: list[int], open_last: bool) -> list[LedgerInfo]:
+    out, first = [], 0
+    for i, n in enumerate(lengths):
+        end = None if open_last and i == len(lengths) - 1 else first + n
+        out.append(LedgerInfo(ledger_id(1, i), 1, {"a": "a:1", "b": "b:1", "c": "c:1"}, first, end))
+        first += n
+    return out
+
+
+@given(st.lists(st.integers(0, 5), min_size=1, max_size=8), st.booleans(), st.integers(0, 45))
+def test_a_cut_keeps_the_ledger_that_holds_it_and_everything_after(lengths, open_last, at):
+    ledgers = _list(lengths, open_last)
+    plan = cut_at(ledgers, at)
+    holds = [lg for lg in ledgers if lg.first <= at and (lg.end is None or at < lg.end)]
+    if not holds:
+        assert plan is None
+        return
+    keep, dropped = plan
+    assert keep[0].id == holds[0].id and keep[0].start == at
+    assert [lg.id for lg in dropped + keep] == [lg.id for lg in ledgers]
+    assert all(lg.end is not None and lg.end <= at for lg in dropped)
+    assert ledgers[len(dropped)].start is None  # the list it was given is not changed
+    assert next_seq(keep) == next_seq(ledgers)  # ids go on after a cut, never reused
+
+
+@settings(max_examples=200)
+@given(st.dictionaries(st.sampled_from("abcdefg"), st.sampled_from(["", "z1", "z2"]), min_size=0, max_size=7),
+       st.sets(st.sampled_from("abcdefg")), st.integers(0, 100))
+def test_a_new_ensemble_takes_up_nodes_only_and_leaves_the_failed_out_while_it_can(zones, avoid, seq):
+    machine_of = {n: "" for n in zones}
+    try:
+        chosen = new_ensemble(ledger_id(2, seq), zones, machine_of, avoid, REP, "a")
+    except TooFewNodes:
+        assert len(zones) < REP.ack_quorum
+        return
+    usable = set(zones) - avoid if len(set(zones) - avoid) >= REP.ack_quorum else set(zones)
+    assert len(chosen) == min(3, len(usable)) and len(set(chosen)) == len(chosen) and set(chosen) <= usable
+    assert chosen == new_ensemble(ledger_id(2, seq), zones, machine_of, avoid, REP, "a")  # every node computes it
+
+
+def test_one_machine_s_workers_give_a_ledger_one_copy_its_writer_s():
+    zones = {"m.w0": "", "m.w1": ""}
+    machine_of = {"m.w0": "m", "m.w1": "m"}
+    assert new_ensemble(ledger_id(3, 0), zones, machine_of, set(), Replication(1, 1, 1), "m.w1") == ["m.w1"]
+    with pytest.raises(TooFewNodes):
+        new_ensemble(ledger_id(3, 0), zones, machine_of, set(), REP, "m.w1")
+
+
+def test_repair_copies_a_closed_ledger_short_of_members_to_a_node_up_on_another_machine():
+    lg = LedgerInfo(ledger_id(4, 0), 1, {"a": "a:1", "b": "b:1", "dead": "d:1"}, 0, 10)
+    up = {"a", "b", "c"}
+    machine_of = {n: n for n in up}
+    assert repair_target(lg, up, 3, machine_of, {n: "" for n in up}) == "c"
+    assert repair_target(LedgerInfo(lg.id, 1, lg.members, 0, None), up, 3, machine_of, {n: "" for n in up}) is None
+    assert repair_target(lg, {"a", "b"}, 2, {"a": "a", "b": "b"}, {"a": "", "b": ""}) is None  # no spare node
+    full = LedgerInfo(lg.id, 1, {"a": "a:1", "b": "b:1", "c": "c:1"}, 0, 10)
+    assert repair_target(full, up, 3, machine_of, {n: "" for n in up}) is None
