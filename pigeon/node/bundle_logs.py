@@ -98,6 +98,7 @@ class BundleLogs:
         # surely ended if they are dead (twice its time to live), so ledgers do not roll onto them again
         self._suspects: dict[str, float] = {}
         self._suspect_s = 2 * cluster.config.session_ttl_s
+        self._heard: dict[str, float] = {}  # peer → when it last answered this node
 
     # --- the engine's side -------------------------------------------------------------------------------
     def serving(self, log_id: int) -> bool:
@@ -173,7 +174,19 @@ class BundleLogs:
     async def answering(self, peers: dict, timeout: float) -> int:
         """How many of `peers` (node → NodeInfo) answer a storage call within `timeout`."""
         answers = await asyncio.gather(*(self.member(n, i.dial).answers(timeout) for n, i in peers.items()))
+        for n, ok in zip(peers, answers):
+            if ok:
+                self._heard_from(n)
         return sum(answers)
+
+    def _heard_from(self, node: str) -> None:
+        self._heard[node] = asyncio.get_running_loop().time()
+
+    def heard_within(self, seconds: float) -> set[str]:
+        """The peers that answered this node (a write of its ledgers, a storage call) within the last `seconds`:
+        an owner with nothing to write hears nothing, and learns it is cut off only by asking."""
+        now = asyncio.get_running_loop().time()
+        return {n for n, t in self._heard.items() if now - t <= seconds}
 
     def failed_within(self, seconds: float) -> set[str]:
         """The members that failed a write of this node's within the last `seconds`."""
@@ -215,6 +228,7 @@ class BundleLogs:
         w = LedgerWriter(lg.id, lg.epoch, {n: self.member(n, a) for n, a in lg.members.items()},
                          self._replication_of(lg))
         w.on_roll = lambda: self.start_roll(ol)  # a member failed, perhaps with nothing waiting: roll now
+        w.on_answer = self._heard_from
         return w
 
     # --- taking a bundle over ------------------------------------------------------------------------------

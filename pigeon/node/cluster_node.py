@@ -316,8 +316,12 @@ class ClusterNode:
         me = self.info.node_id
         peers = {n: i for n, i in members.items() if n != me and i.listening and not i.cut_off}
         if not self.membership.info.cut_off:
-            if needed <= 0 or not self.owned or len(peers) < needed or \
-                    not set(peers) <= self.logs.failed_within(2 * limits.member_silence_s):
+            if needed <= 0 or not self.owned or len(peers) < needed:
+                return
+            # every peer failed a write lately — or none answered anything lately (an owner with nothing to write
+            # hears nothing, and must ask: else it would hold its bundles through a cut, serving none of them)
+            failed = set(peers) <= self.logs.failed_within(2 * limits.member_silence_s)
+            if not failed and len(self.logs.heard_within(limits.member_silence_s) & set(peers)) >= needed:
                 return
             if await self.logs.answering(peers, limits.cut_off_probe_s) >= needed:
                 return

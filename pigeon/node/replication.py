@@ -330,6 +330,7 @@ class LedgerWriter:
         self.rolled: Roll | None = None
         self.failed: set[str] = set()  # members that failed or refused (the next ensemble leaves them out)
         self.on_roll = None  # called once the ledger stops taking appends (also when none were waiting)
+        self.on_answer = None  # called with a member's name whenever it answers
         self.streams = {m: c.open_append(channel=True) for m, c in members.items()}
         self._readers = [asyncio.create_task(self._follow(m, s)) for m, s in self.streams.items()]
         self._readers.append(asyncio.create_task(self._watch(limits.member_silence_s)))
@@ -380,6 +381,8 @@ class LedgerWriter:
                     self.failed.add(member)
                     self._perform(self.machine.failed(member, error))
                     return
+                if self.on_answer is not None:
+                    self.on_answer(member)
                 self._perform(self.machine.acked_through(member, index + 1))
             self.failed.add(member)  # the member ended the stream (it is stopping): it takes no more entries
             self._perform(self.machine.failed(member, stream.why_ended))
