@@ -249,10 +249,10 @@ class ClusterSim:
         up = [n for n in self.nodes.values() if n.up and n.ready]
         return self.rng.choice(up or list(self.nodes.values()))
 
-    async def _routed(self, log_id: int, fn):
+    async def _routed(self, log_id: int, fn, via: "SimNode | None" = None):
         """A client's call through a random node: served there if it owns the log, else forwarded once to the
         owner its routes name (as api.router does)."""
-        entry = self._entry()
+        entry = via or self._entry()
         self.h.calls += 1
 
         async def at(node: SimNode):
@@ -275,15 +275,15 @@ class ClusterSim:
 
         return await asyncio.wait_for(entry.call(lambda: at(entry)), CALL_S)
 
-    async def publish(self, t: int) -> None:
+    async def publish(self, t: int, via: SimNode | None = None) -> None:
         """One publish of 1–3 messages with an ordering key; a key's publishes go one at a time, as an ordered
         publisher's do (per-key order is promised for publishes made in order)."""
         topic = self.topics[t]
         key = self.rng.choice(KEYS)
         async with self._publishing.setdefault((t, key), asyncio.Lock()):
-            await self._publish(t, topic, key)
+            await self._publish(t, topic, key, via)
 
-    async def _publish(self, t: int, topic: str, key: str) -> None:
+    async def _publish(self, t: int, topic: str, key: str, via: SimNode | None) -> None:
         n = self.rng.randint(1, 3)
         datas = []
         for _ in range(n):
@@ -298,7 +298,7 @@ class ClusterSim:
         cmd = commands.check_publish(raw)
         try:
             ids = await self._routed(bundle_log(topic, BUNDLES), lambda node: node.engine.publish(
-                cmd.topic, cmd.request, cmd.count, cmd.ordering_key, cmd.idempotency_keys, cmd.activations))
+                cmd.topic, cmd.request, cmd.count, cmd.ordering_key, cmd.idempotency_keys, cmd.activations), via)
         except (PigeonError, _Refused, asyncio.TimeoutError):
             self.h.publish_failed += 1
             return
@@ -380,13 +380,18 @@ class ClusterSim:
         self.meta.hold(down)
 
     # --- the run -----------------------------------------------------------------------------------------
-    async def run(self) -> History:
+    async def start_cluster(self) -> None:
+        """The metadata store and every node, until each has joined."""
         loop = asyncio.get_running_loop()
         loop.set_task_factory(self._task_factory)
         self.meta = LocalMetadata(clock=loop.time)
         for n in self.nodes.values():
             n.start()
-        await self._until(lambda: all(n.ready for n in self.nodes.values()), 30, "the nodes to join")
+        await self.until(lambda: all(n.ready for n in self.nodes.values()), 30, "the nodes to join")
+
+    async def start_workload(self) -> None:
+        """The cluster, its topics and subscriptions, every bundle owned."""
+        await self.start_cluster()
         first = self.nodes["n1"]
         for t in self.topics:
             await first.call(lambda t=t: first.engine.create_topic(types.Topic.pb()(name=t)))
@@ -394,7 +399,15 @@ class ClusterSim:
             sub = types.Subscription.pb()(name=s, topic=self.topics[t], ack_deadline_seconds=10,
                                           enable_message_ordering=s.endswith("-ordered"))
             await first.call(lambda sub=sub: first.engine.create_subscription(sub))
-        await self._until(self._all_owned, 30, "every bundle to have an owner")
+        await self.until(self.all_owned, 30, "every bundle to have an owner")
+
+    def owner_of(self, t: int) -> SimNode | None:
+        """The node serving topic `t`'s bundle now (None between owners)."""
+        log_id = bundle_log(self.topics[t], BUNDLES)
+        return next((n for n in self.nodes.values() if n.up and n.ready and n.engine.owns(log_id)), None)
+
+    async def run(self) -> History:
+        await self.start_workload()
         for _ in range(self.steps):
             r = self.rng.random()
             work = []
@@ -405,12 +418,12 @@ class ClusterSim:
             work.append(self.consume(self.rng.choice(list(self.subs))))
             await asyncio.gather(*work)
             await asyncio.sleep(self.rng.uniform(0.01, 0.3))
-        await self._heal_all()
-        await self._drain()
-        self._check()
+        await self.heal_all()
+        await self.drain()
+        self.check()
         return self.h
 
-    async def _heal_all(self) -> None:
+    async def heal_all(self) -> None:
         self.faults.append("heal everything")
         self.net.heal()
         if self.net.meta_down:
@@ -418,10 +431,10 @@ class ClusterSim:
         for n in self.nodes.values():
             if not n.up:
                 n.start()
-        await self._until(lambda: all(n.ready for n in self.nodes.values()), 60, "the nodes to start again")
-        await self._until(self._all_owned, 60, "every bundle to have an owner")
+        await self.until(lambda: all(n.ready for n in self.nodes.values()), 60, "the nodes to start again")
+        await self.until(self.all_owned, 60, "every bundle to have an owner")
 
-    async def _drain(self) -> None:
+    async def drain(self) -> None:
         deadline = asyncio.get_running_loop().time() + 120
         while asyncio.get_running_loop().time() < deadline:
             missing = self._missing()
@@ -437,7 +450,7 @@ class ClusterSim:
             out += [(sub, mid) for mid, (topic, _) in self.h.published.items() if topic == t and mid not in seen]
         return out
 
-    def _all_owned(self) -> bool:
+    def all_owned(self) -> bool:
         owned = {}
         for n in self.nodes.values():
             if n.ready:
@@ -446,7 +459,7 @@ class ClusterSim:
                         owned[b] = n.id
         return len(owned) == BUNDLES
 
-    async def _until(self, ok, seconds: float, what: str) -> None:
+    async def until(self, ok, seconds: float, what: str) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + seconds
         while not ok():
@@ -467,7 +480,7 @@ class ClusterSim:
                 seen.append(f"{n.id}: down")
         return f"owner keys {owners}; node keys {nodes}; " + "; ".join(seen)
 
-    def _check(self) -> None:
+    def check(self) -> None:
         missing = self._missing()
         if missing:
             sub, mid = missing[0]

@@ -5,13 +5,15 @@ replicated), a seed finds it."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import pytest
 
 from pigeon.cluster.quorum import Replication
 from pigeon.node import engine, ledger_store, replication
-from pigeon.testing.simcluster import SimFailure, run_seed
+from pigeon.testing import simloop
+from pigeon.testing.simcluster import ClusterSim, SimFailure, run_seed
 
 SEEDS = 40
 STEPS = 60
@@ -38,14 +40,39 @@ def test_cluster_seeds_run_clean():
         run_seed(seed, STEPS)
 
 
+def _owner_cut_off_from_the_store_keeps_publishing(seed: int) -> None:
+    """An owner cut off from the metadata store only: its session ends and another node takes its bundle over,
+    while it still reaches the members and its clients go on publishing through it. Fencing is what keeps its
+    late appends from being acknowledged beside the new owner's; then everything is healed and drained."""
+    sim = ClusterSim(seed, steps=0)
+
+    async def go():
+        await sim.start_workload()
+        old = sim.owner_of(0)
+        sim.net.meta_cut.add(old.id)
+        for _ in range(80):  # ~8 s: past the session, the takeover and the fence
+            await asyncio.gather(sim.publish(0, via=old), sim.publish(0), sim.consume(next(iter(sim.subs))))
+            await asyncio.sleep(0.1)
+        await sim.heal_all()
+        await sim.drain()
+        sim.check()
+
+    simloop.run(go())
+
+
+def test_an_owner_cut_off_from_the_store_gets_no_late_append_acknowledged():
+    _owner_cut_off_from_the_store_keeps_publishing(7)
+
+
 def test_it_notices_a_ledger_member_that_does_not_fence(monkeypatch):
     """Without fencing, an owner that lost its session yet still reaches the members keeps having its appends
-    acknowledged beside the new owner's."""
+    acknowledged beside the new owner's: the same message id names two messages, or an acknowledged one is lost."""
     async def no_fence(self, ledger):
         return self.held(ledger)
 
     monkeypatch.setattr(ledger_store.LedgerStore, "fence", no_fence)
-    assert _first_failure()
+    with pytest.raises(SimFailure):
+        _owner_cut_off_from_the_store_keeps_publishing(7)
 
 
 def test_it_notices_an_append_acknowledged_on_one_copy(monkeypatch):
@@ -69,3 +96,27 @@ def test_it_notices_a_delivery_handed_out_before_its_lease_is_replicated(monkeyp
     monkeypatch.setattr(engine.Engine, "recorded", at_once)
     found = _first_failure()
     assert "after its ack returned OK" in found, found
+
+
+def test_an_idle_owner_cut_off_from_its_peers_steps_down():
+    """With nothing to write, an owner hears nothing from its peers and learns it is cut off only by asking: it
+    must step down all the same, or its bundles stay unserved for as long as the cut lasts."""
+    import asyncio
+
+    from pigeon.testing import simloop
+    from pigeon.testing.simcluster import ClusterSim
+
+    sim = ClusterSim(1, steps=0)
+
+    async def go():
+        await sim.start_cluster()
+        await sim.until(sim.all_owned, 30, "every bundle to have an owner")
+        await asyncio.sleep(10)  # nothing written since: every writer is idle
+        n1 = sim.nodes["n1"]
+        assert n1.cluster.owned, "n1 owns bundles before the cut"
+        sim.net.isolate("n1", from_meta=False)
+        await asyncio.sleep(15)
+        return dict(n1.cluster.owned), n1.cluster.membership.info.cut_off
+
+    owned, cut_off = simloop.run(go())
+    assert cut_off and not owned, f"n1 still owns {owned} after 15 s cut off from its peers"
