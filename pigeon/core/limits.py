@@ -64,6 +64,7 @@ pull_wait_s_max = 10.0  # a Pull with nothing to deliver answers empty after thi
 pull_answer_before_deadline_s = 0.5  # … or this long before the caller's deadline, so it sees no error
 stream_outstanding_messages_default = 1_000
 stream_response_messages_max = 1_000
+stream_deliveries_ahead = 4  # deliveries of a stream whose leases are being recorded (a cluster) at once
 streams_max = 20_000  # StreamingPull streams open at once on a server
 stream_unsent_bytes_max = 256 * 1024 * 1024  # responses on their way to clients, shared fairly by open streams
 shutdown_grace_s = 2.0  # on SIGTERM, calls in flight get this long to finish before they are cancelled

@@ -176,24 +176,44 @@ class Delivery:
             if s.detached:
                 raise FailedPrecondition(f"The subscription {s.name} is detached.")
             s.last_activity = self.executor.clock.now()  # an open stream keeps the subscription alive
-            room = stream.room()
-            if room > 0:
-                out = self.deliver(
-                    s,
-                    min(room, limits.stream_response_messages_max),
-                    max(1, min(stream.max_bytes - stream.held_bytes, self.executor.admission.share())),
-                    stream,
-                    stream.deadline_s,
-                )
-                if out:
-                    self._pass_on(s)
-                    await self.executor.recorded(s.log_id)
+            if stream.unsent:  # (a cluster) the oldest delivery goes out once its lease is recorded; meanwhile
+                out, recording = stream.unsent[0]  # the next one's lease goes on its way
+                if not recording.done():
+                    if len(stream.unsent) < limits.stream_deliveries_ahead:
+                        self._deliver_to(stream)
+                    await asyncio.shield(recording)
+                stream.unsent.popleft()
+                recording.result()  # Unavailable: the bundle moved (its next owner holds the leases)
+                return out
+            if stream.room() > 0:
+                out = self._deliver_to(stream)
+                if out is not None:
                     return out
-                await self._wait(s, limits.stream_idle_wake_s, stream)
+                if not stream.unsent:
+                    await self._wait(s, limits.stream_idle_wake_s, stream)
                 if hops.ON:
                     hops.mark("woken")
             else:  # flow control: only this stream's acks (or its own events) can change that
                 await stream.wait(limits.stream_idle_wake_s)
+
+    def _deliver_to(self, stream: Stream) -> list[bytes] | None:
+        """Lease what the stream may take now: the entries to send at once (one node), or None — nothing to
+        send yet, or (in a cluster) a delivery queued in `stream.unsent` until its lease is recorded."""
+        s = stream.sub
+        room = stream.room()
+        if room <= 0:
+            return None
+        out = self.deliver(s, min(room, limits.stream_response_messages_max),
+                           max(1, min(stream.max_bytes - stream.held_bytes, self.executor.admission.share())),
+                           stream, stream.deadline_s)
+        if not out:
+            return None
+        self._pass_on(s)
+        recording = self.executor.logs.recording(s.log_id)
+        if recording is None:
+            return out
+        stream.unsent.append((out, recording))
+        return None
 
     def close_stream(self, stream: Stream) -> None:
         """Messages it still holds stay leased until their deadline (the client may still ack them)."""

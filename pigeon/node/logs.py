@@ -48,13 +48,18 @@ class NodeLogs:
         replicated = self._replication(log_id)
         await self.journal.wait_durable(self.journal.tail if end is None else end)
         if replicated is not None:
-            await replicated
+            await asyncio.shield(replicated)  # (many wait for it: a waiter cancelled must not cancel it)
 
     async def replicated(self, log_id: int) -> None:
         """Until everything appended so far to `log_id` is held by Qa members (at once for a log not replicated)."""
         replicated = self._replication(log_id)
         if replicated is not None:
-            await replicated
+            await asyncio.shield(replicated)
+
+    def recording(self, log_id: int) -> asyncio.Future | None:
+        """What `replicated` waits for, as a future to await (shielded) or look at later; None when the log is not
+        replicated (nothing to wait for)."""
+        return self._replication(log_id) if self.replicas is not None else None
 
     def on_durable(self, end: int, log_id: int, callback) -> None:
         """`callback()` once the journal is durable up to `end` and what was appended to `log_id` so far is
