@@ -180,6 +180,7 @@ metadata_watch_history_max = 10_000  # changes of the embedded metadata store a 
 log_read_entries_max = 512  # entries per Read call when a bundle log is read back, at most, and about …
 log_read_bytes = 8 << 20  # … this many bytes: the first call asks for log_read_first_entries, later ones as many
 log_read_first_entries = 16  # as the entries so far average to log_read_bytes (a read of one's own copy holds the loop)
+repair_check_s = 30.0  # a repair pass at least this often even when nothing it depends on changed
 ledger_retry_s = 0.5  # between attempts of a takeover or a roll that could not finish (etcd or members unreachable)
 release_wait_s_max = 5.0  # how long a bundle given up waits for its records in flight to be confirmed
 quota_share_floor = 0.25  # a node's part of a quota is at least this share of an equal part (its first calls pass)

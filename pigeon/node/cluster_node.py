@@ -75,6 +75,7 @@ class ClusterNode:
         self._routes_stale = asyncio.Event()  # an owner or a node changed: read the routes again
         self.etcd_down = False  # the last placement pass could not reach etcd
         self.changed = asyncio.Event()  # something placement depends on may have changed
+        self.node_changes = 0  # node keys changed (a node came, went, or changed its address) — or may have
         self._tasks: list[asyncio.Task] = []
         self._taking: set[int] = set()  # bundles claimed whose takeover runs
         self._checking: set[str] = set()  # peers being checked (check_peer)
@@ -230,12 +231,15 @@ class ClusterNode:
                 rev = await self.meta.revision()
                 self.changed.set()
                 self._routes_stale.set()
+                self.node_changes += 1  # (what happened while the watch was down is not known)
                 async for ev in self.meta.watch(M.ROOT + "/", rev):
                     key = ev.kv.key
                     if key.startswith(placing):
                         self.changed.set()
                         if key.startswith(routing):
                             self._routes_stale.set()
+                        if key.startswith(routing[1]):
+                            self.node_changes += 1
             except asyncio.CancelledError:
                 if asyncio.current_task().cancelling():
                     raise
@@ -293,8 +297,7 @@ class ClusterNode:
             try:
                 if self.membership.lost.is_set():
                     await self._rejoin()
-                await self._check_cut_off()
-                await self.rebalance()
+                await self.rebalance(await self._check_cut_off())
                 if unavailable:
                     log.info("etcd answers again")
                 unavailable = self.etcd_down = False
@@ -309,22 +312,24 @@ class ClusterNode:
             except Exception:
                 log.exception("following placement failed; trying again")
 
-    async def _check_cut_off(self) -> None:
-        """Step down when cut off from the peers; come back once enough of them answer (the module's rules)."""
+    async def _check_cut_off(self) -> dict | None:
+        """Step down when cut off from the peers; come back once enough of them answer (the module's rules). The
+        members it read when it neither changed nor waited for anything (placement goes on from them: one read of
+        etcd a pass), else None."""
         needed = self.logs.replication.ack_quorum - 1  # peers a quorum needs besides this node
         members = await self.membership.members()
         me = self.info.node_id
         peers = {n: i for n, i in members.items() if n != me and i.listening and not i.cut_off}
         if not self.membership.info.cut_off:
             if needed <= 0 or not self.owned or len(peers) < needed:
-                return
+                return members
             # every peer failed a write lately — or none answered anything lately (an owner with nothing to write
             # hears nothing, and must ask: else it would hold its bundles through a cut, serving none of them)
             failed = set(peers) <= self.logs.failed_within(2 * limits.member_silence_s)
             if not failed and len(self.logs.heard_within(limits.member_silence_s) & set(peers)) >= needed:
-                return
+                return members
             if await self.logs.answering(peers, limits.cut_off_probe_s) >= needed:
-                return
+                return None  # (after a probe: what etcd says may have moved on)
             log.warning("node %s reaches etcd but fewer than %d of its peers (%s): stepping down — its %d bundles "
                         "go to nodes that can replicate them", me, needed, ",".join(sorted(peers)), len(self.owned))
             await self.membership.say_cut_off(True)
@@ -333,11 +338,12 @@ class ClusterNode:
                 self.logs.lose(b + 1, "cut off from its peers")
             for b, epoch in held.items():
                 await self.membership.release(b, epoch)
-            return
+            return None
         if peers and await self.logs.answering(peers, limits.cut_off_probe_s) < needed:
-            return
+            return None
         log.info("node %s reaches its peers again: it takes bundles again", me)
         await self.membership.say_cut_off(False)
+        return None
 
     async def _rejoin(self) -> None:
         log.warning("node %s lost its session: joining again under a new one", self.info.node_id)
@@ -346,15 +352,16 @@ class ClusterNode:
             self.logs.lose(log_id, "this node's session ended")
         await self.membership.join()
 
-    async def rebalance(self) -> tuple[list[int], list[int]]:
-        """Take the free bundles placement gives this node, give up the ones it gives another: (taken, released)."""
+    async def rebalance(self, members: dict | None = None) -> tuple[list[int], list[int]]:
+        """Take the free bundles placement gives this node, give up the ones it gives another: (taken, released).
+        `members`: the nodes as just read from etcd (else read here)."""
         try:
-            return await self._rebalance()
+            return await self._rebalance(members)
         finally:
             self._routes_stale.set()
 
-    async def _rebalance(self) -> tuple[list[int], list[int]]:
-        members = await self.membership.members()
+    async def _rebalance(self, members: dict | None) -> tuple[list[int], list[int]]:
+        members = await self.membership.members() if members is None else members
         want = await self.membership.placement(self.config.bundles, members)
         owners = await self.membership.owners()
         me = self.info.node_id

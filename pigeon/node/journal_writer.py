@@ -204,18 +204,36 @@ class JournalWriter:
             if hops.ON:
                 hops.mark("asked")
 
-    def wait_durable(self, end: int, ask: bool = True) -> asyncio.Future:
-        """A future done once the journal is durable up to `end`. With `ask` false the writer is not asked for
-        it: it rides with the next group commit somebody asks for, or limits.lazy_flush_s (fsync=always) at the
-        latest."""
+    def wait_durable(self, end: int, ask: bool = True, also: tuple["JournalWriter", int] | None = None) \
+            -> asyncio.Future:
+        """A future done once the journal is durable up to `end` — and, with `also` = (another writer, a position
+        in it), that one too (never asked: an entry borrowed from the node's journal is made durable by whoever
+        wrote it). With `ask` false the writer is not asked for it: it rides with the next group commit somebody
+        asks for, or limits.lazy_flush_s (fsync=always) at the latest. (One future, settled by the journals'
+        own callbacks: a replica's every entry waits this way.)"""
         fut = self._loop.create_future()
-        if self.journal.durable >= end:
+        writers = [(self, end)] if also is None else [(self, end), also]
+        failed = next((w.failure() for w, _ in writers if w.failure() is not None), None)
+        waits = [(w, e) for w, e in writers if w.journal.durable < e]
+        if failed is not None:
+            fut.set_exception(failed)
+        elif not waits:
             fut.set_result(None)
-        elif self._failed is not None:
-            fut.set_exception(self._error())
         else:
-            self.journal.on_durable(end, lambda exc: _settle(fut, exc, self._error))
-            if ask and self._want < end:
+            left = [len(waits)]
+
+            def one(exc, writer: JournalWriter) -> None:
+                if fut.done():
+                    return
+                if exc is not None:
+                    fut.set_exception(writer.failure() or exc)
+                    return
+                left[0] -= 1
+                if not left[0]:
+                    fut.set_result(None)
+            for w, e in waits:
+                w.journal.on_durable(e, lambda exc, w=w: one(exc, w))
+            if ask and self.journal.durable < end and self._want < end:
                 self.flush_soon()
         return fut
 
@@ -226,6 +244,10 @@ class JournalWriter:
             callback(self._failed)
         else:
             self.journal.on_durable(end, callback)
+
+    def failure(self) -> BaseException | None:
+        """What this writer failed with (ENOSPC as the error callers see), or None."""
+        return None if self._failed is None else self._error()
 
     def _error(self):
         exc = self._failed
@@ -421,11 +443,3 @@ class JournalWriter:
         """Remove whole segments that end at or before `pos` (never the active one)."""
         return self.journal.delete_before(pos)
 
-
-def _settle(fut: asyncio.Future, exc: BaseException | None, error) -> None:
-    if fut.done():
-        return
-    if exc is None:
-        fut.set_result(None)
-    else:
-        fut.set_exception(error())

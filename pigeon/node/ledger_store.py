@@ -162,8 +162,7 @@ class LedgerStore:
                 self.borrowed[ledger] = [pos, end]
             else:
                 b[1] = end
-        return asyncio.gather(self.writer.wait_durable(self.writer.tail, ask=now),
-                              self.node.wait_durable(end, ask=False))
+        return self.writer.wait_durable(self.writer.tail, ask=now, also=(self.node, end))
 
     def flush(self) -> None:
         """Make everything submitted so far durable now: somebody waits for it."""

@@ -33,6 +33,7 @@ class LedgerUpkeep:
         self.bundles = bundles
         self.under_replicated = 0  # closed ledgers short of members that are up, at the last repair pass
         self._repairing: asyncio.Task | None = None
+        self._clean: tuple | None = None  # (what a pass depends on, when) at the last pass that found nothing short
 
     def close(self) -> None:
         if self._repairing is not None:
@@ -121,13 +122,28 @@ class LedgerUpkeep:
 
     # --- repair -------------------------------------------------------------------------------------------------
     def start_repair(self) -> None:
-        """Repair in the background (one pass at a time): see `repair`."""
-        if self._repairing is None or self._repairing.done():
-            self._repairing = asyncio.get_running_loop().create_task(self._repair_logged(), name="pigeon-repair")
+        """Repair in the background (one pass at a time): see `repair` — unless the last pass found nothing short
+        and nothing it depends on changed since (which nodes there are, which ones this node suspects, the logs it
+        owns, a ledger closed), and limits.repair_check_s has not passed: a pass reads every owned log's ledger
+        list from etcd, and placement asks for one every time it looks."""
+        if self._repairing is not None and not self._repairing.done():
+            return
+        if self._clean is not None:
+            inputs, at = self._clean
+            if inputs == self._inputs() and asyncio.get_running_loop().time() - at < limits.repair_check_s:
+                return
+        self._repairing = asyncio.get_running_loop().create_task(self._repair_logged(), name="pigeon-repair")
+
+    def _inputs(self) -> tuple:
+        b = self.bundles
+        return b.cluster.node_changes, b.rolls, frozenset(b.logs), frozenset(b.suspected())
 
     async def _repair_logged(self) -> None:
+        inputs, at = self._inputs(), asyncio.get_running_loop().time()
+        self._clean = None
         try:
-            await self.repair()
+            if await self.repair() == 0 and self.under_replicated == 0:
+                self._clean = (inputs, at)
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 — the next pass tries again

@@ -160,7 +160,8 @@ class LocalMetadata:
             return
         if self._timer is not None:
             self._timer.cancel()
-        if self.leases:
+            self._timer = None
+        if self.leases and not self._held:  # (held: nothing expires; `hold(False)` arms again)
             wait = max(0.0, min(d for _, d in self.leases.values()) - self.clock())
             self._timer = loop.call_later(wait + 0.01, self._tick)
 
