@@ -194,11 +194,22 @@ class ClusterNode:
             log.debug("checking node %s: %s", node_id, e)
 
     async def listening(self) -> None:
-        """The server answers: ledgers may now be placed on this node's storage."""
+        """The server answers: bundles may now be given to this node and ledgers placed on its storage. Said
+        again until etcd took it (a rejoin says it too)."""
         try:
             await self.membership.listening()
         except M.StoreUnavailable as e:
-            log.warning("could not say this node listens (%s); its ledgers wait until etcd answers", e)
+            log.warning("could not say this node listens (%s); its bundles and ledgers wait until etcd answers", e)
+            self._tasks.append(asyncio.get_running_loop().create_task(self._say_listening(), name="pigeon-listening"))
+
+    async def _say_listening(self) -> None:
+        while True:
+            await asyncio.sleep(limits.ledger_retry_s)
+            try:
+                await self.membership.listening()
+                return
+            except M.StoreUnavailable:
+                continue
 
     async def leave(self) -> None:
         self.engine.leave_cluster()

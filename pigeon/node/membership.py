@@ -155,11 +155,14 @@ class Membership:
         return {kv.key[len(prefix):] for kv in await self.meta.list(prefix)}
 
     async def placement(self, bundles: int, members: dict[str, NodeInfo] | None = None) -> dict[int, str]:
-        """Who should own each bundle, from the live nodes that are neither draining nor cut off from their peers
-        (every node computes the same)."""
+        """Who should own each bundle, from the live nodes that listen (a node still starting gets none: nobody
+        could reach it for them, and its peers cannot tell it died — a refused connection proves nothing before it
+        listened, so its bundles would wait for its session to run out) and are neither draining nor cut off from
+        their peers (every node computes the same)."""
         drained = await self.draining()
         members = await self.members() if members is None else members
-        live = [n for n, i in members.items() if not i.draining and not i.cut_off and n not in drained]
+        live = [n for n, i in members.items()
+                if i.listening and not i.draining and not i.cut_off and n not in drained]
         return assign(bundles, live) if live else {}
 
     async def owners(self) -> dict[int, tuple[str, int]]:
