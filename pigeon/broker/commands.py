@@ -325,7 +325,7 @@ def acks(s: SubscriptionState, ack_ids, now: float) -> tuple[list[int], dict[str
     if eod:
         s.expire(now)
     elif not s.parked:  # nothing to check per id: a batch of this subscription's ids is parsed at once
-        batch = hot.ack_numbers(s.uid, ack_ids)
+        batch = hot.ack_numbers(s.uid, ack_ids, s.generation)
         if batch is not None:
             return batch, {}
     failures: dict[str, str] = {}
@@ -333,7 +333,7 @@ def acks(s: SubscriptionState, ack_ids, now: float) -> tuple[list[int], dict[str
     leases, uid = s.leases, s.uid
     for a in ack_ids:
         try:
-            p = ackid.parse(uid, a)
+            p = ackid.parse(uid, a, s.generation)
         except InvalidArgument:
             if not eod:
                 raise
@@ -384,7 +384,7 @@ def modacks(s: SubscriptionState, ack_ids, seconds, now: float) -> tuple[list[R.
     leases = s.leases
     for a, sec in zip(ack_ids, seconds):
         try:
-            p = ackid.parse(s.uid, a)
+            p = ackid.parse(s.uid, a, s.generation)
         except InvalidArgument:
             if not eod:
                 raise

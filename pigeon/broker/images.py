@@ -68,7 +68,7 @@ def images(state: BrokerState):
 def sub_image(s: SubscriptionState) -> CK.SubImage:
     floors, acked = s.export_state()
     return CK.SubImage(s.uid, floors, acked, s.export_leases(), list(s.versions.items()), list(s.parked.items()),
-                       list(s.overrides.items()))
+                       list(s.overrides.items()), s.generation)
 
 
 def _bundle(state: BrokerState, log: int, bundles: int) -> list[TopicState]:

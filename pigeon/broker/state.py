@@ -277,6 +277,7 @@ class BrokerState:
             raise Contradiction(f"seek of subscription {rec.sub} with {len(rec.floors)} shards, it has "
                                 f"{len(s.shards)}")
         s.reset(rec.floors, rec.acked)
+        s.generation += 1
         return [(WAKE_ALL, s.uid)]
 
     def _trim(self, rec: R.Trim):
@@ -542,6 +543,7 @@ class BrokerState:
             s.versions.update(image.versions)
             s.parked.update(image.parked)
             s.overrides.update(image.overrides)
+            s.generation = image.generation
             return
         t = self.topics_by_uid.get(image.topic)
         if t is None:

@@ -112,6 +112,7 @@ class SubscriptionState(Dispatch):
         # --- durable: changed only by the apply methods
         self.leases: dict[int, Lease] = {}
         self.versions: dict[int, int] = {}  # num → deliveries so far, for unacked messages not leased now
+        self.generation = 0  # seeks so far: ack ids handed out before the latest one ack nothing (core.ackid)
         # queue extensions: parked messages (rescheduled to an activation ms, or buried: -1) are skipped by
         # every path until due or kicked; overrides replace a message's stored bytes for this subscription
         self.parked: dict[int, int] = {}
@@ -362,6 +363,7 @@ class SubscriptionState(Dispatch):
         """Back to its state as created (its bundle log is applied again from the start)."""
         self.reset(self.start, [[] for _ in self.start])
         self.overrides.clear()
+        self.generation = 0
 
     def _clear_dispatch(self) -> None:
         self._heap.clear()

@@ -11,6 +11,7 @@ cdef extern from "Python.h":
     bint PyUnicode_IS_ASCII(object)
 
 cdef uint64_t _BIG = 1 << 62  # numbers at or above this take the Python function
+cdef uint64_t _VERSIONS = (<uint64_t>1) << 32  # delivery versions at or above this too (pigeon.core.ackid)
 
 
 cdef object _python():
@@ -53,10 +54,11 @@ cdef inline char* _put_varint(char* p, uint64_t v) noexcept:
 
 
 def received_entries(locate, topic, taken, sub_uid, bint show_attempt, Py_ssize_t max_bytes, overrides,
-                     id_base, int shard_bits):
-    if not (0 <= sub_uid < _BIG and 0 <= id_base < _BIG and 0 <= shard_bits < 32):
+                     id_base, int shard_bits, generation=0):
+    if not (0 <= sub_uid < _BIG and 0 <= id_base < _BIG and 0 <= shard_bits < 32 and 0 <= generation < _BIG >> 32):
         return _python().received_entries(locate, topic, taken, sub_uid, show_attempt, max_bytes, overrides,
-                                          id_base, shard_bits)
+                                          id_base, shard_bits, generation)
+    cdef uint64_t gen_bits = <uint64_t>generation << 32
     cdef list out = [], sizes = []
     cdef Py_ssize_t total = 0, size, n, fixed = 0, blen, tlen = 0, i = 0
     cdef uint64_t num, version, offset, uid = sub_uid, base = id_base
@@ -70,9 +72,9 @@ def received_entries(locate, topic, taken, sub_uid, bint show_attempt, Py_ssize_
     cdef char* p
     for pair in taken:
         pnum, pversion = pair
-        if pnum >= _BIG or pversion >= _BIG or pnum < 0 or pversion < 0:
+        if pnum >= _BIG or pversion >= _VERSIONS or pnum < 0 or pversion < 0:
             return _python().received_entries(locate, topic, taken, sub_uid, show_attempt, max_bytes,
-                                              overrides, id_base, shard_bits)
+                                              overrides, id_base, shard_bits, generation)
         num = pnum
         version = pversion
         offset = num >> shard_bits
@@ -98,7 +100,7 @@ def received_entries(locate, topic, taken, sub_uid, bint show_attempt, Py_ssize_
         alen += _digits(num, ack + alen)
         ack[alen] = b'.'
         alen += 1
-        alen += _digits(version, ack + alen)
+        alen += _digits(version | gen_bits, ack + alen)
         n = 3 + alen + _varint_len(size) + size + ((1 + _varint_len(version)) if show_attempt else 0)
         entry = PyBytes_FromStringAndSize(NULL, 1 + _varint_len(n) + n)
         p = PyBytes_AS_STRING(entry)
@@ -147,7 +149,9 @@ cdef object _number(const char* s, Py_ssize_t n):
     return v
 
 
-def ack_numbers(sub_uid, ack_ids):
+def ack_numbers(sub_uid, ack_ids, generation=0):
+    if generation:
+        return _python().ack_numbers(sub_uid, ack_ids, generation)
     cdef bytes prefix = b"%d." % sub_uid
     cdef const char* pre = PyBytes_AS_STRING(prefix)
     cdef Py_ssize_t plen = PyBytes_GET_SIZE(prefix), n, i, dot
@@ -155,7 +159,7 @@ def ack_numbers(sub_uid, ack_ids):
     cdef list out = []
     for a in ack_ids:
         if type(a) is not str:
-            return _python().ack_numbers(sub_uid, ack_ids)
+            return _python().ack_numbers(sub_uid, ack_ids, generation)
         if not PyUnicode_IS_ASCII(a):  # its digits would not be ASCII digits
             return None
         s = PyUnicode_AsUTF8AndSize(a, &n)
@@ -166,7 +170,8 @@ def ack_numbers(sub_uid, ack_ids):
             if s[i] == b'.':
                 dot = i
                 break
-        if dot < 0 or not _all_digits(s + plen, dot - plen) or not _all_digits(s + dot + 1, n - dot - 1):
+        if dot < 0 or not _all_digits(s + plen, dot - plen) or not _all_digits(s + dot + 1, n - dot - 1) or \
+                n - dot - 1 > 9:  # (a version of 10 digits or more may carry a seek generation)
             return None
         out.append(_number(s + plen, dot - plen))
     return out

@@ -1,5 +1,8 @@
-"""Ack ids. Owns the rule: an ack id is "subscription uid.message number.delivery version"; an ack id of
-another subscription is ignored, a malformed one is INVALID_ARGUMENT."""
+"""Ack ids. Owns the rules: an ack id is "subscription uid.message number.delivery version"; an ack id of
+another subscription is ignored, a malformed one is INVALID_ARGUMENT; and an ack id handed out before the
+subscription's latest seek is ignored too (its messages were made unacked again: a late ack of an earlier delivery
+must not ack them once more). For that the version field carries the subscription's seek generation above
+GENERATION_SHIFT bits: `version | generation << GENERATION_SHIFT` — the same ids as ever until a first seek."""
 
 from __future__ import annotations
 
@@ -8,28 +11,36 @@ from itertools import repeat
 from pigeon.core.errors import InvalidArgument
 
 FORMAT = b"%d.%d.%d"  # (subscription uid, message number, delivery version); bytes formatting on the hot path
+GENERATION_SHIFT = 32  # a delivery version (a delivery count) stays below this many bits
 
 
-def make(sub_uid: int, num: int, version: int) -> str:
-    return f"{sub_uid}.{num}.{version}"
+def make(sub_uid: int, num: int, version: int, generation: int = 0) -> str:
+    return f"{sub_uid}.{num}.{version | generation << GENERATION_SHIFT}"
 
 
-def parse(sub_uid: int, ack_id: str) -> tuple[int, int] | None:
-    """(message number, version); None when the ack id belongs to another subscription."""
+def parse(sub_uid: int, ack_id: str, generation: int = 0) -> tuple[int, int] | None:
+    """(message number, version); None when the ack id belongs to another subscription, or was handed out before
+    the subscription's seek generation `generation` began."""
     try:
         uid, num, version = ack_id.split(".")
-        if int(uid) != sub_uid:
-            return None
-        return int(num), int(version)
+        uid, num, version = int(uid), int(num), int(version)
     except ValueError:
-        raise InvalidArgument(f"You have passed an invalid ack ID to the service (ack_id={ack_id[:64]}).") from None
+        version = -1
+    if version < 0:
+        raise InvalidArgument(f"You have passed an invalid ack ID to the service (ack_id={ack_id[:64]}).")
+    if uid != sub_uid or version >> GENERATION_SHIFT != generation:
+        return None
+    return num, version & _VERSION_MASK
 
 
-def parse_many(sub_uid: int, ack_ids: list[str]) -> list[int] | None:
+_VERSION_MASK = (1 << GENERATION_SHIFT) - 1
+
+
+def parse_many(sub_uid: int, ack_ids: list[str], generation: int = 0) -> list[int] | None:
     """Message numbers of a batch of ack ids in a few C-level passes (the stream-ack hot path), or None
-    unless every one is "uid.number.version" of this subscription in plain ASCII digits: the caller then takes
-    `parse` id by id, which sorts out other subscriptions' and malformed ids. (`pigeon.core.hot.ack_numbers`
-    runs its compiled twin when built.)"""
+    unless every one is "uid.number.version" of this subscription in plain ASCII digits, of seek generation
+    `generation`: the caller then takes `parse` id by id, which sorts out other subscriptions', earlier
+    generations' and malformed ids. (`pigeon.core.hot.ack_numbers` runs its compiled twin when built.)"""
     if not ack_ids:
         return []
     if list(map(str.count, ack_ids, repeat("."))) != [2] * len(ack_ids):  # else "7.1", "7.7.2.1" would pass
@@ -40,5 +51,10 @@ def parse_many(sub_uid: int, ack_ids: list[str]) -> list[int] | None:
         return None
     joined = "".join(nums) + "".join(versions)
     if not (joined.isascii() and joined.isdigit()):
+        return None
+    if generation == 0:  # (below 10^9: below 2^32, no generation)
+        if max(map(len, versions)) > 9:
+            return None
+    elif {int(v) >> GENERATION_SHIFT for v in versions} != {generation}:
         return None
     return list(map(int, nums))

@@ -20,17 +20,19 @@ Located = tuple[int, int, int, Sequence[bytes], bytes]
 
 def received_entries(locate: Callable[[object, int], Located], topic, taken: Sequence[tuple[int, int]],
                      sub_uid: int, show_attempt: bool, max_bytes: int, overrides: dict[int, bytes] | None,
-                     id_base: int, shard_bits: int) -> tuple[list[bytes], list[int]]:
+                     id_base: int, shard_bits: int, generation: int = 0) -> tuple[list[bytes], list[int]]:
     """Encoded `received_messages` entries (field 1 of PullResponse and StreamingPullResponse alike) for
     leased (message number, version) pairs, as many as fit in `max_bytes` (at least one), and each message's
     size. A message number is offset << shard_bits | shard; `locate(topic, number)` finds the stored batch that
     holds it, and is asked again only when a number falls outside the last one. Each entry is
     ReceivedMessage(ack_id, message[, delivery_attempt]) around the stored bytes, where the message is stored
-    bytes · message_id (3: id_base | number) · publish_time (4); `overrides` are messages updated in place."""
+    bytes · message_id (3: id_base | number) · publish_time (4); `overrides` are messages updated in place. The
+    ack ids carry the subscription's seek `generation` (pigeon.core.ackid)."""
     out: list[bytes] = []
     sizes: list[int] = []
     total = 0
     ack_format = ackid.FORMAT
+    gen_bits = generation << ackid.GENERATION_SHIFT
     table = wire.VARINT_TABLE
     varint = wire.varint
     mask = (1 << shard_bits) - 1
@@ -51,7 +53,7 @@ def received_entries(locate: Callable[[object, int], Located], topic, taken: Seq
         total += size
         if total > max_bytes and out:
             break
-        ack = ack_format % (sub_uid, num, version)
+        ack = ack_format % (sub_uid, num, version | gen_bits)
         attempt = b"\x18" + (table[version] if version < 16384 else varint(version)) if show_attempt else b""
         vsize = table[size] if size < 16384 else varint(size)
         n = 3 + len(ack) + len(vsize) + size + len(attempt)

@@ -52,7 +52,8 @@ class Delivery:
         sizes: list[int] = []
         if picks.out:
             show_attempt = bool(s.config.dead_letter_policy.dead_letter_topic)
-            out, sizes = self.executor.reader.received(s.topic, picks.out, s.uid, show_attempt, max_bytes, s.overrides)
+            out, sizes = self.executor.reader.received(s.topic, picks.out, s.uid, show_attempt, max_bytes, s.overrides,
+                                                       s.generation)
             if len(out) < len(picks.out):  # the rest did not fit: given back before anything is leased
                 s.untake(picks, len(out))
         self.executor.commit(picks.record(s.uid, now + deadline_s), owner)

@@ -107,10 +107,10 @@ class MessageReader:
         return out
 
     def received(self, topic: TopicState, taken, sub_uid: int, show_attempt: bool, max_bytes: int,
-                 overrides: dict[int, bytes]) -> tuple[list[bytes], list[int]]:
+                 overrides: dict[int, bytes], generation: int = 0) -> tuple[list[bytes], list[int]]:
         """Encoded `received_messages` entries (field 1 of PullResponse and StreamingPullResponse alike) for
         leased (number, version) pairs, as many as fit in `max_bytes` (at least one), and each message's size:
         the hot path of delivery (`pigeon.core.hot.received_entries`); `overrides` are messages updated in
-        place."""
+        place; the ack ids carry the subscription's seek `generation`."""
         return hot.received_entries(self._locate, topic, taken, sub_uid, show_attempt, max_bytes, overrides,
-                                    topic.id_base(), limits.shard_bits)
+                                    topic.id_base(), limits.shard_bits, generation)

@@ -78,6 +78,7 @@ class SubImage:
     versions: list[tuple[int, int]]
     parked: list[tuple[int, int]]
     overrides: list[tuple[int, bytes]]
+    generation: int = 0  # the subscription's seeks so far (an image written before it counted them: 0)
 
 
 def encode(header: Header, meta: list[records.Record], images) -> list[bytes]:
@@ -115,6 +116,7 @@ def _encode_image(i) -> bytes:
     parts.append(_U32.pack(len(i.overrides)))
     for num, raw in i.overrides:
         parts += [_UPDATE.pack(num, len(raw)), raw]
+    parts.append(_U32.pack(i.generation))
     return record.encode_parts(SUB, parts)
 
 
@@ -203,8 +205,9 @@ def _decode_image(rtype: int, payload):
         for _ in range(r.take(_U32)[0]):
             num, size = r.take(_UPDATE)
             overrides.append((num, bytes(r.raw(size))))
+        generation = r.take(_U32)[0] if r.pos < len(r.buf) else 0  # (absent from images of older versions)
         r.done()
-        return SubImage(uid, floors, acked, leases, versions, parked, overrides)
+        return SubImage(uid, floors, acked, leases, versions, parked, overrides, generation)
     raise Malformed(f"unknown checkpoint record type {rtype}")
 
 

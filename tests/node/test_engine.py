@@ -219,6 +219,39 @@ def test_seek_to_time_and_snapshot(tmp_path):
     run(go())
 
 
+@pytest.mark.parametrize("restart", ["replay", "checkpoint"])
+def test_an_ack_of_a_delivery_before_a_seek_acks_nothing(tmp_path, restart):
+    """The client acks and seeks at once; its batched Acknowledge arrives after the Seek. The message is unacked
+    again by the seek and must come back — before and after a restart (from the log, or from a checkpoint)."""
+    async def go():
+        clock = SimClock(1_700_000_000.0)
+        cfg = config(tmp_path)
+        e = await started(cfg, clock)
+        await setup(e, ack_deadline_seconds=10)
+        await e.create_snapshot("projects/p/snapshots/before", S, {})
+        await publish(e, [b"m"])
+        first = await pull_all(e)
+        await e.seek(S, None, "projects/p/snapshots/before")
+        await e.delivery.acknowledge(S, [first[0].ack_id])  # issued before the seek: acks nothing
+        again = await pull_all(e)
+        assert [m.message.data for m in again] == [b"m"]
+        assert again[0].ack_id != first[0].ack_id
+        if restart == "checkpoint":
+            await e.checkpoint()
+        await e.journal.close()  # a crash: recovery replays the seek, or reads the checkpoint
+        e = await started(cfg, clock)
+        await e.delivery.acknowledge(S, [first[0].ack_id])  # still nothing
+        clock.advance(11)  # the lease of `again` runs out: unacked, it comes back
+        third = await pull_all(e)
+        assert [m.message.data for m in third] == [b"m"]
+        await e.delivery.acknowledge(S, [third[0].ack_id])  # issued after the seek: acks
+        clock.advance(11)
+        assert await pull_all(e) == []
+        await e.stop()
+
+    run(go())
+
+
 def test_seek_to_snapshot_of_another_topic_fails(tmp_path):
     async def go():
         clock = SimClock()

@@ -82,6 +82,16 @@ def test_received_entries_twin_returns_what_python_returns(case):
             assert rm.message.data == b"updated %d" % num
     if len(entries) < len(taken):  # stopped by the budget, never before the first
         assert sum(sizes) + _size_of_next(batches, taken[len(entries)], overrides, id_base) > max_bytes
+    if all(v < 2**32 for _, v in taken):  # after a seek: the ack ids carry its generation, nothing else changes
+        gen = compiled.received_entries(locator(batches, []), None, taken, sub_uid, show_attempt, max_bytes,
+                                        overrides, id_base, BITS, 2)
+        assert gen == hot.PYTHON.received_entries(locator(batches, []), None, taken, sub_uid, show_attempt,
+                                                  max_bytes, overrides, id_base, BITS, 2)
+        assert gen[1] == sizes
+        for entry, (num, version) in zip(gen[0], taken):
+            rm = ReceivedMessage.FromString(_field_1(entry))
+            assert rm.ack_id == f"{sub_uid}.{num}.{version | 2 << 32}"
+            assert ackid.parse(sub_uid, rm.ack_id, 2) == (num, version)
 
 
 def _field_1(entry: bytes) -> bytes:
@@ -116,6 +126,9 @@ ids = st.one_of(
 def test_ack_numbers_twin_returns_what_python_returns(ack_ids, sub_uid):
     assert compiled.ack_numbers(sub_uid, ack_ids) == hot.PYTHON.ack_numbers(sub_uid, ack_ids)
     assert compiled.ack_numbers(sub_uid, tuple(ack_ids)) == hot.PYTHON.ack_numbers(sub_uid, ack_ids)
+    for generation in (1, 3):
+        assert compiled.ack_numbers(sub_uid, ack_ids, generation) == \
+            hot.PYTHON.ack_numbers(sub_uid, ack_ids, generation)
 
 
 def test_ack_numbers_decline_ids_whose_dots_only_add_up():

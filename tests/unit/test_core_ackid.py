@@ -55,3 +55,15 @@ def test_declines_other_subscriptions_and_malformed_ids():
     assert ackid.parse_many(UID, ["7.x.1"]) is None
     assert ackid.parse_many(UID, ["7.1.+1"]) is None
     assert ackid.parse_many(UID, []) == []
+
+
+def test_ids_of_an_earlier_seek_generation_ack_nothing():
+    before = [ackid.make(UID, n, 1) for n in range(3)]
+    after = [ackid.make(UID, n, 2, generation=1) for n in range(3)]
+    assert [ackid.parse(UID, a, 1) for a in before] == [None] * 3
+    assert [ackid.parse(UID, a, 1) for a in after] == [(n, 2) for n in range(3)]
+    assert [ackid.parse(UID, a) for a in after] == [None] * 3  # (ids of a later generation: not from here)
+    assert ackid.parse_many(UID, after, 1) == [0, 1, 2]
+    assert ackid.parse_many(UID, before, 1) is None  # the per-id path sorts them out
+    assert ackid.parse_many(UID, after) is None
+    assert ackid.parse_many(UID, before + after, 1) is None
