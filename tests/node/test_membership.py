@@ -5,6 +5,7 @@ owner at a time with epochs that only go up, and a node's keys go when its sessi
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 
 import pytest
@@ -103,6 +104,24 @@ def test_a_node_that_says_it_is_cut_off_gets_no_bundles_until_it_says_otherwise(
         assert states == {"n0": "cut off", "n1": "up", "n2": "up"}
         await nodes[0].say_cut_off(False)
         assert set((await nodes[2].placement(16)).values()) == {"n0", "n1", "n2"}
+        for n in nodes:
+            await n.leave()
+
+    asyncio.run(run())
+
+
+def test_a_node_gets_no_bundles_before_it_listens(make_store):
+    """Killed while starting, a node's peers could not tell it died (a refused connection proves nothing before it
+    listened): bundles given to it then would wait for its session to run out."""
+    async def run():
+        nodes = [node(make_store, f"n{i}") for i in range(3)]
+        nodes[0].info = dataclasses.replace(nodes[0].info, listening=False)  # as a cluster node joins
+        for n in nodes:
+            await n.join()
+        maps = [await n.placement(16) for n in nodes]
+        assert maps[0] == maps[1] == maps[2] and set(maps[0].values()) == {"n1", "n2"}
+        await nodes[0].listening()
+        assert set((await nodes[1].placement(16)).values()) == {"n0", "n1", "n2"}
         for n in nodes:
             await n.leave()
 
