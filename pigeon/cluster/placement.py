@@ -13,6 +13,7 @@ and loads spread wider. Pure: no I/O, no clock, no randomness."""
 from __future__ import annotations
 
 import bisect
+import functools
 import hashlib
 import math
 from collections import Counter
@@ -37,7 +38,11 @@ def assign(bundles: int, nodes: Iterable[str], balance: float = BALANCE, points:
     """Bundle number (0 … bundles-1) → the node that owns it."""
     if balance < 1.0:
         raise ValueError(f"balance must be at least 1 (got {balance})")
-    ids = sorted(set(nodes))
+    return dict(_assign(bundles, tuple(sorted(set(nodes))), balance, points))
+
+
+@functools.lru_cache(maxsize=64)  # every node computes it on every placement pass, mostly for the same nodes
+def _assign(bundles: int, ids: tuple[str, ...], balance: float, points: int) -> dict[int, str]:
     cap = capacity(bundles, len(ids), balance)
     ring = sorted((_h("node", n, i), n) for n in ids for i in range(points))
     keys = [k for k, _ in ring]

@@ -99,9 +99,15 @@ class Journal:
         self.flushes = 0  # group commits that made records durable (statistics)
         self.synced_bytes = 0
         self._resume: tuple[int, int, int] | None = None  # (log, offset, position) where a range read stopped
+        self._paths: dict[int, str] = {}  # segment start → its file
 
     def path(self, start: int) -> str:
-        return join(self.dir, segment_name(start))
+        p = self._paths.get(start)
+        if p is None:  # (every read locates its segment: a takeover's or a repair's reads are many)
+            if len(self._paths) > 4096:
+                self._paths.clear()
+            p = self._paths[start] = join(self.dir, segment_name(start))
+        return p
 
     # --- opening -------------------------------------------------------------------------------------
     def open(self, tail: int, logs: dict[int, LogState]) -> int:

@@ -33,7 +33,7 @@ from google.pubsub_v1 import types
 from pigeon.broker import images
 from pigeon.broker import commands
 from pigeon.broker.state import BrokerState
-from pigeon.core import limits
+from pigeon.core import ackid, limits
 from pigeon.core.errors import PigeonError
 from pigeon.node.executor import commit_step
 from pigeon.node.reader import MessageReader
@@ -80,6 +80,7 @@ class Simulator:
         self.checkpoints: list[int] = []
         self.oracle = Oracle()
         self.held: dict[int, dict[int, str]] = {}  # sub uid → {num: ack id} a client holds
+        self.before_seek: dict[int, list[str]] = {}  # sub uid → ack ids a client held when it last sought
         self.streams: list[Stream] = [Stream(), Stream()]
         self.idem_keys: list[str] = []
         self.step_no = 0
@@ -89,7 +90,8 @@ class Simulator:
     def run(self) -> "Simulator":
         ops = [(self.create_topic, 2), (self.create_sub, 2), (self.publish, 20), (self.take, 18), (self.ack, 14),
                (self.modack, 6), (self.advance, 8), (self.commit, 10), (self.write_unsynced, 3), (self.seek, 2),
-               (self.snapshot, 1), (self.drop_stream, 2), (self.checkpoint, 2), (self.delete_topic, 1)]
+               (self.snapshot, 1), (self.drop_stream, 2), (self.checkpoint, 2), (self.delete_topic, 1),
+               (self.late_ack, 2)]
         if self.faults:
             ops += [(self.crash, 3), (self.flip_bit, 1), (self.clock_jump, 1), (self.unappliable, 1),
                     (self.fill_disk, 1), (self.free_disk, 2)]
@@ -226,7 +228,7 @@ class Simulator:
                 want = self.oracle.msgs.get((s.topic.uid, num))
                 if want is not None and _PubsubMessage.FromString(body).data != want.data:
                     self.fail(f"message {num} of {s.topic.name} reads back different from what was published")
-                self.held[s.uid][num] = f"{s.uid}.{num}.{version}"
+                self.held[s.uid][num] = ackid.make(s.uid, num, version, s.generation)
         self.oracle.dead[s.uid].update(n for n, _ in picks.dead)
 
     def check_order(self, s, out) -> None:
@@ -290,8 +292,24 @@ class Simulator:
         else:
             rec = commands.seek(self.state, s.name, int((self.clock.now() - self.rng.randint(0, 60)) * 1000), None)
         self.commit_record(rec)
+        self.before_seek[s.uid] = list(self.held[s.uid].values())  # the client may still ack these, late
         self.held[s.uid] = {}
         self.oracle.pending_acks.append((self.sj.journal.tail, s.uid, None))  # None: a seek, once durable
+
+    def late_ack(self) -> None:
+        """A client acked and sought at once: its batched Acknowledge of ack ids handed out before the seek
+        arrives after it, and must ack nothing (the seek made those messages unacked again)."""
+        uids = [uid for uid, ids in self.before_seek.items() if ids and uid in self.state.subs_by_uid]
+        if not uids:
+            return
+        uid = self.rng.choice(uids)
+        s = self.state.subs_by_uid[uid]
+        # (a crash or a damaged log may have lost the seek: ids of the subscription's generation ack as any)
+        ids = [a for a in self.before_seek.pop(uid)
+               if int(a.rsplit(".", 1)[1]) >> ackid.GENERATION_SHIFT < s.generation]
+        nums, _ = commands.acks(s, ids, self.clock.now()) if ids else ([], {})
+        if nums:
+            self.fail(f"{len(nums)} ack ids of {s.name} handed out before its seek acked messages after it")
 
     def snapshot(self) -> None:
         subs = [s for s in self.state.subs_by_uid.values() if s.topic is not None and not s.topic.deleted]

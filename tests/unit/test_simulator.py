@@ -63,6 +63,18 @@ def test_it_notices_a_lease_that_never_comes_back(monkeypatch):
     assert _first_failure(about="never delivered again")
 
 
+def test_it_notices_an_ack_of_a_delivery_before_a_seek_acking_after_it(monkeypatch):
+    from pigeon.core import ackid
+
+    def any_generation(sub_uid, ack_id, generation=0):  # the ack path ignores the seek generation of its ids
+        uid, num, version = ack_id.split(".")
+        return (int(num), int(version) & 0xFFFFFFFF) if int(uid) == sub_uid else None
+    monkeypatch.setattr(ackid, "parse", any_generation)
+    monkeypatch.setattr(ackid, "parse_many", lambda sub_uid, ack_ids, generation=0: None)
+    monkeypatch.setattr("pigeon.core.hot.ack_numbers", lambda sub_uid, ack_ids, generation=0: None)
+    assert _first_failure(about="handed out before its seek")
+
+
 def test_it_notices_the_leases_of_a_dropped_stream_never_coming_back(monkeypatch):
     """The first defect of the core issue, put back: closing a stream rewrote its leases in a shape expiry
     could not read."""
