@@ -9,7 +9,12 @@ Owns the rules:
     than Qa), one per machine at most, chosen by rendezvous hashing on the ledger's id and spread over zones; the
     members that failed a write lately are left out unless too few machines remain without them;
   * repair gives a closed ledger short of members that are up one more, chosen by rendezvous hashing among the
-    nodes that are up and on a machine the ledger has no copy on yet (one copy per machine at most).
+    nodes that are up and on a machine the ledger has no copy on yet (one copy per machine at most);
+  * a roll closes the list's last ledger — only if it is the open ledger the owner writes: any other last ledger
+    means another node changed the list, and the log is no longer this owner's — and the next starts where it
+    ended;
+  * a takeover closes an open last ledger where recovery found its entries end, reads every ledger from where
+    the list was cut, and starts the next ledger where the last one ended.
 
 Pure: the node reads and writes the list in the metadata store (node.bundle_logs) and performs what these decide."""
 
@@ -83,6 +88,49 @@ def repair_target(lg: LedgerInfo, up: set[str], size: int, machine_of: dict[str,
     if lg.end is None or not live or len(live) >= size or not spare:
         return None
     return choose_ensemble(lg.id, {n: zones[n] for n in spare}, 1, machine_of=machine_of)[0]
+
+
+class NotOurs(Exception):
+    """The list's last ledger is not the open ledger this owner writes: another node closed or replaced it."""
+
+
+def rolled(ledgers: list[LedgerInfo], open_id: int, close_at: int) -> list[LedgerInfo]:
+    """The list with its open ledger `open_id` closed at log offset `close_at` (the next ledger starts there).
+    NotOurs when the list's last ledger is not that one, open."""
+    if not ledgers or ledgers[-1].id != open_id or ledgers[-1].end is not None:
+        raise NotOurs(f"ledger {open_id} was closed by another node")
+    out = [lg.copy() for lg in ledgers]
+    out[-1].end = close_at
+    return out
+
+
+def recovered(ledgers: list[LedgerInfo], held: int) -> list[LedgerInfo]:
+    """The list with its open last ledger closed after the `held` entries recovery found in it (a takeover)."""
+    out = [lg.copy() for lg in ledgers]
+    if out and out[-1].end is None:
+        out[-1].end = out[-1].first + held
+    return out
+
+
+def reads(ledgers: list[LedgerInfo]) -> list[tuple[LedgerInfo, int, int]]:
+    """What a new owner reads of a closed list, in log order: (ledger, first index, entries) — from where the list
+    was cut in its first ledger, every entry of the others."""
+    out = []
+    for i, lg in enumerate(ledgers):
+        assert lg.end is not None, f"ledger {lg.id} is open: recover it first"
+        start = lg.start - lg.first if i == 0 and lg.start is not None else 0
+        out.append((lg, start, lg.end - lg.first - start))
+    return out
+
+
+def next_first(ledgers: list[LedgerInfo]) -> int:
+    """The log offset the next ledger of a closed list starts at."""
+    return ledgers[-1].end if ledgers else 0
+
+
+def read_from(ledgers: list[LedgerInfo]) -> int:
+    """The log offset a list's reading starts at (where it was cut)."""
+    return (ledgers[0].start or ledgers[0].first) if ledgers else 0
 
 
 class TooFewNodes(Exception):

@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 
 from pigeon.core import limits
 from pigeon.cluster import metadata as M
-from pigeon.cluster.ledgers import LedgerInfo, TooFewNodes, ledger_id, new_ensemble, next_seq
+from pigeon.cluster.ledgers import (LedgerInfo, NotOurs, TooFewNodes, ledger_id, new_ensemble, next_first, next_seq,
+                                    read_from, reads, recovered, rolled)
 from pigeon.cluster.quorum import Replication, ensemble_size
 from pigeon.core.bundles import bundle_of_log
 from pigeon.core.errors import Unavailable
@@ -254,17 +255,16 @@ class BundleLogs:
         if ledgers and ledgers[-1].end is None:
             last = ledgers[-1]
             members = {n: self.member(n, a) for n, a in last.members.items()}
-            held = await recover_ledger(last.id, members, self._replication_of(last))
-            last.end = last.first + held
+            ledgers = recovered(ledgers, await recover_ledger(last.id, members, self._replication_of(last)))
         entries, nbytes, read_s = await self._read_log(ledgers)
-        first = ledgers[-1].end if ledgers else 0
+        first = next_first(ledgers)
         new = await self._new_ledger(log_id, epoch, next_seq(ledgers), first)
         await self.put_ledgers(log_id, epoch, kv, ledgers + [new])
         engine = self.cluster.engine
         loop = asyncio.get_running_loop()
         t_apply = loop.time()
         await engine.rebuild_log(log_id, entries)  # returns once the journal holds what it applied
-        start = (ledgers[0].start or ledgers[0].first) if ledgers else 0
+        start = read_from(ledgers)
         ol = OwnedLog(log_id, epoch, new, next_offset=first, snapshot_at=start, start=start)
         ol.writer = self._writer(ol, new)
         self.logs[log_id] = ol  # served from now on
@@ -281,9 +281,8 @@ class BundleLogs:
         out: list[tuple[int, bytes]] = []
         loop = asyncio.get_running_loop()
         t0, nbytes, step = loop.time(), 0, limits.log_read_first_entries
-        for i, lg in enumerate(ledgers):
-            count = lg.end - lg.first
-            start = lg.start - lg.first if i == 0 and lg.start is not None else 0
+        for lg, start, n in reads(ledgers):
+            count = start + n
             while start < count:
                 end = min(count, start + step)
                 got = await self.read_range(lg, start, end)
@@ -315,8 +314,8 @@ class BundleLogs:
 
     async def _roll(self, ol: OwnedLog) -> None:
         old = ol.writer
-        rolled = old.rolled
-        close_at = ol.ledger.first + rolled.close_at
+        stop = old.rolled  # where and why the writer stopped
+        close_at = ol.ledger.first + stop.close_at
         failed = set(old.failed)
         now = asyncio.get_running_loop().time()
         self._suspects.update({n: now for n in failed})
@@ -327,14 +326,23 @@ class BundleLogs:
         ol.writer = None
         await old.close()
         log.warning("log %d: ledger %d stops at %d (%s); %d entries go to the next", ol.log_id, ol.ledger.id,
-                    close_at, rolled.why, len(ol.pending))
+                    close_at, stop.why, len(ol.pending))
+        waited = False
         while True:
             try:
                 kv, ledgers = await self.read_ledgers(ol.log_id)
-                if not ledgers or ledgers[-1].id != ol.ledger.id or ledgers[-1].end is not None:
-                    raise Lost(f"ledger {ol.ledger.id} was closed by another node")
-                ledgers[-1].end = close_at
+                try:
+                    ledgers = rolled(ledgers, ol.ledger.id, close_at)
+                except NotOurs as e:
+                    raise Lost(str(e)) from None
                 new = await self._new_ledger(ol.log_id, ol.epoch, next_seq(ledgers), close_at, avoid=failed)
+                if not waited and set(new.members) & (failed | self.suspected()):
+                    # only members that failed lately make an ensemble: give them a moment (a member that ends
+                    # every stream at once — a node restarted under its old session, not serving yet — rolled
+                    # the log every few milliseconds, hundreds of empty ledgers until the session ran out)
+                    waited = True
+                    await asyncio.sleep(limits.ledger_retry_s)
+                    continue
                 await self.put_ledgers(ol.log_id, ol.epoch, kv, ledgers + [new])
                 break
             except Lost as e:
@@ -369,13 +377,13 @@ class BundleLogs:
         suspects = self.suspected()
         size = ensemble_size([n for n in nodes if n not in suspects], {n: i.machine for n, i in nodes.items()},
                              self.replication.ensemble)
-        rolled = 0
+        widened = 0
         for ol in list(self.logs.values()):
             if ol.writer is not None and ol.rolling is None and len(ol.ledger.members) < size:
                 ol.writer.stop(f"moving to an ensemble of {size} (machines came up)")
                 self.start_roll(ol)
-                rolled += 1
-        return rolled
+                widened += 1
+        return widened
 
     # --- giving a bundle up ------------------------------------------------------------------------------
     def lose(self, log_id: int, why: str) -> None:
@@ -423,10 +431,8 @@ class BundleLogs:
         self._fail(ol)
         try:
             kv, ledgers = await self.read_ledgers(log_id)
-            if ledgers and ledgers[-1].id == ol.ledger.id and ledgers[-1].end is None:
-                ledgers[-1].end = end
-                await self.put_ledgers(log_id, ol.epoch, kv, ledgers)
-        except (Lost, Conflict, M.StoreUnavailable) as e:  # the next owner fences and recovers it instead
+            await self.put_ledgers(log_id, ol.epoch, kv, rolled(ledgers, ol.ledger.id, end))
+        except (Lost, Conflict, M.StoreUnavailable, NotOurs) as e:  # the next owner fences and recovers it instead
             log.info("bundle %d given up without closing its ledger (%s)", bundle, e)
 
     async def close(self) -> None:

@@ -7,7 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pigeon.cluster.ledgers import LedgerInfo, TooFewNodes, cut_at, ledger_id, new_ensemble, next_seq, repair_target
+from pigeon.cluster.ledgers import (LedgerInfo, NotOurs, TooFewNodes, cut_at, ledger_id, new_ensemble, next_first,
+                                    next_seq, read_from, reads, recovered, repair_target, rolled)
 from pigeon.cluster.quorum import Replication
 
 REP = Replication(3, 3, 2)
@@ -70,3 +71,40 @@ def test_repair_copies_a_closed_ledger_short_of_members_to_a_node_up_on_another_
     assert repair_target(lg, {"a", "b"}, 2, {"a": "a", "b": "b"}, {"a": "", "b": ""}) is None  # no spare node
     full = LedgerInfo(lg.id, 1, {"a": "a:1", "b": "b:1", "c": "c:1"}, 0, 10)
     assert repair_target(full, up, 3, machine_of, {n: "" for n in up}) is None
+
+
+def _list(lengths: list[int], open_last: bool) -> list[LedgerInfo]:
+    out, first = [], 0
+    for i, n in enumerate(lengths):
+        out.append(LedgerInfo(ledger_id(1, i), 1, {"n1": "a", "n2": "b"}, first, first + n))
+        first += n
+    if open_last and out:
+        out[-1].end = None
+    return out
+
+
+@given(st.lists(st.integers(0, 9), min_size=1, max_size=6), st.integers(0, 20))
+def test_a_roll_closes_only_the_open_ledger_this_owner_writes(lengths, extra):
+    ledgers = _list(lengths, open_last=True)
+    last = ledgers[-1]
+    out = rolled(ledgers, last.id, last.first + extra)
+    assert out[-1].end == last.first + extra and ledgers[-1].end is None  # (the list read is not changed)
+    assert next_first(out) == last.first + extra
+    with pytest.raises(NotOurs):
+        rolled(out, last.id, last.first + extra)  # closed already (by another node, after a takeover)
+    with pytest.raises(NotOurs):
+        rolled(ledgers, last.id + 1, 0)  # another ledger is the last: the list is another owner's
+
+
+@given(st.lists(st.integers(0, 9), min_size=1, max_size=6), st.integers(0, 9), st.integers(0, 30))
+def test_a_takeover_reads_every_entry_from_the_cut_and_starts_where_recovery_ended(lengths, held, at):
+    ledgers = recovered(_list(lengths, open_last=True), held)
+    assert ledgers[-1].end == ledgers[-1].first + held
+    total = ledgers[-1].end
+    plan = cut_at(ledgers, min(at, total))
+    if plan is not None:
+        ledgers = plan[0]
+    start = read_from(ledgers)
+    offsets = [lg.first + i for lg, first, n in reads(ledgers) for i in range(first, first + n)]
+    assert offsets == list(range(start, total))  # every entry once, in order, none before the cut
+    assert next_first(ledgers) == total
