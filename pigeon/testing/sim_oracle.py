@@ -41,6 +41,22 @@ class Oracle:
     durable_acks: dict[int, set[int]] = field(default_factory=dict)  # sub uid → nums whose ack was durable
     dead: dict[int, set[int]] = field(default_factory=dict)  # sub uid → nums taken out for dead-lettering
 
+    def durable_up_to(self, durable: int, subs_by_uid: dict) -> None:
+        """The journal is durable up to `durable`: the publishes and acks answered by then were answered OK (a
+        seek's entry, nums None: only what it left acked stays acked)."""
+        self.durable_msgs |= {k for k, m in self.msgs.items() if m.end <= durable}
+        keep = []
+        for end, uid, nums in self.pending_acks:
+            if end > durable:
+                keep.append((end, uid, nums))
+            elif uid in subs_by_uid:
+                s = subs_by_uid[uid]
+                if nums is None:
+                    self.durable_acks[uid] = {n for n in self.durable_acks[uid] if s.is_acked(n)}
+                else:
+                    self.durable_acks[uid].update(nums)
+        self.pending_acks = keep
+
 
 def summary(st: BrokerState, now: float) -> dict:
     """The durable state, as plain values (leases that ran out by `now` count as ended on both sides)."""

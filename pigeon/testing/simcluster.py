@@ -15,7 +15,8 @@ clients drain the subscriptions. Checked:
   * no acknowledged publish lost (each is delivered on every subscription by the end);
   * no acknowledged ack undone (a pull sent after an ack returned OK never returns that message again);
   * per-key order on the ordered subscriptions (first deliveries come in publish order);
-  * every bundle has an owner again, and no closed ledger stays short of members that are up.
+  * every bundle has an owner again, and no closed ledger stays short of members that are up;
+  * no log rolled in a storm (its ledger list stays short).
 
 A failure raises SimFailure naming the seed; `python -m pigeon.testing.simcluster --seed N` replays it (with the
 PYTHONHASHSEED it prints), `--seeds N` runs many (`make sim-cluster SEEDS=N`)."""
@@ -36,6 +37,7 @@ from dataclasses import dataclass, field
 
 from google.pubsub_v1 import types
 
+from pigeon.cluster.ledgers import LedgerInfo
 from pigeon.core.bundles import bundle_log
 from pigeon.core.errors import PigeonError
 from pigeon.node.cluster_node import ClusterNode
@@ -54,6 +56,7 @@ WALL0 = 1_800_000_000.0  # the nodes' wall clocks start here (plus their skew)
 SESSION_TTL_S = 3
 CALL_S = 5.0  # a client's deadline for one call
 FAULT_RATE = 0.2  # the share of steps that begin with a fault
+LEDGERS_MAX = 60  # a log's ledger list longer than this at the end is a roll storm (100 steps need at most ~25)
 _PublishRequest, _PubsubMessage = types.PublishRequest.pb(), types.PubsubMessage.pb()
 _PullResponse = types.PullResponse.pb()
 
@@ -481,6 +484,10 @@ class ClusterSim:
         return f"owner keys {owners}; node keys {nodes}; " + "; ".join(seen)
 
     def check(self) -> None:
+        for key, kv in self.meta.kvs.items():
+            if "/ledgers/" in key and len(lgs := LedgerInfo.decode_list(kv.value)) > LEDGERS_MAX:
+                self.fail(f"log {key.rsplit('/', 1)[-1]} has {len(lgs)} ledgers (a roll storm: ledgers opened and "
+                          f"closed with nothing written); e.g. {lgs[len(lgs) // 2]}")
         missing = self._missing()
         if missing:
             sub, mid = missing[0]

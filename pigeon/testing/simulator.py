@@ -358,20 +358,7 @@ class Simulator:
         if self.sj.journal.durable != self.sj.journal.tail:
             self.fail(f"a commit left {self.sj.journal.tail - self.sj.journal.durable} bytes behind")
         self.state.all_durable()  # as the executor: a batch becomes visible once durable
-        durable = self.sj.journal.durable
-        o = self.oracle
-        o.durable_msgs |= {k for k, m in o.msgs.items() if m.end <= durable}
-        keep = []
-        for end, uid, nums in o.pending_acks:
-            if end > durable:
-                keep.append((end, uid, nums))
-            elif uid in self.state.subs_by_uid:
-                s = self.state.subs_by_uid[uid]
-                if nums is None:  # a seek: only what it left acked stays acked
-                    o.durable_acks[uid] = {n for n in o.durable_acks[uid] if s.is_acked(n)}
-                else:
-                    o.durable_acks[uid].update(nums)
-        o.pending_acks = keep
+        self.oracle.durable_up_to(self.sj.journal.durable, self.state.subs_by_uid)
 
     def write_unsynced(self) -> None:
         self.sj.write()

@@ -11,6 +11,7 @@ import logging
 import pytest
 
 from pigeon.cluster.quorum import Replication
+from pigeon.core import limits
 from pigeon.node import engine, ledger_store, replication
 from pigeon.testing import simloop
 from pigeon.testing.simcluster import ClusterSim, SimFailure, run_seed
@@ -120,3 +121,12 @@ def test_an_idle_owner_cut_off_from_its_peers_steps_down():
 
     owned, cut_off = simloop.run(go())
     assert cut_off and not owned, f"n1 still owns {owned} after 15 s cut off from its peers"
+
+
+def test_it_notices_a_log_rolling_in_a_storm(monkeypatch):
+    """A roll whose only ensemble includes a member that just failed opens it again at once: a member that ends
+    every stream (a node restarted under its old session, not serving yet) rolled the log every few
+    milliseconds. Without the pause before trying such a member again, a seed finds the storm."""
+    monkeypatch.setattr(limits, "ledger_retry_s", 0.0)
+    found = _first_failure(range(1, 11))
+    assert "roll storm" in found, found
