@@ -211,8 +211,22 @@ class JournalWriter:
         wrote it). With `ask` false the writer is not asked for it: it rides with the next group commit somebody
         asks for, or limits.lazy_flush_s (fsync=always) at the latest. (One future, settled by the journals'
         own callbacks: a replica's every entry waits this way.)"""
+        if also is not None:
+            return self._wait_both(end, ask, also)
         fut = self._loop.create_future()
-        writers = [(self, end)] if also is None else [(self, end), also]
+        if self.journal.durable >= end:
+            fut.set_result(None)
+        elif self._failed is not None:
+            fut.set_exception(self._error())
+        else:
+            self.journal.on_durable(end, lambda exc: _settle(fut, exc, self._error))
+            if ask and self._want < end:
+                self.flush_soon()
+        return fut
+
+    def _wait_both(self, end: int, ask: bool, also: tuple["JournalWriter", int]) -> asyncio.Future:
+        fut = self._loop.create_future()
+        writers = [(self, end), also]
         failed = next((w.failure() for w, _ in writers if w.failure() is not None), None)
         waits = [(w, e) for w, e in writers if w.journal.durable < e]
         if failed is not None:
@@ -443,3 +457,11 @@ class JournalWriter:
         """Remove whole segments that end at or before `pos` (never the active one)."""
         return self.journal.delete_before(pos)
 
+
+def _settle(fut: asyncio.Future, exc: BaseException | None, error) -> None:
+    if fut.done():
+        return
+    if exc is None:
+        fut.set_result(None)
+    else:
+        fut.set_exception(error())
