@@ -115,11 +115,20 @@ class ClusterNode:
                 return False
             except asyncio.TimeoutError:
                 delay = min(limits.etcd_retry_s_max, delay * 2)
-        try:
-            await self.meta_log.start()
-        except Diverged as e:
-            await self.membership.leave()
-            raise JoinRefused(str(e)) from None
+        while True:  # (etcd may go again right after the session was granted)
+            try:
+                await self.meta_log.start()
+                break
+            except Diverged as e:
+                await self.membership.leave()
+                raise JoinRefused(str(e)) from None
+            except M.StoreUnavailable as e:
+                log.warning("reading the metadata log: %s; trying again in %.1f s", e, delay)
+            try:
+                await asyncio.wait_for(stop.wait(), delay)
+                return False
+            except asyncio.TimeoutError:
+                delay = min(limits.etcd_retry_s_max, delay * 2)
         self.engine.join_cluster(self.meta_log, self.logs.serving, self.logs)  # owns: taken over, a ledger open
         await self.store.open()
         if self._append_sock is not None:
