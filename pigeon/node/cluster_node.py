@@ -393,7 +393,7 @@ class ClusterNode:
                     released.append(b)
         for b in [b for b in self.owned if not self.logs.serving(b + 1) and b not in self._taking]:
             self.owned.pop(b)  # lost while being served (a roll found another owner): the key is not ours
-        for b, (node, epoch) in owners.items():
+        for b, (node, epoch) in list(owners.items()):  # (a key given up leaves `owners`)
             if node == me and b not in self.owned and not self.logs.serving(b + 1):
                 # the key says this node, which does not serve the bundle: a change of its ledgers that timed out
                 # yet was made (the roll then found "another" ledger) lost it here. Nobody else would take it while

@@ -475,11 +475,16 @@ async def recover_ledger(ledger: int, members: dict[str, StorageClient], replica
             (rtype,), body = _TYPE.unpack_from(entry), entry[_TYPE.size:]
             stream.send(ledger, FENCE_EPOCH, offset, rtype, body)
             stream.flush()
-            async for index, error in stream.answers():
-                if not error:
-                    event = ("written", m, index)
-                break
-        except Exception:  # noqa: BLE001 — as fence's
+
+            async def first_answer():
+                async for index, error in stream.answers():
+                    return None if error else index
+            # (a member that took the stream and then went silent — cut off without a reset — would hold the
+            # recovery, and the takeover, for good: it has a call's deadline, as fence and read have)
+            index = await asyncio.wait_for(first_answer(), limits.storage_call_s)
+            if index is not None:
+                event = ("written", m, index)
+        except Exception:  # noqa: BLE001 — as fence's (a deadline passed among them)
             pass
         finally:
             events.put_nowait(event)

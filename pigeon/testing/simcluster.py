@@ -16,7 +16,7 @@ clients drain the subscriptions. Checked:
   * no acknowledged ack undone (a pull sent after an ack returned OK never returns that message again);
   * per-key order on the ordered subscriptions (first deliveries come in publish order);
   * every bundle has an owner again, and no closed ledger stays short of members that are up;
-  * no log rolled in a storm (its ledger list stays short).
+  * no log rolls in a storm (many ledgers opened within one step).
 
 A failure raises SimFailure naming the seed; `python -m pigeon.testing.simcluster --seed N` replays it (with the
 PYTHONHASHSEED it prints), `--seeds N` runs many (`make sim-cluster SEEDS=N`)."""
@@ -56,7 +56,7 @@ WALL0 = 1_800_000_000.0  # the nodes' wall clocks start here (plus their skew)
 SESSION_TTL_S = 3
 CALL_S = 5.0  # a client's deadline for one call
 FAULT_RATE = 0.2  # the share of steps that begin with a fault
-LEDGERS_MAX = 60  # a log's ledger list longer than this at the end is a roll storm (100 steps need at most ~25)
+ROLLS_MAX = 20  # more new ledgers of one log than this within one step of the workload is a roll storm
 _PublishRequest, _PubsubMessage = types.PublishRequest.pb(), types.PubsubMessage.pb()
 _PullResponse = types.PullResponse.pb()
 
@@ -228,6 +228,7 @@ class ClusterSim:
         self._seq = {k: 0 for k in KEYS}
         self._publishing: dict[tuple[int, str], asyncio.Lock] = {}
         self.faults: list[str] = []
+        self._seqs: dict[str, int] = {}  # ledger list key → its last ledger's number, at the last look
 
     def sync_s(self) -> float:
         return self.rng.uniform(0.0002, 0.003)
@@ -421,6 +422,7 @@ class ClusterSim:
             work.append(self.consume(self.rng.choice(list(self.subs))))
             await asyncio.gather(*work)
             await asyncio.sleep(self.rng.uniform(0.01, 0.3))
+            self.watch_rolls()
         await self.heal_all()
         await self.drain()
         self.check()
@@ -483,11 +485,19 @@ class ClusterSim:
                 seen.append(f"{n.id}: down")
         return f"owner keys {owners}; node keys {nodes}; " + "; ".join(seen)
 
-    def check(self) -> None:
+    def watch_rolls(self) -> None:
+        """A log's ledgers are numbered in order: many new ones since the last look (a step: at most a few
+        seconds) is a roll storm — ledgers opened and closed at once, each a change of the list in etcd."""
         for key, kv in self.meta.kvs.items():
-            if "/ledgers/" in key and len(lgs := LedgerInfo.decode_list(kv.value)) > LEDGERS_MAX:
-                self.fail(f"log {key.rsplit('/', 1)[-1]} has {len(lgs)} ledgers (a roll storm: ledgers opened and "
-                          f"closed with nothing written); e.g. {lgs[len(lgs) // 2]}")
+            if "/ledgers/" in key and (lgs := LedgerInfo.decode_list(kv.value)):
+                last, seq = self._seqs.get(key), lgs[-1].seq
+                self._seqs[key] = seq
+                if last is not None and seq - last > ROLLS_MAX:
+                    self.fail(f"log {key.rsplit('/', 1)[-1]} opened {seq - last} ledgers in one step (a roll storm:"
+                              f" ledgers opened and closed with nothing written); the last {lgs[-1]}")
+
+    def check(self) -> None:
+        self.watch_rolls()
         missing = self._missing()
         if missing:
             sub, mid = missing[0]

@@ -75,8 +75,10 @@ class SimNet:
         await asyncio.sleep(self.delay())
         if dst in self.down or self.generation.get(dst, 0) != gen:
             raise rpc_error(grpc.StatusCode.UNAVAILABLE, f"{dst} went away")
-        try:
-            out = await fn()
+        try:  # (the caller's deadline holds while the member works: one that crashes meanwhile never answers)
+            out = await asyncio.wait_for(fn(), limits.storage_call_s)
+        except asyncio.TimeoutError:
+            raise rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded") from None
         except PigeonError as e:
             raise rpc_error(grpc.StatusCode[e.code], e.message) from None
         if not self.reachable(dst, src):
