@@ -2,7 +2,7 @@
 
 import os as _os
 
-__version__ = "0.1.0"
+from pigeon.version import __version__  # noqa: F401 — its one source
 
 
 def _grpc_on_posix_io() -> None:

@@ -20,6 +20,7 @@ from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
+from pigeon.api.build_info import BuildInfo
 from pigeon.core.histogram import Histogram, HistogramStats
 from pigeon.node.journal_writer import SYNC_BUCKETS_MS
 
@@ -268,6 +269,7 @@ class SecurityCollector(Collector):
 
 def registry(engine, cluster=None, lag: LoopLag | None = None, top: int = 500, guard=None) -> CollectorRegistry:
     reg = CollectorRegistry(auto_describe=False)
+    reg.register(BuildInfo())
     reg.register(NodeCollector(engine, cluster, lag, top))
     if guard is not None:
         reg.register(SecurityCollector(guard))

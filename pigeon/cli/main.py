@@ -185,8 +185,19 @@ def export(
     typer.echo(f"pigeon export: {n} subscription(s) exported")
 
 
+def _print_version(asked: bool) -> None:
+    if asked:  # (eager: answered before any command is required or run)
+        from pigeon.version import __version__, commit
+
+        built = commit()
+        typer.echo(f"pigeon {__version__}" + (f" (commit {built})" if built != "unknown" else ""))
+        raise typer.Exit(0)
+
+
 @app.callback()
 def _options(
+    version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
+                                 help="print the version (and the commit, when run from a checkout) and exit"),
     debug: bool = typer.Option(False, "--debug", help="show the traceback of a failure (also PIGEON_DEBUG=1)"),
     ca_file: Optional[str] = credentials.option("ca_file", env=True),
     token: Optional[str] = credentials.option("token", env=True),
