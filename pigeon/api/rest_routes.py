@@ -52,8 +52,10 @@ def _template_regex(template: str) -> tuple[re.Pattern, tuple[str, ...]]:
     return re.compile("".join(out) + r"\Z"), tuple(variables)
 
 
+@lru_cache(maxsize=1)
 def compiled_protos() -> descriptor_pb2.FileDescriptorSet:
-    """pubsub.proto and schema.proto of the installed client library, compiled with their imports."""
+    """pubsub.proto and schema.proto of the installed client library, compiled with their imports (once: the
+    routes and server reflection both read them)."""
     from grpc_tools import protoc
 
     # found, not imported: the handwritten client's package imports the whole generated client (node.pubsub_types)

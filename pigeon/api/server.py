@@ -13,7 +13,7 @@ import signal
 
 import grpc
 
-from pigeon.api import access, admin_api, monitoring_api, pigeon_api, queue_api, security, takers
+from pigeon.api import access, admin_api, health, monitoring_api, pigeon_api, queue_api, security, takers
 from pigeon.api.grpc_api import PubSubApi
 from pigeon.core import hot, limits
 from pigeon.node import recovery
@@ -79,6 +79,9 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
         peers = _peer_server(config, guard, handlers + storage, taking)
     else:
         taking = [_serve_handlers(server, _guarded(guard, handlers + storage, access.SHARED))]
+    readiness = health.Readiness(cluster, config.node_id)  # /readyz and grpc.health.v1 both answer from it
+    probes = health.Probes(server, readiness, handlers + ([] if config.peer_port else storage))
+    await probes.update()
     port = _listen(server, f"{config.host}:{config.port}",
                    served.grpc_credentials() if served is not None else None)
     local = security.local_socket(server) if config.secured else None  # the REST front's way in
@@ -97,7 +100,8 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
         await cluster.listening()
     watch = asyncio.get_running_loop().create_task(security.watch(guard, engine, served, cluster), name="pigeon-security") \
         if guard is not None else None
-    http = await _start_http(config, port, engine, cluster, guard, local, served)
+    probes.start()
+    http = await _start_http(config, port, engine, cluster, readiness, guard, local, served)
     log.info("pigeon serving on %s:%d (data %s, fsync=%s%s%s)", config.host, port, config.data_dir, config.fsync,
              f", node {config.node_id} of cluster {cluster.cluster_id}" if cluster else "",
              security.describe(config))
@@ -112,6 +116,7 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
         ready.set()
     await stop.wait()
     log.info("shutting down")
+    await probes.stop()  # not ready from now on: /readyz 503, health NOT_SERVING, while calls finish
     # GOAWAY first: stopping the servers closes their listeners and tells every connection to send no new calls.
     # A call that reaches a stopping server is dropped by gRPC as CANCELLED — which the client libraries take as
     # final for a StreamingPull — so open streams are ended (UNAVAILABLE, retried) only once their clients have
@@ -206,7 +211,8 @@ def _peer_server(config: Config, guard, handlers: list, taking: list) -> grpc.ai
     return server
 
 
-async def _start_http(config: Config, grpc_port: int, engine, cluster, guard=None, local=None, served=None):
+async def _start_http(config: Config, grpc_port: int, engine, cluster, readiness: health.Readiness, guard=None,
+                      local=None, served=None):
     """The HTTP port (pigeon.api.rest): REST, health. When it is only the default (the gRPC port + 1) and taken,
     the node serves gRPC without it, saying so. Secured, it speaks HTTPS and reaches the gRPC API through the
     unix socket (`local`), passing on the caller's credential (and its certificate's identity under mutual
@@ -224,7 +230,7 @@ async def _start_http(config: Config, grpc_port: int, engine, cluster, guard=Non
         f"{'127.0.0.1' if config.host in ('0.0.0.0', '::', '') else config.host}:{grpc_port}"
     lag = metrics.LoopLag()
     reg = metrics.registry(engine, cluster, lag, config.metrics_top, guard)
-    api = rest.RestApi(target, ready=cluster.ready if cluster is not None else None,
+    api = rest.RestApi(target, ready=readiness.check,
                        metrics=lambda: metrics.render(reg), mtls=bool(config.tls_client_ca),
                        metrics_gate=security.metrics_gate(config, guard))
     try:
