@@ -1,7 +1,8 @@
 """Differential checks against Google's Pub/Sub emulator: the same calls through the official client must
 give the same answers (codes, defaults, delivery) where the emulator implements the behaviour. The
 documented service behaviour stays the spec: cases where the emulator is known to differ are not compared
-here (see reference/pubsub-api.md). Skipped when the gcloud emulator is not installed."""
+here (the parts it skips: docs/reference.md, "The Pub/Sub model, all of it"; Google's own list:
+https://cloud.google.com/pubsub/docs/emulator). Skipped when the gcloud emulator is not installed."""
 
 import os
 import shutil
