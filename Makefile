@@ -47,7 +47,13 @@ $(CHROMEDRIVER):
 	command -v chromedriver >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y \
 		-qq --no-install-recommends chromium chromium-driver; }
 
-test: $(STAMP) $(SPARK_STAMP) $(ETCD_BIN) $(CHROMEDRIVER)
+# the alert rules (docs/alerts.yml) are checked and unit-tested with promtool: Debian's prometheus package
+PROMTOOL := /usr/bin/promtool
+$(PROMTOOL):
+	command -v promtool >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+		--no-install-recommends prometheus; }
+
+test: $(STAMP) $(SPARK_STAMP) $(ETCD_BIN) $(CHROMEDRIVER) $(PROMTOOL)
 	$(BIN)/lint-imports
 	$(COMPILE)
 	$(BIN)/python -m pytest -q

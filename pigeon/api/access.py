@@ -206,7 +206,7 @@ class Guard:
     def wrap(self, handlers: list[grpc.GenericRpcHandler], listener: str = SHARED) -> list[grpc.GenericRpcHandler]:
         """The handlers of one listener (SHARED, CLIENTS or PEERS), each call checked here first."""
         assert listener in (SHARED, CLIENTS, PEERS), listener
-        return [_Guarded(self, h, listener) for h in handlers]
+        return [PerMethod(h, lambda name, handler: self.method(name, handler, listener)) for h in handlers]
 
     def method(self, name: str, handler, listener: str = SHARED):
         rule = RULES.get(name)
@@ -366,11 +366,12 @@ def _response_class(full_name: str):
     return message_factory.GetMessageClass(descriptor_pool.Default().FindMessageTypeByName(full_name))
 
 
-class _Guarded(grpc.GenericRpcHandler):
-    """A service's handlers, each wrapped once by the guard (grpc asks for the handler on every call)."""
+class PerMethod(grpc.GenericRpcHandler):
+    """A service's handlers, each wrapped once by `wrap(method name, handler)` — the guard's checks, the SLIs'
+    figures (pigeon.api.sli) — since grpc asks for the handler on every call."""
 
-    def __init__(self, guard: Guard, inner: grpc.GenericRpcHandler, listener: str):
-        self.guard, self.inner, self.listener = guard, inner, listener
+    def __init__(self, inner: grpc.GenericRpcHandler, wrap):
+        self.inner, self.wrap = inner, wrap
         self._wrapped: dict[str, object] = {}
 
     def service(self, handler_call_details):
@@ -380,5 +381,5 @@ class _Guarded(grpc.GenericRpcHandler):
             h = self.inner.service(handler_call_details)
             if h is None:
                 return None
-            h = self._wrapped[name] = self.guard.method(name, h, self.listener)
+            h = self._wrapped[name] = self.wrap(name, h)
         return h

@@ -15,11 +15,13 @@ import binascii
 import json
 import logging
 import os
+import time
 
 import grpc
 from aiohttp import web
 from google.protobuf import json_format
 
+from pigeon.api import sli
 from pigeon.api.rest_openapi import openapi
 from pigeon.api.rest_routes import EMBEDDED, Route, match
 from pigeon.core import limits
@@ -212,7 +214,8 @@ async def request_message(route: Route, values: tuple[str, ...], req: web.Reques
 class RestApi:
     """Answers the REST API by calling the node's own gRPC server at `grpc_target`."""
 
-    def __init__(self, grpc_target: str, ready=None, metrics=None, mtls: bool = False, metrics_gate=None):
+    def __init__(self, grpc_target: str, ready=None, metrics=None, mtls: bool = False, metrics_gate=None,
+                 requests: sli.Requests | None = None):
         self.mtls = mtls  # mutual TLS: a caller without a token is its certificate's identity
         self.metrics_gate = metrics_gate  # (authorization, client certificate) → None, or raises: /metrics' door
         self.channel = grpc.aio.insecure_channel(grpc_target, options=[
@@ -220,6 +223,7 @@ class RestApi:
         self.ready = ready  # () → (ok, why): readiness for /readyz
         self.metrics = metrics  # () → bytes in Prometheus' text format
         self._calls: dict[str, object] = {}
+        self.routes = sli.RestRoutes(requests if requests is not None else sli.Requests())
 
     def _call(self, rpc: str):
         c = self._calls.get(rpc)
@@ -228,15 +232,33 @@ class RestApi:
         return c
 
     async def handle(self, req: web.Request) -> web.Response:
+        """One REST request, recorded once (pigeon.api.sli) by its route and the status it was answered with."""
+        t0 = time.perf_counter()
         found = match(req.method, req.path)
+        figures = self.routes.of(found[0] if found is not None else None)
+        code = grpc.StatusCode.UNKNOWN
+        try:
+            code, resp = await self._answer(found, req)
+            return resp
+        except asyncio.CancelledError:
+            code = grpc.StatusCode.CANCELLED
+            raise
+        except Exception as e:  # noqa: BLE001 — answered here as the middleware would, so it is counted as sent
+            code, resp = _failure(req, e)
+            return resp
+        finally:
+            self.routes.record(figures, code, time.perf_counter() - t0)
+
+    async def _answer(self, found, req: web.Request) -> tuple[grpc.StatusCode, web.Response]:
         if found is None:
-            return error_response(grpc.StatusCode.NOT_FOUND, f"The requested URL {req.path} was not found on "
-                                                             f"this server (method {req.method}).")
+            return grpc.StatusCode.NOT_FOUND, error_response(
+                grpc.StatusCode.NOT_FOUND, f"The requested URL {req.path} was not found on this server (method "
+                                           f"{req.method}).")
         route, values = found
         try:
             msg = await request_message(route, values, req)
         except RestError as e:
-            return error_response(e.code, e.message)
+            return e.code, error_response(e.code, e.message)
         metadata = [(k.lower(), v) for k, v in req.headers.items() if k.lower() == "authorization"]
         if self.mtls and not metadata:
             who = _cert_identity(req)
@@ -246,12 +268,13 @@ class RestApi:
             payload = msg if type(msg) is bytes else msg.SerializeToString()
             raw = await self._call(route.rpc)(payload, timeout=_CALL_S, metadata=metadata or None)
         except grpc.aio.AioRpcError as e:
-            return error_response(e.code(), e.details() or e.code().name, _status_details(e.trailing_metadata()))
+            return e.code(), error_response(e.code(), e.details() or e.code().name,
+                                            _status_details(e.trailing_metadata()))
         out = route.response.FromString(raw)
         if route.rpc.startswith("/pigeon.v1.Queue/"):
-            return web.json_response(_embedded_json(out, json_format.MessageToDict(out)))
+            return grpc.StatusCode.OK, web.json_response(_embedded_json(out, json_format.MessageToDict(out)))
         text = json_format.MessageToJson(out, indent=None)
-        return web.Response(text=text, content_type="application/json")
+        return grpc.StatusCode.OK, web.Response(text=text, content_type="application/json")
 
     async def healthz(self, req: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
@@ -292,18 +315,24 @@ async def _errors(req: web.Request, handler):
     """Every error in Google's shape: an oversized body, a method aiohttp refuses, a bug (logged)."""
     try:
         return await handler(req)
-    except web.HTTPRequestEntityTooLarge:
-        return error_response(grpc.StatusCode.INVALID_ARGUMENT, f"Request payload size exceeds the limit: "
-                                                                f"{limits.rest_body_bytes_max} bytes.")
-    except web.HTTPException as e:
-        code = {404: grpc.StatusCode.NOT_FOUND, 405: grpc.StatusCode.UNIMPLEMENTED}.get(e.status,
-                                                                                      grpc.StatusCode.INVALID_ARGUMENT)
-        return error_response(code, e.reason or str(e))
     except asyncio.CancelledError:
         raise
-    except Exception:  # noqa: BLE001 — the boundary: a bug answers INTERNAL and the server goes on
-        log.exception("REST %s %s failed", req.method, req.path)
-        return error_response(grpc.StatusCode.INTERNAL, "Internal error.")
+    except Exception as e:  # noqa: BLE001 — the boundary: a bug answers INTERNAL and the server goes on
+        return _failure(req, e)[1]
+
+
+def _failure(req: web.Request, e: Exception) -> tuple[grpc.StatusCode, web.Response]:
+    if isinstance(e, web.HTTPRequestEntityTooLarge):
+        code, message = grpc.StatusCode.INVALID_ARGUMENT, f"Request payload size exceeds the limit: " \
+                                                          f"{limits.rest_body_bytes_max} bytes."
+    elif isinstance(e, web.HTTPException):
+        code = {404: grpc.StatusCode.NOT_FOUND, 405: grpc.StatusCode.UNIMPLEMENTED}.get(
+            e.status, grpc.StatusCode.INVALID_ARGUMENT)
+        message = e.reason or str(e)
+    else:
+        log.error("REST %s %s failed", req.method, req.path, exc_info=e)
+        code, message = grpc.StatusCode.INTERNAL, "Internal error."
+    return code, error_response(code, message)
 
 
 def _cert_pem(req: web.Request) -> bytes | None:

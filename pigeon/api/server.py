@@ -13,7 +13,7 @@ import signal
 
 import grpc
 
-from pigeon.api import access, admin_api, health, monitoring_api, pigeon_api, queue_api, security, takers
+from pigeon.api import access, admin_api, health, monitoring_api, pigeon_api, queue_api, security, sli, takers
 from pigeon.api.grpc_api import PubSubApi
 from pigeon.core import hot, limits
 from pigeon.node import recovery
@@ -73,12 +73,14 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
     handlers += pigeon_api.handlers(engine)  # pigeon.v1.Ranges (data pipelines)
     handlers += monitoring_api.handlers(engine, cluster, router)  # the console's figures
     guard = security.guard(config, engine) if config.secured else None
+    requests = sli.Requests()  # every call's code and latency (outermost: the guard's refusals count too)
     peers = None
     if config.peer_port:
-        taking = [_serve_handlers(server, _guarded(guard, handlers, access.CLIENTS))]
-        peers = _peer_server(config, guard, handlers + storage, taking)
+        taking = [_serve_handlers(server, sli.measured(requests, _guarded(guard, handlers, access.CLIENTS)))]
+        peers = _peer_server(config, guard, handlers + storage, taking, requests)
     else:
-        taking = [_serve_handlers(server, _guarded(guard, handlers + storage, access.SHARED))]
+        taking = [_serve_handlers(server, sli.measured(requests, _guarded(guard, handlers + storage,
+                                                                          access.SHARED)))]
     readiness = health.Readiness(cluster, config.node_id)  # /readyz and grpc.health.v1 both answer from it
     probes = health.Probes(server, readiness, handlers + ([] if config.peer_port else storage))
     await probes.update()
@@ -101,7 +103,7 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
     watch = asyncio.get_running_loop().create_task(security.watch(guard, engine, served, cluster), name="pigeon-security") \
         if guard is not None else None
     probes.start()
-    http = await _start_http(config, port, engine, cluster, readiness, guard, local, served)
+    http = await _start_http(config, port, engine, cluster, readiness, guard, local, served, requests)
     log.info("pigeon serving on %s:%d (data %s, fsync=%s%s%s)", config.host, port, config.data_dir, config.fsync,
              f", node {config.node_id} of cluster {cluster.cluster_id}" if cluster else "",
              security.describe(config))
@@ -189,7 +191,8 @@ def _listen(server: grpc.aio.Server, address: str, credentials: grpc.ServerCrede
     return port
 
 
-def _peer_server(config: Config, guard, handlers: list, taking: list) -> grpc.aio.Server:
+def _peer_server(config: Config, guard, handlers: list, taking: list,
+                 requests: sli.Requests) -> grpc.aio.Server:
     """The peer port: a second gRPC server, on the same event loop, for what nodes call on one another — calls
     forwarded to a bundle's owner, the monitoring pages' fan-out, and the storage service (ledger replication),
     which is served here only. Secured, it requires a node certificate the cluster's CA signed of every caller
@@ -205,21 +208,21 @@ def _peer_server(config: Config, guard, handlers: list, taking: list) -> grpc.ai
     port's server has no handler for (pigeon.v1.Storage) it cannot serve, its guard never believes a principal
     sent over TCP, and the peer port can be firewalled to the nodes' network without touching the clients'."""
     server = _grpc_server()
-    taking.append(_serve_handlers(server, _guarded(guard, handlers, access.PEERS)))
+    taking.append(_serve_handlers(server, sli.measured(requests, _guarded(guard, handlers, access.PEERS))))
     _listen(server, f"{config.peer_listen_host}:{config.peer_port}",
             security.peer_server_credentials(config) if config.secured else None)
     return server
 
 
 async def _start_http(config: Config, grpc_port: int, engine, cluster, readiness: health.Readiness, guard=None,
-                      local=None, served=None):
+                      local=None, served=None, requests: sli.Requests | None = None):
     """The HTTP port (pigeon.api.rest): REST, health. When it is only the default (the gRPC port + 1) and taken,
     the node serves gRPC without it, saying so. Secured, it speaks HTTPS and reaches the gRPC API through the
     unix socket (`local`), passing on the caller's credential (and its certificate's identity under mutual
     TLS)."""
     if config.http_port == 0:
         return None
-    from pigeon.api import metrics, rest, rest_openapi, rest_routes
+    from pigeon.api import cluster_health, metrics, rest, rest_openapi, rest_routes
 
     # The routes are compiled from the protos (protoc, then every binding: ~0.4 s) once gRPC already serves, on
     # a thread: a restart's first calls do not wait for them, and the loop keeps answering meanwhile.
@@ -230,9 +233,13 @@ async def _start_http(config: Config, grpc_port: int, engine, cluster, readiness
         f"{'127.0.0.1' if config.host in ('0.0.0.0', '::', '') else config.host}:{grpc_port}"
     lag = metrics.LoopLag()
     reg = metrics.registry(engine, cluster, lag, config.metrics_top, guard)
+    if requests is not None:
+        reg.register(requests)
+    if cluster is not None:
+        reg.register(cluster_health.ClusterHealth(cluster))
     api = rest.RestApi(target, ready=readiness.check,
                        metrics=lambda: metrics.render(reg), mtls=bool(config.tls_client_ca),
-                       metrics_gate=security.metrics_gate(config, guard))
+                       metrics_gate=security.metrics_gate(config, guard), requests=requests)
     try:
         runner = await rest.start(api, config.host, port, served.http_context() if served is not None else None,
                                   reuse_port=config.reuse_port, also=config.own_http_port)

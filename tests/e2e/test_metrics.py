@@ -90,7 +90,8 @@ def test_the_grafana_dashboard_asks_for_metrics_the_node_exports(server_factory,
     cluster_only = {n for n in asked if n.startswith("pigeon_cluster_")}
     assert asked - cluster_only <= exported, sorted(asked - cluster_only - exported)
     assert cluster_only == {"pigeon_cluster_bundles_owned", "pigeon_cluster_under_replicated_ledgers",
-                            "pigeon_cluster_ledger_rolls_total"}
+                            "pigeon_cluster_ledger_rolls_total", "pigeon_cluster_nodes",
+                            "pigeon_cluster_ledgers_below_replicas", "pigeon_cluster_etcd_reachable"}
 
 
 def test_ack_latency_hot_keys_and_group_commit_sizes(server_factory):

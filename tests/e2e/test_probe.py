@@ -1,5 +1,6 @@
 """`pigeon probe` against a real server: it publishes at a steady rate, receives everything it sent, measures each
-message, serves its metrics, and says so in its JSON summary; against a node that is gone it reports failures
+message, times creating and deleting a topic and a subscription against the control plane's SLO, serves its
+metrics, and says so in its JSON summary; against a node that is gone it reports failures
 and exits non-zero; a secured node it reaches with a CA and a token, and a refused token it names."""
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import urllib.request
 import pytest
 
 from pigeon.bench.procs import free_port
+from pigeon.cli.probe import CONTROL_OPERATIONS, Prober
 from tests.e2e.security_kit import Kit
 
 pytestmark = pytest.mark.e2e
@@ -51,7 +53,30 @@ def test_the_probe_sees_every_message_and_exports_its_figures(server):
     assert s["sent"] >= 100 and s["received"] == s["sent"], s
     assert s["lost"] == 0 and s["publish_failures"] == 0
     assert s["p50_ms"] > 0 and s["p99_ms"] >= s["p50_ms"]
+    assert s["control_calls"] >= 4 and s["control_failures"] == 0, s  # (a round at the start)
+    assert set(s["control_max_ms"]) == set(CONTROL_OPERATIONS) and min(s["control_max_ms"].values()) > 0
     assert scraped and "pigeon_probe_latency_seconds_bucket" in scraped[0]
+    assert 'pigeon_probe_control_failures_total{operation="create_subscription"} 0.0' in scraped[0]
+
+
+def test_the_control_plane_is_timed_against_its_slo_and_a_failed_call_counts(server):
+    from prometheus_client import CollectorRegistry
+
+    reg = CollectorRegistry()
+    p = Prober(server.address, "probe-control", 1, 5, reg)
+    strict = Prober(server.address, "probe-control", 1, 5, CollectorRegistry(), control_slo_s=0.0)
+    for probe_ in (p, strict):
+        probe_.setup()
+        probe_.check_control_plane()
+    assert p.counts["control_calls"] == 4 and p.counts["control_failures"] == 0
+    assert reg.get_sample_value("pigeon_probe_control_latency_seconds_count", {"operation": "delete_topic"}) == 1
+    assert strict.counts["control_failures"] == 4, "every call is slower than an SLO of 0 s"
+    server.kill()
+    p.check_control_plane()  # the node is gone: the create fails, and nothing else is tried
+    assert p.counts["control_calls"] == 5 and p.counts["control_failures"] == 1
+    assert reg.get_sample_value("pigeon_probe_control_failures_total", {"operation": "create_topic"}) == 1
+    for probe_ in (p, strict):
+        probe_.sub.close()
 
 
 def test_a_probe_of_a_node_that_is_gone_fails(tmp_path):
