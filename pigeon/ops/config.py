@@ -23,17 +23,17 @@ class Config:
     fsync: str = "always"  # always | batch | never (see README, "Durability")
     shards_per_topic: int = limits.shards_per_topic_default
     bundles: int = limits.bundles_default  # logs of topic data (hash ranges of topic names): fixed per data dir
-    segment_bytes: int = limits.segment_bytes_max
-    checkpoint_interval_s: float = limits.checkpoint_interval_s_max
+    segment_bytes: int = limits.segment_bytes_max  # the journal is written in segment files of this size at most
+    checkpoint_interval_s: float = limits.checkpoint_interval_s_max  # seconds between checkpoints, at most
     checkpoint_wal_bytes: int = limits.checkpoint_wal_bytes_max
     log_level: str = "INFO"
-    idempotency_window_s: float = limits.idempotency_window_s_default
+    idempotency_window_s: float = limits.idempotency_window_s_default  # seconds a pigeon-idempotency-key is remembered
     push_allowed_endpoints: str = ""  # comma-separated URL prefixes push may reach; empty: any http(s) URL
     # quotas: what one project may hold, and every project together (docs/reference.md, "Limits")
-    topics_per_project: int = limits.topics_per_project_max
-    subscriptions_per_project: int = limits.subscriptions_per_project_max
-    snapshots_per_project: int = limits.snapshots_per_project_max
-    schemas_per_project: int = limits.schemas_per_project_max
+    topics_per_project: int = limits.topics_per_project_max  # topics one project may have
+    subscriptions_per_project: int = limits.subscriptions_per_project_max  # subscriptions one project may have
+    snapshots_per_project: int = limits.snapshots_per_project_max  # snapshots one project may have
+    schemas_per_project: int = limits.schemas_per_project_max  # schemas one project may have
     resources_per_server: int = limits.resources_per_server_max
     # what clients may hold of the server's memory at once (docs/reference.md, "Limits")
     streams_max: int = limits.streams_max
