@@ -95,11 +95,15 @@ class Probes:
         self._task = asyncio.get_running_loop().create_task(self._follow(), name="pigeon-health")
 
     async def _follow(self) -> None:
+        failing = False
         while True:
             try:
                 await self.readiness.read_drain_mark()
+                failing = False
             except Exception:  # noqa: BLE001 — a frozen status would be worse: the last mark stands, next pass
-                log.exception("reading this node's drain mark failed")
+                if not failing:  # (once a streak: every second would bury the log)
+                    log.exception("reading this node's drain mark failed; the last one read stands")
+                failing = True
             await self.update()
             await asyncio.sleep(limits.placement_check_s)
 
