@@ -246,13 +246,13 @@ class ClusterNode:
         an owner or a node does."""
         routing = (M.owner_key(0)[:-5], M.node_key(""))
         placing = routing + (M.drain_key(""),)  # (not ledger lists, the metadata log, usage: they change often
-        while True:                              # under load, and placement reads none of them)
+        view = self.membership.view               # under load, and placement reads none of them); the view of
+        while True:                               # nodes and owners that placement and routing read is kept here
             try:
-                rev = await self.meta.revision()
                 self.changed.set()
                 self._routes_stale.set()
                 self.node_changes += 1  # (what happened while the watch was down is not known)
-                async for ev in self.meta.watch(M.ROOT + "/", rev):
+                async for ev in view.follow(self.meta, M.ROOT + "/"):
                     key = ev.kv.key
                     if key.startswith(placing):
                         self.changed.set()
@@ -309,10 +309,9 @@ class ClusterNode:
     async def _follow_placement(self) -> None:
         unavailable = False
         while True:
-            try:
-                await asyncio.wait_for(self.changed.wait(), limits.placement_check_s)
-            except asyncio.TimeoutError:
-                pass
+            tick = asyncio.get_running_loop().call_later(limits.placement_check_s, self.changed.set)
+            await self.changed.wait()  # (a change, or the periodic check: cheaper than wait_for's task a pass)
+            tick.cancel()
             self.changed.clear()
             try:
                 if self.membership.lost.is_set():
@@ -378,7 +377,8 @@ class ClusterNode:
         try:
             return await self._rebalance(members)
         finally:
-            self._routes_stale.set()
+            if not self.membership.view.live:  # (else the watch reports every change of an owner key)
+                self._routes_stale.set()
 
     async def _rebalance(self, members: dict | None) -> tuple[list[int], list[int]]:
         members = await self.membership.members() if members is None else members

@@ -78,12 +78,65 @@ async def cluster_id(meta, data_dir_id: str | None) -> str:
     return actual
 
 
+class MetaView:
+    """The nodes, drain marks and owner keys as a watch of the metadata store keeps them (an informer): placement
+    and routing read them here instead of listing them from etcd a few times a second on every node. Correctness
+    never rests on it — every change of ownership is a compare-and-swap — only how soon a node notices.
+
+    Live from `load` (lists taken at one revision, which the watch then continues from) until `lost` (the watch
+    broke); while not live, readers list from the store itself, and so learn at once when it cannot be reached."""
+
+    PREFIXES = (M.node_key(""), M.drain_key(""), M.owner_key(0)[:-5])
+
+    def __init__(self):
+        self.kvs: dict[str, dict[str, M.KV]] = {p: {} for p in self.PREFIXES}
+        self.live = False
+
+    async def load(self, meta) -> int:
+        """List the prefixes afresh; the revision they were read at (a watch from there misses nothing)."""
+        self.live = False
+        for _ in range(3):  # (taken between two equal revisions, the lists are one moment's)
+            rev = await meta.revision()
+            lists = [await meta.list(p) for p in self.PREFIXES]
+            if await meta.revision() == rev:
+                break
+        else:
+            return rev  # changes keep coming: stay not live, readers list from the store (the next watch retries)
+        self.kvs = {p: {kv.key: kv for kv in kvs} for p, kvs in zip(self.PREFIXES, lists)}
+        self.live = True
+        return rev
+
+    async def follow(self, meta, prefix: str):
+        """Load the view, then keep it by a watch of `prefix` (which covers the view's prefixes): every change
+        under `prefix` is applied and then yielded. Not live from the moment the watch breaks."""
+        rev = await self.load(meta)
+        try:
+            async for ev in meta.watch(prefix, rev):
+                self.apply(ev)
+                yield ev
+        finally:
+            self.live = False
+
+    def apply(self, ev: M.Event) -> None:
+        key = ev.kv.key
+        for p in self.PREFIXES:
+            if key.startswith(p):
+                if ev.kind == "put":
+                    self.kvs[p][key] = ev.kv
+                else:
+                    self.kvs[p].pop(key, None)
+                return
+
+
+
 class Membership:
     def __init__(self, meta, info: NodeInfo, session_ttl_s: int = 10):
         self.meta, self.info, self.ttl = meta, info, session_ttl_s
         self.lease = 0
         self.owned: dict[int, int] = {}  # bundle → the epoch this node holds it under
         self.lost = asyncio.Event()  # the session ended under us: everything owned must be given up
+        self.view = MetaView()  # kept by the node's watch (ClusterNode): not live, every read lists from etcd
+        self.answering = True  # the last keepalive was answered: the view is believed only while it is
         self._keeper: asyncio.Task | None = None
 
     async def join(self) -> None:
@@ -127,6 +180,7 @@ class Membership:
             await asyncio.sleep(self.ttl / 3)
             try:
                 await self.meta.keepalive(self.lease)
+                self.answering = True
             except M.LeaseGone:
                 log.error("the session of node %s ended: giving up its %d bundles", self.info.node_id,
                           len(self.owned))
@@ -135,6 +189,7 @@ class Membership:
                 return
             except M.StoreUnavailable as e:  # owners keep serving through an outage (fencing keeps data safe)
                 log.warning("cannot keep the session alive: %s", e)
+                self.answering = False  # (a watch over a cut link may say nothing for a long time)
 
     async def leave(self) -> None:
         if self._keeper is not None:
@@ -145,14 +200,19 @@ class Membership:
             self.lease = 0
         self.owned.clear()
 
+    async def _list(self, prefix: str) -> list[M.KV]:
+        if self.view.live and self.answering:
+            return list(self.view.kvs[prefix].values())
+        return await self.meta.list(prefix)
+
     async def members(self) -> dict[str, NodeInfo]:
         prefix = M.node_key("")
         return {kv.key[len(prefix):]: NodeInfo.decode(kv.key[len(prefix):], kv.value)
-                for kv in await self.meta.list(prefix)}
+                for kv in await self._list(prefix)}
 
     async def draining(self) -> set[str]:
         prefix = M.drain_key("")
-        return {kv.key[len(prefix):] for kv in await self.meta.list(prefix)}
+        return {kv.key[len(prefix):] for kv in await self._list(prefix)}
 
     async def placement(self, bundles: int, members: dict[str, NodeInfo] | None = None) -> dict[int, str]:
         """Who should own each bundle, from the live nodes that listen (a node still starting gets none: nobody
@@ -169,7 +229,7 @@ class Membership:
         """bundle → (owner node, epoch) for every bundle that has an owner."""
         prefix = M.owner_key(0)[:-5]
         return {int(kv.key[len(prefix):]): (d["node"], d["epoch"])
-                for kv in await self.meta.list(prefix) for d in [json.loads(kv.value)]}
+                for kv in await self._list(prefix) for d in [json.loads(kv.value)]}
 
     # --- ownership -----------------------------------------------------------------------------------------
     async def claim(self, bundle: int) -> int | None:

@@ -331,6 +331,7 @@ class LedgerWriter:
         self.failed: set[str] = set()  # members that failed or refused (the next ensemble leaves them out)
         self.on_roll = None  # called once the ledger stops taking appends (also when none were waiting)
         self.on_answer = None  # called with a member's name whenever it answers
+        self._quiet: asyncio.Future | None = None  # set while every member has answered everything sent
         self.streams = {m: c.open_append(channel=True) for m, c in members.items()}
         self._readers = [asyncio.create_task(self._follow(m, s)) for m, s in self.streams.items()]
         self._readers.append(asyncio.create_task(self._watch(limits.member_silence_s)))
@@ -347,6 +348,10 @@ class LedgerWriter:
         self.types[index] = rtype
         if where is not None:
             self.where[index] = where
+        if self._quiet is not None:
+            if not self._quiet.done():
+                self._quiet.set_result(None)
+            self._quiet = None
         self._perform(actions)
         return fut
 
@@ -367,6 +372,8 @@ class LedgerWriter:
                         fut.set_result(i)
             elif isinstance(act, Roll):
                 self.rolled = act
+                if self._quiet is not None and not self._quiet.done():
+                    self._quiet.set_result(None)  # (its silence watch ends)
                 for _, fut in self.waiters:
                     if not fut.done():
                         fut.set_exception(LedgerRolled(act))
@@ -401,8 +408,14 @@ class LedgerWriter:
         loop = asyncio.get_running_loop()
         step = silence / 4
         while self.rolled is None:
+            m = self.machine
+            if all(end >= m.next for end in m.answered.values()):  # nothing to wait for: sleep until an append
+                notes.clear()
+                self._quiet = loop.create_future()
+                await self._quiet
+                continue
             await asyncio.sleep(step)
-            now, m = loop.time(), self.machine
+            now = loop.time()
             notes.append((now, m.next))
             while len(notes) > 1 and notes[1][0] <= now - silence:
                 notes.popleft()

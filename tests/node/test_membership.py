@@ -145,3 +145,47 @@ def test_a_node_whose_session_ends_loses_its_keys_and_its_bundles_are_free(make_
         await b.leave()
 
     asyncio.run(run())
+
+
+def test_placement_reads_nodes_and_owners_from_the_watched_view_and_from_the_store_when_it_breaks(make_store):
+    """A node keeps the nodes, drain marks and owner keys by a watch: a change made by another node shows in its
+    reads once the watch reported it, without a list from the store; with the watch broken, reads list from the
+    store again (and so see what changed meanwhile, or learn that it cannot be reached)."""
+    lists = []
+
+    async def run():
+        a, b = node(make_store, "n1"), node(make_store, "n2")
+        meta = a.meta
+        real_list = meta.list
+
+        async def counted(prefix):
+            lists.append(prefix)
+            return await real_list(prefix)
+        meta.list = counted
+        await a.join()
+        seen = asyncio.Event()
+
+        async def follow():
+            async for ev in a.view.follow(meta, M.ROOT + "/"):
+                if ev.kv.key == M.node_key("n2"):
+                    seen.set()
+        watching = asyncio.create_task(follow())
+        while not a.view.live:
+            await asyncio.sleep(0.01)
+        loaded = len(lists)
+        await b.join()
+        await asyncio.wait_for(seen.wait(), 5)
+        assert set(await a.members()) == {"n1", "n2"}
+        assert await a.claim(3) is not None
+        while 3 not in await a.owners():  # (the watch reports the claim)
+            await asyncio.sleep(0.01)
+        assert len(lists) == loaded, "reads came from the store while the view was live"
+        watching.cancel()
+        await asyncio.gather(watching, return_exceptions=True)
+        assert not a.view.live
+        await b.leave()
+        assert set(await a.members()) == {"n1"}, "with the watch broken, a read sees the store as it is now"
+        assert len(lists) > loaded
+        await a.leave()
+
+    asyncio.run(run())
