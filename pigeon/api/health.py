@@ -48,15 +48,15 @@ class Readiness:
         return True, ""
 
     async def read_drain_mark(self) -> None:
-        """The drain mark is in etcd and placement keeps no flag of it for this node: read it. While etcd cannot
-        be reached the last answer stands (and `cluster.ready()` already says the node is not ready)."""
+        """The drain marks as the node's watch keeps them (etcd is asked only while that watch is broken). While
+        etcd cannot be reached the last answer stands (and `cluster.ready()` already says the node is not ready)."""
         if self.cluster is None:
             return
         try:
-            mark = await asyncio.wait_for(self.cluster.meta.get(M.drain_key(self.node_id)), limits.placement_check_s)
+            drained = await asyncio.wait_for(self.cluster.membership.draining(), limits.placement_check_s)
         except (M.StoreUnavailable, asyncio.TimeoutError):
             return
-        self.drained = mark is not None
+        self.drained = self.node_id in drained
 
 
 class _Health(health.aio.HealthServicer):
