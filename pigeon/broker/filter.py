@@ -30,8 +30,8 @@ Decisions where the documentation is silent:
 - Repeated negation is allowed: `NOT NOT x`, `--x`, `NOT -x` (AIP-160 allows one per term; lenient).
 
 Semantics: `attributes:k` is true when k is present (any value, even ""). A missing key makes
-`=`, `!=` and `hasPrefix` all false — so `attributes.k != "v"` needs k present (reference/pubsub-api.md);
-NOT negates its whole operand, so `NOT attributes.k = "v"` is true when k is missing.
+`=`, `!=` and `hasPrefix` all false — so `attributes.k != "v"` needs k present
+(https://cloud.google.com/pubsub/docs/subscription-message-filter); NOT negates its whole operand, so `NOT attributes.k = "v"` is true when k is missing.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Every limit in one place, units last. Owns the rule: no other module hard-codes a limit.
-Pub/Sub's documented limits come first (reference/pubsub-api.md), Pigeon's own after."""
+Pub/Sub's documented limits come first (https://cloud.google.com/pubsub/quotas#resource_limits), Pigeon's own after."""
 
 from __future__ import annotations
 

@@ -11,9 +11,6 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 FOLDERS = ("pigeon", "tests", "scripts", "docs", "bench", "deploy")
 SUFFIXES = {".py", ".md", ".toml", ".yml", ".yaml", ".js", ".html", ".sh", ".service"}
 CITED = re.compile(r"(?<![\w/.:-])((?:[\w.-]+/)+[\w.-]+\.md)\b")
-# Citations still to be repointed in modules whose owners change them (a breach listed here that is gone must
-# leave the list, so the list only shrinks): Pub/Sub's documented filter semantics and resource limits.
-PENDING = {("pigeon/broker/filter.py", "reference/pubsub-api.md"), ("pigeon/core/limits.py", "reference/pubsub-api.md")}
 
 
 def missing_citations(text: str, folder: pathlib.Path) -> list[str]:
@@ -28,8 +25,7 @@ def test_cited_paths_exist():
     for path in files:
         for cited in missing_citations(path.read_text(errors="replace"), path.parent):
             found.add((str(path.relative_to(ROOT)), cited))
-    assert found - PENDING == set(), "citations of files that do not exist"
-    assert PENDING - found == set(), "repointed: take them off PENDING"
+    assert found == set(), "citations of files that do not exist"
 
 
 def test_a_missing_citation_is_found():
