@@ -31,7 +31,8 @@ Decisions where the documentation is silent:
 
 Semantics: `attributes:k` is true when k is present (any value, even ""). A missing key makes
 `=`, `!=` and `hasPrefix` all false — so `attributes.k != "v"` needs k present
-(https://cloud.google.com/pubsub/docs/subscription-message-filter); NOT negates its whole operand, so `NOT attributes.k = "v"` is true when k is missing.
+(https://cloud.google.com/pubsub/docs/subscription-message-filter); NOT negates its whole operand, so
+`NOT attributes.k = "v"` is true when k is missing.
 """
 
 from __future__ import annotations
