@@ -31,6 +31,26 @@ class Checkpoints:
         """Recovery found these (start-up)."""
         self.positions, self.last_time = list(positions), now
 
+    def keep(self) -> list[int]:
+        """The checkpoints to keep beside a new one: the newest (recovery falls back to it if the new one is
+        found broken)."""
+        return self.positions[-1:]
+
+    def wrote(self, pos: int, now: float) -> None:
+        self.positions, self.last_time = self.keep() + [pos], now
+
+    def journal_needed_from(self, need_pos: int) -> int | None:
+        """Where the journal may be cut below, given `need_pos` (what retention and the indexes still need):
+        recovery needs it from the older of the two newest checkpoints. None while there is only one."""
+        return min(need_pos, self.positions[-2]) if len(self.positions) >= 2 else None
+
+
+def checkpoint_records(st, journal, pos: int) -> list:
+    """The checkpoint of state `st` at journal position `pos`: its header (every log's next offset and epoch),
+    the metadata records and the images."""
+    logs = {i: (lg.next, lg.epoch, lg.fenced) for i, lg in journal.logs.items()}
+    return ck.encode(ck.Header(pos, st.next_uid, logs), images.meta_records(st), images.images(st))
+
 
 async def maintain_once(engine) -> None:
     """Retention, expirations, index trimming, checkpoints and WAL segment deletion: one pass."""
@@ -68,9 +88,9 @@ async def maintain_once(engine) -> None:
             engine.journal.mark(META_LOG)
             await engine.durable()
             await checkpoint(engine)
-    # recovery needs the journal from the older of the two newest checkpoints
-    if len(cks.positions) >= 2:
-        removed = engine.journal.delete_before(min(need_pos, cks.positions[-2]))
+    cut = cks.journal_needed_from(need_pos)
+    if cut is not None:
+        removed = engine.journal.delete_before(cut)
         if removed:
             log.info("deleted %d journal segments no longer needed", len(removed))
 
@@ -82,12 +102,8 @@ async def checkpoint(engine) -> None:
         pos = engine.journal.tail
         if cks.positions and cks.positions[-1] == pos:
             return
-        st = engine.state
-        logs = {i: (lg.next, lg.epoch, lg.fenced) for i, lg in engine.journal.journal.logs.items()}
-        recs = ck.encode(ck.Header(pos, st.next_uid, logs), images.meta_records(st), images.images(st))
+        recs = checkpoint_records(engine.state, engine.journal.journal, pos)
         await engine.journal.wait_durable(pos)
-        keep = cks.positions[-1:]
         await asyncio.get_running_loop().run_in_executor(None, ck.write, engine.journal.disk, cks.dir, pos, recs,
-                                                         keep)
-        cks.positions = keep + [pos]
-        cks.last_time = engine.clock.now()
+                                                         cks.keep())
+        cks.wrote(pos, engine.clock.now())

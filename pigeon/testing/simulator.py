@@ -30,12 +30,12 @@ import time
 
 from google.pubsub_v1 import types
 
-from pigeon.broker import images
 from pigeon.broker import commands
 from pigeon.broker.state import BrokerState
 from pigeon.core import ackid, limits
 from pigeon.core.errors import PigeonError
 from pigeon.node.executor import commit_step
+from pigeon.node.maintenance import Checkpoints, checkpoint_records
 from pigeon.node.reader import MessageReader
 from pigeon.node.recovery import BrokerTarget, type_name
 from pigeon.storage import checkpoint as ck
@@ -77,7 +77,7 @@ class Simulator:
         self.history: list[tuple[R.Record, int, int]] = []  # every record appended: (record, at, end)
         self.topic_count = 0
         self.orphaned: set[int] = set()  # subscriptions whose dead-letter topic was missing at some point
-        self.checkpoints: list[int] = []
+        self.checkpoints = Checkpoints("/data/checkpoints")  # the node's own bookkeeping (node.maintenance)
         self.oracle = Oracle()
         self.held: dict[int, dict[int, str]] = {}  # sub uid → {num: ack id} a client holds
         self.before_seek: dict[int, list[str]] = {}  # sub uid → ack ids a client held when it last sought
@@ -367,23 +367,20 @@ class Simulator:
         """As node.maintenance: a checkpoint at the current position once durable, then segment deletion. On a
         full disk it is skipped (the log still holds everything; the next one catches up)."""
         self.commit()
-        st = self.state
         pos = self.sj.journal.tail
         if self.sj.journal.durable < pos:
             return
-        logs = {i: (lg.next, lg.epoch, lg.fenced) for i, lg in self.sj.journal.logs.items()}
-        recs = ck.encode(ck.Header(pos, st.next_uid, logs), images.meta_records(st), images.images(st))
-        keep = self.checkpoints[-1:]
+        cks = self.checkpoints
         try:
-            ck.write(self.disk, "/data/checkpoints", pos, recs, keep)
+            ck.write(self.disk, cks.dir, pos, checkpoint_records(self.state, self.sj.journal, pos), cks.keep())
         except OSError as e:
             if e.errno != errno.ENOSPC:
                 raise
             return
-        self.checkpoints = keep + [pos]
-        need = min(self.sj.journal.tail, st.trim_indexes(self.clock.now()))
-        if len(self.checkpoints) >= 2:
-            self.sj.journal.delete_before(min(need, self.checkpoints[-2]))
+        cks.wrote(pos, self.clock.now())
+        cut = cks.journal_needed_from(min(self.sj.journal.tail, self.state.trim_indexes(self.clock.now())))
+        if cut is not None:
+            self.sj.journal.delete_before(cut)
 
     # --- faults --------------------------------------------------------------------------------------
     def fill_disk(self) -> None:
@@ -406,7 +403,7 @@ class Simulator:
         """A bit flips in a closed segment the recovery must read: it truncates there and says so."""
         self.commit()
         j = self.sj.journal
-        start = self.checkpoints[-1] if self.checkpoints else 0
+        start = self.checkpoints.positions[-1] if self.checkpoints.positions else 0
         closed = [s for s in j.starts[:-1] if s >= start or j.starts[j.starts.index(s) + 1] > start]
         if not closed:
             return
@@ -484,7 +481,7 @@ class Simulator:
         self.reader = MessageReader(self.sj, 1 << 20)
         self.epoch += 1
         self.fenced = set()
-        self.checkpoints = found.checkpoints
+        self.checkpoints.found(found.checkpoints, self.clock.now())
         o = self.oracle
         if flipped:  # the damage cost what came after it: the oracle forgets it (nothing else may go)
             o.durable_msgs = {k for k in o.durable_msgs if o.msgs[k].end <= tail}
