@@ -1,5 +1,6 @@
 """Topic, subscription and snapshot configuration. Owns the rules: documented limits and defaults on
-resource configuration, which fields an update mask may touch, and label syntax."""
+resource configuration, which fields an update mask may touch, label syntax, the shape of message transforms, and
+which fields Pigeon refuses rather than store and ignore (docs/fields.md lists every field and what it does)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from google.iam.v1 import policy_pb2
 from pigeon.core.pubsub_types import types
 
 from pigeon.core import limits, names
-from pigeon.core.errors import InvalidArgument
+from pigeon.core.errors import InvalidArgument, Unimplemented
 from pigeon.broker.filter import compile_filter
 
 Topic = types.Topic.pb()
@@ -20,6 +21,7 @@ Policy = policy_pb2.Policy
 
 _LABEL_KEY = re.compile(r"[a-z][a-z0-9_\-]{0,62}\Z")
 _LABEL_VALUE = re.compile(r"[a-z0-9_\-]{0,63}\Z")
+_JS_NAME = re.compile(r"[A-Za-z_$][A-Za-z0-9_$]*\Z")
 
 TOPIC_MUTABLE = frozenset(
     {
@@ -80,12 +82,69 @@ def _check_retention(d, what: str) -> None:
         )
 
 
+def active_transforms(transforms) -> list:
+    """The JavaScript UDFs a resource applies, in order (a `disabled` one is skipped, as on the service)."""
+    return [m.javascript_udf for m in transforms if not m.disabled]
+
+
+def check_transforms(transforms) -> None:
+    """The shape of `message_transforms` (whether the code compiles is the JavaScript engine's: node.transforms)."""
+    if len(transforms) > limits.transforms_per_resource_max:
+        raise InvalidArgument(f"Too many message_transforms: at most {limits.transforms_per_resource_max} are "
+                              f"allowed (got {len(transforms)}).")
+    seen: set[str] = set()
+    for i, m in enumerate(transforms):
+        kind = m.WhichOneof("transform")
+        if kind != "javascript_udf":
+            if kind is None:
+                raise InvalidArgument(f"Invalid message_transforms[{i}]: it must set javascript_udf.")
+            raise Unimplemented(f"message_transforms[{i}].{kind} is not supported: Pigeon runs javascript_udf "
+                                "transforms only.")
+        udf = m.javascript_udf
+        if not _JS_NAME.match(udf.function_name):
+            raise InvalidArgument(f"Invalid message_transforms[{i}].javascript_udf.function_name "
+                                  f"({udf.function_name[:64]!r}): it must be a JavaScript identifier.")
+        if udf.function_name in seen:
+            raise InvalidArgument(f"Invalid message_transforms[{i}].javascript_udf.function_name "
+                                  f"({udf.function_name}): each UDF of a resource must have its own function_name.")
+        seen.add(udf.function_name)
+        size = len(udf.code.encode())
+        if not 0 < size <= limits.transform_code_bytes_max:
+            raise InvalidArgument(f"Invalid message_transforms[{i}].javascript_udf.code: it must hold 1 to "
+                                  f"{limits.transform_code_bytes_max} bytes (got {size}).")
+
+
+def _refuse_unsupported(msg, fields: tuple[str, ...], kind: str) -> None:
+    """Fields Pigeon cannot honour are refused rather than stored and ignored (docs/fields.md)."""
+    for field in fields:
+        value = getattr(msg, field)
+        if (msg.HasField(field) and value.ByteSize()) if hasattr(value, "ByteSize") else value:
+            raise Unimplemented(f"The {kind} field {field} is not supported by Pigeon: {_WHY[field]}")
+
+
+_WHY = {
+    "kms_key_name": "message data is not encrypted with a customer-managed key; leave it unset.",
+    "ingestion_data_source_settings": "Pigeon does not ingest from external sources (Kinesis, Cloud Storage, "
+                                      "Event Hubs, MSK, Confluent Cloud, Azure); publish to the topic instead.",
+    "message_storage_policy": "a server (or cluster) stores every message where it runs; there are no regions to "
+                              "allow or enforce.",
+    "tags": "there are no Resource Manager tags to bind.",
+    "bigtable_config": "no Bigtable export runs; use a pull or push subscription.",
+}
+_TOPIC_UNSUPPORTED = ("kms_key_name", "ingestion_data_source_settings", "message_storage_policy", "tags")
+_SUBSCRIPTION_UNSUPPORTED = ("bigtable_config", "tags")
+
+
 def check_topic(t) -> None:
-    """Validate a Topic in place."""
+    """Validate a Topic in place (output-only fields are the server's: what a client sent there is dropped)."""
     names.split(t.name, "topics")
     check_labels(t.labels)
     if t.HasField("message_retention_duration"):
         _check_retention(t.message_retention_duration, "message_retention_duration")
+    _refuse_unsupported(t, _TOPIC_UNSUPPORTED, "topic")
+    check_transforms(t.message_transforms)
+    t.satisfies_pzs = False
+    t.state = types.Topic.State.ACTIVE
 
 
 def check_subscription(s, *, creating: bool) -> None:
@@ -139,6 +198,10 @@ def check_subscription(s, *, creating: bool) -> None:
     compile_filter(s.filter)  # raises InvalidArgument naming the position or the limit
     if s.push_config.push_endpoint and not re.match(r"https?://", s.push_config.push_endpoint):
         raise InvalidArgument(f"Invalid push_endpoint ({s.push_config.push_endpoint}): it must be an http(s) URL.")
+    _refuse_unsupported(s, _SUBSCRIPTION_UNSUPPORTED, "subscription")
+    check_transforms(s.message_transforms)
+    s.ClearField("topic_message_retention_duration")  # output only: filled in from the topic when read
+    s.ClearField("analytics_hub_subscription_info")  # output only: no Analytics Hub here
     s.state = types.Subscription.State.ACTIVE
 
 

@@ -27,6 +27,7 @@ from operator import itemgetter
 from pigeon.core import limits
 from pigeon.broker.dispatch import Delivery, Dispatch, KeyState, Lease
 from pigeon.broker.filter import compile_filter
+from pigeon.broker.resources import active_transforms
 from pigeon.broker.topic import SHARD_MASK, TopicState
 from pigeon.storage.records import Deliver
 
@@ -146,6 +147,7 @@ class SubscriptionState(Dispatch):
     def configure(self, config) -> None:
         self.config = config
         self.ordered = bool(config.enable_message_ordering)
+        self.transforms = active_transforms(config.message_transforms)  # JavaScript UDFs run at delivery
         if getattr(self, "filter_text", None) != config.filter:
             self.filter_text = config.filter
             self.filter = compile_filter(config.filter)  # None: every message matches

@@ -39,7 +39,19 @@ subscriptions_per_project_max = 10_000
 snapshots_per_project_max = 5_000
 schemas_per_project_max = 10_000
 
+# single message transforms (JavaScript UDFs): Pub/Sub's limits for UDFs on a topic or a subscription
+transforms_per_resource_max = 5
+transform_code_bytes_max = 20_000
+transform_message_s_max = 0.5  # JavaScript time one message may take through a resource's transforms
+
 # --- Pigeon's own -----------------------------------------------------------------------------
+# JavaScript transforms run in one V8 isolate per node (node.transforms): a batch is one call, given the per-message
+# time for each of its messages up to this much; its heap is capped; compiled chains kept (the oldest dropped past it)
+transform_batch_s_max = 2.0
+transform_heap_bytes_max = 256 << 20
+transform_chains_max = 1_000
+assert transform_message_s_max <= transform_batch_s_max
+
 response_bytes_max = 4 * 1024 * 1024 - 64 * 1024  # stay under the client's default 4 MiB receive limit
 grpc_receive_bytes_max = 20 * 1024 * 1024
 shards_per_topic_max = 64

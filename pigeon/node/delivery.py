@@ -124,7 +124,10 @@ class Delivery:
             if out:
                 self._pass_on(s)
                 await self.executor.recorded(s.log_id)
-                return out
+                if s.transforms:  # subscription transforms (node.transforms): those filtered out are acked
+                    out = await self.executor.transforms.deliver(self, s, out)
+                if out:
+                    return out
             left = give_up - time.monotonic()
             if return_immediately or left <= 0:
                 return out
@@ -161,7 +164,17 @@ class Delivery:
 
     async def stream_next(self, stream: Stream) -> list[bytes] | None:
         """Wait until the stream may take messages and some are ready, or it has something in its outbox;
-        return the messages (possibly none), or None once the client has half-closed."""
+        return the messages (possibly none), or None once the client has half-closed. A subscription's transforms
+        run on what goes out (node.transforms); when they filter out everything, the stream waits on."""
+        while True:
+            out = await self._stream_next(stream)
+            if not out or not stream.sub.transforms:
+                return out
+            out = await self.executor.transforms.deliver(self, stream.sub, out)
+            if out:
+                return out
+
+    async def _stream_next(self, stream: Stream) -> list[bytes] | None:
         s = stream.sub
         while True:
             self.executor.check_open()

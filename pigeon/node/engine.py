@@ -34,6 +34,7 @@ from pigeon.node.reader import MessageReader, ReaderStats
 from pigeon.node.samples import AckLatency, HotKeys
 from pigeon.node.schema_service import SchemaService
 from pigeon.node.streams import Signal, Stream, StreamStats, WallClock
+from pigeon.node.transforms import Transforms
 from pigeon.node.journal_writer import WriterStats
 from pigeon.ops.config import Config
 from pigeon.core.bundles import META_LOG, bundle_log
@@ -93,6 +94,7 @@ class Engine:
         self.schemas = SchemaService(self)
         self.queue = QueueOps(self)
         self.iam = IamOps(self)
+        self.transforms = Transforms()  # message_transforms' JavaScript (one V8 isolate, made when first needed)
 
     # --- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -135,6 +137,7 @@ class Engine:
         except Exception:  # the WAL still holds everything; a checkpoint only speeds up the next start
             log.exception("final checkpoint failed")
         await self.journal.close()
+        self.transforms.close()
         if self._dir_lock is not None:
             self._dir_lock.close()
             self._dir_lock = None
@@ -235,6 +238,7 @@ class Engine:
     async def create_topic(self, topic):
         self.check_open()
         await self.schemas.check_topic_settings(topic)
+        await self.transforms.check(topic.message_transforms)
         rec = commands.create_topic(self.state, topic, self.config.shards_per_topic)
         await self.change(rec)
         return self.state.topics_by_uid[rec.uid].config
@@ -244,7 +248,9 @@ class Engine:
 
     async def update_topic(self, topic, mask):
         self.check_open()
-        await self.schemas.check_topic_settings(commands.merged_topic(self.state, topic, mask))
+        merged = commands.merged_topic(self.state, topic, mask)
+        await self.schemas.check_topic_settings(merged)
+        await self.transforms.check(merged.message_transforms)
         rec = commands.update_topic(self.state, topic, mask)
         await self.change(rec)
         return self.state.topics_by_uid[rec.uid].config
@@ -267,6 +273,7 @@ class Engine:
     # --- subscriptions ---------------------------------------------------------------------------
     async def create_subscription(self, sub):
         self.check_open()
+        await self.transforms.check(sub.message_transforms)
         rec = commands.create_subscription(self.state, sub, f"sub-{uuid.uuid4().hex}")
         await self.change(rec)
         created = self.state.subs_by_uid[rec.uid]
@@ -280,6 +287,8 @@ class Engine:
 
     async def update_subscription(self, sub, mask):
         self.check_open()
+        if "message_transforms" in mask.paths:
+            await self.transforms.check(sub.message_transforms)
         rec = commands.update_subscription(self.state, sub, mask)
         await self.change(rec)
         return commands.subscription_view(self.state.subs_by_uid[rec.uid])
@@ -347,13 +356,17 @@ class Engine:
 
     # --- publish ---------------------------------------------------------------------------------
     async def publish(self, topic_name: str, request: bytes, count: int, ordering_key: str,
-                      idem_keys: list[str] | None = None, sched: list[tuple[str, str]] | None = None) -> list[str]:
+                      idem_keys: list[str] | None = None, sched: list[tuple[str, str]] | None = None,
+                      transformed: bool = False) -> list[str]:
         """Store one PublishRequest (validated by commands.check_publish: these are its fields) whole; return the
         message ids once durable. `idem_keys`: the messages' idempotency keys ("" for none); repeats inside the
         window are not stored again and get the original message id. `sched`: the messages' (activate-at, delay)
-        attributes, when some message carries one: the batch then waits in the topic's activation index."""
+        attributes, when some message carries one: the batch then waits in the topic's activation index.
+        A topic with message transforms has them run first (node.transforms), then comes back `transformed`."""
         self.check_open()
         t = self.state.topic(topic_name)
+        if t.config.message_transforms and not transformed:  # the one check a publish without them pays
+            return await self.transforms.publish(self, t, request, ordering_key)
         self.journal.check_publish()  # a full disk refuses publishes, keeps room for deliveries and acks
         check = (lambda req: self.schemas.check_publish(t.config, req)) if t.config.schema_settings.schema else None
         plan = commands.publish_batch(t, commands.PublishCommand(topic_name, request, count, ordering_key, idem_keys,

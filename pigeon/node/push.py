@@ -27,6 +27,7 @@ from pigeon.core.pubsub_types import types
 
 from pigeon.core import ackid, limits
 from pigeon.core.errors import PigeonError
+from pigeon.node.transforms import Failure
 
 log = logging.getLogger("pigeon.push")
 _PubsubMessage = types.PubsubMessage.pb()
@@ -367,7 +368,9 @@ class PushWorker:
         loop = asyncio.get_running_loop()
         try:
             await self.engine.recorded(s.log_id)  # (in a cluster: the lease replicated before the message goes out)
-            failure = await self._post(s, version, raw)
+            if s.transforms:  # the subscription's message transforms: one filtered out is acked unsent
+                raw = await self.engine.transforms.push_message(s, raw)
+            failure = None if raw is None else raw if isinstance(raw, Failure) else await self._post(s, version, raw)
         except PigeonError as e:  # the bundle moved: the lease was not recorded, the message is not sent
             failure = e.message
         except asyncio.CancelledError:
