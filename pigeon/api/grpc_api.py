@@ -204,8 +204,7 @@ class PubSubApi:
                 raise first.refused()
             if not first.subscription:
                 raise InvalidArgument("The first StreamingPullRequest must set subscription.")
-            if self.router is not None and (owner := await self.router.for_subscription(first.subscription,
-                                                                                       context)):
+            if self.router is not None and (owner := await self.router.for_stream(first.subscription, context)):
                 async for resp in self.router.stream(owner, STREAMING_PULL, first.SerializeToString(),
                                                      request_iterator, context):
                     yield resp

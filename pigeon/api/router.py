@@ -75,6 +75,37 @@ class Router:
             return None  # answered here: NOT_FOUND
         return self._owner(state.log_of_sub(name, self.engine.config.bundles), context)
 
+    async def for_stream(self, name: str, context) -> Owner | None:
+        """`for_subscription` for a StreamingPull: while the bundle has no owner (moving), it waits for one
+        (limits.forward_s_max at most) instead of answering UNAVAILABLE at once. The official clients reopen a
+        stream at most 5 times in 10 s (google.api_core's bidi throttle): refusals a few milliseconds apart spend
+        them all during a move, and delivery then stalls for 10 s where the move took a fraction of one."""
+        deadline = asyncio.get_running_loop().time() + limits.forward_s_max
+        while True:
+            try:
+                return await self.for_subscription(name, context)
+            except Unavailable:
+                if self.engine.closing or asyncio.get_running_loop().time() >= deadline:
+                    raise
+                await self._routes_change(0.1)
+
+    async def _routes_change(self, timeout: float) -> None:
+        """Until the routes change or `timeout` passed (a takeover ends with this node owning the bundle, which
+        the routes do not show: callers check again either way)."""
+        try:
+            await asyncio.wait_for(self.cluster.routes_changed().wait(), timeout)
+        except asyncio.TimeoutError:
+            pass
+
+    async def _until_moved(self, owner: Owner) -> None:
+        """A stream forwarded to an owner that cannot be reached (killed, stopping): wait until the routes name
+        another (limits.forward_s_max at most), so that the client's reopen, which the UNAVAILABLE that follows
+        asks for, finds it rather than spending one of its few reopens (for_stream) on the same dead end."""
+        deadline = asyncio.get_running_loop().time() + limits.forward_s_max
+        while not self.engine.closing and self.cluster.address_of(owner.log_id) == owner.address and \
+                asyncio.get_running_loop().time() < deadline:
+            await self._routes_change(0.1)
+
     # --- forwarding ----------------------------------------------------------------------------------------
     def channel(self, address: str) -> grpc.aio.Channel:
         ch = self._channels.get(address)
@@ -133,6 +164,8 @@ class Router:
                 async for resp in it:
                     yield resp
         except grpc.aio.AioRpcError as e:
+            if e.code() == grpc.StatusCode.UNAVAILABLE:
+                await self._until_moved(owner)
             raise _relayed(e, owner.address) from None
         finally:
             it.cancel()
