@@ -141,7 +141,9 @@ def new_ensemble(ledger: int, zones: dict[str, str], machine_of: dict[str, str],
                  replication: Replication, me: str) -> list[str]:
     """The members of a new ledger, in order. `zones`: node → zone of the nodes up (listening, not cut off);
     `machine_of`: node → the machine it shares ("" for its own); `avoid`: members that failed a write lately; `me`:
-    the writer (a ledger of one copy — the workers of one machine — is its own, reached without a hop)."""
+    the writer, a member whenever it is usable: its copy is the entry it writes to its own journal anyway (the
+    store borrows it), so a ledger costs E − 1 copies over the network, and the owner reads its messages back
+    from its own disk."""
     usable = {n: z for n, z in zones.items() if n not in avoid}
     if machines(usable, machine_of) < replication.ack_quorum:  # too few without them: they are tried again
         usable = dict(zones)
@@ -149,7 +151,5 @@ def new_ensemble(ledger: int, zones: dict[str, str], machine_of: dict[str, str],
     if size < replication.ack_quorum:
         raise TooFewNodes(f"storage nodes on {machines(usable, machine_of)} machine(s) are up; "
                           f"{replication.ack_quorum} are needed")
-    if size == 1 and me in usable:
-        return [me]
-    return choose_ensemble(ledger, usable, size, machine_of=machine_of)
+    return choose_ensemble(ledger, usable, size, machine_of=machine_of, first=me)
 

@@ -58,13 +58,14 @@ def ensemble_size(nodes: Iterable[str], machine_of: Mapping[str, str] | None, en
 
 
 def choose_ensemble(ledger: int, nodes: Mapping[str, str], size: int, exclude: Iterable[str] = (),
-                    machine_of: Mapping[str, str] | None = None) -> list[str]:
+                    machine_of: Mapping[str, str] | None = None, first: str | None = None) -> list[str]:
     """`size` distinct nodes for `ledger` out of `nodes` (node id → zone; "" for none), ranked by rendezvous
-    hashing on the ledger's id: at most one node of a machine (`machine_of`, as for `machines`: the copies on the
-    workers of one `pigeon serve --workers N` share a disk, so they are one copy), spread over the zones first (one
-    per zone in turn), then by rank. Raises ValueError when there are not enough machines."""
+    hashing on the ledger's id — `first`, when it is one of them, ranked before all: at most one node of a machine
+    (`machine_of`, as for `machines`: the copies on the workers of one `pigeon serve --workers N` share a disk, so
+    they are one copy), spread over the zones first (one per zone in turn), then by rank. Raises ValueError when
+    there are not enough machines."""
     skip = set(exclude)
-    ranked = sorted((n for n in nodes if n not in skip), key=lambda n: (-_score(ledger, n), n))
+    ranked = sorted((n for n in nodes if n not in skip), key=lambda n: (n != first, -_score(ledger, n), n))
     one_each, seen = [], set()  # the best-ranked node of each machine
     for n in ranked:
         m = (machine_of or {}).get(n) or n

@@ -52,6 +52,9 @@ def test_a_new_ensemble_takes_up_nodes_only_and_leaves_the_failed_out_while_it_c
     usable = set(zones) - avoid if len(set(zones) - avoid) >= REP.ack_quorum else set(zones)
     assert len(chosen) == min(3, len(usable)) and len(set(chosen)) == len(chosen) and set(chosen) <= usable
     assert chosen == new_ensemble(ledger_id(2, seq), zones, machine_of, avoid, REP, "a")  # every node computes it
+    assert ("a" in chosen) == ("a" in usable), "the writer holds a copy of its ledger whenever it may"
+    if len({zones[n] for n in usable}) >= 2:
+        assert len({zones[n] for n in chosen}) >= 2, "the copies stay spread over zones"
 
 
 def test_one_machine_s_workers_give_a_ledger_one_copy_its_writer_s():
