@@ -11,12 +11,24 @@ class ApiError extends Error {
   constructor(e) { super(e.message || `HTTP ${e.code}`); this.code = e.code; this.status = e.status; }
 }
 
+// every call carries the token signed in with (a token file's bearer token or an OIDC access token); kept in
+// sessionStorage: this tab only, gone when it closes
+const TOKEN_KEY = "pigeon.token";
+const auth = {
+  token: () => sessionStorage.getItem(TOKEN_KEY) || "",
+  signedOut: false, // a call answered 401: the sign-in prompt is up; views and polling wait for a token
+};
+
 async function api(method, path, body) {
   const init = { method, headers: {} };
+  const token = auth.token();
+  if (token) init.headers.Authorization = `Bearer ${token}`;
   if (body !== undefined) { init.body = JSON.stringify(body); init.headers["Content-Type"] = "application/json"; }
   const r = await fetch(path, init);
   const j = await r.json().catch(() => ({}));
-  if (!r.ok) throw new ApiError(j.error || { code: r.status, message: r.statusText });
+  const e = j.error || { code: r.status, message: r.statusText };
+  if (r.status === 401) askToSignIn(e.message, token);
+  if (!r.ok) throw new ApiError({ ...e, code: r.status });
   return j;
 }
 
@@ -87,7 +99,7 @@ async function act(fn, done) {
     if (done) toast(done);
     return r;
   } catch (e) {
-    toast(e.message, true);
+    if (e.code !== 401) toast(e.message, true); // a 401 brought up the sign-in prompt instead
     return undefined;
   }
 }
@@ -117,7 +129,7 @@ function rate(prev, cur, field, dt) {
 
 async function poll() {
   const p = live.project;
-  if (!p) return;
+  if (!p || auth.signedOut) return;
   try {
     const [topics, subs] = await Promise.all([
       listAll(`/v1/projects/${p}/topicStats`, "topics"),
@@ -148,6 +160,7 @@ async function poll() {
     $("#status").classList.remove("bad");
     for (const fn of live.listeners) fn();
   } catch (e) {
+    if (e.code === 401) return;
     $("#status").textContent = `cannot read figures: ${e.message}`;
     $("#status").classList.add("bad");
   }
@@ -175,6 +188,7 @@ function route() {
   for (const a of document.querySelectorAll("nav a[data-nav]")) a.classList.toggle("active", a.dataset.nav === kind);
   const main = $("#main");
   main.innerHTML = "";
+  if (auth.signedOut) return; // shown again once signed in
   const view = {
     topics: id ? views.topic : views.topics,
     subscriptions: id ? views.subscription : views.subscriptions,
@@ -660,6 +674,38 @@ views.cluster = (main) => {
   return () => clearInterval(timer);
 };
 
+// --- signing in ---------------------------------------------------------------------------------------------
+// A call answered 401 (no token, or one the node no longer takes): forget what was shown, ask for a token. Calls
+// made with a token since replaced say nothing.
+function askToSignIn(message, used) {
+  if (used !== auth.token()) return;
+  if (used) sessionStorage.removeItem(TOKEN_KEY);
+  auth.signedOut = true;
+  Object.assign(live, { topics: new Map(), subs: new Map(), lastPoll: 0 });
+  live.history.clear();
+  $("#main").innerHTML = "";
+  $("#status").textContent = "";
+  $("#signin-why").textContent = used ? `The node refused the token: ${message}` : message;
+  $("#who").hidden = true;
+  $("#signin").hidden = false;
+  $("#signin-form").token.focus();
+}
+
+function signIn(ev) {
+  ev.preventDefault();
+  const token = ev.target.token.value.trim();
+  if (!token) return;
+  sessionStorage.setItem(TOKEN_KEY, token);
+  ev.target.reset();
+  boot();
+}
+
+function signOut() {
+  sessionStorage.removeItem(TOKEN_KEY);
+  $("#who").hidden = true;
+  boot(); // a node that needs credentials answers 401: the prompt
+}
+
 // --- start ----------------------------------------------------------------------------------------------------
 async function setProject(p) {
   live.project = p;
@@ -671,20 +717,33 @@ async function setProject(p) {
   await poll();
 }
 
-async function start() {
+// the projects, then the view the address names; again after each sign-in
+async function boot() {
   let projects = [];
-  try { projects = (await api("GET", "/v1/projects")).projects || []; } catch (e) { toast(e.message, true); }
+  try { projects = (await api("GET", "/v1/projects")).projects || []; } catch (e) {
+    if (e.code === 401) return; // the sign-in prompt is up
+    toast(e.message, true);
+  }
+  auth.signedOut = false;
+  $("#signin").hidden = true;
+  $("#who").hidden = !auth.token();
   const ids = projects.map(short);
   $("#projects").innerHTML = ids.map((p) => `<option value="${esc(p)}">`).join("");
   const wanted = new URLSearchParams(location.search).get("project") || localStorage.getItem("pigeon.project");
   await setProject(wanted || ids[0] || "my-project");
+  route();
+}
+
+function start() {
   $("#project").onchange = async (ev) => {
     const p = ev.target.value.trim();
     if (p && p !== live.project) { await setProject(p); route(); }
   };
+  $("#signin-form").onsubmit = signIn;
+  $("#signout").onclick = signOut;
   window.addEventListener("hashchange", route);
-  route();
   setInterval(poll, POLL_MS);
+  boot();
 }
 
 start();
