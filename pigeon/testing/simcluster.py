@@ -277,7 +277,8 @@ class ClusterSim:
                 raise _Refused("moved")
             return await fn(node)
 
-        return await asyncio.wait_for(entry.call(lambda: at(entry)), CALL_S)
+        async with asyncio.timeout(CALL_S):  # (a client's deadline; no task of its own, as wait_for would make)
+            return await entry.call(lambda: at(entry))
 
     async def publish(self, t: int, via: SimNode | None = None) -> None:
         """One publish of 1–3 messages with an ordering key; a key's publishes go one at a time, as an ordered

@@ -76,8 +76,9 @@ class SimNet:
         if dst in self.down or self.generation.get(dst, 0) != gen:
             raise rpc_error(grpc.StatusCode.UNAVAILABLE, f"{dst} went away")
         try:  # (the caller's deadline holds while the member works: one that crashes meanwhile never answers)
-            out = await asyncio.wait_for(fn(), limits.storage_call_s)
-        except asyncio.TimeoutError:
+            async with asyncio.timeout(limits.storage_call_s):  # (no task of its own, as wait_for would make)
+                out = await fn()
+        except TimeoutError:
             raise rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded") from None
         except PigeonError as e:
             raise rpc_error(grpc.StatusCode[e.code], e.message) from None
@@ -120,8 +121,9 @@ class SimStorageClient:
         async def nothing():
             return True
         try:
-            return await asyncio.wait_for(self.net.call(self.src, self.dst, nothing), timeout)
-        except (grpc.aio.AioRpcError, asyncio.TimeoutError):
+            async with asyncio.timeout(timeout):
+                return await self.net.call(self.src, self.dst, nothing)
+        except (grpc.aio.AioRpcError, TimeoutError):
             return False
 
     async def delete(self, ledgers: list[int]) -> int:
