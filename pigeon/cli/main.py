@@ -185,6 +185,40 @@ def export(
     typer.echo(f"pigeon export: {n} subscription(s) exported")
 
 
+@app.command()
+def backup(
+    to: str = typer.Option(..., "--to", help="an empty directory for the backup (made when missing)"),
+    data: bool = typer.Option(False, "--data", help="also every subscription's unacknowledged messages"),
+    project: list[str] = typer.Option([], "--project", "-p", help="a project to back up (repeatable; default: all)"),
+    address: Optional[str] = verbs.ADDRESS,
+):
+    """Write the resources of a node or cluster (topics, subscriptions, schemas with their revisions, snapshots,
+    IAM policies) as JSON to a directory, and with --data the messages not acknowledged (docs/operations.md)."""
+    _backup_call(lambda m, addr, auth: m.backup(addr, to, project, data, auth), address)
+
+
+@app.command()
+def restore(
+    source: str = typer.Option(..., "--from", help="a directory `pigeon backup` wrote"),
+    address: Optional[str] = verbs.ADDRESS,
+):
+    """Load a backup into a node or cluster that holds none of its projects, through the public APIs."""
+    _backup_call(lambda m, addr, auth: m.restore(addr, source, auth), address)
+
+
+def _backup_call(fn, address: Optional[str]) -> None:
+    from pigeon.cli import backup as m
+
+    address = address or verbs.DEFAULT_ADDRESS
+    auth = credentials.client_auth()
+    errors.check_reachable(address, auth)
+    try:
+        fn(m, address, auth)
+    except m.BackupError as e:
+        typer.echo(f"pigeon: {e}", err=True)
+        raise typer.Exit(errors.USAGE)
+
+
 def _print_version(asked: bool) -> None:
     if asked:  # (eager: answered before any command is required or run)
         from pigeon.version import __version__, commit
