@@ -9,6 +9,8 @@ JetStream, Redis Streams, Google's Pub/Sub emulator) on this machine, in one run
     *_client  one lean driver per protocol (gRPC Pub/Sub, AMQP, NATS, Redis)
     run       the orchestration and its progress bars
     report    table, Markdown, JSON and PNG
+    scale     the scale-out plan: a cluster at N = 3..6 nodes, each under a CPU cgroup (cgroups), and its
+              report (scale_report)
 
 This package is a client of the servers it measures: it imports nothing from pigeon.api, pigeon.node or
 pigeon.broker and starts Pigeon as a separate `pigeon serve` process.

@@ -10,27 +10,31 @@ import sys
 
 from rich.console import Console
 
-from pigeon.bench import report
-from pigeon.bench.plan import PLANS, WORKLOADS
+from pigeon.bench import report, scale_report
+from pigeon.bench.plan import PLANS, SCALE_PLANS, SCALE_WORKLOADS, WORKLOADS
 from pigeon.bench.run import CLUSTERS, TARGETS, machine, machine_tag, run
 
 
 def bench_command(plan: str, peers: str, address: str | None, no_pigeon: bool, out: str | None,
                   json_path: str | None, quiet_wait_s: float = 0.0, report_from: str | None = None,
-                  workloads: str | None = None) -> int:
+                  workloads: str | None = None, scale_nodes: str | None = None,
+                  node_cpu: float | None = None) -> int:
     console = Console()
     # SIGTERM unwinds like Ctrl-C: every started server is stopped on the way out
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     if report_from:
         with open(report_from) as f:
             doc = json.load(f)
-        report.print_table(doc, console)
+        views = scale_report if doc.get("kind") == "scale" else report
+        views.print_table(doc, console)
         stem = report_from[:-5] if report_from.endswith(".json") else report_from
-        for p in report.write_views(doc, stem):
+        for p in views.write_views(doc, stem):
             console.print(f"wrote {p}")
         return 0
+    if plan in SCALE_PLANS:
+        return scale_command(plan, workloads, scale_nodes, node_cpu, out, json_path, console, quiet_wait_s)
     if plan not in PLANS:
-        console.print(f"[red]unknown plan {plan!r}: choose one of {', '.join(PLANS)}")
+        console.print(f"[red]unknown plan {plan!r}: choose one of {', '.join([*PLANS, *SCALE_PLANS])}")
         return 2
     chosen_plan = PLANS[plan]
     if workloads:
@@ -62,6 +66,14 @@ def bench_command(plan: str, peers: str, address: str | None, no_pigeon: bool, o
         return 2
     doc = run(chosen_plan, targets, address=address, console=console, quiet_wait_s=quiet_wait_s)
     report.print_table(doc, console)
+    save(doc, out, json_path, console)
+    # a peer's failure is reported in the table; Pigeon's makes the command fail
+    return 1 if (doc["targets"].get("pigeon") or {}).get("errors") else 0
+
+
+def save(doc: dict, out: str | None, json_path: str | None, console: Console, suffix: str = "",
+         views=None) -> None:
+    """The document to `json_path`, and with its views under `out` as <start time>-<machine><suffix>.*"""
     if json_path:
         os.makedirs(os.path.dirname(os.path.abspath(json_path)), exist_ok=True)
         with open(json_path, "w") as f:
@@ -69,8 +81,43 @@ def bench_command(plan: str, peers: str, address: str | None, no_pigeon: bool, o
     if out:
         started = datetime.datetime.fromisoformat(doc["when"]).astimezone(datetime.timezone.utc)
         # the start time (UTC) in the name: a second run on the same day must not overwrite the first
-        stem = os.path.join(out, f"{started:%Y-%m-%dT%H%M}-{machine_tag(machine())}")
-        for p in report.write(doc, stem):
+        stem = os.path.join(out, f"{started:%Y-%m-%dT%H%M}-{machine_tag(machine())}{suffix}")
+        for p in report.write(doc, stem, views):
             console.print(f"wrote {p}")
-    # a peer's failure is reported in the table; Pigeon's makes the command fail
-    return 1 if (doc["targets"].get("pigeon") or {}).get("errors") else 0
+
+
+def scale_command(plan: str, workloads: str | None, scale_nodes: str | None, node_cpu: float | None,
+                  out: str | None, json_path: str | None, console: Console, quiet_wait_s: float = 0.0) -> int:
+    """`--plan scale` (or scale-quick): the cluster at each node count, every node under a CPU cgroup."""
+    from pigeon.bench.cgroups import find
+    from pigeon.bench.cluster import PigeonClusterServer
+    from pigeon.bench.scale import run_scale
+
+    changes: dict = {}
+    try:
+        if scale_nodes:
+            changes["nodes"] = tuple(int(n) for n in scale_nodes.split(",") if n.strip())
+        if node_cpu is not None:
+            changes["node_cpu"] = float(node_cpu)
+        if workloads:
+            picked = {w.strip() for w in workloads.split(",") if w.strip()}
+            changes["workloads"] = tuple(w for w in SCALE_WORKLOADS if w in picked)
+            unknown = picked - set(SCALE_WORKLOADS)
+            if unknown:
+                raise ValueError(f"unknown workloads {sorted(unknown)}: choose from {', '.join(SCALE_WORKLOADS)}")
+        chosen = SCALE_PLANS[plan].scaled(**changes)
+    except (AssertionError, ValueError) as e:
+        console.print(f"[red]{e.args[0] if e.args else 'these settings cannot run'}")
+        return 2
+    missing = PigeonClusterServer.missing()
+    hierarchy, why = find()
+    if missing or hierarchy is None:
+        console.print(f"[red]{missing or why}")
+        return 2
+    console.print(f"{chosen.name}: N = {', '.join(map(str, chosen.nodes))} nodes, each held to {chosen.node_cpu:g} "
+                  f"core (cgroup {hierarchy.kind}, {hierarchy.root}); {len(chosen.workloads)} runs of "
+                  f"{chosen.run_s:g} s per N, about {chosen.estimate_s() / 60:.0f} minutes in all")
+    doc = run_scale(chosen, hierarchy, console, quiet_wait_s)
+    scale_report.print_table(doc, console)
+    save(doc, out, json_path, console, "-scale", scale_report.write_views)
+    return 1 if any(r.get("errors") for r in doc["runs"].values()) else 0

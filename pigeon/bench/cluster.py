@@ -76,6 +76,9 @@ class OwnerRoutedDriver(GrpcDriver):
 class PigeonClusterServer(Server):
     name = "pigeon-cluster"
     restartable = False  # the restart workload is a single server's; failover is this target's
+    size = NODES  # nodes started (the scale plan's subclass sets more)
+    node_args: tuple[str, ...] = ()  # more `pigeon serve` options for every node
+    settle_s_max = 60.0  # every bundle on the node the placement gives it to, or the start fails
 
     @classmethod
     def missing(cls):
@@ -95,27 +98,32 @@ class PigeonClusterServer(Server):
                       client, os.path.join(self.root, "etcd.log"), self.plan.peer_wall_s_max)
         self.daemons.append(etcd.start(self.plan.peer_start_s_max))
         self.nodes: dict[str, Daemon] = {}
-        for i in range(NODES):
+        for i in range(self.size):
             self.nodes[f"n{i + 1}"] = self._node(f"n{i + 1}", free_port())
-        self.server = (f"Pigeon {version('pigeon')} × {NODES} nodes + etcd, fsync=always, ledgers on 3 nodes "
+        self.server = (f"Pigeon {version('pigeon')} × {self.size} nodes + etcd, fsync=always, ledgers on 3 nodes "
                        f"answered at 2{self.tree_note}")
         self.durable = "yes (fsync on 2 of 3 before ack)"
         self._settle()
 
     def _node(self, node_id: str, port: int) -> Daemon:
         cmd = [sys.executable, "-m", "pigeon", "serve", "--host", "127.0.0.1", "--port", str(port), "--data-dir",
-               os.path.join(self.root, node_id), "--fsync", "always", "--etcd", self.etcd, "--node-id", node_id]
+               os.path.join(self.root, node_id), "--fsync", "always", "--etcd", self.etcd, "--node-id", node_id,
+               *self.node_args]
         env, cwd, self.tree_note = server_tree()
         d = Daemon(f"pigeon-{node_id}", cmd, port, os.path.join(self.root, f"{node_id}.log"),
                    self.plan.peer_wall_s_max, env=env, cwd=cwd)
         self.daemons.append(d.start(self.plan.peer_start_s_max))
+        self.started(node_id, d)
         return d
 
-    def _settle(self, timeout_s: float = 60.0) -> dict:
+    def started(self, node_id: str, daemon: Daemon) -> None:
+        """Called once each node listens, before the cluster settles (the scale plan caps its CPU here)."""
+
+    def _settle(self) -> dict:
         """Until every bundle is owned by the node the placement gives it to, serving it (a ledger open for each),
         on all the nodes up. (A bundle still on its way to its node answers UNAVAILABLE meanwhile: the first node
         up owns every bundle until the others join and take their share.)"""
-        deadline = time.monotonic() + timeout_s
+        deadline = time.monotonic() + self.settle_s_max
         while True:
             st = cluster_status(self.etcd)
             up = [r for r in st["nodes"] if r["state"] == "up"]
@@ -126,7 +134,7 @@ class PigeonClusterServer(Server):
                 self.driver = OwnerRoutedDriver({int(b): addr[n] for b, n in st["owners"].items()})
                 return st
             if time.monotonic() > deadline:
-                raise RuntimeError(f"the cluster did not settle in {timeout_s:.0f} s: {st}")
+                raise RuntimeError(f"the cluster did not settle in {self.settle_s_max:.0f} s: {st}")
             time.sleep(0.2)
 
     def main(self) -> Daemon:

@@ -106,3 +106,55 @@ PLANS = {p.name: p for p in (FULL, QUICK, SMOKE, CLUSTER)}
 
 # What a quick run includes per peer: the cheap throughput and latency workloads only.
 QUICK_PEER_WORKLOADS = ("publish", "consume", "latency")
+
+
+SCALE_WORKLOADS = ("publish", "mixed", "topics_publish", "topics")  # one topic alone, at once; 16 topics the same
+
+
+@dataclass(frozen=True)
+class ScalePlan:
+    """`pigeon bench --plan scale`: the same cluster at each node count, every node held to `node_cpu` cores by a
+    CPU cgroup, driven through all of its nodes (a publisher and a consumer process per node). Each count's
+    bound: `longest_s()`; a full run ≈ 13 minutes, a quick one ≈ 3."""
+
+    name: str = "scale"
+    nodes: tuple[int, ...] = (3, 4, 5, 6)  # cluster sizes, in turn; efficiency is against the first
+    node_cpu: float = 0.2  # cores each node may use (cgroup CPU quota); the load generator and etcd are not held
+    cpu_period_us: int = 100_000  # CFS period the quota is a share of
+    replicas: int = 3  # storage nodes that hold each ledger
+    ack_quorum: int = 2  # of them, holding a record before it is answered
+    workloads: tuple[str, ...] = SCALE_WORKLOADS
+    message_bytes: int = 1024
+    batch: int = 1000  # messages per publish request
+    inflight: int = 4  # requests in flight per publisher process (one publisher process per node)
+    outstanding: int = 5000  # StreamingPull flow control of each consumer stream (one consumer process per node)
+    topics: int = 16  # the `topics_*` workloads: one topic in each of this many bundles
+    run_s: float = 25.0  # each workload
+    settle_s: float = 2.0  # pause after the cluster settles and between workloads
+    peer_start_s_max: float = 90.0  # a node (or etcd) listening
+    peer_wall_s_max: float = 1800.0  # hard bound on any node process (`timeout -s KILL`): one node count's run
+
+    def __post_init__(self):
+        assert self.nodes and all(n >= self.replicas for n in self.nodes), "every count must hold the replicas"
+        assert list(self.nodes) == sorted(set(self.nodes)), "node counts ascending, each once"
+        assert 1 <= self.ack_quorum <= self.replicas
+        assert 0 < self.node_cpu, f"a node's CPU share must be positive, not {self.node_cpu}"
+        assert 1 <= self.batch <= 1000 and self.inflight >= 1 and self.topics >= 1
+        assert set(self.workloads) <= set(SCALE_WORKLOADS) and self.workloads, self.workloads
+        assert self.longest_s() < self.peer_wall_s_max, "a node must outlive the workloads run against it"
+
+    def longest_s(self) -> float:
+        """The most one node count's cluster may take: starting, then each workload with its setup and drain."""
+        return (self.nodes[-1] + 1) * self.peer_start_s_max + len(self.workloads) * (self.run_s + 60)
+
+    def estimate_s(self) -> float:
+        """About how long the run takes (measured: a node starts in ~3 s, each run's setup and teardown ~4 s)."""
+        return sum(10 + 3 * n + len(self.workloads) * (self.run_s + self.settle_s + 4) for n in self.nodes)
+
+    def scaled(self, **changes) -> "ScalePlan":
+        return dataclasses.replace(self, **changes)
+
+
+SCALE = ScalePlan()
+SCALE_QUICK = ScalePlan("scale-quick", nodes=(3, 4), run_s=5.0, settle_s=1.0)
+SCALE_PLANS = {p.name: p for p in (SCALE, SCALE_QUICK)}

@@ -77,13 +77,21 @@ def _session_members(sid: int) -> list[int]:
     return out
 
 
-def rss_tree_bytes(pid: int) -> int:
-    """Resident memory of a process and all its descendants."""
+def tree_pids(pid: int) -> list[int]:
+    """A process and all its descendants (those alive now), the process first."""
     kids = _children()
-    total, todo = 0, [pid]
+    out, todo = [], [pid]
     while todo:
         p = todo.pop()
         todo.extend(kids.get(p, ()))
+        out.append(p)
+    return out
+
+
+def rss_tree_bytes(pid: int) -> int:
+    """Resident memory of a process and all its descendants."""
+    total = 0
+    for p in tree_pids(pid):
         try:
             with open(f"/proc/{p}/status") as f:
                 for line in f:
@@ -121,12 +129,8 @@ def _machine_jiffies() -> tuple[int, int]:
 
 def tree_cpu(pid: int) -> dict[int, float]:
     """CPU seconds of each process of a tree (its own and its reaped children's)."""
-    kids = _children()
     out: dict[int, float] = {}
-    todo = [pid]
-    while todo:
-        p = todo.pop()
-        todo.extend(kids.get(p, ()))
+    for p in tree_pids(pid):
         try:
             with open(f"/proc/{p}/stat") as f:
                 stat = f.read()

@@ -345,13 +345,14 @@ def chart(doc: dict, path: str) -> bool:
     return True
 
 
-def write(doc: dict, stem: str) -> list[str]:
-    """Write <stem>.json, <stem>.md and <stem>.png; returns the paths written."""
+def write(doc: dict, stem: str, views=None) -> list[str]:
+    """Write <stem>.json, and <stem>.md and <stem>.png with `views` (default write_views); returns the paths
+    written."""
     os.makedirs(os.path.dirname(os.path.abspath(stem)), exist_ok=True)
     with open(stem + ".json", "w") as f:
         json.dump(doc, f, indent=1)
         f.write("\n")
-    return [stem + ".json", *write_views(doc, stem)]
+    return [stem + ".json", *(views or write_views)(doc, stem)]
 
 
 def write_views(doc: dict, stem: str) -> list[str]:
