@@ -19,6 +19,7 @@ from pigeon.core import hot, limits
 from pigeon.node import recovery
 from pigeon.node.engine import Engine
 from pigeon.node.host import DataDirInUse
+from pigeon.storage.formats import NewerFormat
 from pigeon.ops import allocator, workers
 from pigeon.ops.config import Config
 
@@ -37,7 +38,7 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
     engine = Engine(config)
     try:
         await engine.start()
-    except DataDirInUse as e:
+    except (DataDirInUse, NewerFormat) as e:
         raise SystemExit(f"pigeon: {e}")
     except recovery.Unappliable as e:
         log.error("recovery stopped: %s", e.describe())

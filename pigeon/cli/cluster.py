@@ -1,4 +1,4 @@
-"""`pigeon cluster status | drain | undrain`: operate a cluster through its coordination store (etcd), which
+"""`pigeon cluster status | drain | undrain | upgrade-check`: operate a cluster through its coordination store (etcd), which
 every node watches — so these work while any node is down, and a drain takes effect wherever placement is
 computed. They reach etcd as a node does (pigeon.ops.etcd_access): --etcd-ca, --etcd-cert and --etcd-key (or
 PIGEON_ETCD_CA, PIGEON_ETCD_CERT, PIGEON_ETCD_KEY, as `pigeon serve` reads them) for an etcd that takes TLS."""
@@ -69,12 +69,46 @@ def status(etcd: str = ETCD, fmt: Format = FORMAT, etcd_ca: Optional[str] = ETCD
         console.print(f"no cluster in the etcd at {etcd} (no node has joined it yet)")
         return
     lg = st["ledgers"]
-    table = Table("node", "address", "zone", "machine", "state", "bundles",
+    table = Table("node", "address", "zone", "machine", "state", "bundles", "version", "format",
                   title=f"cluster {st['cluster']}: {st['bundles']} bundles, {st['unowned']} without an owner; "
-                        f"{lg['total']} ledgers, {lg['open']} open, {lg['under_replicated']} under-replicated")
+                        f"{lg['total']} ledgers, {lg['open']} open, {lg['under_replicated']} under-replicated; "
+                        f"format {st['format']}")
     for r in st["nodes"]:
-        table.add_row(r["node"], r["address"], r["zone"] or "-", r["machine"] or "-", r["state"], str(r["bundles"]))
+        table.add_row(r["node"], r["address"], r["zone"] or "-", r["machine"] or "-", r["state"], str(r["bundles"]),
+                      r["version"] or "-", "-" if r["format"] is None else str(r["format"]))
     console.print(table)
+
+
+def upgrade_problems(st: dict) -> list[str]:
+    """What keeps a node of the cluster `st` (`status_of`) from being taken down for an upgrade now: a node down
+    or cut off (a second one gone could lose a quorum), a bundle without an owner, a ledger short of copies."""
+    problems = [f"node {r['node']} is {r['state']}" for r in st["nodes"] if r["state"] not in ("up", "draining")]
+    if st["unowned"]:
+        problems.append(f"{st['unowned']} bundles have no owner")
+    if st["ledgers"]["under_replicated"]:
+        problems.append(f"{st['ledgers']['under_replicated']} ledgers are under-replicated (a repair is under way)")
+    return problems
+
+
+@cluster.command("upgrade-check")
+def upgrade_check(etcd: str = ETCD, etcd_ca: Optional[str] = ETCD_CA, etcd_cert: Optional[str] = ETCD_CERT,
+                  etcd_key: Optional[str] = ETCD_KEY):
+    """Whether a node may be upgraded now: every node up (none down or cut off, no bundle without an owner, no
+    ledger under-replicated), and the releases and formats they run. Exit status 0 when it may, 1 when not yet."""
+    st = _with_store(lambda meta, members: status_of(meta))(etcd, etcd_ca, etcd_cert, etcd_key)
+    if not st["cluster"]:
+        typer.echo(f"pigeon: no cluster in the etcd at {etcd}", err=True)
+        raise typer.Exit(1)
+    problems = upgrade_problems(st)
+    releases = sorted({f"{r['version'] or 'before 0.1.0'} (format {r['format']})" for r in st["nodes"]
+                       if r["format"] is not None})
+    typer.echo(f"cluster {st['cluster']} speaks format {st['format']}; its nodes run {', '.join(releases)}")
+    for p in problems:
+        typer.echo(f"  not yet: {p}")
+    if problems:
+        raise typer.Exit(1)
+    typer.echo("ready: upgrade one node at a time — `pigeon cluster drain NODE`, stop it, start it on the new "
+                  "release, `pigeon cluster undrain NODE` — and check again before the next")
 
 
 def _mark(node: str, draining: bool):

@@ -36,6 +36,8 @@ from pigeon.node.membership import Membership, NodeIdTaken, NodeInfo, OtherClust
 from pigeon.node.meta_etcd import EtcdMetadata
 from pigeon.ops import etcd_access, tls
 from pigeon.ops.config import Config
+from pigeon.storage import formats
+from pigeon.version import __version__
 
 log = logging.getLogger("pigeon.cluster")
 
@@ -61,7 +63,8 @@ class ClusterNode:
         appends_at = "" if self._append_sock is None else \
             f"{(config.peer_address or config.address).rpartition(':')[0]}:{self._append_sock.getsockname()[1]}"
         self.info = NodeInfo(config.node_id, config.address, config.zone, home=_home(self.host.disk, config.data_dir),
-                             listening=False, peer=config.peer_address, append=appends_at, machine=config.machine)
+                             listening=False, peer=config.peer_address, append=appends_at, machine=config.machine,
+                             format=formats.CLUSTER, version=__version__)
         self.membership = Membership(self.meta, self.info, config.session_ttl_s)
         self.store = LedgerStore(config.data_dir, config.fsync, node=engine.journal,  # it borrows the owner's copies
                                  host=self.host)

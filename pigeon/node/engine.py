@@ -37,6 +37,7 @@ from pigeon.node.streams import Signal, Stream, StreamStats, WallClock
 from pigeon.node.transforms import Transforms
 from pigeon.node.journal_writer import WriterStats
 from pigeon.ops.config import Config
+from pigeon.storage import formats
 from pigeon.core.bundles import META_LOG, bundle_log
 from pigeon.core.histogram import Histogram, HistogramStats
 from pigeon.storage import records as R
@@ -99,14 +100,17 @@ class Engine:
     # --- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:
         disk = self.journal.disk
-        disk.makedirs(self.checkpoints.dir)
+        disk.makedirs(self.config.data_dir)
         self._dir_lock = self.host.lock_data_dir(self.config.data_dir)
+        formats.check_data_dir(disk, self.config.data_dir)  # (before anything is written: recovery checks it too)
+        disk.makedirs(self.checkpoints.dir)
         loop = asyncio.get_running_loop()
         t0 = time.monotonic()
         self.state, found = await loop.run_in_executor(None, lambda: recovery.recover(self.config.data_dir,
                                                                                       repair=True, disk=disk))
         self.report = found.report
         recovery.report(self.report)
+        formats.mark_data_dir(disk, self.config.data_dir)  # (recovery refused a newer one)
         self.journal.open(found.tail, found.logs)
         # a new owner of every log: appends of an earlier life (none can come: it is dead) would be refused
         self.epoch = 1 + max((st.fenced for st in found.logs.values()), default=0)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 
 from pigeon.node import recovery
+from pigeon.storage.formats import NewerFormat
 
 
 def check(data_dir: str, out, repair: bool = False) -> bool:
@@ -14,6 +15,9 @@ def check(data_dir: str, out, repair: bool = False) -> bool:
         return False
     try:
         reg, found = recovery.recover(data_dir, repair=False)
+    except NewerFormat as e:
+        print(f"NEWER FORMAT: {e}", file=out)
+        return False
     except recovery.Unappliable as e:
         print(f"BROKEN: {e.describe()}", file=out)
         print("the server will not start on this directory: nothing after this record may be dropped silently",

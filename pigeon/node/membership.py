@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from pigeon.cluster import metadata as M
 from pigeon.cluster.placement import assign
+from pigeon.storage import formats
 
 log = logging.getLogger("pigeon.membership")
 
@@ -39,6 +40,8 @@ class NodeInfo:
     cut_off: bool = False  # it reaches too few peers to replicate: it owns nothing and stores nothing new until then
     append: str = ""  # its append channel's address (pigeon.node.append_channel), when it has one
     machine: str = ""  # the machine it shares with other nodes (the workers of `--workers N`): "" for its own
+    format: int = 1  # the newest cluster format it speaks (storage.formats.CLUSTER; 1 from nodes before formats)
+    version: str = ""  # the Pigeon release it runs, for operators ("" from nodes before versions)
 
     @property
     def dial(self) -> str:
@@ -56,6 +59,7 @@ class NodeInfo:
             d["append"] = self.append
         if self.machine:
             d["machine"] = self.machine
+        d["format"], d["version"] = self.format, self.version
         return json.dumps(d).encode()
 
     @staticmethod
@@ -63,7 +67,7 @@ class NodeInfo:
         d = json.loads(raw)
         return NodeInfo(node_id, d["address"], d.get("zone", ""), d.get("draining", False), d.get("home", ""),
                         d.get("listening", True), d.get("peer", ""), d.get("cut_off", False), d.get("append", ""),
-                        d.get("machine", ""))
+                        d.get("machine", ""), d.get("format", 1), d.get("version", ""))
 
 
 async def cluster_id(meta, data_dir_id: str | None) -> str:
@@ -287,8 +291,10 @@ async def status_of(meta) -> dict:
         info = nodes.get(node)
         state = "down" if info is None else "draining" if node in drained else "cut off" if info.cut_off else "up"
         rows.append({"node": node, "address": info.address if info else "", "zone": info.zone if info else "",
-                     "machine": info.machine if info else "", "state": state, "bundles": len(held.get(node, []))})
+                     "machine": info.machine if info else "", "state": state, "bundles": len(held.get(node, [])),
+                     "version": info.version if info else "", "format": info.format if info else None})
     return {"cluster": cid.value.decode() if cid else "", "bundles": bundles,
+            "format": formats.cluster_format([i.format for i in nodes.values()]),
             "unowned": bundles - len(owners), "nodes": rows,
             "owners": {str(b): node for b, (node, _) in sorted(owners.items())},
             "ledgers": {"total": len(ledgers), "open": sum(1 for lg in ledgers if lg["end"] is None),

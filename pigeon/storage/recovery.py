@@ -31,7 +31,7 @@ from typing import Callable, Protocol
 
 from pigeon.core import limits
 from pigeon.storage import checkpoint as ck
-from pigeon.storage import record
+from pigeon.storage import formats, record
 from pigeon.storage.disk import Disk, join
 from pigeon.storage.journal import MARKERS, TRUNCATE, FENCE, LogState, list_segments, segment_name
 
@@ -110,6 +110,7 @@ def recover(disk: Disk, data_dir: str, new_target: Callable[[], Target], *, repa
     applied raises Unappliable before anything is deleted, unless `drop_unappliable` (`pigeon fsck --repair`)
     treats it as broken. `type_name` names record types in reports. Entries of the logs in `forgotten` (deleted
     ledgers of a storage node, whose earlier segments are gone) are passed over: no offsets are checked."""
+    formats.check_data_dir(disk, data_dir)  # (before anything is read: a newer format would read as damage)
     rep = Report()
     wal_dir, ck_dir = join(data_dir, "wal"), join(data_dir, "checkpoints")
     target, start, logs = _newest_checkpoint(disk, ck_dir, new_target, rep, repair)

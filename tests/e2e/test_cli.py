@@ -134,3 +134,34 @@ def test_a_second_server_on_the_same_data_directory_is_refused(server):
     assert (out.returncode, out.stderr.strip().splitlines()[-1]) == (
         1, f"pigeon: the data directory {server.data_dir} is in use by another process")
     assert server.proc.poll() is None
+
+
+def test_a_data_directory_of_a_newer_format_is_refused_before_anything_is_read(tmp_path):
+    """An older Pigeon would take a newer one's records for damage and cut its log there: it refuses to start
+    instead, naming both formats, and fsck says so too. A directory it starts on says the format it writes."""
+    from pigeon.bench.procs import free_port
+    from pigeon.storage import formats
+
+    fresh, newer = tmp_path / "fresh", tmp_path / "newer"
+    newer.mkdir()
+    (newer / "FORMAT").write_text("pigeon-data 99\n")
+    out = subprocess.run([sys.executable, "-m", "pigeon", "serve", "--port", str(free_port()), "--data-dir",
+                          str(newer)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and out.stderr.strip().splitlines()[-1] == (
+        f"pigeon: the data directory {newer} is in data format 99, written by a newer Pigeon; this Pigeon reads "
+        f"formats up to {formats.DATA}: run the newer version on it")
+    assert sorted(p.name for p in newer.iterdir()) == ["FORMAT", "LOCK"], "nothing was written"
+    out = subprocess.run([sys.executable, "-m", "pigeon", "fsck", str(newer)], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode != 0 and "NEWER FORMAT: the data directory" in out.stdout, out.stdout
+    fresh.mkdir()
+    proc = subprocess.Popen([sys.executable, "-m", "pigeon", "serve", "--port", str(free_port()), "--data-dir",
+                             str(fresh)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not (fresh / "FORMAT").exists() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        assert (fresh / "FORMAT").read_text() == f"pigeon-data {formats.DATA}\n"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

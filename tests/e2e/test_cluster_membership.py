@@ -84,8 +84,17 @@ def test_drain_moves_every_bundle_off_a_node_and_undrain_brings_it_back(cluster,
     out = subprocess.run([sys.executable, "-m", "pigeon", "cluster", "status", "--etcd", etcd.endpoint, "-f", "json"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
+    from pigeon.storage import formats
+    from pigeon.version import __version__
+
     assert json.loads(out.stdout)["nodes"][2] == {"node": "n3", "address": st["nodes"][2]["address"], "zone": "",
-                                                 "machine": "", "state": "draining", "bundles": 0}
+                                                 "machine": "", "state": "draining", "bundles": 0,
+                                                 "version": __version__, "format": formats.CLUSTER}
+    assert json.loads(out.stdout)["format"] == formats.CLUSTER
+    check = subprocess.run([sys.executable, "-m", "pigeon", "cluster", "upgrade-check", "--etcd", etcd.endpoint],
+                           capture_output=True, text=True, timeout=60)
+    assert check.returncode == 0 and f"its nodes run {__version__} (format {formats.CLUSTER})" in check.stdout, \
+        check.stdout + check.stderr
 
     out = subprocess.run([sys.executable, "-m", "pigeon", "cluster", "undrain", "n3", "--etcd", etcd.endpoint],
                          capture_output=True, text=True, timeout=60)

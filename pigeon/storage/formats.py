@@ -1,0 +1,58 @@
+"""Format versions. Owns the rule: a node reads every format it has ever written and refuses a newer one, naming
+both, before it reads or writes anything else — an older Pigeon that met records of a newer one would take them
+for damage and cut the log there.
+
+  * DATA: a data directory's layout and encodings (journal segments, records, checkpoints), written as the file
+    `FORMAT` ("pigeon-data N") when a node first writes the directory; one without it was made before formats
+    were numbered, and is format 1;
+  * CLUSTER: what the nodes of a cluster exchange (peer calls, the append channel, the values in etcd). Each node
+    announces the newest it speaks in its `nodes/<id>` record; a cluster speaks the lowest of its members'
+    (`cluster_format`), so a node upgraded first uses nothing its older peers cannot read, and the cluster moves
+    on once the last member runs the new code (docs/operations.md, "Upgrades").
+
+A change that an older node could not read raises the number here, and keeps reading the older formats."""
+
+from __future__ import annotations
+
+from pigeon.storage.disk import Disk, join
+
+DATA = 1
+CLUSTER = 1
+FILE = "FORMAT"
+_PREFIX = "pigeon-data "
+
+
+class NewerFormat(Exception):
+    """Data or a peer of a newer format than this Pigeon reads."""
+
+
+def data_format(disk: Disk, data_dir: str) -> int:
+    """The format of the data directory (1 when it has no FORMAT file); ValueError when the file is not ours."""
+    path = join(data_dir, FILE)
+    if not disk.exists(path):
+        return 1
+    text = disk.read_file(path).decode(errors="replace").strip()
+    if not text.startswith(_PREFIX) or not text[len(_PREFIX):].isdigit():
+        raise ValueError(f"{path} does not name a Pigeon data format (it reads {text[:40]!r})")
+    return int(text[len(_PREFIX):])
+
+
+def check_data_dir(disk: Disk, data_dir: str) -> int:
+    """The directory's format, refused when newer than DATA."""
+    found = data_format(disk, data_dir)
+    if found > DATA:
+        raise NewerFormat(f"the data directory {data_dir} is in data format {found}, written by a newer Pigeon; "
+                          f"this Pigeon reads formats up to {DATA}: run the newer version on it")
+    return found
+
+
+def mark_data_dir(disk: Disk, data_dir: str) -> None:
+    """Record the format this Pigeon writes, when the directory does not say one yet."""
+    path = join(data_dir, FILE)
+    if not disk.exists(path):
+        disk.write_durably(path, f"{_PREFIX}{DATA}\n".encode())
+
+
+def cluster_format(announced: list[int]) -> int:
+    """The format a cluster speaks: the lowest its members announce (CLUSTER when it has none yet)."""
+    return min(announced, default=CLUSTER)
