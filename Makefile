@@ -6,20 +6,22 @@ STAMP := $(VENV)/.installed
 SPARK_STAMP := $(VENV)/.installed-spark
 DATA ?= ./data
 
-.PHONY: run cluster test lint bench bench-quick soak sim sim-cluster fuzz chaos clean
+.PHONY: run cluster test lint bench bench-quick soak sim sim-cluster fuzz chaos package-check clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV) || python3 -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
-# the install also builds pigeon.core._compiled and pigeon.node._commit (setup.py, Cython) in place
-$(STAMP): pyproject.toml setup.py pigeon/core/_compiled.pyx pigeon/node/_commit.pyx | $(BIN)/python
-	$(BIN)/pip install --quiet -e '.[test]'
+# the install also builds pigeon.core._compiled and pigeon.node._commit (setup.py, Cython) in place; every install
+# takes the exact versions of constraints.txt (pyproject.toml has the ranges a user's install may choose from)
+PIP_INSTALL := $(BIN)/pip install --quiet -c constraints.txt
+$(STAMP): pyproject.toml constraints.txt setup.py pigeon/core/_compiled.pyx pigeon/node/_commit.pyx | $(BIN)/python
+	$(PIP_INSTALL) -e '.[test]'
 	touch $(STAMP)
 
 # the Spark connector's tests need pyspark, pyarrow and deltalake (~550 MB of wheels, ~40 s on a fresh venv)
-$(SPARK_STAMP): pyproject.toml | $(STAMP)
-	$(BIN)/pip install --quiet -e '.[test,spark]'
+$(SPARK_STAMP): pyproject.toml constraints.txt | $(STAMP)
+	$(PIP_INSTALL) -e '.[test,spark]'
 	touch $(SPARK_STAMP)
 
 # The package's bytecode, written ahead: a server start then loads it instead of compiling every module (~0.3 s
@@ -59,8 +61,8 @@ test: $(STAMP) $(SPARK_STAMP) $(ETCD_BIN) $(CHROMEDRIVER) $(PROMTOOL)
 	$(BIN)/python -m pytest -q
 
 BENCH_STAMP := $(VENV)/.bench-installed
-$(BENCH_STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/pip install --quiet -e '.[test,bench]'
+$(BENCH_STAMP): pyproject.toml constraints.txt | $(BIN)/python
+	$(PIP_INSTALL) -e '.[test,bench]'
 	touch $(BENCH_STAMP)
 
 # Full comparison with RabbitMQ, NATS JetStream, Redis Streams and Google's emulator (installed from Debian when
@@ -112,6 +114,14 @@ CHAOS_ROUNDS_SEED ?= 1
 chaos: $(STAMP) $(ETCD_BIN)
 	$(BIN)/python scripts/chaos.py --scenarios $(CHAOS_SCENARIOS) --seeds $(CHAOS_SEEDS)
 	$(BIN)/python scripts/fault_rounds.py --rounds $(CHAOS_ROUNDS) --seed $(CHAOS_ROUNDS_SEED)
+
+# The package as a user installs it, without make (a few minutes: each fresh virtualenv downloads the
+# dependencies): a wheel built from the work tree (Cython parts included) on Python 3.11 and each newer CPython
+# found (PIGEON_PACKAGE_PYTHONS=path,path to choose), installed into a fresh virtualenv in /tmp, then
+# `pigeon --version` and `pigeon serve` answering /healthz; and the Spark executor's install (the wheel without
+# the server's dependencies) importing the connector.
+package-check: $(STAMP)
+	PIGEON_PACKAGE_CHECK=1 $(BIN)/python -m pytest -q -s -p no:cacheprovider tests/e2e/test_package.py
 
 clean:
 	rm -rf $(VENV) $(DATA) .pytest_cache
