@@ -133,6 +133,17 @@ def read_from(ledgers: list[LedgerInfo]) -> int:
     return (ledgers[0].start or ledgers[0].first) if ledgers else 0
 
 
+def to_widen(open_members: dict[int, int], nodes_up: dict[str, str], machine_of: dict[str, str],
+             replication: Replication) -> tuple[int, list[int]]:
+    """(the ensemble size machines up allow now, the logs whose open ledger is narrower and should move to a full
+    ensemble): a ledger opened while nodes were down is widened once enough machines are up again. Machines, not
+    nodes: two workers of one machine make no wider ensemble — counting them rolled such a ledger onto another of
+    the same size at every pass. `open_members`: log → its open ledger's member count, for the logs not rolling;
+    `nodes_up`: node → zone of the storage nodes up and not suspected."""
+    size = ensemble_size(nodes_up, machine_of, replication.ensemble)
+    return size, sorted(log for log, n in open_members.items() if n < size)
+
+
 class TooFewNodes(Exception):
     """Fewer machines are up than the ack quorum: no ledger can be opened now."""
 

@@ -34,8 +34,8 @@ from dataclasses import dataclass, field
 from pigeon.core import limits
 from pigeon.cluster import metadata as M
 from pigeon.cluster.ledgers import (LedgerInfo, NotOurs, TooFewNodes, ledger_id, new_ensemble, next_first, next_seq,
-                                    read_from, reads, recovered, rolled)
-from pigeon.cluster.quorum import Replication, ensemble_size
+                                    read_from, reads, recovered, rolled, to_widen)
+from pigeon.cluster.quorum import Replication
 from pigeon.core.bundles import bundle_of_log
 from pigeon.core.errors import Unavailable
 from pigeon.node.replication import LedgerRolled, LedgerWriter, LocalMember, RecoveryFailed, recover_ledger
@@ -369,21 +369,19 @@ class BundleLogs:
             ol.writer.flush()  # their callers wait
 
     async def widen(self) -> int:
-        """Move every open ledger with fewer members than E to a full ensemble when enough machines are up again
-        (a ledger opened while nodes were down): the writer rolls of its own accord. How many rolled. (Machines,
-        not nodes: two workers of one machine make no wider ensemble, and counting them rolled such a ledger onto
-        another of the same size at every pass.)"""
+        """Move every open ledger narrower than machines up allow to a full ensemble (cluster.ledgers.to_widen
+        decides which): the writer rolls of its own accord. How many rolled."""
         nodes = await self.storage_nodes()
         suspects = self.suspected()
-        size = ensemble_size([n for n in nodes if n not in suspects], {n: i.machine for n, i in nodes.items()},
-                             self.replication.ensemble)
-        widened = 0
-        for ol in list(self.logs.values()):
-            if ol.writer is not None and ol.rolling is None and len(ol.ledger.members) < size:
-                ol.writer.stop(f"moving to an ensemble of {size} (machines came up)")
-                self.start_roll(ol)
-                widened += 1
-        return widened
+        size, narrow = to_widen({ol.log_id: len(ol.ledger.members) for ol in self.logs.values()
+                                 if ol.writer is not None and ol.rolling is None},
+                                {n: i.zone for n, i in nodes.items() if n not in suspects},
+                                {n: i.machine for n, i in nodes.items()}, self.replication)
+        for log_id in narrow:
+            ol = self.logs[log_id]
+            ol.writer.stop(f"moving to an ensemble of {size} (machines came up)")
+            self.start_roll(ol)
+        return len(narrow)
 
     # --- giving a bundle up ------------------------------------------------------------------------------
     def lose(self, log_id: int, why: str) -> None:

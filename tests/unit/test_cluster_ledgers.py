@@ -111,3 +111,18 @@ def test_a_takeover_reads_every_entry_from_the_cut_and_starts_where_recovery_end
     offsets = [lg.first + i for lg, first, n in reads(ledgers) for i in range(first, first + n)]
     assert offsets == list(range(start, total))  # every entry once, in order, none before the cut
     assert next_first(ledgers) == total
+
+
+@settings(max_examples=200)
+@given(st.dictionaries(st.integers(1, 9), st.integers(1, 3), max_size=6),
+       st.dictionaries(st.sampled_from("abcdef"), st.sampled_from(["", "z1"]), max_size=6),
+       st.dictionaries(st.sampled_from("abcdef"), st.sampled_from(["", "m1", "m2"])))
+def test_widening_moves_exactly_the_ledgers_narrower_than_the_machines_up_allow(open_members, up, machine_of):
+    from pigeon.cluster.ledgers import to_widen
+    from pigeon.cluster.quorum import machines
+
+    size, narrow = to_widen(open_members, up, machine_of, REP)
+    assert size == min(REP.ensemble, machines(up, machine_of))  # workers of one machine count once
+    assert narrow == sorted(log for log, n in open_members.items() if n < size)
+    # once widened to that size, nothing is widened again while the same machines are up
+    assert to_widen({log: max(n, size) for log, n in open_members.items()}, up, machine_of, REP)[1] == []
