@@ -220,5 +220,6 @@ print([m for m in {SERVER_ONLY!r} if importlib.util.find_spec(m)])
 """
     out = run(f"{bin_}/python", "-c", script, cwd=str(tmp_path)).splitlines()
     assert out[-1] == "[]", f"server dependencies installed on the executor: {out[-1]}"
-    du = run("du", "-sm", str(tmp_path / "executor"), str(tmp_path / "server"), cwd=str(tmp_path)).split()
-    print(f"executor virtualenv {du[0]} MB, server's {du[2]} MB; latest offsets: {out[0]}")
+    du = run("du", "-sm", str(tmp_path / "executor"), cwd=str(tmp_path)).split()
+    print(f"executor virtualenv {du[0]} MB (pyarrow and numpy the bulk), none of {', '.join(SERVER_ONLY)}; "
+          f"latest offsets (shards, messages): {out[0]}")
