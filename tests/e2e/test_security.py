@@ -350,7 +350,7 @@ def test_mutual_tls_identity(kit, tmp_path):
             except urllib.error.HTTPError as e:
                 return e.code, json.loads(e.read())
 
-        assert rest("client-admin") == (200, {"name": "projects/mtls-p/topics/by-cert"})
+        assert rest("client-admin") == (200, {"name": "projects/mtls-p/topics/by-cert", "state": "ACTIVE"})
         code, body = rest("client-other")
         assert code == 403 and body["error"]["status"] == "PERMISSION_DENIED"
     finally:
