@@ -123,5 +123,22 @@ chaos: $(STAMP) $(ETCD_BIN)
 package-check: $(STAMP)
 	PIGEON_PACKAGE_CHECK=1 $(BIN)/python -m pytest -q -s -p no:cacheprovider tests/e2e/test_package.py
 
+# The container image (Containerfile) with podman, or docker (CONTAINER_ENGINE=docker); not part of `make test`
+# (minutes, and an engine that may need root). IMAGE_BASE: a local base where no registry is reachable, e.g. one
+# made by debootstrap (docs/operations.md, "Containers"); IMAGE_BUILD_FLAGS: more, e.g. --secret id=pip-ca,src=…
+# for a TLS-intercepting proxy. image-test runs it (examples/testcontainers_example.py): the official client
+# publishes and pulls through PUBSUB_EMULATOR_HOST, /readyz and the HEALTHCHECK answer, SIGTERM stops it cleanly.
+.PHONY: image image-test
+CONTAINER_ENGINE ?= $(shell command -v podman >/dev/null 2>&1 && echo podman || echo docker)
+IMAGE ?= pigeon:$(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' pigeon/version.py)
+IMAGE_BASE ?=
+IMAGE_BUILD_FLAGS ?=
+image:
+	$(CONTAINER_ENGINE) build $(if $(filter podman,$(CONTAINER_ENGINE)),--format docker) \
+		$(if $(IMAGE_BASE),--build-arg BASE=$(IMAGE_BASE)) $(IMAGE_BUILD_FLAGS) -t $(IMAGE) -f Containerfile .
+
+image-test: image $(STAMP)
+	PIGEON_IMAGE=$(IMAGE) CONTAINER_ENGINE=$(CONTAINER_ENGINE) $(BIN)/python examples/testcontainers_example.py
+
 clean:
 	rm -rf $(VENV) $(DATA) .pytest_cache
