@@ -46,6 +46,17 @@ def rate_rows(doc: dict) -> list[tuple[str, list[str]]]:
     return rows
 
 
+def other_load(doc: dict) -> tuple[str, list[str]]:
+    """(label, a cell per node count): the CPU other programs used while that count's runs went, median and most
+    over its runs (a share of the whole machine): such load lowers that count's figures, and so the efficiencies."""
+    cells = []
+    for n in _counts(doc):
+        seen = sorted(r["cpu"].get("other_pct", 0.0) for r in (doc["runs"][n].get("results") or {}).values()
+                      if r.get("cpu"))
+        cells.append(f"{seen[len(seen) // 2]:.0f} % / {seen[-1]:.0f} %" if seen else "–")
+    return "other programs' CPU meanwhile, median / most (share of the machine; no efficiency)", cells
+
+
 def cpu_rows(doc: dict) -> list[tuple[str, str, str, str]]:
     """(N, workload, each node's cores (throttled share of periods), etcd's cores)."""
     out = []
@@ -80,7 +91,7 @@ def print_table(doc: dict, console: Console) -> None:
     t.add_column("figure")
     for n in _counts(doc):
         t.add_column(f"N = {n}", justify="right")
-    for label, cells in rate_rows(doc):
+    for label, cells in [*rate_rows(doc), other_load(doc)]:
         t.add_row(label, *cells)
     console.print(t)
     t2 = Table(title="CPU each node used over each run, cores (share of CFS periods throttled)")
@@ -112,7 +123,7 @@ def markdown(doc: dict) -> str:
              f"linear scaling, {base}/N is no gain at all.", "",
              "| figure | " + " | ".join(f"N = {n}" for n in counts) + " |",
              "|---|" + "---:|" * len(counts)]
-    lines += [f"| {label} | " + " | ".join(cells) + " |" for label, cells in rate_rows(doc)]
+    lines += [f"| {label} | " + " | ".join(cells) + " |" for label, cells in [*rate_rows(doc), other_load(doc)]]
     lines += ["", "## CPU each node used", "",
               "Over each run's window, in cores (1.0 = one core busy all along; the cap is "
               f"{s['node_cpu']:g}), and in brackets the share of CFS periods in which the node was throttled. "
@@ -120,12 +131,6 @@ def markdown(doc: dict) -> str:
               "each bundle, so they spread as the bundles do).", "",
               "| N | workload | nodes | etcd | topics owned |", "|---:|---|---|---:|---|"]
     lines += ["| " + " | ".join(row) + " |" for row in cpu_rows(doc)]
-    other = [(n, k, r["cpu"]) for n in counts for k, r in (doc["runs"][n].get("results") or {}).items()
-             if r.get("cpu")]
-    if other:
-        worst = max(other, key=lambda x: x[2].get("other_pct", 0))
-        lines += ["", f"Other programs on the machine used at most {worst[2].get('other_pct', 0):.0f} % of it "
-                      f"during a run (N={worst[0]}, {worst[1]}; `cpu` of each run in the JSON)."]
     problems = _problems(doc)
     if problems:
         lines += ["", "## Errors", ""] + [f"* {p}" for p in problems]

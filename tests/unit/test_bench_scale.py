@@ -142,3 +142,4 @@ def test_the_report_shows_each_rate_with_its_efficiency():
     md = markdown(doc)
     assert "| one topic, publish alone | 30,000 (1.00) | 30,000 (0.75) |" in md
     assert "n1 0.20 (99 %)" in md and "N=4 / topics: E: x" in md
+    assert "| other programs' CPU meanwhile, median / most (share of the machine; no efficiency) | – | – |" in md
