@@ -56,8 +56,11 @@ def test_a_node_on_a_tls_etcd_owns_bundles_serves_the_official_client_and_shows_
     assert out.returncode == 0, out.stderr
     shown = json.loads(out.stdout)
     assert shown["cluster"] == st["cluster"] and shown["unowned"] == 0
+    from pigeon.storage import formats
+    from pigeon.version import __version__
+
     assert shown["nodes"] == [{"node": "n1", "address": node.address, "zone": "", "machine": "", "state": "up",
-                               "bundles": st["bundles"]}]
+                               "bundles": st["bundles"], "version": __version__, "format": formats.CLUSTER}]
 
     out = cluster_status(etcd_tls, "--etcd-ca", etcd_tls.pki_file("ca"))  # no client certificate: etcd refuses
     assert out.returncode == 3 and out.stdout == ""
