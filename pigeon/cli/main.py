@@ -41,7 +41,7 @@ def fsck(
 
 @app.command()
 def bench(
-    plan: str = typer.Option("quick", help="smoke | quick | full"),
+    plan: str = typer.Option("quick", help="smoke | quick | full | cluster | scale | scale-quick"),
     workloads: Optional[str] = typer.Option(None, help="comma-separated subset of the plan's workloads (publish, "
                                                        "consume, latency, ordered, connections, idle, backlog, restart, failover)"),
     peers: str = typer.Option("none", help="none | all | cluster | comma-separated peers (rabbitmq-classic, "
@@ -57,13 +57,15 @@ def bench(
                                                "programs on the machine to go quiet"),
     report_from: Optional[str] = typer.Option(None, help="measure nothing: print and re-render (.md, .png beside "
                                                          "it) the results in this JSON file"),
+    scale_nodes: Optional[str] = typer.Option(None, help="the scale plans: the cluster sizes to run, e.g. 3,4,5,6"),
+    node_cpu: Optional[float] = typer.Option(None, help="the scale plans: each node's CPU quota in cores (0.2)"),
 ):
     """Measure Pigeon (and peers) with durable publish, consume, latency, backlog, restart, ordering and
     many-client workloads; print a table, optionally write JSON, Markdown and a PNG chart."""
     from pigeon.bench.cli import bench_command
 
     raise typer.Exit(bench_command(plan, peers, address, no_pigeon, out, json_path, quiet_wait, report_from,
-                                     workloads))
+                                     workloads, scale_nodes, node_cpu))
 
 
 @app.command()
