@@ -225,6 +225,11 @@ def _check_publish_messages(topic: str, raw: bytes) -> PublishCommand:
             server_fields = True
     if len(key.encode()) > limits.ordering_key_bytes_max:
         raise InvalidArgument(f"The ordering key exceeds the limit of {limits.ordering_key_bytes_max} bytes.")
+    if key and any(a or d for a, d in sched):  # refused, not ignored: a scheduled message goes out by its time
+        raise InvalidArgument(f"A message with an ordering key cannot be scheduled ({names.ATTR_ACTIVATE_AT}, "
+                              f"{names.ATTR_DELAY}): messages of a key go out in publish order, scheduled ones "
+                              "at their activation time. Publish it without the ordering key, or without the "
+                              "schedule.")
     if server_fields:  # the server owns these: drop what the client sent
         for m in req.messages:
             m.ClearField("message_id")

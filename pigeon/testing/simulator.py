@@ -182,7 +182,7 @@ class Simulator:
         for _ in range(r.randint(1, 4)):
             m = _PubsubMessage(data=b"%d-%d" % (self.seed, r.getrandbits(40)), ordering_key=key)
             m.attributes["color"] = r.choice(COLORS)
-            if r.random() < 0.1:
+            if not key and r.random() < 0.1:  # (a keyed message cannot be scheduled: check_publish refuses it)
                 m.attributes["pigeon-delay"] = f"{r.randint(1, 20)}s"
             if r.random() < 0.15:
                 k = r.choice(self.idem_keys) if self.idem_keys and r.random() < 0.5 else f"idem-{r.getrandbits(20)}"

@@ -156,3 +156,21 @@ def test_update_peek_delete_and_long_locks(clients, server):
     assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert pigeon.ack(subscription, [again.ack_id]) == 1
     assert pigeon.take(subscription) == []
+
+
+def test_a_keyed_message_cannot_be_scheduled_and_nothing_of_its_request_is_stored(clients):
+    """Accepted, the schedule and the key would contradict each other (a key's messages go out in publish order, a
+    scheduled one at its time): refused whole, with the reason, and nothing stored."""
+    from google.api_core import exceptions
+    from google.pubsub_v1 import types
+
+    pub, sub = clients
+    topic, subscription = _setup(pub, sub, "keyed-scheduled")
+    messages = [types.PubsubMessage(data=b"later", ordering_key="k1", attributes={"pigeon-delay": "1s"}),
+                types.PubsubMessage(data=b"now", ordering_key="k1")]
+    with pytest.raises(exceptions.InvalidArgument, match="A message with an ordering key cannot be scheduled"):
+        pub.api.publish(topic=topic, messages=messages)
+    pub.api.publish(topic=topic, messages=[types.PubsubMessage(data=b"keyed", ordering_key="k1")])
+    time.sleep(1.2)  # (past the refused message's delay: had it been stored, it would be due now)
+    got = sub.pull(subscription=subscription, max_messages=10, timeout=10).received_messages
+    assert [m.message.data for m in got] == [b"keyed"]
