@@ -37,8 +37,9 @@ class RangesApi:
 
     @translate
     async def read_range(self, req, context):
-        t, r = ranges.read_range(self.engine, req.topic, req.shard, req.start_offset, req.end_offset,
-                                 req.max_messages, req.max_bytes, req.allow_data_loss, req.topic_uid)
+        t, r = await ranges.read_range_when_read(self.engine, req.topic, req.shard, req.start_offset,
+                                                 req.end_offset, req.max_messages, req.max_bytes, req.allow_data_loss,
+                                                 req.topic_uid)
         head = pb.ReadRangeResponse(start_offset=r.start, next_offset=r.next, data_lost=r.lost,
                                     batch_starts=r.batch_starts, batch_publish_ms=r.batch_ms, topic_uid=t.uid,
                                     offset_bits=limits.topic_offset_bits, shard_bits=limits.shard_bits)

@@ -48,7 +48,7 @@ class QueueApi:
 
     @translate
     async def peek(self, req, context):
-        message, state, attempts, at = self.ops.peek(req.subscription, req.message_id)
+        message, state, attempts, at = await self.ops.peek(req.subscription, req.message_id)
         return q.PeekResponse(message=message, state=state, delivery_attempt=attempts,
                               activate_at_ms=at).SerializeToString()
 

@@ -6,6 +6,9 @@ from, but for message indexes a snapshot leaves out (the log after it holds ever
 
 from __future__ import annotations
 
+from array import array
+from typing import Callable
+
 from pigeon.broker.state import BrokerState
 from pigeon.broker.subscription import SubscriptionState
 from pigeon.broker.topic import TopicState
@@ -76,11 +79,22 @@ def _bundle(state: BrokerState, log: int, bundles: int) -> list[TopicState]:
                   key=lambda t: t.uid)
 
 
-def bundle_snapshot(state: BrokerState, log: int, bundles: int) -> R.Snapshot:
-    """The record that recreates this bundle's data state (but the message index) when applied."""
+def bundle_snapshot(state: BrokerState, log: int, bundles: int,
+                    addresses: Callable[[array], array] | None = None, indexes: bool = True) -> R.Snapshot:
+    """The record that recreates this bundle's data state when applied — its message indexes too, with each batch
+    named by its log address (`addresses` turns the index's positions into those: docs/cluster.md, "Scale-out"), so
+    the messages before the snapshot are read from the ledgers that hold them. Without `indexes` (cluster format 1)
+    the shard indexes are left empty: the log after the snapshot must hold every message still needed."""
     out = []
     for t in _bundle(state, log, bundles):
-        out += [CK.ShardImage(t.uid, shard, ix.next, b"", b"", b"", b"") for shard, ix in enumerate(t.shards)]
+        for shard, ix in enumerate(t.shards):
+            if not indexes:
+                out.append(CK.ShardImage(t.uid, shard, ix.next, b"", b"", b"", b""))
+                continue
+            nxt, base, pos, ms, keys = ix.export()
+            if addresses is not None and len(ix.pos):
+                pos = addresses(ix.pos).tobytes()
+            out.append(CK.ShardImage(t.uid, shard, nxt, base, pos, ms, keys))
         if t.schedule.count:
             out.append(CK.ScheduleImage(t.uid, t.schedule.export()))
         idem = t.idempotency.export()
@@ -91,12 +105,12 @@ def bundle_snapshot(state: BrokerState, log: int, bundles: int) -> R.Snapshot:
     return R.Snapshot(log, bundles, CK.encode_images(out))
 
 
-def bundle_need(state: BrokerState, log: int, bundles: int) -> int:
-    """The lowest log position (this node's journal) of a message index batch of the bundle still kept (a huge
-    number when none is): the journal before it holds no message the bundle still needs."""
-    need = 1 << 62
+def bundle_need(state: BrokerState, log: int, bundles: int, address: Callable[[int], int] = lambda a: a) -> int:
+    """The lowest address (`address` of the index's position) of a message index batch of the bundle still kept (a
+    huge number when none is): nothing stored before it holds a message the bundle still needs."""
+    need = 1 << 63
     for t in _bundle(state, log, bundles):
         for ix in t.shards:
             if len(ix.pos):
-                need = min(need, ix.pos[0])
+                need = min(need, address(ix.pos[0]))
     return need

@@ -320,8 +320,9 @@ class BrokerState:
 
     def _snapshot(self, rec: R.Snapshot):
         """A bundle's data state as its owner wrote it into the log (`bundle_snapshot`): the bundle is reset, then
-        loaded. Shard indexes start empty at their next offset: the log entries after the snapshot hold every
-        message still needed (the owner cuts the log only where that is so)."""
+        loaded, message indexes too: their batches are named by log addresses (core.bundles), read from the ledgers
+        that hold them. (A snapshot of an earlier release has empty indexes: the log after it held every message
+        still needed, its owner cut the log only where that was so.)"""
         effects = self._reset(R.Reset(rec.log, rec.bundles))
         for image in CK.decode_images(rec.images):
             if isinstance(image, CK.SubImage) and image.uid not in self.subs_by_uid:

@@ -3,8 +3,9 @@ Owns the rules:
 
   * ledger ids are `log << 20 | n`, n the ledger's place in its log's list, never reused — also after the list was
     cut (the next n follows the last ledger's);
-  * a cut keeps every ledger that ends after the snapshot it cuts at, and only when the first ledger kept starts at
-    or before it (reading starts at the snapshot: the ledgers wholly before it leave the list);
+  * a cut moves where a takeover starts reading to a confirmed snapshot, and drops the ledgers that end at or before
+    both that snapshot and the oldest message the bundle still needs (a message is read from its ledger when it is
+    delivered: docs/cluster.md, "Scale-out"); the ledger holding the snapshot is marked with it;
   * a new ledger's ensemble is E of the nodes that are up (as many as there are machines up, when fewer, never fewer
     than Qa), one per machine at most, chosen by rendezvous hashing on the ledger's id and spread over zones; the
     members that failed a write lately are left out unless too few machines remain without them;
@@ -35,8 +36,8 @@ class LedgerInfo:
     members: dict[str, str]  # node id → where it is dialled (NodeInfo.dial), the ensemble in order
     first: int  # the log offset of its first entry
     end: int | None = None  # the log offset after its last entry, once closed
-    start: int | None = None  # on the list's first ledger once the log was cut: where reading it starts (a
-    #                           Snapshot record; the ledgers before were dropped)
+    start: int | None = None  # on one ledger once the log was cut: where a takeover starts reading (a Snapshot
+    #                           record); the ledgers before it are kept only for the messages still needed
 
     @property
     def seq(self) -> int:
@@ -68,14 +69,32 @@ def ledger_id(log_id: int, seq: int) -> int:
     return log_id << LEDGER_SEQ_BITS | seq
 
 
-def cut_at(ledgers: list[LedgerInfo], at: int) -> tuple[list[LedgerInfo], list[LedgerInfo]] | None:
-    """The list cut at offset `at` (a snapshot's), and the ledgers that leave it; None when it cannot be cut there
-    (no ledger holds `at`)."""
-    keep = [lg.copy() for lg in ledgers if lg.end is None or lg.end > at]
-    if not keep or keep[0].first > at:
+def cut_at(ledgers: list[LedgerInfo], at: int, keep_from: int | None = None
+           ) -> tuple[list[LedgerInfo], list[LedgerInfo]] | None:
+    """The list with reading moved to offset `at` (a snapshot's) and the ledgers that end at or before `keep_from`
+    (the oldest message still needed, at most `at`; `at` when not given) dropped; and the ledgers that leave it.
+    None when it cannot be cut there (no ledger holds `at`, or one needed is gone already)."""
+    keep_from = at if keep_from is None else min(keep_from, at)
+    keep = [lg.copy() for lg in ledgers if lg.end is None or lg.end > keep_from]
+    if not keep or keep[0].first > keep_from:
         return None
-    keep[0].start = at
+    holder = holding(keep, at)
+    if holder is None:
+        return None
+    for lg in keep:
+        lg.start = None
+    keep[keep.index(holder)].start = at
     return keep, ledgers[:len(ledgers) - len(keep)]
+
+
+def holding(ledgers: list[LedgerInfo], offset: int) -> LedgerInfo | None:
+    """The ledger of the list that holds log offset `offset` (an open ledger holds everything from its first on)."""
+    for lg in reversed(ledgers):
+        if lg.first <= offset and (lg.end is None or offset < lg.end):
+            return lg
+        if lg.first <= offset:
+            return None
+    return None
 
 
 def repair_target(lg: LedgerInfo, up: set[str], size: int, machine_of: dict[str, str],
@@ -114,11 +133,14 @@ def recovered(ledgers: list[LedgerInfo], held: int) -> list[LedgerInfo]:
 
 def reads(ledgers: list[LedgerInfo]) -> list[tuple[LedgerInfo, int, int]]:
     """What a new owner reads of a closed list, in log order: (ledger, first index, entries) — from where the list
-    was cut in its first ledger, every entry of the others."""
+    was cut (a snapshot) on; the ledgers before it are read only for the messages delivered from them."""
+    at = read_from(ledgers)
     out = []
-    for i, lg in enumerate(ledgers):
+    for lg in ledgers:
         assert lg.end is not None, f"ledger {lg.id} is open: recover it first"
-        start = lg.start - lg.first if i == 0 and lg.start is not None else 0
+        if lg.end <= at:  # (wholly before the cut, or empty there)
+            continue
+        start = max(at - lg.first, 0)
         out.append((lg, start, lg.end - lg.first - start))
     return out
 
@@ -129,8 +151,9 @@ def next_first(ledgers: list[LedgerInfo]) -> int:
 
 
 def read_from(ledgers: list[LedgerInfo]) -> int:
-    """The log offset a list's reading starts at (where it was cut)."""
-    return (ledgers[0].start or ledgers[0].first) if ledgers else 0
+    """The log offset a takeover reads the list from (where it was cut, else its first ledger's first)."""
+    cut = [lg.start for lg in ledgers if lg.start is not None]
+    return cut[-1] if cut else ledgers[0].first if ledgers else 0
 
 
 def to_widen(open_members: dict[int, int], nodes_up: dict[str, str], machine_of: dict[str, str],

@@ -21,3 +21,27 @@ def bundle_log(topic_name: str, bundles: int) -> int:
 def bundle_of_log(log_id: int) -> int:
     """The bundle whose log `log_id` is (-1 for the metadata log)."""
     return log_id - 1
+
+
+# A stored message batch is named by an *address* (the broker's index keeps one per batch). On one node it is the
+# position of its record in the node's journal. In a cluster, a batch a bundle's owner took over with the bundle —
+# not in its own journal — is named by its place in the bundle's log instead: the same on every member and for
+# every owner, since the log is its ledgers end to end (docs/cluster.md, "Scale-out"). One integer either way, so
+# the indexes and caches are untouched: a log address has bit 62 set, which no journal position reaches; the log
+# id takes the next 22 bits and the offset the low 40.
+LOG_ADDRESS = 1 << 62
+_OFFSET_BITS = 40
+
+
+def log_address(log_id: int, offset: int) -> int:
+    assert 0 <= offset < 1 << _OFFSET_BITS and 0 <= log_id < 1 << 21, (log_id, offset)
+    return LOG_ADDRESS | log_id << _OFFSET_BITS | offset
+
+
+def is_log_address(address: int) -> bool:
+    return address >= LOG_ADDRESS
+
+
+def split_log_address(address: int) -> tuple[int, int]:
+    """(log id, offset) of a log address."""
+    return (address - LOG_ADDRESS) >> _OFFSET_BITS, address & ((1 << _OFFSET_BITS) - 1)

@@ -7,9 +7,12 @@
     requires this node to hold the bundle's owner key under the epoch it took it with — so a node that lost the
     bundle can neither close nor open a ledger of it;
   * taking a bundle over: fence and recover the last ledger if it is open (the old owner can no longer reach Qa),
-    read the whole log back from the ledgers' members, reset the bundle's state and apply the log again
-    (`Engine.rebuild_log`), then open a ledger under the new epoch whose first entry is where the last one ended
-    — and only then serve the bundle;
+    read the log back from where it was cut (its latest snapshot: the bundle's state, message indexes included),
+    apply it (`Engine.load_log`: each message batch named by its log address, its bytes left in the ledgers),
+    then open a ledger under the new epoch whose first entry is where the last one ended — and only then serve
+    the bundle. A takeover costs the bundle's state and one snapshot interval of entries, not its backlog;
+  * a message batch named by a log address is read from the ledger holding it when it is delivered (`fetch`: this
+    node's own copy when it is a member, else another member's), into the reader's cache;
   * a member that fails or refuses rolls the ledger: it is closed at its last-add-confirmed entry and the
     unconfirmed entries are appended again, in order, to a new ledger on an ensemble without the failed member
     (fewer than E members while no other node is up, never fewer than Qa); a roll that finds the bundle taken
@@ -26,18 +29,23 @@ The ledger list itself and the changes planned on it (ids, cuts, repair targets)
 from __future__ import annotations
 
 import asyncio
+import bisect
 import json
 import logging
+from array import array
 from collections import deque
 from dataclasses import dataclass, field
 
 from pigeon.core import limits
 from pigeon.cluster import metadata as M
-from pigeon.cluster.ledgers import (LedgerInfo, NotOurs, TooFewNodes, ledger_id, new_ensemble, next_first, next_seq,
-                                    read_from, reads, recovered, rolled, to_widen)
+from pigeon.cluster.ledgers import (LedgerInfo, NotOurs, TooFewNodes, holding, ledger_id, new_ensemble, next_first,
+                                    next_seq, read_from, reads, recovered, rolled, to_widen)
 from pigeon.cluster.quorum import Replication
-from pigeon.core.bundles import bundle_of_log
+from pigeon.core.bundles import bundle_of_log, is_log_address, log_address, split_log_address
 from pigeon.core.errors import Unavailable
+from pigeon.node.reader import batch_of_entry
+from pigeon.storage import formats
+from pigeon.storage import records as R
 from pigeon.node.replication import LedgerRolled, LedgerWriter, LocalMember, RecoveryFailed, recover_ledger
 
 log = logging.getLogger("pigeon.ledgers")
@@ -74,9 +82,16 @@ class OwnedLog:
     released: bool = False
     next_offset: int = 0  # the log offset the next append gets (a roll resends in order: offsets stay)
     snapshot_at: int = 0  # the offset of the last snapshot written (or where this node took the log over)
-    snapshots: list = field(default_factory=list)  # (journal position, log offset) of confirmed snapshots
-    start: int = 0  # where the log is read from (the ledger list's cut)
+    bytes_since_snapshot: int = 0  # appended since the last snapshot
+    snapshots: list = field(default_factory=list)  # (log offset, whether it has indexes) of confirmed snapshots
+    start: int = 0  # where the log is read from on a takeover (the ledger list's cut)
     trimming: asyncio.Task | None = None
+    ledgers: list = field(default_factory=list)  # the ledger list as this owner last wrote it (it alone changes it)
+    # the publish batches this owner wrote in its term: their node journal positions (the addresses its broker
+    # index names them by) and their log offsets, both ascending — a snapshot names them by log address
+    own_at: array = field(default_factory=lambda: array("q"))
+    own_offset: array = field(default_factory=lambda: array("q"))
+    entry_bytes: int = 0  # the average size of the entries last fetched (how many to ask for next)
 
     @property
     def bundle(self) -> int:
@@ -100,6 +115,7 @@ class BundleLogs:
         self._suspects: dict[str, float] = {}
         self._suspect_s = 2 * cluster.config.session_ttl_s
         self._heard: dict[str, float] = {}  # peer → when it last answered this node
+        self.cluster_format = 1  # the format the cluster speaks (storage.formats), as storage_nodes last read it
 
     # --- the engine's side -------------------------------------------------------------------------------
     def serving(self, log_id: int) -> bool:
@@ -117,7 +133,11 @@ class BundleLogs:
             return fut
         p = _Pending(rtype, body, fut, where)
         ol.pending.append(p)
+        if rtype == R.RecordType.PUBLISH and where is not None:
+            ol.own_at.append(where[2])
+            ol.own_offset.append(ol.next_offset)
         ol.next_offset += 1
+        ol.bytes_since_snapshot += len(body)
         if ol.rolling is None:
             self._send(ol, p)
         return fut
@@ -147,6 +167,53 @@ class BundleLogs:
             if not p.fut.done():
                 p.fut.set_result(None)
 
+    # --- addresses and reads of message batches -------------------------------------------------------------
+    def log_offset(self, ol: OwnedLog, address: int) -> int:
+        """The log offset of the batch at `address` (a log address, or the node journal position of a batch this
+        owner wrote in its term); 0 for a position it does not know (nothing is cut for it)."""
+        if is_log_address(address):
+            return split_log_address(address)[1]
+        i = bisect.bisect_left(ol.own_at, address)
+        return ol.own_offset[i] if i < len(ol.own_at) and ol.own_at[i] == address else 0
+
+    def log_addresses(self, ol: OwnedLog, pos: array) -> array:
+        """An index's batch positions as log addresses (what a snapshot in the log names them by)."""
+        out = array("q", pos)
+        own_at, own_offset, log_id = ol.own_at, ol.own_offset, ol.log_id
+        for i, a in enumerate(out):
+            if not is_log_address(a):
+                j = bisect.bisect_left(own_at, a)
+                assert j < len(own_at) and own_at[j] == a, f"log {log_id}: no batch of this term at {a}"
+                out[i] = log_address(log_id, own_offset[j])
+        return out
+
+    def forget_before(self, ol: OwnedLog, offset: int) -> None:
+        """The log was cut: the batches of this term before `offset` are no longer named by any index."""
+        i = bisect.bisect_left(ol.own_offset, offset)
+        if i:
+            del ol.own_at[:i], ol.own_offset[:i]
+
+    async def fetch(self, address: int) -> None:
+        """Read the batch at log `address`, and the entries after it (about limits.log_read_bytes), from a member
+        of the ledger holding it — this node's own copy first — into the reader's cache."""
+        log_id, offset = split_log_address(address)
+        ol = self.logs.get(log_id)
+        if ol is None:
+            raise Unavailable(_MOVED)
+        lg = holding(ol.ledgers, offset)
+        if lg is None or lg.end is None:
+            raise Unavailable(f"Log {log_id} holds no closed ledger with entry {offset}; retry.")
+        step = limits.log_read_first_entries if not ol.entry_bytes else limits.log_read_bytes // ol.entry_bytes
+        start = offset - lg.first
+        got = await self.read_range(lg, start, start + max(1, min(limits.log_read_entries_max, step, lg.end - offset)))
+        remember = self.cluster.engine.reader.remember
+        nbytes = 0
+        for i, (rtype, body) in enumerate(got):
+            nbytes += len(body)
+            if rtype == R.RecordType.PUBLISH:
+                remember(log_address(log_id, offset + i), batch_of_entry(body))
+        ol.entry_bytes = max(1, nbytes // len(got))
+
     # --- ledgers in etcd -----------------------------------------------------------------------------------
     def _owner_cmp(self, bundle: int, epoch: int) -> M.Cmp:
         return M.holds(M.owner_key(bundle), json.dumps({"node": self.me, "epoch": epoch}).encode())
@@ -165,11 +232,15 @@ class BundleLogs:
             if owner is not None and M.compare(self._owner_cmp(bundle_of_log(log_id), epoch), owner):
                 raise Conflict(f"the ledger list of log {log_id} changed meanwhile")
             raise Lost(f"bundle {bundle_of_log(log_id)} changed hands")
+        ol = self.logs.get(log_id)
+        if ol is not None and ol.epoch == epoch:
+            ol.ledgers = ledgers
 
     async def storage_nodes(self) -> dict:
         """node → NodeInfo of the nodes new ledgers (and repairs) may use: listening, and not cut off."""
         nodes = await self.cluster.membership.members()
         self._append_at = {n: i.append for n, i in nodes.items() if i.append}
+        self.cluster_format = formats.cluster_format([i.format for i in nodes.values()])
         return {n: i for n, i in nodes.items() if i.listening and not i.cut_off}
 
     async def answering(self, peers: dict, timeout: float) -> int:
@@ -263,18 +334,19 @@ class BundleLogs:
         engine = self.cluster.engine
         loop = asyncio.get_running_loop()
         t_apply = loop.time()
-        await engine.rebuild_log(log_id, entries)  # returns once the journal holds what it applied
         start = read_from(ledgers)
-        ol = OwnedLog(log_id, epoch, new, next_offset=first, snapshot_at=start, start=start)
+        await engine.load_log(log_id, entries, start)  # returns once the journal holds the state it built
+        ol = OwnedLog(log_id, epoch, new, next_offset=first, snapshot_at=start, start=start, ledgers=ledgers + [new])
         ol.writer = self._writer(ol, new)
         self.logs[log_id] = ol  # served from now on
         self.taken += 1
-        log.info("took bundle %d over at epoch %d: %d entries (%.1f MB) in %d ledger(s) read in %.2f s, applied and "
-                 "durable in %.2f s; ledger %d on %s", bundle_of_log(log_id), epoch, len(entries), nbytes / 1e6,
-                 len(ledgers), read_s, loop.time() - t_apply, new.id, ",".join(new.members))
+        log.info("took bundle %d over at epoch %d: %d entries (%.1f MB) from %d in %d ledger(s) read in %.2f s, "
+                 "applied and its state durable in %.2f s; ledger %d on %s", bundle_of_log(log_id), epoch,
+                 len(entries), nbytes / 1e6, start, len(ledgers), read_s, loop.time() - t_apply, new.id,
+                 ",".join(new.members))
 
     async def _read_log(self, ledgers: list[LedgerInfo]) -> tuple[list[tuple[int, bytes]], int, float]:
-        """Every entry of the log from where it was cut, in order, from the members of its (closed) ledgers; their
+        """Every entry of the log from where it was cut (its latest snapshot), in order, from the members of its (closed) ledgers; their
         bytes and the seconds it took. Each call asks for about limits.log_read_bytes, and the loop turns between
         calls: a log of big entries read back from this node's own copy (no await inside) held the loop for seconds, and the
         node's etcd session ended."""

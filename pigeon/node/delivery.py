@@ -2,8 +2,10 @@
 deadline changes, the dead-letter topic). Owns the rules of the node's side of delivery: a pull waits for messages
 until shortly before its deadline and answers empty rather than late; a stream takes messages only within its flow
 control, and one waiter woken for a subscription passes the wake-up on while more is ready; a delivery's messages
-go out only once its lease is recorded (in a cluster, replicated: Executor.recorded); an ack is answered once
-durable, a stream's ack with the next group commit (exactly-once: once durable). The choices are the broker's
+go out only once its lease is recorded (in a cluster, replicated: Executor.recorded); a message whose batch must
+first be read from another node (node.reader.NotCached) is given back untaken, fetched in the background, and its
+subscription's waiters woken once it is here — a take never waits; an ack is answered once durable, a stream's ack
+with the next group commit (exactly-once: once durable). The choices are the broker's
 (broker.subscription, broker.commands); every state change is a record committed through the executor."""
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pigeon.broker.subscription import SubscriptionState
 from pigeon.core import limits
 from pigeon.core.errors import AckIdFailure, FailedPrecondition, InvalidArgument, NotFound, PigeonError
 from pigeon.node import hops
+from pigeon.node.reader import NotCached
 from pigeon.node.streams import Signal, Stream
 from pigeon.storage import records as R
 
@@ -28,6 +31,7 @@ class Delivery:
     def __init__(self, executor):
         self.executor = executor  # node.engine.Engine: the state, the one commit, durability
         self._tasks: set[asyncio.Task] = set()  # dead letters on their way
+        self._fetching: dict[int, asyncio.Task] = {}  # log address → its batch being fetched for a delivery
 
     @property
     def dead_letters_in_flight(self) -> int:
@@ -52,8 +56,14 @@ class Delivery:
         sizes: list[int] = []
         if picks.out:
             show_attempt = bool(s.config.dead_letter_policy.dead_letter_topic)
-            out, sizes = self.executor.reader.received(s.topic, picks.out, s.uid, show_attempt, max_bytes, s.overrides,
-                                                       s.generation)
+            try:
+                out, sizes = self.executor.reader.received(s.topic, picks.out, s.uid, show_attempt, max_bytes,
+                                                           s.overrides, s.generation)
+            except NotCached as e:  # given back untaken; the waiters are woken once it was fetched
+                s.untake(picks, 0)
+                self._fetch(s, e.address)
+                if not picks:
+                    return []
             if len(out) < len(picks.out):  # the rest did not fit: given back before anything is leased
                 s.untake(picks, len(out))
         self.executor.commit(picks.record(s.uid, now + deadline_s), owner)
@@ -73,16 +83,44 @@ class Delivery:
         now = self.executor.clock.now()
         picks = s.take(max_messages, now, per_key_max)
         if not picks:
-            return []
+            return [], []
+        msgs = []
+        if picks.out:
+            try:
+                msgs = self.executor.reader.messages(s.topic, [n for n, _ in picks.out], s.overrides)
+            except NotCached as e:  # as in `deliver`
+                s.untake(picks, 0)
+                self._fetch(s, e.address)
+                if not picks:
+                    return [], []
         self.executor.commit(picks.record(s.uid, now + deadline_s), owner)
         if picks.out:
             self.executor.ack_latency.delivered(s.uid, picks.out[0][0], now)
-        return picks.out
+        return picks.out, msgs
 
-    def read(self, s: SubscriptionState, nums: list[int]) -> list[tuple[bytes, bytes]]:
+    async def read(self, s: SubscriptionState, nums: list[int]) -> list[tuple[bytes, bytes]]:
         """(stored message bytes, message id/publish time tail) as this subscription delivers them: a message
         updated in place through the queue extensions reads as updated."""
-        return self.executor.reader.messages(s.topic, nums, s.overrides)
+        return await self.executor.reader.messages_when_read(s.topic, nums, s.overrides)
+
+    def _fetch(self, s: SubscriptionState, address: int) -> None:
+        """Have the batch at log `address` fetched, then wake `s`'s waiters (after a pause when it failed: they
+        try again, and fetch again)."""
+        if address in self._fetching:
+            return
+
+        async def fetch() -> None:
+            try:
+                await self.executor.reader.fetch(address)
+            except Exception as e:  # noqa: BLE001 — the bundle moved, no member answers: the waiters try again
+                log.warning("reading a batch of %s from its ledger: %s", s.name, e)
+                await asyncio.sleep(limits.fetch_retry_s)
+            finally:
+                self._fetching.pop(address, None)
+                sig = self.executor.signals.get(s.uid)
+                if sig is not None:
+                    sig.notify_all()
+        self._fetching[address] = asyncio.get_running_loop().create_task(fetch())
 
     def forward_dead_letters(self, s: SubscriptionState) -> None:
         nums, s.dead_letters = s.dead_letters, []
@@ -96,7 +134,8 @@ class Delivery:
         dlt = s.config.dead_letter_policy.dead_letter_topic
         try:
             commands.check_topic_exists(self.executor.state, dlt)
-            for key, request, count in commands.dead_letter_batches(s, nums, self.executor.reader.messages(s.topic, nums)):
+            stored = await self.executor.reader.messages_when_read(s.topic, nums)
+            for key, request, count in commands.dead_letter_batches(s, nums, stored):
                 await self.executor.publish(dlt, request, count, key)
         except PigeonError as e:
             log.warning("dead-lettering %d messages of %s to %s failed: %s", len(nums), s.name, dlt, e.message)

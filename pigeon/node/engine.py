@@ -15,7 +15,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Callable
 
-from pigeon.broker import commands
+from pigeon.broker import commands, images
 from pigeon.broker import state as bs
 from pigeon.broker.state import BrokerState
 from pigeon.broker.subscription import SubscriptionState, SubscriptionStats
@@ -24,7 +24,7 @@ from pigeon.core.errors import Unavailable
 from pigeon.node import hops, maintenance, push, recovery
 from pigeon.node.admission import Admission, AdmissionStats
 from pigeon.node.delivery import Delivery
-from pigeon.node.executor import commit_step
+from pigeon.node.executor import append_step, commit_step
 from pigeon.node.logs import NodeLogs
 from pigeon.node.host import OsHost
 from pigeon.node.iam_ops import IamOps
@@ -38,7 +38,7 @@ from pigeon.node.transforms import Transforms
 from pigeon.node.journal_writer import WriterStats
 from pigeon.ops.config import Config
 from pigeon.storage import formats
-from pigeon.core.bundles import META_LOG, bundle_log
+from pigeon.core.bundles import META_LOG, bundle_log, log_address
 from pigeon.core.histogram import Histogram, HistogramStats
 from pigeon.storage import records as R
 
@@ -157,6 +157,7 @@ class Engine:
         `meta_log`, the data logs this node `owns` are replicated by `replicas` (node.bundle_logs)."""
         self.meta_log, self.owns = meta_log, owns
         self.logs.replicate_with(replicas)
+        self.reader.fetcher = replicas.fetch  # batches named by log addresses are read from their ledgers
 
     def leave_cluster(self) -> None:
         """Metadata changes are refused from now on (the node is leaving its cluster)."""
@@ -316,32 +317,38 @@ class Engine:
         return s
 
     # --- a cluster node's bundles ----------------------------------------------------------------
-    async def rebuild_log(self, log_id: int, entries) -> None:
-        """Take a bundle over: its state starts over as created — or as the Snapshot record the log starts with
-        says, when the log was cut — and the log, read back from its ledgers ((type, body) in log order), is
-        applied again — kept in this node's journal too, behind that Reset or Snapshot, so a restart rebuilds the
-        same. Later snapshots are skipped: they describe the state the entries before them built. The new owner's
-        first step in serving it (node.bundle_logs). Its messages become visible once the journal holds them, as
-        a publish's do: the reader reads them from the journal's files (a Pull right after a takeover would
-        otherwise read a record its writer had not yet written)."""
+    async def load_log(self, log_id: int, entries, first: int) -> None:
+        """Take a bundle over (node.bundle_logs): its state starts over as created — or as the Snapshot record the
+        log starts with says, when it was cut (message indexes included) — and the log's entries from offset
+        `first` on, read back from its ledgers ((type, body) in log order), are applied again, each publish batch
+        named by its log address (core.bundles): its bytes stay in the ledgers, read when delivered (node.reader).
+        Later snapshots are skipped: they describe the state the entries before them built. Nothing of the log is
+        copied into this node's journal but the state it built — a Snapshot record of it, so a restart rebuilds
+        the same — and the call returns once that is durable. Publishes of topics the metadata log deleted since
+        are skipped."""
+        bundles = self.config.bundles
         entries = iter(entries)
-        first = next(entries, None)
-        if first is not None and first[0] == R.RecordType.SNAPSHOT:  # the log was cut: it starts with its state
-            self.commit(R.decode(*first))
+        head = next(entries, None)
+        if head is not None and head[0] == R.RecordType.SNAPSHOT:  # the log was cut: it starts with its state
+            effects = self.state.apply(R.decode(*head))
+            offset = first + 1
         else:
-            self.commit(R.Reset(log_id, self.config.bundles))
-            entries = itertools.chain([first] if first is not None else [], entries)
-        apply, append, epoch = self.state.apply, self.journal.append, self.epoch
-        topics = self.state.topics_by_uid
+            effects = self.state.apply(R.Reset(log_id, bundles))
+            entries = itertools.chain([head] if head is not None else [], entries)
+            offset = first
+        apply, topics = self.state.apply, self.state.topics_by_uid
         for rtype, body in entries:
-            if rtype == R.RecordType.SNAPSHOT:
-                continue  # the state it describes is the one these entries built: a snapshot counts only first
-            rec = R.decode(rtype, body)
-            if rtype == R.RecordType.PUBLISH and rec.topic not in topics:
-                continue  # its topic was deleted since (the metadata log runs ahead of this one): nothing to keep
-            apply(rec, append(log_id, epoch, rtype, [body])[1])
+            if rtype != R.RecordType.SNAPSHOT:  # (the state a later one describes is the one these entries built)
+                rec = R.decode(rtype, body)
+                if rtype != R.RecordType.PUBLISH or rec.topic in topics:  # (else its topic was deleted since)
+                    apply(rec, log_address(log_id, offset))
+            offset += 1
+        if effects:
+            self._perform(effects)
+        append_step(self.state, self.logs, self.epoch, self._fenced, bundles,  # this node's journal only (not the
+                    images.bundle_snapshot(self.state, log_id, bundles))  # log's): a restart rebuilds the same
         await self.journal.wait_durable(self.journal.tail)
-        self.state.resume_log(log_id, self.config.bundles, self.clock.now())
+        self.state.resume_log(log_id, bundles, self.clock.now())
         for t in self.state.topics_by_uid.values():
             for uid in t.subscriptions:
                 sig = self.signals.get(uid)

@@ -15,10 +15,18 @@ def commit_step(state: BrokerState, logs, epoch: int, fenced: set[int], bundles:
                 owner=None) -> tuple[int, int, int, list, list | None]:
     """Append `rec` to `logs` (the node's: node.logs.NodeLogs; the simulator's: testing.sync_journal.SyncJournal)
     and apply it: (log id, offset in its log, journal position, the record's parts, apply's effects)."""
+    log_id, offset, at, parts = append_step(state, logs, epoch, fenced, bundles, rec)
+    return log_id, offset, at, parts, state.apply(rec, at, owner)
+
+
+def append_step(state: BrokerState, logs, epoch: int, fenced: set[int], bundles: int,
+                rec: R.Record) -> tuple[int, int, int, list]:
+    """Append `rec` to `logs` without applying it — the state already is what it says (a new owner's Snapshot of
+    the state it built): (log id, offset in its log, journal position, the record's parts)."""
     log_id = state.log_of(rec, bundles)
     if log_id not in fenced:
         logs.fence(log_id, epoch)
         fenced.add(log_id)
     parts = rec.parts()
     offset, at = logs.append(log_id, epoch, rec.TYPE, parts)
-    return log_id, offset, at, parts, state.apply(rec, at, owner)
+    return log_id, offset, at, parts

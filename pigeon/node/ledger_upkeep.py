@@ -1,12 +1,13 @@
 """The upkeep of the bundle logs a node owns (docs/cluster.md, "Cutting a log" and "Repair"), performed over
 node.bundle_logs: what to cut and where to copy is pigeon.cluster.ledgers'. Owns the rules:
 
-  * every `log_snapshot_entries` entries the owner writes the bundle's state into its log, with no await between
-    reading the state and appending it (the record lands right after every record the state applied), and each
-    snapshot starts a ledger, so the ledgers before a cut leave the list whole;
-  * a log is cut at its latest confirmed snapshot that no message still needed comes before, by the owner-guarded
-    change of its ledger list; the members of the ledgers cut off are then told to delete them (best effort: one
-    that cannot be reached keeps them);
+  * every `log_snapshot_entries` entries or `log_snapshot_bytes` bytes the owner writes the bundle's state into its
+    log — message indexes included, each batch named by its log address — with no await between reading the state
+    and appending it (the record lands right after every record the state applied), and each snapshot starts a
+    ledger, so the ledgers before a cut leave the list whole;
+  * a log is cut at its latest confirmed snapshot (a takeover reads from there on), keeping every ledger from the
+    oldest message still needed on, by the owner-guarded change of its ledger list; the members of the ledgers
+    cut off are then told to delete them (best effort: one that cannot be reached keeps them);
   * repair: a closed ledger short of members that are up gets a new member only after every entry was copied
     there — a copy whose stream ends before the last entry was answered has failed — and a failed change of the
     list while the owner key is still ours is read again, never taken for a lost bundle."""
@@ -44,11 +45,12 @@ class LedgerUpkeep:
         """Write a snapshot into each owned log that grew by `log_snapshot_entries` since its last one, and cut
         logs where a confirmed snapshot allows (in the background): the log is read from there on takeover, and
         the ledgers wholly before it leave the list."""
-        every = self.bundles.cluster.config.log_snapshot_entries
+        config = self.bundles.cluster.config
         for ol in list(self.bundles.logs.values()):
             if ol.released:
                 continue
-            if ol.next_offset - ol.snapshot_at >= every and ol.rolling is None:
+            if ol.rolling is None and (ol.next_offset - ol.snapshot_at >= config.log_snapshot_entries or
+                                       ol.bytes_since_snapshot >= config.log_snapshot_bytes):
                 self._snapshot(ol)
             if ol.snapshots and (ol.trimming is None or ol.trimming.done()):
                 ol.trimming = asyncio.get_running_loop().create_task(self._cut_logged(ol),
@@ -61,14 +63,15 @@ class LedgerUpkeep:
         if ol.writer is not None and ol.rolling is None:  # it starts a ledger: the ones before can go whole
             ol.writer.stop("a snapshot starts the next ledger")
             self.bundles.start_roll(ol)
-        at, offset = engine.journal.tail, ol.next_offset
-        rec = images.bundle_snapshot(engine.state, ol.log_id, self.bundles.cluster.config.bundles)
+        offset, indexed = ol.next_offset, self.bundles.cluster_format >= 2
+        rec = images.bundle_snapshot(engine.state, ol.log_id, self.bundles.cluster.config.bundles,
+                                     lambda pos: self.bundles.log_addresses(ol, pos), indexes=indexed)
         fut = self.bundles.append(ol.log_id, rec.TYPE, b"".join(rec.parts()))
-        ol.snapshot_at = offset
+        ol.snapshot_at, ol.bytes_since_snapshot = offset, 0
 
         def confirmed(f: asyncio.Future) -> None:
             if not f.cancelled() and f.exception() is None:
-                ol.snapshots.append((at, offset))
+                ol.snapshots.append((offset, indexed))
         fut.add_done_callback(confirmed)
 
     async def _cut_logged(self, ol: OwnedLog) -> None:
@@ -82,26 +85,31 @@ class LedgerUpkeep:
             log.exception("cutting log %d failed", ol.log_id)
 
     async def cut(self, ol: OwnedLog) -> bool:
-        """Cut the log at its latest confirmed snapshot that no message still needed comes before: every batch
-        the bundle's index keeps was stored after it (this node's journal holds the log in its order, so
-        journal positions compare as log offsets do). The ledger list loses the ledgers that end before it, by
-        the owner-guarded transaction. Whether it cut."""
+        """Move where a takeover reads the log from to its latest confirmed snapshot, and drop the ledgers that end
+        before both it and the oldest message batch the bundle's index still keeps, by the owner-guarded
+        transaction. Whether the list changed."""
         engine = self.bundles.cluster.engine
-        need = images.bundle_need(engine.state, ol.log_id, self.bundles.cluster.config.bundles)
-        usable = [offset for at, offset in ol.snapshots if at <= need]
-        if not usable or max(usable) <= ol.start:
+        need = images.bundle_need(engine.state, ol.log_id, self.bundles.cluster.config.bundles,
+                                  lambda a: self.bundles.log_offset(ol, a))
+        usable = [o for o, indexed in ol.snapshots if indexed or o <= need]  # (one of cluster format 1 names no
+        if not usable:                                                   # message: the entries after it must)
             return False
         at = max(usable)
+        plan = cut_at(ol.ledgers, at, need)
+        if plan is None or (at == ol.start and not plan[1]):
+            return False
         kv, ledgers = await self.bundles.read_ledgers(ol.log_id)
-        plan = cut_at(ledgers, at)
+        plan = cut_at(ledgers, at, need)
         if plan is None:
             return False
         keep, dropped = plan
         await self.bundles.put_ledgers(ol.log_id, ol.epoch, kv, keep)
-        ol.start = at
-        ol.snapshots = [(a, o) for a, o in ol.snapshots if o > at]
-        log.info("log %d is read from %d now (a snapshot): %d ledger(s) before it dropped", ol.log_id, at,
-                 len(dropped))
+        moved, ol.start = at != ol.start, at
+        ol.snapshots = [(o, indexed) for o, indexed in ol.snapshots if o >= at]
+        self.bundles.forget_before(ol, keep[0].first)
+        if dropped or moved:
+            log.info("log %d is read from %d now (a snapshot), kept from %d: %d ledger(s) dropped", ol.log_id, at,
+                     keep[0].first, len(dropped))
         await self._delete(dropped)
         return True
 

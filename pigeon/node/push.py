@@ -350,10 +350,9 @@ class PushWorker:
     def _push_some(self, s, room: int) -> int:
         """Lease up to `room` messages and start a request for each; returns how many."""
         engine = self.engine
-        taken = engine.delivery.lease(s, room, s.ack_deadline_s, self, 1 if s.ordered else 0)
+        taken, msgs = engine.delivery.lease(s, room, s.ack_deadline_s, self, 1 if s.ordered else 0)
         if not taken:
             return 0
-        msgs = engine.delivery.read(s, [num for num, _ in taken])
         loop = asyncio.get_running_loop()
         for (num, version), (body, tail) in zip(taken, msgs):
             if num in s.leases:  # an acked message resent with its ordered batch has no lease

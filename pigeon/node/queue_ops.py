@@ -60,15 +60,15 @@ class QueueOps:
     async def update(self, name: str, ack_id: str, data: bytes, attributes: dict, keep_attributes: bool) -> None:
         s = self._sub(name)
         (num,) = self._locked(s, [ack_id])
-        ((body, _tail),) = self.engine.delivery.read(s, [num])
+        ((body, _tail),) = await self.engine.delivery.read(s, [num])
         await self.engine.change(R.Update(s.uid, num, queue.updated_message(body, data, attributes,
                                                                              keep_attributes)))
 
-    def peek(self, name: str, message_id: str) -> tuple[bytes, str, int, int]:
+    async def peek(self, name: str, message_id: str) -> tuple[bytes, str, int, int]:
         """(PubsubMessage bytes, state, deliveries so far, activation ms or 0)."""
         s = self.engine.state.sub(name)
         num = queue.num_of(s, message_id)
-        ((body, tail),) = self.engine.delivery.read(s, [num])
+        ((body, tail),) = await self.engine.delivery.read(s, [num])
         state, attempts, at = queue.peek_state(s, num, self.engine.clock.now() * 1000)
         return body + tail, state, attempts, at
 

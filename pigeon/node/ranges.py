@@ -17,7 +17,8 @@ from pigeon.broker import commands, resources
 from pigeon.broker.subscription import SubscriptionState
 from pigeon.broker.topic import TopicState
 from pigeon.core import limits
-from pigeon.core.errors import FailedPrecondition, InvalidArgument
+from pigeon.core.errors import FailedPrecondition, InvalidArgument, Unavailable
+from pigeon.node.reader import NotCached
 
 range_messages_default = limits.range_messages_default
 range_messages_max = limits.range_messages_max
@@ -60,6 +61,16 @@ def _topic(engine, topic_name: str, uid: int) -> TopicState:
             f"The topic {topic_name} was deleted and created again: offsets of the old topic do not apply to it."
         )
     return t
+
+
+async def read_range_when_read(engine, *args, **kwargs) -> tuple[TopicState, Range]:
+    """`read_range`, fetching first the batches a cluster node must read from other nodes (node.reader)."""
+    for _ in range(limits.fetch_tries):
+        try:
+            return read_range(engine, *args, **kwargs)
+        except NotCached as e:
+            await engine.reader.fetch(e.address)
+    raise Unavailable("Messages could not be read back from the ledgers that hold them; retry.")
 
 
 def read_range(engine, topic_name: str, shard: int, start: int, end: int, max_messages: int = 0,

@@ -1,6 +1,10 @@
-"""Reading stored messages back. Owns the rule: message bytes are read from the record that stored them
+"""Reading stored messages back. Owns the rules: message bytes are read from the record that stored them
 (or the cache of recent records) and never re-encoded; the server-set fields (message id, publish time)
-are appended as protobuf fields when a message is handed out."""
+are appended as protobuf fields when a message is handed out. A batch named by a journal position is read from
+the node's journal, at once; one named by a log address (core.bundles: a cluster bundle's batch stored before
+this node took the bundle over) is served from the cache only — a read that finds it missing raises NotCached,
+and the caller gives back what it took, has it fetched from the ledger that holds it (`fetch`, awaited: the read
+itself never waits) and tries again."""
 
 from __future__ import annotations
 
@@ -9,6 +13,8 @@ from dataclasses import dataclass
 
 from pigeon.broker.topic import SHARD_MASK, TopicState
 from pigeon.core import hot, limits, rawproto, wire
+from pigeon.core.bundles import LOG_ADDRESS
+from pigeon.core.errors import Unavailable
 from pigeon.storage import record
 from pigeon.storage.records import Publish, RecordType
 
@@ -25,6 +31,22 @@ def make_batch(messages: list[bytes], publish_ms: int, nbytes: int) -> Batch:
     return tuple(messages), time_field, nbytes
 
 
+def batch_of_entry(body: bytes | memoryview) -> Batch:
+    """The batch a Publish record's body (a log entry, as a ledger holds it) stores."""
+    _, _, _, ms, count, _ = Publish.head(body)
+    _, messages = rawproto.split_publish(Publish.request_of(body))
+    assert len(messages) == count, (len(messages), count)
+    return make_batch(messages, ms, len(body))
+
+
+class NotCached(Exception):
+    """The batch at log address `address` is not in the cache: `fetch` it, then read again."""
+
+    def __init__(self, address: int):
+        super().__init__(f"the batch at log address {address:#x} is not cached")
+        self.address = address
+
+
 @dataclass(frozen=True, slots=True)
 class ReaderStats:
     disk_reads: int  # stored batches read from the journal (the rest came from the cache)
@@ -33,12 +55,16 @@ class ReaderStats:
 
 
 class MessageReader:
-    def __init__(self, journal, cache_bytes_max: int):
+    def __init__(self, journal, cache_bytes_max: int, fetcher=None):
+        """`fetcher`: an async callable that reads the batch at a log address (and the ones after it) from its
+        ledger into this reader's cache — a cluster node's bundle logs (node.bundle_logs); none on one node."""
         self.journal = journal  # node.journal_writer.JournalWriter: read, read_into, read_ahead
+        self.fetcher = fetcher
         self.cache_bytes_max = cache_bytes_max
         self._cache: OrderedDict[int, Batch] = OrderedDict()  # record position → batch
         self._cache_bytes = 0
         self.disk_reads = 0
+        self.fetched_batches = 0  # fetches of batches named by log addresses (statistics)
         self._buf = bytearray()  # reused for every record read from the log
 
     def statistics(self) -> ReaderStats:
@@ -59,6 +85,8 @@ class MessageReader:
         b = self._cache.get(pos)
         if b is not None:
             return b
+        if pos >= LOG_ADDRESS:
+            raise NotCached(pos)
         self.disk_reads += 1
         self.journal.read_ahead(pos)
         size = record.size_from_prefix(self.journal.read(pos, record.PREFIX_BYTES))
@@ -75,6 +103,33 @@ class MessageReader:
         b = make_batch(messages, ms, size)  # the messages are copies: the buffer is free
         self.remember(pos, b)
         return b
+
+    async def fetch(self, address: int) -> None:
+        """Have the batch at log `address` read into the cache (from the ledger that holds it)."""
+        if self.fetcher is None:
+            raise Unavailable("A message of this node's log is not held here; retry.")
+        self.fetched_batches += 1
+        await self.fetcher(address)
+
+    async def batch_when_read(self, pos: int) -> Batch:
+        """`batch`, fetching it first when it must be (a cache too small for what is being read at once may drop
+        it again before it is read: a few tries, then Unavailable)."""
+        for _ in range(limits.fetch_tries):
+            try:
+                return self.batch(pos)
+            except NotCached as e:
+                await self.fetch(e.address)
+        raise Unavailable("Messages could not be read back from the ledgers that hold them; retry.")
+
+    async def messages_when_read(self, topic: TopicState, nums: list[int],
+                                 overrides: dict[int, bytes] | None = None) -> list[tuple[bytes, bytes]]:
+        """`messages`, fetching what must be first (see batch_when_read)."""
+        for _ in range(limits.fetch_tries):
+            try:
+                return self.messages(topic, nums, overrides)
+            except NotCached as e:
+                await self.fetch(e.address)
+        raise Unavailable("Messages could not be read back from the ledgers that hold them; retry.")
 
     def _locate(self, topic: TopicState, num: int) -> tuple[int, int, int, tuple[bytes, ...], bytes]:
         """The stored batch holding message number `num` (offset << shard_bits | shard): (shard, its first

@@ -68,8 +68,9 @@ class Config:
     session_ttl_s: int = limits.session_ttl_s_default  # a node silent this long is gone: its bundles move
     replicas: int = 3  # E = Qw: the storage nodes that hold each ledger of a bundle log
     ack_quorum: int = 2  # Qa: how many of them hold a record durably before it is answered
-    log_snapshot_entries: int = 20_000  # a bundle log's owner writes its state into the log this often (entries):
-    #                                     takeover reads the log from the latest snapshot nothing needed precedes
+    log_snapshot_entries: int = 20_000  # a bundle log's owner writes its state into the log this often (entries)
+    log_snapshot_bytes: int = 64 << 20  # … or this often (bytes): a takeover reads the log from the latest snapshot,
+    #                                     so at most this much besides the bundle's state
     # security (docs/security.md): all off by default, which is allowed only while every listener is on loopback
     tls_cert: str = ""  # PEM certificate chain the gRPC and HTTP ports (and node-to-node calls) present
     tls_key: str = ""  # its PEM private key

@@ -10,14 +10,19 @@ for damage and cut the log there.
     (`cluster_format`), so a node upgraded first uses nothing its older peers cannot read, and the cluster moves
     on once the last member runs the new code (docs/operations.md, "Upgrades").
 
-A change that an older node could not read raises the number here, and keeps reading the older formats."""
+A change that an older node could not read raises the number here, and keeps reading the older formats.
+
+CLUSTER 2: a bundle's Snapshot record in its log carries the message indexes, each batch named by its log address
+(core.bundles), and a log is cut at its latest snapshot while the ledgers of messages still needed are kept; under
+format 1 a snapshot's indexes are empty and a log is cut only at a snapshot no message still needed precedes (an
+older node taking a bundle over reads the messages from the entries after it)."""
 
 from __future__ import annotations
 
 from pigeon.storage.disk import Disk, join
 
 DATA = 1
-CLUSTER = 1
+CLUSTER = 2
 FILE = "FORMAT"
 _PREFIX = "pigeon-data "
 

@@ -443,24 +443,34 @@ def test_statistics_are_plain_values_of_every_part(tmp_path):
     run(go())
 
 
-def test_a_rebuilt_log_becomes_visible_only_once_the_journal_holds_it(tmp_path, monkeypatch):
-    """A new owner applies the log it read back from the ledgers (rebuild_log) and keeps it in its journal; the
-    reader reads messages from the journal's files, so they must not be handed out before the journal writer has
-    written them. Chaos found a Pull 3 ms after a takeover reading an empty record; here the writer is held."""
+def test_a_loaded_log_is_served_once_its_state_is_durable_with_its_messages_read_from_the_ledgers(tmp_path,
+                                                                                                   monkeypatch):
+    """A new owner applies the log it read back from the ledgers (load_log) without copying it: each batch is named
+    by its log address and read when delivered (the reader's fetcher: here the entries themselves stand in for
+    the ledgers). Nothing is handed out before the state it built is durable in the journal; a pull that finds a
+    batch not yet read gives it back untaken and is answered once it was read."""
     import threading
 
     from pigeon.broker import commands
-    from pigeon.core.bundles import bundle_log
+    from pigeon.core.bundles import bundle_log, log_address
     from pigeon.node import disk as disk_mod
+    from pigeon.node.reader import batch_of_entry
 
     async def go():
         clock = SimClock(1_700_000_000.0)
         e = await started(config(tmp_path), clock)
         await setup(e)
         t = e.state.topic(T)
+        log_id = bundle_log(T, e.config.bundles)
         raw, n = request(T, [b"x", b"y"])
         rec = commands.publish(t, raw, n, "", int(clock.now() * 1000))
         entries = [(rec.TYPE, b"".join(rec.parts()))]
+        asked = []
+
+        async def fetch(address):  # the ledger holding offsets 5.. of the log
+            asked.append(address)
+            e.reader.remember(address, batch_of_entry(entries[address - log_address(log_id, 5)][1]))
+        e.reader.fetcher = fetch
         gate = threading.Event()
         real = disk_mod.OsDisk.commit
 
@@ -469,14 +479,17 @@ def test_a_rebuilt_log_becomes_visible_only_once_the_journal_holds_it(tmp_path, 
             return real(self, handle, chunks, sync, post, end)
 
         monkeypatch.setattr(disk_mod.OsDisk, "commit", held_commit)
-        rebuilt = asyncio.ensure_future(e.rebuild_log(bundle_log(T, e.config.bundles), entries))
+        loaded = asyncio.ensure_future(e.load_log(log_id, entries, 5))
         for _ in range(20):
             await asyncio.sleep(0.005)
-            assert await pull_all(e) == [], "handed out before the journal writer wrote it"
-        assert not rebuilt.done()
+            assert await pull_all(e) == [], "handed out before its state was durable"
+        assert not loaded.done()
         gate.set()
-        await asyncio.wait_for(rebuilt, 10)
-        assert sorted(m.message.data for m in await pull_all(e)) == [b"x", b"y"]
+        await asyncio.wait_for(loaded, 10)
+        assert e.state.topic(T).shards[rec.shard].pos.tolist() == [log_address(log_id, 5)]
+        got = received(await e.delivery.pull(S, 1000, False, time_left_s=5.0))
+        assert sorted(m.message.data for m in got) == [b"x", b"y"]
+        assert asked == [log_address(log_id, 5)], "read from its ledger once, not from the journal"
         await e.stop()
 
     run(go())

@@ -334,9 +334,9 @@ def test_a_reset_bundle_log_applied_again_rebuilds_exactly_its_topics():
 
 
 def test_a_bundle_snapshot_and_the_log_after_it_rebuild_the_state():
-    """An owner writes its bundle's state into the log (Snapshot); a node taking the bundle over may read the log
-    from there: Reset, the snapshot, the entries after it — the same state as applying the whole log, once every
-    message published before the snapshot is acked (which is when the owner cuts the log there)."""
+    """An owner writes its bundle's state into the log (Snapshot), message indexes included; a node taking the
+    bundle over reads the log from there: Reset, the snapshot, the entries after it — the same state as applying
+    the whole log, indexes and the addresses of their batches too (invariant S2, docs/cluster.md)."""
     from pigeon.core import limits
     from pigeon.core.bundles import bundle_log
 
@@ -372,7 +372,8 @@ def test_a_bundle_snapshot_and_the_log_after_it_rebuild_the_state():
         owner.apply(rec, at)
     snap = images.bundle_snapshot(owner, 1, bundles)
     snap = R.decode(R.RecordType.SNAPSHOT, b"".join(snap.parts()))  # as the log carries it
-    assert images.bundle_need(owner, 1, bundles) == 0, "the snapshot's messages are still needed: no cut yet"
+    assert images.bundle_need(owner, 1, bundles) == 0, "the snapshot's messages are still needed"
+    assert images.bundle_need(owner, 1, bundles, lambda a: a + 7) == 7, "as addresses the owner names"
 
     taker = fresh()  # another node: other bundles' state of its own, this bundle's from the log
     taker.apply(R.Publish(1, 0, 0, 999, 1, 0, b""), 200)  # stale state of the bundle, which Reset drops
@@ -383,6 +384,7 @@ def test_a_bundle_snapshot_and_the_log_after_it_rebuild_the_state():
         taker.apply(rec, at)
     taker.resume_log(1, bundles, 0.0)
     whole.resume_log(1, bundles, 0.0)
+    assert exported(taker) == exported(whole)
     for r in (whole, taker):
         r.trim_indexes(0.0)  # the batches of the messages acked everywhere go
     assert images.bundle_need(whole, 1, bundles) == len(before) + 3, "only the batch published after the cut is needed"

@@ -99,6 +99,26 @@ def test_a_roll_closes_only_the_open_ledger_this_owner_writes(lengths, extra):
         rolled(ledgers, last.id + 1, 0)  # another ledger is the last: the list is another owner's
 
 
+@given(st.lists(st.integers(0, 5), min_size=1, max_size=8), st.booleans(), st.integers(0, 45), st.integers(0, 45))
+def test_a_cut_moves_reading_to_the_snapshot_and_keeps_every_ledger_of_a_message_still_needed(lengths, open_last, at,
+                                                                                           need):
+    ledgers = _list(lengths, open_last)
+    plan = cut_at(ledgers, at, need)
+    if plan is None:
+        assert all(not (lg.first <= at and (lg.end is None or at < lg.end)) for lg in ledgers) or \
+            ledgers[0].first > min(at, need)
+        return
+    keep, dropped = plan
+    low = min(at, need)
+    assert read_from(keep) == at and sum(lg.start is not None for lg in keep) == 1
+    assert keep[0].first <= low  # every message from the oldest one needed on is in a ledger kept
+    assert all(lg.end is not None and lg.end <= low for lg in dropped)
+    assert [lg.id for lg in dropped + keep] == [lg.id for lg in ledgers]
+    if not open_last:
+        offsets = [lg.first + i for lg, first, n in reads(keep) for i in range(first, first + n)]
+        assert offsets == list(range(at, keep[-1].end))  # a takeover reads from the snapshot on, not before
+
+
 @given(st.lists(st.integers(0, 9), min_size=1, max_size=6), st.integers(0, 9), st.integers(0, 30))
 def test_a_takeover_reads_every_entry_from_the_cut_and_starts_where_recovery_ended(lengths, held, at):
     ledgers = recovered(_list(lengths, open_last=True), held)

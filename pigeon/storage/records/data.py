@@ -263,11 +263,12 @@ class Reset(Record):
 class Snapshot(Record):
     """A bundle log's data state at this point of the log, written by its owner into the log itself: the bundle's
     topics' shard offsets, activation and idempotency indexes, and its subscriptions' ack state, leases and
-    counts (`images`: framed checkpoint images, pigeon.storage.checkpoint). Applying it resets the bundle as
-    Reset does and loads them, so the log can be read from here instead of from its start: no message body is
-    in it — the entries that follow hold every message still needed when the log is cut here (node.bundle_logs
-    decides where). Only the first entry of a log read back is applied (node.engine.rebuild_log): one further in
-    describes what the entries before it built. The owner never applies its own."""
+    counts, and its message indexes, each batch named by its log address (`images`: framed checkpoint images,
+    pigeon.storage.checkpoint). Applying it resets the bundle as Reset does and loads them, so the log can be read
+    from here instead of from its start: no message body is in it — the batches it names stay in the ledgers
+    before it, kept while needed (node.ledger_upkeep decides). Only the first entry of a log read back is applied
+    (node.engine.load_log): one further in describes what the entries before it built. The owner never applies
+    its own in the log; a new owner writes one into its own journal (the state it built)."""
 
     TYPE: ClassVar = RecordType.SNAPSHOT
     log: int
