@@ -1,10 +1,13 @@
 """A takeover of a bundle that holds a big backlog: on a 3-node cluster (`pigeon bench`'s pigeon-cluster target),
 publish at 1,000 messages per request for a while (nothing consumes), then kill -9 the topic's owner and time the
 first publish to that topic answered after it (one message at a time, through a node that stays up); print the
-new owner's "took bundle over" line (megabytes read back, seconds reading, seconds applying).
+new owner's "took bundle over" line (entries and megabytes read back, seconds reading, seconds applying) and the
+memory of the nodes before the kill and after the takeover. With --consume, then drain the backlog through the
+new owner and print the rate (its messages are read from the ledgers that hold them).
 
     python scripts/takeover_backlog.py                  # first a publish as the cluster plan's (8 s, 4 in flight)
     python scripts/takeover_backlog.py --wait 120       # allow up to 120 s for publishes to be answered again
+    python scripts/takeover_backlog.py --nodes 4 --consume --seconds 20   # bigger; the new owner may hold no copy
 
 Loopback only, bounded like the benchmark.
 """
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import glob
 import os
 import sys
@@ -27,15 +31,32 @@ from pigeon.bench.plan import PLANS  # noqa: E402
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--wait", type=float, default=90.0, help="seconds to wait for publishes after the kill")
+    ap.add_argument("--nodes", type=int, default=3, help="nodes in the cluster (ledgers on 3 of them)")
+    ap.add_argument("--seconds", type=float, default=0.0, help="seconds of publishing (the plan's when 0)")
+    ap.add_argument("--consume", action="store_true", help="then drain the backlog through the new owner")
+    ap.add_argument("--no-kill", action="store_true", help="kill nothing: drain through the owner (the baseline)")
     args = ap.parse_args()
     plan = PLANS["cluster"]
+    if args.seconds:
+        plan = dataclasses.replace(plan, publish_s=args.seconds)
     root = tempfile.mkdtemp(prefix="pigeon-takeover-")
-    server = bench_cluster.PigeonClusterServer(root, plan)
+
+    class Server(bench_cluster.PigeonClusterServer):
+        size = args.nodes
+
+    server = Server(root, plan)
     server.start()
     try:
         w.setup(server.driver, "publish")
         first = w.publish(server.driver, plan, "publish", 1000, lambda f, n: None, inflight=4)
         print(f"backlog: {first['count']:,} messages of {plan.message_bytes} B, nothing consumed")
+        rss = {n: d.rss() for n, d in server.nodes.items()}
+        if args.no_kill:
+            owner = server.owner_of(server.driver.topic("publish"))
+            got = w.consume(server.driver, plan, "publish", first["count"], lambda f, n: None)
+            print(f"drained through {owner} (no takeover): {got['count']:,} of {got['backlog']:,} messages in "
+                  f"{got['seconds']:.1f} s, {got['msgs_per_s']:,} msgs/s")
+            return 0
 
         async def exists(key: str, ordered: bool = False) -> None:  # the failover's setup: the topic is there
             return None
@@ -55,6 +76,16 @@ def main() -> int:
                 for line in f:
                     if " over at epoch " in line and "(0.0 MB)" not in line:
                         print(f"{os.path.basename(path)[:-4]}: {line.split(': ', 1)[1].strip()}")
+        server.nodes.pop(out["killed"])
+        server._settle()  # (the driver's routes follow the bundles to their new owners)
+        owner = server.owner_of(server.driver.topic("publish"))
+        print("memory (RSS, MB) before the kill → after the takeover: " + ", ".join(
+            f"{n} {rss[n] / 1e6:.0f} → {d.rss() / 1e6:.0f}{' (new owner)' if n == owner else ''}"
+            for n, d in server.nodes.items()))
+        if args.consume:
+            got = w.consume(server.driver, plan, "publish", first["count"], lambda f, n: None)
+            print(f"drained through {owner}: {got['count']:,} of {got['backlog']:,} messages in {got['seconds']:.1f} "
+                  f"s, {got['msgs_per_s']:,} msgs/s; its RSS then {server.nodes[owner].rss() / 1e6:.0f} MB")
     finally:
         server.stop()
         server.discard()

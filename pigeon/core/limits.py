@@ -193,6 +193,8 @@ log_read_entries_max = 512  # entries per Read call when a bundle log is read ba
 log_read_bytes = 8 << 20  # … this many bytes: the first call asks for log_read_first_entries, later ones as many
 log_read_first_entries = 16  # as the entries so far average to log_read_bytes (a read of one's own copy holds the loop)
 repair_check_s = 30.0  # a repair pass at least this often even when nothing it depends on changed
+fetch_bytes = 4 << 20  # one read of a batch named by a log address (core.bundles) and the entries after it, about
+fetch_ahead = 4  # … and the reads of as many ranges ahead at once, once a reader gets to a range (≤ ¼ of the cache each)
 fetch_tries = 3  # reads of a batch from its ledger in a row before a caller is answered UNAVAILABLE (core.bundles)
 fetch_retry_s = 0.5  # after a failed read of a batch from its ledger, before delivery tries again
 ledger_retry_s = 0.5  # between attempts of a takeover or a roll that could not finish (etcd or members unreachable)
@@ -216,6 +218,7 @@ admin_quota_window_s = 60.0  # admin operations are metered over this window
 quota_refusal_hold_s_max = 1.0  # a call refused by a quota is answered when its retry hint is due, at most this late
 assert 0 < reconnect_s_min <= reconnect_s_max < session_ttl_s_min
 assert log_read_first_entries <= log_read_entries_max
+assert fetch_bytes * fetch_ahead * 2 <= read_cache_bytes_max  # a range read ahead is not dropped before it is read
 assert reserved_write_bytes_max <= segment_reserve_bytes <= segment_bytes_max
 assert lazy_write_s <= lazy_flush_s
 assert 0 < quota_share_floor <= 1

@@ -29,7 +29,6 @@ The ledger list itself and the changes planned on it (ids, cuts, repair targets)
 from __future__ import annotations
 
 import asyncio
-import bisect
 import json
 import logging
 from array import array
@@ -38,14 +37,13 @@ from dataclasses import dataclass, field
 
 from pigeon.core import limits
 from pigeon.cluster import metadata as M
-from pigeon.cluster.ledgers import (LedgerInfo, NotOurs, TooFewNodes, holding, ledger_id, new_ensemble, next_first,
+from pigeon.cluster.ledgers import (LedgerInfo, NotOurs, TooFewNodes, ledger_id, new_ensemble, next_first,
                                     next_seq, read_from, reads, recovered, rolled, to_widen)
 from pigeon.cluster.quorum import Replication
-from pigeon.core.bundles import bundle_of_log, is_log_address, log_address, split_log_address
+from pigeon.core.bundles import bundle_of_log
 from pigeon.core.errors import Unavailable
-from pigeon.node.reader import batch_of_entry
+from pigeon.node.log_reads import LogReads
 from pigeon.storage import formats
-from pigeon.storage import records as R
 from pigeon.node.replication import LedgerRolled, LedgerWriter, LocalMember, RecoveryFailed, recover_ledger
 
 log = logging.getLogger("pigeon.ledgers")
@@ -92,6 +90,8 @@ class OwnedLog:
     own_at: array = field(default_factory=lambda: array("q"))
     own_offset: array = field(default_factory=lambda: array("q"))
     entry_bytes: int = 0  # the average size of the entries last fetched (how many to ask for next)
+    taken_at: int = 0  # the log offset this owner's term starts at: the batches before it have log addresses
+    reading_ahead: list = field(default_factory=list)  # (first offset, end, task) of the reads ahead under way
 
     @property
     def bundle(self) -> int:
@@ -116,6 +116,7 @@ class BundleLogs:
         self._suspect_s = 2 * cluster.config.session_ttl_s
         self._heard: dict[str, float] = {}  # peer → when it last answered this node
         self.cluster_format = 1  # the format the cluster speaks (storage.formats), as storage_nodes last read it
+        self.reads = LogReads(self)  # message batches named by log addresses, read from their ledgers
 
     # --- the engine's side -------------------------------------------------------------------------------
     def serving(self, log_id: int) -> bool:
@@ -133,9 +134,7 @@ class BundleLogs:
             return fut
         p = _Pending(rtype, body, fut, where)
         ol.pending.append(p)
-        if rtype == R.RecordType.PUBLISH and where is not None:
-            ol.own_at.append(where[2])
-            ol.own_offset.append(ol.next_offset)
+        self.reads.noted(ol, rtype, where)
         ol.next_offset += 1
         ol.bytes_since_snapshot += len(body)
         if ol.rolling is None:
@@ -166,53 +165,6 @@ class BundleLogs:
             ol.pending.popleft()
             if not p.fut.done():
                 p.fut.set_result(None)
-
-    # --- addresses and reads of message batches -------------------------------------------------------------
-    def log_offset(self, ol: OwnedLog, address: int) -> int:
-        """The log offset of the batch at `address` (a log address, or the node journal position of a batch this
-        owner wrote in its term); 0 for a position it does not know (nothing is cut for it)."""
-        if is_log_address(address):
-            return split_log_address(address)[1]
-        i = bisect.bisect_left(ol.own_at, address)
-        return ol.own_offset[i] if i < len(ol.own_at) and ol.own_at[i] == address else 0
-
-    def log_addresses(self, ol: OwnedLog, pos: array) -> array:
-        """An index's batch positions as log addresses (what a snapshot in the log names them by)."""
-        out = array("q", pos)
-        own_at, own_offset, log_id = ol.own_at, ol.own_offset, ol.log_id
-        for i, a in enumerate(out):
-            if not is_log_address(a):
-                j = bisect.bisect_left(own_at, a)
-                assert j < len(own_at) and own_at[j] == a, f"log {log_id}: no batch of this term at {a}"
-                out[i] = log_address(log_id, own_offset[j])
-        return out
-
-    def forget_before(self, ol: OwnedLog, offset: int) -> None:
-        """The log was cut: the batches of this term before `offset` are no longer named by any index."""
-        i = bisect.bisect_left(ol.own_offset, offset)
-        if i:
-            del ol.own_at[:i], ol.own_offset[:i]
-
-    async def fetch(self, address: int) -> None:
-        """Read the batch at log `address`, and the entries after it (about limits.log_read_bytes), from a member
-        of the ledger holding it — this node's own copy first — into the reader's cache."""
-        log_id, offset = split_log_address(address)
-        ol = self.logs.get(log_id)
-        if ol is None:
-            raise Unavailable(_MOVED)
-        lg = holding(ol.ledgers, offset)
-        if lg is None or lg.end is None:
-            raise Unavailable(f"Log {log_id} holds no closed ledger with entry {offset}; retry.")
-        step = limits.log_read_first_entries if not ol.entry_bytes else limits.log_read_bytes // ol.entry_bytes
-        start = offset - lg.first
-        got = await self.read_range(lg, start, start + max(1, min(limits.log_read_entries_max, step, lg.end - offset)))
-        remember = self.cluster.engine.reader.remember
-        nbytes = 0
-        for i, (rtype, body) in enumerate(got):
-            nbytes += len(body)
-            if rtype == R.RecordType.PUBLISH:
-                remember(log_address(log_id, offset + i), batch_of_entry(body))
-        ol.entry_bytes = max(1, nbytes // len(got))
 
     # --- ledgers in etcd -----------------------------------------------------------------------------------
     def _owner_cmp(self, bundle: int, epoch: int) -> M.Cmp:
@@ -336,7 +288,8 @@ class BundleLogs:
         t_apply = loop.time()
         start = read_from(ledgers)
         await engine.load_log(log_id, entries, start)  # returns once the journal holds the state it built
-        ol = OwnedLog(log_id, epoch, new, next_offset=first, snapshot_at=start, start=start, ledgers=ledgers + [new])
+        ol = OwnedLog(log_id, epoch, new, next_offset=first, snapshot_at=start, start=start, ledgers=ledgers + [new],
+                      taken_at=first)
         ol.writer = self._writer(ol, new)
         self.logs[log_id] = ol  # served from now on
         self.taken += 1
@@ -462,6 +415,7 @@ class BundleLogs:
         if ol is None:
             return
         ol.released = True
+        self.reads.stop(ol)
         log.warning("bundle %d is no longer this node's (%s)", ol.bundle, why)
         self.cluster.membership.owned.pop(ol.bundle, None)
         self._fail(ol)
@@ -483,6 +437,7 @@ class BundleLogs:
         if ol is None:
             return
         ol.released = True
+        self.reads.stop(ol)
         self.cluster.engine.log_moved(log_id)
         loop = asyncio.get_running_loop()
         give_up = loop.time() + limits.release_wait_s_max
@@ -509,6 +464,7 @@ class BundleLogs:
         for log_id in list(self.logs):
             ol = self.logs.pop(log_id)
             ol.released = True
+            self.reads.stop(ol)
             if ol.rolling is not None:
                 ol.rolling.cancel()
             if ol.writer is not None:

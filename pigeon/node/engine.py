@@ -157,7 +157,7 @@ class Engine:
         `meta_log`, the data logs this node `owns` are replicated by `replicas` (node.bundle_logs)."""
         self.meta_log, self.owns = meta_log, owns
         self.logs.replicate_with(replicas)
-        self.reader.fetcher = replicas.fetch  # batches named by log addresses are read from their ledgers
+        self.reader.fetcher = replicas.reads.fetch  # batches named by log addresses are read from their ledgers
 
     def leave_cluster(self) -> None:
         """Metadata changes are refused from now on (the node is leaving its cluster)."""

@@ -65,7 +65,7 @@ class LedgerUpkeep:
             self.bundles.start_roll(ol)
         offset, indexed = ol.next_offset, self.bundles.cluster_format >= 2
         rec = images.bundle_snapshot(engine.state, ol.log_id, self.bundles.cluster.config.bundles,
-                                     lambda pos: self.bundles.log_addresses(ol, pos), indexes=indexed)
+                                     lambda pos: self.bundles.reads.log_addresses(ol, pos), indexes=indexed)
         fut = self.bundles.append(ol.log_id, rec.TYPE, b"".join(rec.parts()))
         ol.snapshot_at, ol.bytes_since_snapshot = offset, 0
 
@@ -90,7 +90,7 @@ class LedgerUpkeep:
         transaction. Whether the list changed."""
         engine = self.bundles.cluster.engine
         need = images.bundle_need(engine.state, ol.log_id, self.bundles.cluster.config.bundles,
-                                  lambda a: self.bundles.log_offset(ol, a))
+                                  lambda a: self.bundles.reads.log_offset(ol, a))
         usable = [o for o, indexed in ol.snapshots if indexed or o <= need]  # (one of cluster format 1 names no
         if not usable:                                                   # message: the entries after it must)
             return False
@@ -106,7 +106,7 @@ class LedgerUpkeep:
         await self.bundles.put_ledgers(ol.log_id, ol.epoch, kv, keep)
         moved, ol.start = at != ol.start, at
         ol.snapshots = [(o, indexed) for o, indexed in ol.snapshots if o >= at]
-        self.bundles.forget_before(ol, keep[0].first)
+        self.bundles.reads.forget_before(ol, keep[0].first)
         if dropped or moved:
             log.info("log %d is read from %d now (a snapshot), kept from %d: %d ledger(s) dropped", ol.log_id, at,
                      keep[0].first, len(dropped))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Callable
 
 from pigeon.broker.topic import SHARD_MASK, TopicState
 from pigeon.core import hot, limits, rawproto, wire
@@ -60,6 +61,8 @@ class MessageReader:
         ledger into this reader's cache — a cluster node's bundle logs (node.bundle_logs); none on one node."""
         self.journal = journal  # node.journal_writer.JournalWriter: read, read_into, read_ahead
         self.fetcher = fetcher
+        # log address → what to call once a reader gets to that batch (the fetcher reads the next range ahead)
+        self.ahead: dict[int, Callable[[], None]] = {}
         self.cache_bytes_max = cache_bytes_max
         self._cache: OrderedDict[int, Batch] = OrderedDict()  # record position → batch
         self._cache_bytes = 0
@@ -71,11 +74,17 @@ class MessageReader:
         return ReaderStats(self.disk_reads, len(self._cache), self._cache_bytes)
 
     def remember(self, pos: int, batch: Batch) -> None:
+        old = self._cache.pop(pos, None)  # (a batch fetched again: counted once, and now the newest)
+        if old is not None:
+            self._cache_bytes -= old[2]
         self._cache[pos] = batch
         self._cache_bytes += batch[2]
         while self._cache_bytes > self.cache_bytes_max and len(self._cache) > 1:
             _, old = self._cache.popitem(last=False)
             self._cache_bytes -= old[2]
+
+    def cached(self, pos: int) -> bool:
+        return pos in self._cache
 
     def remember_published(self, pos: int, request: bytes | memoryview, publish_ms: int, nbytes: int) -> None:
         """Keep a batch just published (its record at `pos`, `nbytes` long) for a subscriber about to read it."""
@@ -84,6 +93,10 @@ class MessageReader:
     def batch(self, pos: int) -> Batch:
         b = self._cache.get(pos)
         if b is not None:
+            if pos >= LOG_ADDRESS and self.ahead:
+                go = self.ahead.pop(pos, None)
+                if go is not None:
+                    go()
             return b
         if pos >= LOG_ADDRESS:
             raise NotCached(pos)

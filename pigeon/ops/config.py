@@ -69,7 +69,7 @@ class Config:
     replicas: int = 3  # E = Qw: the storage nodes that hold each ledger of a bundle log
     ack_quorum: int = 2  # Qa: how many of them hold a record durably before it is answered
     log_snapshot_entries: int = 20_000  # a bundle log's owner writes its state into the log this often (entries)
-    log_snapshot_bytes: int = 64 << 20  # … or this often (bytes): a takeover reads the log from the latest snapshot,
+    log_snapshot_bytes: int = 16 << 20  # … or this often (bytes): a takeover reads the log from the latest snapshot,
     #                                     so at most this much besides the bundle's state
     # security (docs/security.md): all off by default, which is allowed only while every listener is on loopback
     tls_cert: str = ""  # PEM certificate chain the gRPC and HTTP ports (and node-to-node calls) present

@@ -130,3 +130,15 @@ def test_it_notices_a_log_rolling_in_a_storm(monkeypatch):
     monkeypatch.setattr(limits, "ledger_retry_s", 0.0)
     found = _first_failure(range(12, 20))  # (a seed runs long here: every retry comes at once)
     assert "roll storm" in found, found
+
+
+def test_it_notices_a_cut_that_drops_a_ledger_of_a_message_still_needed(monkeypatch):
+    """A cut moves a takeover's reading point to the latest snapshot but must keep the ledgers of every message
+    still needed (invariant S1): one that drops them as if nothing were needed loses messages not yet delivered."""
+    from pigeon.cluster import ledgers
+    from pigeon.node import ledger_upkeep
+
+    real = ledgers.cut_at
+    monkeypatch.setattr(ledger_upkeep, "cut_at", lambda lst, at, keep_from=None: real(lst, at))
+    found = _first_failure()
+    assert "never delivered" in found or "lost" in found, found
