@@ -108,7 +108,7 @@ fuzz: $(STAMP)
 # of random faults, one every ~20 s, over a three-member etcd with StreamingPull subscribers (about 20 minutes for
 # 50): the history check, and the time from each kill to the first publish through a survivor (at most 3 s).
 CHAOS_SEEDS ?= 3
-CHAOS_SCENARIOS ?= kill-owner,kill-replica,pause-owner,drain-owner,add-node,stop-etcd,cut-owner,cut-owner-peers
+CHAOS_SCENARIOS ?= kill-owner,kill-new-owner,kill-replica,pause-owner,drain-owner,add-node,stop-etcd,cut-owner,cut-owner-peers
 CHAOS_ROUNDS ?= 50
 CHAOS_ROUNDS_SEED ?= 1
 chaos: $(STAMP) $(ETCD_BIN)

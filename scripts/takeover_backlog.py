@@ -7,7 +7,8 @@ new owner and print the rate (its messages are read from the ledgers that hold t
 
     python scripts/takeover_backlog.py                  # first a publish as the cluster plan's (8 s, 4 in flight)
     python scripts/takeover_backlog.py --wait 120       # allow up to 120 s for publishes to be answered again
-    python scripts/takeover_backlog.py --nodes 4 --consume --seconds 20   # bigger; the new owner may hold no copy
+    python scripts/takeover_backlog.py --nodes 4 --consume --seconds 20   # the new owner may hold no copy
+    python scripts/takeover_backlog.py --gb 10          # a backlog of 10 GB (three copies of it on disk)
 
 Loopback only, bounded like the benchmark.
 """
@@ -33,6 +34,7 @@ def main() -> int:
     ap.add_argument("--wait", type=float, default=90.0, help="seconds to wait for publishes after the kill")
     ap.add_argument("--nodes", type=int, default=3, help="nodes in the cluster (ledgers on 3 of them)")
     ap.add_argument("--seconds", type=float, default=0.0, help="seconds of publishing (the plan's when 0)")
+    ap.add_argument("--gb", type=float, default=0.0, help="publish this many GB of messages instead (at most 15 min)")
     ap.add_argument("--consume", action="store_true", help="then drain the backlog through the new owner")
     ap.add_argument("--no-kill", action="store_true", help="kill nothing: drain through the owner (the baseline)")
     args = ap.parse_args()
@@ -48,7 +50,9 @@ def main() -> int:
     server.start()
     try:
         w.setup(server.driver, "publish")
-        first = w.publish(server.driver, plan, "publish", 1000, lambda f, n: None, inflight=4)
+        limit = int(args.gb * 1e9 / plan.message_bytes)
+        first = w.publish(server.driver, plan, "publish", 1000, lambda f, n: None, inflight=4, limit=limit,
+                          duration_s=900.0 if limit else None)
         print(f"backlog: {first['count']:,} messages of {plan.message_bytes} B, nothing consumed")
         rss = {n: d.rss() for n, d in server.nodes.items()}
         if args.no_kill:

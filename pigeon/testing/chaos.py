@@ -335,6 +335,29 @@ def kill_owner(cluster, topic, rng, say, outage_s):
     cluster.nodes[name].start()
 
 
+def kill_new_owner(cluster, topic, rng, say, outage_s):
+    """Kill the owner, then the node that takes its bundle over the moment it claims it (its takeover under way
+    or just done), then bring the first one back: the bundle moves twice, its backlog read by neither."""
+    first = cluster.owner_of(topic)
+    say(f"kill -9 {first}, the owner of {topic.rsplit('/', 1)[-1]}")
+    cluster.nodes[first].kill()
+    deadline, second = time.monotonic() + 20, None
+    while time.monotonic() < deadline:
+        now = cluster.owner_now(topic)
+        if now not in (None, first):
+            second = now
+            break
+        time.sleep(0.02)
+    if second is None:
+        raise RuntimeError(f"nobody took {topic.rsplit('/', 1)[-1]} over from {first} in 20 s")
+    say(f"kill -9 {second}, which has just claimed it; start {first} again")
+    cluster.nodes[second].kill()
+    cluster.nodes[first].start()
+    time.sleep(outage_s)
+    say(f"start {second} again")
+    cluster.nodes[second].start()
+
+
 def kill_replica(cluster, topic, rng, say, outage_s):
     owner = cluster.owner_of(topic)
     name = rng.choice(sorted(n for n in cluster.nodes if n != owner))
@@ -420,8 +443,9 @@ def _cli(verb: str, node: str, endpoint: str) -> None:
         raise RuntimeError(f"pigeon cluster {verb} {node}: {out.stderr.strip()}")
 
 
-SCENARIOS = {f.__name__.replace("_", "-"): f for f in (kill_owner, kill_replica, pause_owner, drain_owner,
-                                                        add_node, stop_etcd, cut_owner, cut_owner_peers)}
+SCENARIOS = {f.__name__.replace("_", "-"): f for f in (kill_owner, kill_new_owner, kill_replica, pause_owner,
+                                                        drain_owner, add_node, stop_etcd, cut_owner,
+                                                        cut_owner_peers)}
 
 
 def run(scenario: str, seed: int, root: str, *, warm_s: float = 4.0, outage_s: float = 10.0,
