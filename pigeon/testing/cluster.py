@@ -13,10 +13,11 @@ from pigeon.testing.server import ServerProcess
 
 
 def node_process(root: str, etcd: str, node_id: str, zone: str = "", extra: list[str] | None = None,
-                 port: int | None = None, env: dict[str, str] | None = None, http: bool = False) -> ServerProcess:
+                 port: int | None = None, env: dict[str, str] | None = None, http: bool = False,
+                 cwd: str | None = None) -> ServerProcess:
     flags = ["--etcd", etcd, "--node-id", node_id, *(["--zone", zone] if zone else []), *(extra or [])]
     return ServerProcess(os.path.join(root, node_id), port=port, extra=flags,
-                         log_path=os.path.join(root, f"{node_id}.log"), env=env, http=http)
+                         log_path=os.path.join(root, f"{node_id}.log"), env=env, http=http, cwd=cwd)
 
 
 def start_nodes(root: str, etcd: str, ids=("n1", "n2", "n3"), env: dict[str, str] | None = None,

@@ -14,9 +14,13 @@ class ServerProcess:
     """A `pigeon serve` child process. `start()` waits until the port accepts connections."""
 
     def __init__(self, data_dir: str, port: int | None = None, fsync: str = "always", extra: list[str] | None = None,
-                 log_path: str | None = None, env: dict[str, str] | None = None, http: bool = False):
+                 log_path: str | None = None, env: dict[str, str] | None = None, http: bool = False,
+                 cwd: str | None = None):
+        """`cwd`: the directory the process runs in — another tree of this repository's runs that tree's Pigeon
+        (`python -m pigeon` imports the package from its working directory first)."""
         self.data_dir = data_dir
         self.env = env  # added to this process's environment
+        self.cwd = cwd
         self.port = port or free_port()
         self.http_port = free_port() if http else 0  # the REST API and health checks (0: off)
         self.fsync = fsync
@@ -38,7 +42,7 @@ class ServerProcess:
                "--data-dir", self.data_dir, "--fsync", self.fsync, "--http-port", str(self.http_port), *self.extra]
         log = open(self.log_path, "ab")
         env = {**os.environ, **self.env} if self.env else None
-        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.cwd)
         log.close()
         await_listening(self.proc, self.port, timeout, "pigeon", self.log_path, self.log)
         if self.http_port:
