@@ -295,12 +295,34 @@ class RestApi:
         return web.Response(body=self.metrics(), headers={"Content-Type": "text/plain; version=0.0.4; "
                                                                           "charset=utf-8"})
 
+    async def jwks(self, req: web.Request) -> web.Response:
+        """The public keys push OIDC tokens are signed with (pigeon.node.push_tokens): answered to anyone, with
+        credentials or none, as Google's are — it holds public keys only."""
+        from pigeon.node import push_tokens
+
+        doc = await asyncio.to_thread(push_tokens.jwks)  # (the first call may read or make the key)
+        return web.json_response(doc, headers={"Cache-Control": "public, max-age=300"})
+
+    async def openid_configuration(self, req: web.Request) -> web.Response:
+        """OpenID discovery for push tokens: their issuer (Google's, as Pub/Sub's tokens carry) and where their keys
+        are (this port's JWKS)."""
+        from pigeon.node import push_tokens
+
+        return web.json_response({
+            "issuer": push_tokens.OIDC_ISSUER, "jwks_uri": f"{req.scheme}://{req.host}/.well-known/jwks.json",
+            "id_token_signing_alg_values_supported": ["RS256"], "response_types_supported": ["id_token"],
+            "subject_types_supported": ["public"],
+            "claims_supported": ["aud", "azp", "email", "email_verified", "exp", "iat", "iss", "sub"],
+        }, headers={"Cache-Control": "public, max-age=300"})
+
     def app(self) -> web.Application:
         app = web.Application(client_max_size=limits.rest_body_bytes_max, middlewares=[_errors])
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/readyz", self.readyz)
         app.router.add_get("/metrics", self.metrics_page)
         app.router.add_get("/openapi.json", lambda req: web.json_response(openapi()))
+        app.router.add_get("/.well-known/jwks.json", self.jwks)  # push tokens' keys (docs/security.md)
+        app.router.add_get("/.well-known/openid-configuration", self.openid_configuration)
         app.router.add_get("/", lambda req: web.FileResponse(os.path.join(CONSOLE_DIR, "index.html")))
         app.router.add_static("/console/", CONSOLE_DIR)  # the web console: static files over this API
         app.router.add_route("*", "/{tail:.*}", self.handle)

@@ -53,6 +53,9 @@ OPTIONS = (
     Option("workers", int, 'worker processes behind the one port, each owning a share of the topics (default 1; N > 1'
                            ' starts an etcd of their own, or with --etcd joins that cluster as nodes <node id>.w<i>:'
                            ' docs/workers.md)'),
+    Option("push_signing_key", str, "the RSA key push OIDC tokens are signed with: a PEM file or a service-account"
+                                    " JSON key file (default: one made and kept in the data directory); endpoints"
+                                    " verify them with /.well-known/jwks.json on the HTTP port"),
     Option("log_format", str, 'text | json (one object per line)'),
     Option("http_port", int, 'REST API, /metrics, /healthz, /readyz (default: the gRPC port + 1; 0 turns it off)'),
     Option("tls_cert", str, 'PEM certificate chain of the gRPC and HTTP ports (and of node-to-node calls)'),

@@ -10,15 +10,16 @@
   at push_window_start, grows by one per success up to push_window_max and halves per failure;
   consecutive failures also pause new requests, push_backoff_s_min doubling up to push_backoff_s_max;
 - ordered subscriptions: one outstanding message per ordering key (take(per_key_max=1));
-- the request formats (wrapped JSON; raw data with optional metadata headers) and the OIDC token.
+- the request formats (wrapped JSON; raw data with optional metadata headers) and the OIDC token (signed by
+  pigeon.node.push_tokens with `push_signing_key`, or the key kept in the data directory; its public key is
+  published on the HTTP port while the manager runs);
 Formats, window and endpoint check are plain functions and classes; PushManager and its workers
-perform them. Tokens are signed with an RSA key made on first use and kept in memory only."""
+perform them."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
-import hashlib
 import json
 import logging
 import re
@@ -27,6 +28,7 @@ from pigeon.core.pubsub_types import types
 
 from pigeon.core import ackid, limits
 from pigeon.core.errors import PigeonError
+from pigeon.node import push_tokens
 from pigeon.node.transforms import Failure
 
 log = logging.getLogger("pigeon.push")
@@ -40,11 +42,8 @@ push_backoff_s_max = limits.push_backoff_s_max
 push_wait_s_max = limits.push_wait_s_max
 push_connections_max = limits.push_connections_max
 push_response_bytes_max = limits.push_response_bytes_max
-oidc_token_lifetime_s = limits.oidc_token_lifetime_s
-oidc_token_reuse_s_min = limits.oidc_token_reuse_s_min
 
 ACK_STATUSES = frozenset({102, 200, 201, 202, 204})
-OIDC_ISSUER = "https://accounts.google.com"
 _TOKEN = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")  # an HTTP header name (RFC 9110 token)
 # headers an attribute may not set: they frame or route the request, or carry our own credentials
 _RESERVED_HEADERS = frozenset({
@@ -112,75 +111,6 @@ def push_request(push_config, msg, subscription: str, delivery_attempt: int) -> 
     return wrapped_request(msg, subscription, delivery_attempt)  # pubsub_wrapper, or neither set
 
 
-# --- OIDC tokens -----------------------------------------------------------------------------------
-def _b64url(raw: bytes) -> str:
-    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
-
-
-class TokenSigner:
-    """Signs RS256 ID tokens shaped like Google's; the key lives in memory (made on first use)."""
-
-    def __init__(self, key: rsa.RSAPrivateKey | None = None):
-        self._key = key
-        self._cache: dict[tuple[str, str], tuple[float, str]] = {}  # (email, audience) → (exp, token)
-
-    @property
-    def key(self) -> rsa.RSAPrivateKey:
-        if self._key is None:
-            from cryptography.hazmat.primitives.asymmetric import rsa  # (loaded by servers that sign tokens)
-
-            self._key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-        return self._key
-
-    @property
-    def key_id(self) -> str:
-        from cryptography.hazmat.primitives import serialization
-
-        der = self.key.public_key().public_bytes(
-            serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
-        )
-        return hashlib.sha256(der).hexdigest()[:40]
-
-    def public_pem(self) -> bytes:
-        from cryptography.hazmat.primitives import serialization
-
-        return self.key.public_key().public_bytes(
-            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
-        )
-
-    def token(self, email: str, audience: str, now: float) -> str:
-        cached = self._cache.get((email, audience))
-        if cached is not None and cached[0] - now >= oidc_token_reuse_s_min:
-            return cached[1]
-        iat = int(now)
-        exp = iat + oidc_token_lifetime_s
-        header = {"alg": "RS256", "typ": "JWT", "kid": self.key_id}
-        claims = {
-            "iss": OIDC_ISSUER,
-            "aud": audience,
-            "azp": email,
-            "sub": email,
-            "email": email,
-            "email_verified": True,
-            "iat": iat,
-            "exp": exp,
-        }
-        signing_input = (
-            _b64url(json.dumps(header, separators=(",", ":")).encode())
-            + "."
-            + _b64url(json.dumps(claims, separators=(",", ":")).encode())
-        )
-        from cryptography.hazmat.primitives import hashes
-        from cryptography.hazmat.primitives.asymmetric import padding
-
-        sig = self.key.sign(signing_input.encode(), padding.PKCS1v15(), hashes.SHA256())
-        tok = signing_input + "." + _b64url(sig)
-        if len(self._cache) >= 1024:
-            self._cache.clear()
-        self._cache[(email, audience)] = (exp, tok)
-        return tok
-
-
 # --- flow control ----------------------------------------------------------------------------------
 class Window:
     """How many requests one subscription may have in flight, and when it may send again. Pure: times are
@@ -225,7 +155,16 @@ class PushManager:
 
     def __init__(self, engine):
         self.engine = engine
-        self.signer = TokenSigner()
+        config = engine.config
+        if config.push_signing_key:  # read now, before the node starts: a key that cannot be used stops it
+            try:
+                key, kid = push_tokens.read_signing_key(config.push_signing_key)
+            except (OSError, ValueError) as e:
+                raise SystemExit(f"pigeon: cannot sign push tokens with --push-signing-key "
+                                 f"{config.push_signing_key}: {e}") from None
+            self.signer = push_tokens.TokenSigner(key, kid)
+        else:  # the data directory's, read (or made) when first needed: a start without push pays nothing
+            self.signer = push_tokens.TokenSigner(load=lambda: push_tokens.signing_key(config))
         self.workers: dict[int, PushWorker] = {}
         self._session: "aiohttp.ClientSession | None" = None
         self._started = False
@@ -233,6 +172,7 @@ class PushManager:
     def start(self) -> None:
         """Start a worker for every push subscription already known (after the engine's recovery)."""
         self._started = True
+        push_tokens.publish(self.signer)
         for uid in list(self.engine.state.subs_by_uid):
             self.subscription_changed(uid)
 
@@ -240,6 +180,7 @@ class PushManager:
         """Cancel every worker (requests in flight end unanswered: their leases die with the process or
         run out) and close the HTTP session."""
         self._started = False
+        push_tokens.withdraw(self.signer)
         workers, self.workers = list(self.workers.values()), {}
         for w in workers:
             w.task.cancel()
@@ -398,6 +339,10 @@ class PushWorker:
         headers, body = push_request(pc, msg, s.name, version if s.max_attempts else 0)
         if pc.HasField("oidc_token"):
             oidc = pc.oidc_token
+            try:
+                await self.manager.signer.ready()
+            except (OSError, ValueError) as e:  # (the data directory's key cannot be read or written)
+                return f"cannot sign its OIDC token: {e}"
             tok = self.manager.signer.token(
                 oidc.service_account_email, oidc.audience or endpoint, self.engine.clock.now()
             )

@@ -29,6 +29,9 @@ class Config:
     log_level: str = "INFO"
     idempotency_window_s: float = limits.idempotency_window_s_default  # seconds a pigeon-idempotency-key is remembered
     push_allowed_endpoints: str = ""  # comma-separated URL prefixes push may reach; empty: any http(s) URL
+    push_signing_key: str = ""  # the RSA key push OIDC tokens are signed with: a PEM file or a service-account JSON
+    #                             key file ("": one made and kept in the data dir); its public key is served at
+    #                             /.well-known/jwks.json on the HTTP port (docs/security.md, "Push authentication")
     # quotas: what one project may hold, and every project together (docs/reference.md, "Limits")
     topics_per_project: int = limits.topics_per_project_max  # topics one project may have
     subscriptions_per_project: int = limits.subscriptions_per_project_max  # subscriptions one project may have
