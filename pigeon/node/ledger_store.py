@@ -7,7 +7,8 @@ appends share one group commit and one fdatasync, as a BookKeeper bookie's journ
   * a fence is durable before it is answered, survives restarts, and from then on the ledger refuses its writer's
     appends; recovery's copies (at the fence epoch) are still taken;
   * this journal is never `apply`d and never cut below a ledger that has not been deleted: start-up scans it
-    whole to find every ledger's entries (no checkpoints here);
+    whole to find every ledger's entries (no checkpoints here), and notes where each entry's record lies (8 bytes
+    an entry held): a read goes straight to the entries asked for, never through the other ledgers' records;
   * a deleted ledger (its log was cut past it: node.bundle_logs) is forgotten for good — its id is kept in
     `deleted` (written durably before the delete is answered), it reads as empty and refuses appends and fences
     — and the journal segments below the first entry of every ledger still kept are removed. A kept ledger that
@@ -36,6 +37,7 @@ import asyncio
 import json
 import os
 import struct
+from array import array
 from dataclasses import dataclass
 
 from pigeon.core.errors import FailedPrecondition, PigeonError
@@ -96,6 +98,7 @@ class LedgerStore:
         self.writer: JournalWriter | None = None
         self.deleted: set[int] = set()
         self.borrowed: dict[int, list[int]] = {}  # ledger → [its first borrowed record's position, last's end]
+        self._where: dict[int, array] = {}  # ledger → its entries' record positions in this journal, by index
         self.append_requests = {"channel": 0, "grpc": 0}  # Append requests taken, by the way they came (statistics)
         self._disk = host.disk if host is not None else OsDisk()
         self._deleting = asyncio.Lock()  # one write of `deleted` at a time, each holding every one before it
@@ -113,8 +116,19 @@ class LedgerStore:
             self.deleted = set(json.loads(self._disk.read_file(self._deleted_path)))
         gone = frozenset(self.deleted)
         target = _Found(self.node.opened_at if self.node is not None else None)
+        where: dict[int, array] = {}
+
+        def noted(ledger: int, index: int, at: int) -> None:  # (in index order; a truncated one is not applied)
+            w = where.get(ledger)
+            if w is None:
+                w = where[ledger] = array("q")
+            if index < len(w):
+                del w[index:]
+            w.append(at)
         found = await asyncio.get_running_loop().run_in_executor(
-            None, lambda: recovery.recover(disk, self.dir, lambda: target, repair=True, forgotten=gone))
+            None, lambda: recovery.recover(disk, self.dir, lambda: target, repair=True, forgotten=gone,
+                                           on_entry=noted))
+        self._where = {lid: w for lid, w in where.items() if lid not in self.deleted}
         logs = {lid: st for lid, st in found.logs.items() if lid not in self.deleted}
         wal = os.path.join(self.dir, "wal")
         self.writer = self.host.journal(wal, self.policy, self.segment_bytes, disk) if self.host is not None else \
@@ -125,6 +139,7 @@ class LedgerStore:
         for ledger, index in target.dangling.items():  # durable here, not in the node journal: never answered
             assert index > 0, f"ledger {ledger}: its first entry is borrowed"  # (a whole copy, always)
             self.writer.truncate(ledger, index - 1)
+            del self._where.setdefault(ledger, array("q"))[index:]
         if target.dangling:
             await self.writer.wait_durable(self.writer.tail)
         self.borrowed = target.borrowed
@@ -178,7 +193,11 @@ class LedgerStore:
         if index > held:
             raise FailedPrecondition(f"ledger {ledger}: entry {index} would leave a gap (entries below {held} held)")
         if index == held:
-            self.writer.append(ledger, epoch, rtype, [body])
+            _, at = self.writer.append(ledger, epoch, rtype, [body])
+            w = self._where.get(ledger)
+            if w is None:
+                w = self._where[ledger] = array("q")
+            w.append(at)
             return True
         return False
 
@@ -207,11 +226,21 @@ class LedgerStore:
         return st is not None and st.fenced >= FENCE_EPOCH
 
     def read(self, ledger: int, start: int, end: int) -> list[Entry]:
-        """The durable entries of `ledger` in [start, end), in order."""
+        """The durable entries of `ledger` in [start, end), in order: each read where its record lies."""
         if ledger in self.deleted:
             return []
-        out = []
-        for e in self.writer.journal.entries(ledger, start, end):
+        journal, out = self.writer.journal, []
+        where = self._where.get(ledger, ())
+        for index in range(start, min(end, len(where))):
+            at = where[index]
+            if at >= journal.durable:  # (written whole: not yet)
+                break
+            rtype, payload = journal.read_record(at)
+            got_ledger, epoch, offset, body = split_entry(payload)
+            if (got_ledger, offset) != (ledger, index):
+                raise PigeonError(f"ledger {ledger} entry {index}: the record at {at} is ledger {got_ledger}'s entry "
+                                  f"{offset}")
+            e = Entry(epoch, offset, rtype, bytes(body), at)
             if e.rtype == BORROWED:
                 e = self._lent(ledger, e)
                 if e is None:
@@ -251,6 +280,7 @@ class LedgerStore:
                 self.deleted.update(new)
                 for lid in new:
                     self.borrowed.pop(lid, None)
+                    self._where.pop(lid, None)
             return len(self.collect())
 
     def journal_floor(self) -> int | None:

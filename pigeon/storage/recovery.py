@@ -105,11 +105,13 @@ class Recovered:
 
 def recover(disk: Disk, data_dir: str, new_target: Callable[[], Target], *, repair: bool,
             drop_unappliable: bool = False, type_name: Callable[[int], str] = str,
-            forgotten: frozenset[int] = frozenset()) -> Recovered:
+            forgotten: frozenset[int] = frozenset(),
+            on_entry: Callable[[int, int, int], None] | None = None) -> Recovered:
     """Rebuild a target from `data_dir`. With `repair`, truncate what is broken; a record that cannot be
     applied raises Unappliable before anything is deleted, unless `drop_unappliable` (`pigeon fsck --repair`)
     treats it as broken. `type_name` names record types in reports. Entries of the logs in `forgotten` (deleted
-    ledgers of a storage node, whose earlier segments are gone) are passed over: no offsets are checked."""
+    ledgers of a storage node, whose earlier segments are gone) are passed over: no offsets are checked.
+    `on_entry(log, offset, position)` hears of every entry applied (a store that indexes where its entries lie)."""
     formats.check_data_dir(disk, data_dir)  # (before anything is read: a newer format would read as damage)
     rep = Report()
     wal_dir, ck_dir = join(data_dir, "wal"), join(data_dir, "checkpoints")
@@ -122,13 +124,14 @@ def recover(disk: Disk, data_dir: str, new_target: Callable[[], Target], *, repa
     if scan.cut is not None:
         _cut(disk, wal_dir, segments, scan, rep, repair)
     try:
-        _apply(disk, wal_dir, segments, start, scan, target, rep, type_name)
+        _apply(disk, wal_dir, segments, start, scan, target, rep, type_name, on_entry)
     except Unappliable as e:
         if not drop_unappliable:
             raise
         rep.broken.append((e.path, e.at, e.dropped[0][1], f"unappliable {e.type_name} record: {e.reason}"))
         _truncate_at(disk, wal_dir, segments, e.path, e.at, rep, repair=True)
-        return recover(disk, data_dir, new_target, repair=repair, type_name=type_name, forgotten=forgotten)
+        return recover(disk, data_dir, new_target, repair=repair, type_name=type_name, forgotten=forgotten,
+                       on_entry=on_entry)
     if repair:  # reserved space goes: a segment's length is its records' end again (journal.open relies on it)
         for seg, end in scan.ends.items():
             disk.truncate(join(wal_dir, segment_name(seg)), end)
@@ -250,7 +253,7 @@ def _follow(logs: dict[int, LogState], rtype: int, payload, at: int, forgotten=f
     return None
 
 
-def _apply(disk, wal_dir, segments, start, scan: _Scan, target, rep: Report, type_name) -> None:
+def _apply(disk, wal_dir, segments, start, scan: _Scan, target, rep: Report, type_name, on_entry=None) -> None:
     """Pass two: apply every entry of the valid journal that no truncation dropped, in order."""
     if scan.unappliable is not None:
         raise scan.unappliable
@@ -278,6 +281,8 @@ def _apply(disk, wal_dir, segments, start, scan: _Scan, target, rep: Report, typ
                         raise Unappliable(path, pos, rtype, reason, [(path, end - pos)] + later,
                                           type_name(rtype)) from e
                     rep.replayed_records += 1
+                    if on_entry is not None:
+                        on_entry(log, offset, seg + pos)
             pos = nxt
 
 
