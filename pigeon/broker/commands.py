@@ -14,10 +14,11 @@ from typing import NamedTuple
 from pigeon.core.pubsub_types import types
 
 from pigeon.broker import resources
+from pigeon.broker.dispatch import activation_of, is_waiting
 from pigeon.broker.schedule import parse_activation
 from pigeon.broker.state import BrokerState
 from pigeon.broker.subscription import SubscriptionState
-from pigeon.broker.topic import SCHEDULED, TopicState, key_hash
+from pigeon.broker.topic import SCHEDULED, SHARD_MASK, TopicState, key_hash
 from pigeon.core import ackid, hot, limits, names, rawproto
 from pigeon.core.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from pigeon.storage import records as R
@@ -348,7 +349,7 @@ def acks(s: SubscriptionState, ack_ids, now: float) -> tuple[list[int], dict[str
                 failures[a] = "PERMANENT_FAILURE_INVALID_ACK_ID"
             continue
         num, version = p
-        if s.parked and num in s.parked and num not in leases:
+        if s.parked and num not in leases and is_waiting(s.parked.get(num, 0), now * 1000):
             continue  # rescheduled or buried with this ack id first: that call won
         if eod:
             lease = leases.get(num)
@@ -533,16 +534,27 @@ def inactive_subscriptions(state: BrokerState, now: float) -> list[str]:
     return out
 
 
-def retention(state: BrokerState, now: float) -> list[R.Trim]:
-    """Unacked messages older than a subscription's retention are dropped for it."""
-    out = []
+def retention(state: BrokerState, now: float) -> list[R.Record]:
+    """Unacked messages older than a subscription's retention are dropped for it: Trim records, by publish time.
+    A rescheduled message's retention counts from its latest activation when that is later: the Trim keeps it
+    (broker.subscription), and an Ack record after them drops it once that activation is older too."""
+    out: list[R.Record] = []
     for s in state.subs_by_uid.values():
         if s.topic is None:
             continue
         cutoff_ms = int((now - resources.duration_s(s.config.message_retention_duration)) * 1000)
+        floors = []
         for shard, ix in enumerate(s.topic.shards):
-            if s.shards[shard].floor < ix.durable:
+            floor = s.shards[shard].floor
+            if floor < ix.durable:
                 offset = min(ix.offset_at_ms(cutoff_ms), ix.durable)
-                if offset > s.shards[shard].floor:
-                    out.append(R.Trim(s.uid, shard, offset))
+                if offset > floor:
+                    keeps = any(n & SHARD_MASK == shard and n >> limits.shard_bits < offset and
+                                activation_of(at) is not None for n, at in s.parked.items())
+                    out.append(R.Trim(s.uid, shard, offset, keeps))  # (the flag only when it keeps one)
+                    floor = offset
+            floors.append(floor)
+        expired = s.expired_reschedules(floors, cutoff_ms)
+        if expired:
+            out.append(R.Ack(s.uid, expired))
     return out

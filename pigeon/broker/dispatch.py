@@ -28,6 +28,21 @@ from pigeon.storage.records import Deliver
 _BITS = limits.shard_bits
 Delivery = tuple[int, int]  # (message number = offset << shard_bits | shard, delivery version)
 Lease = tuple[float, int, object, int]  # (deadline, version, owner, ordering-key hash or 0)
+BURIED = -1  # `parked` value (num → int) of a buried message never rescheduled
+
+
+def activation_of(at: int) -> int | None:
+    """The latest reschedule's activation ms of a `parked` value, None when it was never rescheduled. A value
+    >= 0 is that activation (waiting until then, active after it); -1 is buried; below -1, buried after a
+    reschedule to -2 - value (retention still counts from that activation, and a kick restores it)."""
+    if at >= 0:
+        return at
+    return -2 - at if at < BURIED else None
+
+
+def is_waiting(at: int, now_ms: float) -> bool:
+    """Whether a `parked` value keeps its message out of delivery at `now_ms`: buried, or before its activation."""
+    return at < 0 or at > now_ms
 
 
 class KeyState:
@@ -127,10 +142,8 @@ class Dispatch:
                     ks.delayed = False
                     self._key_settled(key, ks)
             else:
-                parked = self.parked
-                for num in nums:
-                    if parked.get(num, -1) >= 0:  # a rescheduled message whose time has come
-                        del parked[num]
+                # a rescheduled message whose time has come goes out through this queue (it stays in `parked`
+                # with its activation, now past, until acked: retention counts from it)
                 self.redeliver.extend(nums)
         return n
 
@@ -205,11 +218,18 @@ class Dispatch:
         redeliver = self.redeliver
         if redeliver:
             leases, versions, shards, parked = self.leases, self.versions, self.shards, self.parked
+            now_ms = now * 1000
             chosen: set[int] = set()  # a number may sit in the queue twice (kicked while queued)
             while redeliver and len(out) < max_messages:
                 num = redeliver.popleft()
-                if num in leases or num in chosen or shards[num & SHARD_MASK].is_acked(num >> _BITS) or num in parked:
+                if num in leases or num in chosen:
                     continue
+                at = parked.get(num) if parked else None
+                if at is None:
+                    if shards[num & SHARD_MASK].is_acked(num >> _BITS):
+                        continue
+                elif is_waiting(at, now_ms):
+                    continue  # (parked, hence unacked — below the floor too, when retention kept it)
                 chosen.add(num)
                 self._pick(picks, num, versions.get(num, 0) + 1, 0)
         if self.topic is not None and self.topic.schedule.count and len(out) < max_messages:
@@ -276,7 +296,7 @@ class Dispatch:
                 num = (cursor << _BITS) | shard_no
                 if ahead and num in ahead:
                     ahead.discard(num)  # leased or queued before the cursor was rewound: not new
-                elif not (parked and num in parked):
+                elif not (parked and num in parked):  # (a parked one goes out by the redelivery queue when due)
                     self._pick(picks, num, versions.get(num, 0) + 1 if versions else 1, 0)
             cursor += 1
         s.cursor = cursor

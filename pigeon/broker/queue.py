@@ -82,7 +82,7 @@ def peek_state(s: SubscriptionState, num: int, now_ms: float) -> tuple[str, int,
         state = "acked"
     elif lease is not None:
         state = "locked"
-    elif at == -1:
+    elif at is not None and at < 0:
         state = "buried"
     elif at is not None and at > now_ms:
         state = "scheduled"

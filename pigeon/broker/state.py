@@ -27,7 +27,7 @@ from pigeon.core.errors import LimitExceeded, NotFound
 from pigeon.broker import iam, resources
 from pigeon.broker.resources import Policy, Schema, Snapshot, Subscription, Topic
 from pigeon.broker.subscription import SubscriptionState
-from pigeon.broker.topic import ShardIndex, TopicState
+from pigeon.broker.topic import SHARD_MASK, ShardIndex, TopicState
 from pigeon.storage import checkpoint as CK
 from pigeon.storage import records as R
 
@@ -285,7 +285,7 @@ class BrokerState:
         if s is not None:
             if rec.shard >= len(s.shards):
                 raise Contradiction(f"trim of shard {rec.shard} of subscription {rec.sub}")
-            s.drop_before(rec.shard, rec.offset)
+            s.drop_before(rec.shard, rec.offset, rec.keeps_rescheduled)
         return None
 
     def _park(self, rec: R.Park):
@@ -488,8 +488,9 @@ class BrokerState:
                 t.schedule.drop_seconds_before(low, lambda n, subs=subs: any(not s.is_acked(n) for s in subs))
 
     def trim_indexes(self, now: float) -> int:
-        """Forget the index batches no subscription, snapshot or retention needs; return the lowest log position
-        a kept batch needs (a huge number when none does)."""
+        """Forget the index batches no subscription (its floor, or a rescheduled message retention kept below it),
+        snapshot or retention needs; return the lowest log position a kept batch needs (a huge number when none
+        does)."""
         need = 1 << 62
         for t in self.topics_by_uid.values():
             for shard, ix in enumerate(t.shards):
@@ -500,6 +501,9 @@ class BrokerState:
                 for uid in t.subscriptions:
                     s = self.subs_by_uid[uid]
                     keep = min(keep, s.shards[shard].floor)
+                    for n in s.kept:  # rescheduled messages retention kept below the floor: read when due
+                        if n & SHARD_MASK == shard:
+                            keep = min(keep, n >> limits.shard_bits)
                     if s.config.retain_acked_messages:
                         ms = int((now - resources.duration_s(s.config.message_retention_duration)) * 1000)
                         keep = min(keep, ix.offset_at_ms(ms))
@@ -542,7 +546,7 @@ class BrokerState:
             s.reset(image.floors, image.acked)
             s.restore_leases(image.leases)
             s.versions.update(image.versions)
-            s.parked.update(image.parked)
+            s.restore_parked(image.parked)
             s.overrides.update(image.overrides)
             s.generation = image.generation
             return

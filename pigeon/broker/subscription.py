@@ -2,11 +2,16 @@
 - each message of a subscription is in exactly one state — not yet delivered (offset >= cursor), locked
   (in `leases`), waiting for redelivery (in `redeliver`, `_delayed` or a key's `redo`), waiting behind
   its ordering key (in a key's `pending`), parked (rescheduled or buried), or acked (offset < floor, or in
-  `acked`);
+  `acked`) — but for a rescheduled message retention passed: unacked below the floor (in `kept`);
+- retention counts from the publish, and for a rescheduled message from its latest reschedule's activation when
+  that is later, so a periodic job lives as long as it is rescheduled: a Trim record drops everything of a shard
+  below an offset but the rescheduled messages (they stay, in `kept`), an Ack record those whose activation is
+  past retention (commands.retention). `parked` keeps every unacked message ever rescheduled or buried with its
+  latest activation until it is acked or dropped — also once its activation came (it is active then);
 - the durable state — ack floors and sets, leases (deadline, delivery version, ordering key), delivery counts
-  of unleased messages, parked messages, in-place updates — changes only through the methods that apply
-  records (`lease`, `ack`, `modify_deadlines`, `reset`, `drop_before`, `park`, `kick`, `update`; broker.state
-  calls them), live, in recovery and on a replica alike.
+  of unleased messages, parked messages (and `kept`, derived from them), in-place updates — changes only
+  through the methods that apply records (`lease`, `ack`, `modify_deadlines`, `reset`, `drop_before`, `park`,
+  `kick`, `update`; broker.state calls them), live, in recovery and on a replica alike.
 
 The dispatch state — cursors, the redelivery queue, backoff and deadline heaps, ordering keys' batches — is
 soft: broker.dispatch (mixed in) moves it to choose what to hand out, and `rebuild` derives it from the durable
@@ -25,7 +30,7 @@ from dataclasses import dataclass
 from operator import itemgetter
 
 from pigeon.core import limits
-from pigeon.broker.dispatch import Delivery, Dispatch, KeyState, Lease
+from pigeon.broker.dispatch import BURIED, Delivery, Dispatch, KeyState, Lease, activation_of, is_waiting
 from pigeon.broker.filter import compile_filter
 from pigeon.broker.resources import active_transforms
 from pigeon.broker.topic import SHARD_MASK, TopicState
@@ -41,7 +46,7 @@ class SubscriptionStats:
     undelivered: int  # num_undelivered_messages: unacked (delivered or not)
     outstanding: int  # num_outstanding_messages: locked now
     waiting: int  # delivered before, waiting for redelivery
-    parked: int  # rescheduled or buried
+    parked: int  # rescheduled and waiting for its activation, or buried
     oldest_unacked_age_s: float  # oldest_unacked_message_age
     delivered: int  # counters since start
     acked: int
@@ -114,9 +119,12 @@ class SubscriptionState(Dispatch):
         self.leases: dict[int, Lease] = {}
         self.versions: dict[int, int] = {}  # num → deliveries so far, for unacked messages not leased now
         self.generation = 0  # seeks so far: ack ids handed out before the latest one ack nothing (core.ackid)
-        # queue extensions: parked messages (rescheduled to an activation ms, or buried: -1) are skipped by
-        # every path until due or kicked; overrides replace a message's stored bytes for this subscription
+        # queue extensions: parked messages (rescheduled to an activation ms, or buried: see `activation_of`)
+        # are skipped by every path until due or kicked, and then go out through the redelivery queue only; they
+        # stay here (active) until acked or dropped. Overrides replace a message's stored bytes for this
+        # subscription.
         self.parked: dict[int, int] = {}
+        self.kept: set[int] = set()  # parked messages below their shard's floor: unacked (derived from `parked`)
         self.overrides: dict[int, bytes] = {}
         # --- dispatch: soft, derived from the durable state by `rebuild`
         self.dispatching = True
@@ -219,7 +227,7 @@ class SubscriptionState(Dispatch):
             if changed is not None:
                 return changed
         changed = []
-        shards, leases_pop = self.shards, self.leases.pop
+        shards, leases_pop, kept = self.shards, self.leases.pop, self.kept
         n_shards = len(shards)
         owners: dict = {}
         ends = self.topic.backlog_end() if self.topic is not None else [s.floor for s in shards]
@@ -227,8 +235,13 @@ class SubscriptionState(Dispatch):
             shard = num & SHARD_MASK
             # an ack id can name a message the log no longer holds (cut by recovery): it must not ack the
             # message that gets its offset next
-            if shard >= n_shards or num >> _BITS >= ends[shard] or not shards[shard].mark(num >> _BITS):
+            if shard >= n_shards or num >> _BITS >= ends[shard]:
                 continue
+            if not shards[shard].mark(num >> _BITS):
+                if not (kept and num in kept):
+                    continue
+                kept.discard(num)  # a rescheduled message retention passed: below the floor, acked now
+                del self.parked[num]
             changed.append(num)
             lease = leases_pop(num, None)
             if lease is not None:
@@ -252,6 +265,8 @@ class SubscriptionState(Dispatch):
         shard_nos = set(map(SHARD_MASK.__and__, nums))
         if len(shard_nos) != 1 or (shard_no := shard_nos.pop()) >= len(self.shards):
             return None
+        if self.kept and min(nums) >> _BITS < self.shards[shard_no].floor:
+            return None  # a rescheduled message below the floor (kept): the careful path
         leases = self.leases
         popped = list(map(leases.pop, nums, itertools.repeat(None)))
         if None in popped:  # one was not leased, or came twice: put the leases back, take the careful path
@@ -278,6 +293,8 @@ class SubscriptionState(Dispatch):
             if side:
                 for num in acked:
                     side.pop(num, None)
+        if self.kept:
+            self.kept.difference_update(acked)
 
     def modify_deadlines(self, items: list[Delivery], seconds: float, now: float) -> int:
         """Apply a Modack record: extend (or, with 0, release: a nack) the leases of (num, version) pairs. A
@@ -310,7 +327,9 @@ class SubscriptionState(Dispatch):
 
     def park(self, nums: list[int], activate_ms: int) -> None:
         """Apply a Park record: end these messages' locks without acking them; they wait until `activate_ms`
-        (reschedule), or until kicked when it is -1 (bury). The delivery counter is kept."""
+        (reschedule), or until kicked when it is -1 (bury). The delivery counter is kept, and so is the latest
+        reschedule's activation of a message buried (retention counts from it: `activation_of`)."""
+        parked = self.parked
         for num in nums:
             if self.is_acked(num):
                 continue
@@ -323,21 +342,30 @@ class SubscriptionState(Dispatch):
                     if ks is not None and num in ks.batch:
                         ks.batch.remove(num)
                     self._key_lost(num, lease[3])
-            self.parked[num] = activate_ms
+            if activate_ms < 0 and (before := activation_of(parked.get(num, BURIED))) is not None:
+                parked[num] = -2 - before
+            else:
+                parked[num] = activate_ms
         if activate_ms >= 0 and nums and self.dispatching:
             self._seq += 1
             heapq.heappush(self._delayed, (activate_ms / 1000, self._seq, list(nums), 0))
 
     def kick(self, nums) -> None:
-        """Apply a Kick record: buried messages go back to the queue."""
+        """Apply a Kick record: buried messages go back to the queue (one rescheduled before keeps its latest
+        activation, now past: retention still counts from it)."""
+        parked = self.parked
         for num in nums:
-            if self.parked.get(num) == -1:
-                del self.parked[num]
+            at = parked.get(num)
+            if at is not None and at < 0:
+                if at == BURIED:
+                    del parked[num]
+                else:
+                    parked[num] = activation_of(at)
                 if self.dispatching:
                     self.redeliver.append(num)
 
     def buried(self) -> list[int]:
-        return [n for n, at in self.parked.items() if at == -1]
+        return [n for n, at in self.parked.items() if at < 0]
 
     def update(self, num: int, message: bytes) -> None:
         """Apply an Update record: the message reads as `message` for this subscription from now on."""
@@ -359,6 +387,7 @@ class SubscriptionState(Dispatch):
         self.leases.clear()
         self.versions.clear()
         self.parked.clear()
+        self.kept.clear()
         self._clear_dispatch()
 
     def clear_data(self) -> None:
@@ -378,17 +407,24 @@ class SubscriptionState(Dispatch):
         self.late.clear()
         self.ahead.clear()
 
-    def drop_before(self, shard: int, offset: int) -> None:
-        """Apply a Trim record: retention passed everything of `shard` below `offset`."""
+    def drop_before(self, shard: int, offset: int, keep_rescheduled: bool = False) -> None:
+        """Apply a Trim record: retention passed everything of `shard` below `offset` — but, with
+        `keep_rescheduled`, rescheduled messages, whose retention counts from their latest activation: they stay,
+        unacked below the floor, in `kept` (with their lease, delivery count and update) until acked, or dropped
+        by retention with an Ack record."""
         self.shards[shard].drop_before(offset)
+        below = lambda n: n & SHARD_MASK == shard and n >> _BITS < offset  # noqa: E731
+        kept = self.kept
+        if self.parked and keep_rescheduled:
+            kept.update(n for n, at in self.parked.items() if below(n) and activation_of(at) is not None)
         # leases and redeliveries below the floor are now acked; ack() of them is a no-op
-        for n in [n for n in self.leases if n & SHARD_MASK == shard and n >> _BITS < offset]:
+        for n in [n for n in self.leases if below(n) and n not in kept]:
             lease = self.leases[n]
             self._end_lease(n, lease)
             if lease[3]:
                 self._key_lost(n, lease[3])
         for side in (self.versions, self.parked, self.overrides):
-            for n in [n for n in side if n & SHARD_MASK == shard and n >> _BITS < offset]:
+            for n in [n for n in side if below(n) and n not in kept]:
                 del side[n]
         if self.ahead:
             self.ahead = {n for n in self.ahead if not (n & SHARD_MASK == shard and n >> _BITS < offset)}
@@ -412,7 +448,7 @@ class SubscriptionState(Dispatch):
                     ks = self.keys[key] = KeyState()
                 ks.live.add(num)
                 ks.batch.append(num)
-            else:
+            elif num not in self.kept:  # (a kept one lies below the floor: the walk never reaches it)
                 self.ahead.add(num)  # the walk from the floor must not hand it out again
         by_deadline: dict[float, list[int]] = {}
         for num, lease in self.leases.items():
@@ -436,6 +472,28 @@ class SubscriptionState(Dispatch):
         for n, deadline, version, key in rows:
             self.leases[n] = (deadline, version, None, key)
 
+    def restore_parked(self, rows) -> None:
+        """Load parked messages (num, value) after the ack state (`reset`): those below their shard's floor are
+        the rescheduled ones retention passed (`kept`)."""
+        self.parked.update(rows)
+        shards = self.shards
+        self.kept.update(n for n, _ in rows
+                         if (n & SHARD_MASK) < len(shards) and n >> _BITS < shards[n & SHARD_MASK].floor)
+
+    def expired_reschedules(self, floors: list[int], cutoff_ms: int) -> list[int]:
+        """Rescheduled messages below `floors` (the floors once retention's Trim records are applied) whose
+        latest activation is older than `cutoff_ms`: retention drops them too (commands.retention)."""
+        parked = self.parked
+        if not parked:
+            return []
+        moved = any(f > sh.floor for f, sh in zip(floors, self.shards))
+        out = []
+        for n in (parked if moved else self.kept):
+            at = activation_of(parked[n])
+            if at is not None and at < cutoff_ms and n >> _BITS < floors[n & SHARD_MASK]:
+                out.append(n)
+        return sorted(out)
+
     # --- reading ---------------------------------------------------------------------------------
     def statistics(self, now: float) -> "SubscriptionStats":
         """Plain values for metrics (named after Cloud Monitoring's Pub/Sub subscription metrics)."""
@@ -445,17 +503,26 @@ class SubscriptionState(Dispatch):
                 if s.floor < ix.durable and ix.base:
                     ms = ix.publish_ms(max(s.floor, ix.first()))
                     oldest_ms = ms if oldest_ms is None else min(oldest_ms, ms)
+            for n in self.kept:
+                ix = self.topic.shards[n & SHARD_MASK]
+                if ix.base and ix.first() <= n >> _BITS < ix.next:
+                    ms = ix.publish_ms(n >> _BITS)
+                    oldest_ms = ms if oldest_ms is None else min(oldest_ms, ms)
+        now_ms = now * 1000
+        waiting = sum(1 for at in self.parked.values() if is_waiting(at, now_ms)) if self.parked else 0
         return SubscriptionStats(
-            self.name, self.backlog(), len(self.leases), len(self.versions), len(self.parked),
+            self.name, self.backlog(), len(self.leases), len(self.versions), waiting,
             max(0.0, now - oldest_ms / 1000) if oldest_ms is not None else 0.0,
             self.delivered, self.acked_count, self.expired, self.dead_lettered)
 
     def is_acked(self, num: int) -> bool:
         shard = num & SHARD_MASK
-        return shard < len(self.shards) and self.shards[shard].is_acked(num >> _BITS)
+        return (shard < len(self.shards) and self.shards[shard].is_acked(num >> _BITS)
+                and not (self.kept and num in self.kept))
 
     def backlog(self) -> int:
         """Unacked messages (approximate: counts acks above the floor exactly)."""
         if self.topic is None:
             return 0
-        return sum(max(0, ix.durable - s.floor - len(s.acked)) for s, ix in zip(self.shards, self.topic.shards))
+        return len(self.kept) + sum(max(0, ix.durable - s.floor - len(s.acked))
+                                    for s, ix in zip(self.shards, self.topic.shards))

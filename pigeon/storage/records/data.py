@@ -194,21 +194,29 @@ _TRIM = struct.Struct("<IHQ")
 
 @dataclass(slots=True)
 class Trim(Record):
-    """Retention passed: every message of `shard` below `offset` is gone for the subscription."""
+    """Retention passed: every message of `shard` below `offset` is gone for the subscription — but, with
+    `keeps_rescheduled`, the rescheduled ones (their retention counts from their latest activation: broker.
+    subscription). The flag is one byte after the rest, written only when set: a Trim of an earlier release has
+    none and drops them all, as it did when it was written (its journal may be cut past their batches since)."""
 
     TYPE: ClassVar = RecordType.TRIM
     sub: int
     shard: int
     offset: int
+    keeps_rescheduled: bool = False
 
     def parts(self) -> list[bytes]:
-        return [_TRIM.pack(self.sub, self.shard, self.offset)]
+        head = _TRIM.pack(self.sub, self.shard, self.offset)
+        return [head + b"\x01" if self.keeps_rescheduled else head]
 
     @classmethod
     def decode(cls, payload) -> "Trim":
         r = PayloadReader(payload)
         out = cls(*r.take(_TRIM))
-        r.done()
+        rest = bytes(r.rest())
+        if rest not in (b"", b"\x01"):
+            raise Malformed("a trim's flags are one byte, 1")
+        out.keeps_rescheduled = rest == b"\x01"
         return out
 
 
