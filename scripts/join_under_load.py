@@ -1,0 +1,113 @@
+"""A node joining a loaded cluster: on a 3-node cluster (`pigeon bench`'s pigeon-cluster target), the official
+client publishes to 16 topics through all three nodes (and a StreamingPull subscriber per topic consumes) while
+a fourth node is started; print how long from its start until every bundle is served by the node the placement
+gives it to (the new node serving its share), and how many client calls failed meanwhile.
+
+    python scripts/join_under_load.py                    # 10 s of load first (a backlog in every bundle)
+    python scripts/join_under_load.py --warm 30          # a bigger backlog first
+
+Loopback only, bounded like the benchmark.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import threading
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from pigeon.bench import cluster as bench_cluster  # noqa: E402
+from pigeon.bench.plan import PLANS  # noqa: E402
+from pigeon.bench.procs import free_port  # noqa: E402
+
+TOPICS = 16
+
+
+class Load:
+    """Publishers (one thread per topic, batches of 100 × 1 KiB in flight) and a streaming subscriber per topic."""
+
+    def __init__(self, pub, sub, project: str):
+        self.pub, self.sub = pub, sub
+        self.topics = [f"projects/{project}/topics/topic{i}" for i in range(TOPICS)]
+        self.failed: list[str] = []
+        self.published = self.received = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        for t in self.topics:
+            pub.create_topic(name=t)
+            sub.create_subscription(name=t.replace("/topics/", "/subscriptions/"), topic=t)
+        self.streams = [sub.subscribe(t.replace("/topics/", "/subscriptions/"), self._on_message)
+                        for t in self.topics]
+        self.threads = [threading.Thread(target=self._publish, args=(t,), daemon=True) for t in self.topics]
+        for th in self.threads:
+            th.start()
+
+    def _on_message(self, message) -> None:
+        with self._lock:
+            self.received += 1
+        message.ack()
+
+    def _publish(self, topic: str) -> None:
+        data = os.urandom(1024)
+        while not self._stop.is_set():
+            futures = [self.pub.publish(topic, data) for _ in range(100)]
+            for f in futures:
+                try:
+                    f.result(timeout=60)
+                    with self._lock:
+                        self.published += 1
+                except Exception as e:  # noqa: BLE001 — what the application would see
+                    self.failed.append(repr(e)[:200])
+
+    def stop(self) -> None:
+        self._stop.set()
+        for th in self.threads:
+            th.join(timeout=70)
+        for s in self.streams:
+            s.cancel()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--warm", type=float, default=10.0, help="seconds of load before the node joins")
+    ap.add_argument("--after", type=float, default=10.0, help="seconds of load after it serves its share")
+    args = ap.parse_args()
+    plan = PLANS["cluster"]
+    root = tempfile.mkdtemp(prefix="pigeon-join-")
+    server = bench_cluster.PigeonClusterServer(root, plan)
+    server.start()
+    load = None
+    try:
+        os.environ["PUBSUB_EMULATOR_HOST"] = "ipv4:" + ",".join(f"127.0.0.1:{d.port}" for d in server.nodes.values())
+        from google.cloud import pubsub_v1
+
+        load = Load(pubsub_v1.PublisherClient(), pubsub_v1.SubscriberClient(), "join")
+        time.sleep(args.warm)
+        before = (load.published, load.received)
+        print(f"load: {before[0]:,} published, {before[1]:,} received in {args.warm:g} s "
+              f"({before[0] - before[1]:,} backlogged), {len(load.failed)} failed")
+        t0 = time.monotonic()
+        server.nodes["n4"] = server._node("n4", free_port())
+        listening = time.monotonic() - t0
+        st = server._settle()
+        served = time.monotonic() - t0
+        share = sum(1 for n in st["owners"].values() if n == "n4")
+        print(f"n4 listening after {listening:.2f} s; every bundle on its placed node (n4 serving {share} of "
+              f"{st['bundles']}) {served:.2f} s after its start; {len(load.failed)} client calls failed so far")
+        time.sleep(args.after)
+        load.stop()
+        print(f"then: {load.published:,} published, {load.received:,} received; {len(load.failed)} failed in all"
+              + (f", e.g. {load.failed[0]}" if load.failed else ""))
+        return 1 if load.failed else 0
+    finally:
+        if load is not None:
+            load.stop()
+        server.stop()
+        server.discard()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
