@@ -1,6 +1,8 @@
 """The pigeon.v1.Ranges gRPC surface (offset-range reads and cursors for data pipelines). Translation only,
 like grpc_api: the rules live in node.ranges; a PigeonError becomes its status through grpc_api's
-boundary. Responses are serialized here; ReadRange's message bytes are spliced, never re-encoded."""
+boundary. Responses are serialized here; ReadRange's message bytes are spliced, never re-encoded. On a cluster node a
+call about a topic (or cursor) whose bundle another node owns goes to that node through the router (api.router),
+as every call of the Pub/Sub API does: only the owner holds the topic's offsets and messages."""
 
 from __future__ import annotations
 
@@ -22,11 +24,26 @@ def _cursor(c: ranges.CursorView) -> bytes:
 
 
 class RangesApi:
-    def __init__(self, engine: Engine):
+    def __init__(self, engine: Engine, router=None):
         self.engine = engine
+        self.router = router  # a cluster node's: calls about other nodes' bundles go there
+
+    async def _owner_topic(self, method: str, req, context) -> bytes | None:
+        """The owner's answer when another node owns `req.topic`'s bundle; None to answer here."""
+        if self.router is not None and req.topic and (owner := self.router.for_topic(req.topic, context)):
+            return await self.router.unary(owner, f"/{SERVICE}/{method}", req.SerializeToString(), context)
+        return None
+
+    async def _owner_cursor(self, method: str, req, context) -> bytes | None:
+        """`_owner_topic` for a call naming its cursor (a subscription: its bundle is its topic's)."""
+        if self.router is not None and req.name and (owner := await self.router.for_subscription(req.name, context)):
+            return await self.router.unary(owner, f"/{SERVICE}/{method}", req.SerializeToString(), context)
+        return None
 
     @translate
     async def latest_offsets(self, req, context):
+        if (forwarded := await self._owner_topic("LatestOffsets", req, context)) is not None:
+            return forwarded
         at = req.at_time_ms if req.HasField("at_time_ms") else None
         t, shards = ranges.latest_offsets(self.engine, req.topic, at)
         out = pb.LatestOffsetsResponse(shard_count=len(shards), topic_uid=t.uid, offset_bits=limits.topic_offset_bits,
@@ -37,6 +54,8 @@ class RangesApi:
 
     @translate
     async def read_range(self, req, context):
+        if (forwarded := await self._owner_topic("ReadRange", req, context)) is not None:
+            return forwarded
         t, r = await ranges.read_range_when_read(self.engine, req.topic, req.shard, req.start_offset,
                                                  req.end_offset, req.max_messages, req.max_bytes, req.allow_data_loss,
                                                  req.topic_uid)
@@ -51,19 +70,25 @@ class RangesApi:
 
     @translate
     async def create_cursor(self, req, context):
+        if (forwarded := await self._owner_topic("CreateCursor", req, context)) is not None:
+            return forwarded
         return _cursor(await ranges.create_cursor(self.engine, req.name, req.topic, list(req.offsets)))
 
     @translate
     async def get_cursor(self, req, context):
+        if (forwarded := await self._owner_cursor("GetCursor", req, context)) is not None:
+            return forwarded
         return _cursor(ranges.get_cursor(self.engine, req.name))
 
     @translate
     async def commit_cursor(self, req, context):
+        if (forwarded := await self._owner_cursor("CommitCursor", req, context)) is not None:
+            return forwarded
         return _cursor(await ranges.commit_cursor(self.engine, req.name, list(req.offsets)))
 
 
-def handlers(engine: Engine) -> list[grpc.GenericRpcHandler]:
-    api = RangesApi(engine)
+def handlers(engine: Engine, router=None) -> list[grpc.GenericRpcHandler]:
+    api = RangesApi(engine, router)
 
     methods = {
         "LatestOffsets": errors.unary(api.latest_offsets, pb.LatestOffsetsRequest),

@@ -26,6 +26,7 @@ SCHEMA = pa.schema(
         ("data", pa.binary()),
     ]
 )
+_LEAD = np.zeros(4, np.uint8)
 _PAD = np.zeros(16, np.uint8)
 _VARINT_BYTES_MAX = 5  # lengths are < 2^32
 
@@ -97,7 +98,11 @@ class _Malformed(Exception):
 
 def _varint(padded: np.ndarray, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Varints at `pos` (vectorized): (values, positions after them). Values are exact below 2^35, which
-    covers tags and lengths; longer varints (skipped fields) only need their end."""
+    covers tags and lengths; longer varints (skipped fields) only need their end. When every varint is one
+    byte (nearly all tags, the lengths of short fields) that is one step."""
+    b = padded[pos]
+    if not (b & 0x80).any():
+        return b.astype(np.int64), pos + 1
     value = np.zeros(len(pos), np.int64)
     p = pos.copy()
     more = np.ones(len(pos), bool)
@@ -112,69 +117,106 @@ def _varint(padded: np.ndarray, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray
     raise _Malformed("varint longer than 10 bytes")
 
 
-def _fields(padded: np.ndarray, begins: np.ndarray, ends: np.ndarray):
-    """The length-delimited fields of every message [begins[i], ends[i]): (message index, field number,
-    value start, value length), each message's fields in wire order. Other wire types are skipped."""
-    cur = begins.copy()
-    idx = np.arange(len(begins))
-    found = []
-    active = cur < ends
-    while active.any():
-        who = idx[active]
-        tag, p = _varint(padded, cur[active])
-        wire, field = tag & 7, tag >> 3
-        if ((wire == 3) | (wire == 4) | (wire > 5) | (field == 0)).any():
-            raise _Malformed("unsupported wire type")
-        ld = wire == 2
-        length = np.zeros(len(who), np.int64)
-        if ld.any():
-            length[ld], p[ld] = _varint(padded, p[ld])
-        start = p.copy()
-        v = wire == 0
-        if v.any():
-            p[v] = _varint(padded, p[v])[1]
-        p += np.where(wire == 1, 8, 0) + np.where(wire == 5, 4, 0) + np.where(ld, length, 0)
-        if (p > ends[who]).any():
-            raise _Malformed("field runs past its message")
-        found.append((who[ld], field[ld], start[ld], length[ld]))
-        cur[active] = p
-        active = cur < ends
-    if not found:
-        z = np.zeros(0, np.int64)
-        return z, z, z, z
-    msg, field, start, length = (np.concatenate(a) for a in zip(*found))
-    order = np.argsort(msg, kind="stable")  # found lists the k-th field of every message at step k
-    return msg[order], field[order], start[order], length[order]
+class _Fields:
+    """The length-delimited fields of the messages [begins[i], ends[i]) of `padded`, walked for all messages
+    at once: one vectorized step per field position (the k-th field of every message that has k fields).
+    `start[f]`, `length[f]`: for each field number f in `single`, its value per message — the last occurrence
+    wins, as in protobuf; absent: empty. For the field number `repeated`, every occurrence in message order
+    and each message's in wire order: `offsets` (where each message's begin), `repeated_start`,
+    `repeated_length`. Fields of other numbers and wire types are skipped; a group, a field number 0 or a field
+    running past its message raises _Malformed."""
+
+    def __init__(self, padded: np.ndarray, begins: np.ndarray, ends: np.ndarray, single: tuple[int, ...],
+                 repeated: int = 0):
+        n = len(begins)
+        self.start = {f: np.zeros(n, np.int64) for f in single}
+        self.length = {f: np.zeros(n, np.int64) for f in single}
+        count = np.zeros(n, np.int64)
+        found = []  # per step: (messages, their occurrences of `repeated` before this one, starts, lengths)
+        cur = begins.copy()
+        who = np.flatnonzero(cur < ends)
+        while len(who):
+            tag, p = _varint(padded, cur[who])
+            wire, field = tag & 7, tag >> 3
+            if (wire == 2).all():  # the usual step: every field length-delimited
+                if (field == 0).any():
+                    raise _Malformed("field number 0")
+                length, start = _varint(padded, p)
+                p = start + length
+            else:
+                if ((wire == 3) | (wire == 4) | (wire > 5) | (field == 0)).any():
+                    raise _Malformed("unsupported wire type")
+                ld = wire == 2
+                length = np.zeros(len(who), np.int64)
+                if ld.any():
+                    length[ld], p[ld] = _varint(padded, p[ld])
+                start = p.copy()
+                v = wire == 0
+                if v.any():
+                    p[v] = _varint(padded, p[v])[1]
+                p += np.where(wire == 1, 8, 0) + np.where(wire == 5, 4, 0) + np.where(ld, length, 0)
+                field = np.where(ld, field, 0)  # only length-delimited fields are kept
+            if (p > ends[who]).any():
+                raise _Malformed("field runs past its message")
+            for f in single:
+                sel = field == f
+                if sel.any():
+                    m = who[sel]
+                    self.start[f][m] = start[sel]
+                    self.length[f][m] = length[sel]
+            if repeated:
+                sel = field == repeated
+                if sel.any():
+                    m = who[sel]
+                    found.append((m, count[m], start[sel], length[sel]))
+                    count[m] += 1
+            cur[who] = p
+            who = who[p < ends[who]]
+        # each occurrence's place, without a sort: its message's first place plus the occurrences before it
+        self.offsets = np.concatenate([[0], np.cumsum(count)])
+        total = int(self.offsets[-1])
+        self.repeated_start = np.zeros(total, np.int64)
+        self.repeated_length = np.zeros(total, np.int64)
+        for m, before, start, length in found:
+            at = self.offsets[m] + before
+            self.repeated_start[at] = start
+            self.repeated_length[at] = length
 
 
-def _column(padded: np.ndarray, n: int, msg, start, length, typ) -> pa.Array:
-    """One bytes/string value per message (the last occurrence wins, as in protobuf; absent: empty)."""
-    s = np.zeros(n, np.int64)
-    ln = np.zeros(n, np.int64)
-    s[msg] = start
-    ln[msg] = length
-    return _binary(padded[_ranges(s, ln)], np.concatenate([[0], np.cumsum(ln)]), n, typ)
+_INLINE = 12  # a BinaryView holds a value of up to this many bytes itself
+_KEEP = np.tril(np.full((_INLINE + 1, _INLINE), 0xFF, np.uint8), -1)  # row k: k bytes of 0xFF, then zeros
+
+
+def _values(padded: np.ndarray, start: np.ndarray, length: np.ndarray, typ) -> pa.Array:
+    """The byte ranges [start[i], start[i] + length[i]) of `padded` (which has _LEAD bytes before its first
+    message and _PAD after its last) as an Arrow binary or string array: a BinaryView array over `padded` is
+    built first (16 bytes a value: its size, then the value itself up to 12 bytes, or its first 4 bytes and
+    its offset), and Arrow's cast copies the values into one buffer."""
+    n = len(start)
+    # each view's 16 bytes from the 4 before the value on: bytes 4-16 then hold its first 12 bytes
+    views = np.lib.stride_tricks.sliding_window_view(padded, 4 + _INLINE)[start - 4]
+    views[:, 4:] &= _KEEP[np.minimum(length, _INLINE)]
+    words = views.view(np.int32)  # size, and for a long value: prefix, buffer index, offset
+    words[:, 0] = length
+    long = length > _INLINE
+    words[long, 2] = 0
+    words[long, 3] = start[long]
+    view_type = pa.string_view() if typ == pa.string() else pa.binary_view()
+    return pa.Array.from_buffers(view_type, n, [None, pa.py_buffer(views), pa.py_buffer(padded)]).cast(typ)
 
 
 def _walk(buf: np.ndarray, begins: np.ndarray, ends: np.ndarray):
     """(data, ordering_key, attributes) columns of arbitrary stored PubsubMessages, vectorized."""
-    n = len(begins)
-    padded = np.concatenate([buf, _PAD])
-    msg, field, start, length = _fields(padded, begins, ends)
-    sel = field == 1
-    data = _column(padded, n, msg[sel], start[sel], length[sel], pa.binary())
-    sel = field == 5
-    keys = _column(padded, n, msg[sel], start[sel], length[sel], pa.string())
-    sel = field == 2
-    entry_msg, entry_start, entry_len = msg[sel], start[sel], length[sel]
-    e = len(entry_msg)
-    emsg, efield, estart, elen = _fields(padded, entry_start, entry_start + entry_len)
-    ak = efield == 1
-    av = efield == 2
-    names = _column(padded, e, emsg[ak], estart[ak], elen[ak], pa.string())
-    values = _column(padded, e, emsg[av], estart[av], elen[av], pa.string())
-    offsets = np.concatenate([[0], np.cumsum(np.bincount(entry_msg, minlength=n))]).astype(np.int32)
-    attrs = pa.MapArray.from_arrays(pa.array(offsets), names, values)
+    if len(buf) + len(_LEAD) + len(_PAD) >= 1 << 31:  # views address `padded` with 32-bit offsets
+        raise _Malformed("more bytes than 32-bit offsets address")
+    padded = np.concatenate([_LEAD, buf, _PAD])
+    top = _Fields(padded, begins + len(_LEAD), ends + len(_LEAD), single=(1, 5), repeated=2)
+    data = _values(padded, top.start[1], top.length[1], pa.binary())
+    keys = _values(padded, top.start[5], top.length[5], pa.string())
+    entries = _Fields(padded, top.repeated_start, top.repeated_start + top.repeated_length, single=(1, 2))
+    names = _values(padded, entries.start[1], entries.length[1], pa.string())
+    values = _values(padded, entries.start[2], entries.length[2], pa.string())
+    attrs = pa.MapArray.from_arrays(pa.array(top.offsets.astype(np.int32)), names, values)
     return data, keys, attrs
 
 
