@@ -42,6 +42,7 @@ class Owner(NamedTuple):
 
 _same = lambda b: b  # noqa: E731 — bytes pass through unparsed
 _RETRYABLE = "The topic's bundle is moving between nodes; retry."
+_PUBLISH = "/google.pubsub.v1.Publisher/Publish"
 
 
 class Router:
@@ -146,6 +147,22 @@ class Router:
                 return await pending
         except grpc.aio.AioRpcError as e:
             raise _relayed(e, owner.address) from None
+
+    async def publish_at_owner(self, topic: str, request: bytes) -> None:
+        """A publish of this node's own (a dead-lettered message) to a topic another node owns: sent to the owner
+        as a forwarded call; Unavailable when it has none now or does not answer (the caller tries again)."""
+        log_id = bundle_log(topic, self.engine.config.bundles)
+        address = self.cluster.address_of(log_id)
+        if address is None or address == self.cluster.info.dial:
+            raise Unavailable(_RETRYABLE)
+        call = self.channel(address).unary_unary(_PUBLISH, request_serializer=_same, response_deserializer=_same)
+        self.forwarded += 1
+        try:
+            await call(request, timeout=limits.forward_s_max,
+                       metadata=((FORWARDED, self.cluster.info.node_id),) + self.peer_metadata())
+        except grpc.aio.AioRpcError as e:
+            raise Unavailable(f"Publishing to {topic} at its owner ({address}) failed: {e.code().name} "
+                              f"{e.details() or ''}".rstrip()) from None
 
     async def stream(self, owner: Owner, method: str, first: bytes, requests, context):
         """Forward a bidirectional stream: `first` then every later request (parsed: re-encoded) up, every

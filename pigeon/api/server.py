@@ -67,6 +67,7 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
             await engine.stop()
             return
         router = Router(engine, cluster)
+        engine.publish_through(router.publish_at_owner)  # dead letters to a topic another node owns
         storage = storage_api.handlers(cluster.store)  # pigeon.v1.Storage (node to node)
     server = _grpc_server(reuse_port=config.reuse_port)
     api = PubSubApi(engine, router)

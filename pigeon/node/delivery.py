@@ -136,7 +136,7 @@ class Delivery:
             commands.check_topic_exists(self.executor.state, dlt)
             stored = await self.executor.reader.messages_when_read(s.topic, nums)
             for key, request, count in commands.dead_letter_batches(s, nums, stored):
-                await self.executor.publish(dlt, request, count, key)
+                await self.executor.publish_anywhere(dlt, request, count, key)  # (in a cluster: at its owner)
         except PigeonError as e:
             log.warning("dead-lettering %d messages of %s to %s failed: %s", len(nums), s.name, dlt, e.message)
             return

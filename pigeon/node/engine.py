@@ -82,6 +82,7 @@ class Engine:
         self.closing = False
         self._dir_lock = None
         self.meta_log = None  # a cluster node's metadata log (node.meta_log): metadata changes go through it
+        self._publish_at_owner = None  # a cluster node's way to publish to a topic another node owns
         self.owns = lambda log_id: True  # whether this node owns a log (a cluster node owns some bundles)
         # where the journal must be kept from whatever the checkpoints allow (a cluster node's ledger store
         # borrows its own copies from it: node.ledger_store); None: no such bound
@@ -158,6 +159,21 @@ class Engine:
         self.meta_log, self.owns = meta_log, owns
         self.logs.replicate_with(replicas)
         self.reader.fetcher = replicas.reads.fetch  # batches named by log addresses are read from their ledgers
+
+    def publish_through(self, publish_at_owner: Callable) -> None:
+        """Publishes of this node's own (dead letters) to a topic another cluster node owns go through
+        `await publish_at_owner(topic, request)` (api.router: a forwarded Publish)."""
+        self._publish_at_owner = publish_at_owner
+
+    async def publish_anywhere(self, topic_name: str, request: bytes, count: int, ordering_key: str) -> None:
+        """A publish of this node's own: stored here when the topic's bundle is this node's, else sent to its
+        owner (Unavailable when neither can be done now)."""
+        if self.owns(bundle_log(topic_name, self.config.bundles)):
+            await self.publish(topic_name, request, count, ordering_key)
+        elif self._publish_at_owner is not None:
+            await self._publish_at_owner(topic_name, request)
+        else:
+            raise Unavailable("The topic's bundle is another node's; retry.")
 
     def leave_cluster(self) -> None:
         """Metadata changes are refused from now on (the node is leaving its cluster)."""
