@@ -6,13 +6,16 @@ threads (testing.simjournal), a simulated network and metadata store (testing.si
 workload and the faults; the same seed gives the same run (with the same PYTHONHASHSEED).
 
 The workload: clients publish with ordering keys through any node, and pull and acknowledge through any node (a
-call reaching a node that does not own the bundle is forwarded to the owner its routes name, as the router does).
+call reaching a node that does not own the bundle is forwarded to the owner its routes name, as the router does);
+one topic also has a subscription whose consumer nacks every message, so that each goes, past its delivery
+attempts, to a dead-letter topic — published there by the source's owner at the dead-letter topic's owner.
 The faults, chosen by the seed between steps: a node crashes (its unsynced writes are lost; it starts again on its
 disk later), a node is cut off from its peers and the metadata store (clients still reach it), the metadata store
 goes down, links heal; nodes run with skewed clocks. At the end every fault is healed, every node started, and the
 clients drain the subscriptions. Checked:
 
-  * no acknowledged publish lost (each is delivered on every subscription by the end);
+  * no acknowledged publish lost (each is delivered on every subscription by the end, and on the dead-letter
+    topic's);
   * no acknowledged ack undone (a pull sent after an ack returned OK never returns that message again);
   * per-key order on the ordered subscriptions (first deliveries come in publish order);
   * every bundle has an owner again, and no closed ledger stays short of members that are up;
@@ -39,7 +42,7 @@ from google.pubsub_v1 import types
 
 from pigeon.cluster.ledgers import LedgerInfo
 from pigeon.core.bundles import bundle_log
-from pigeon.core.errors import PigeonError
+from pigeon.core.errors import PigeonError, Unavailable
 from pigeon.node.cluster_node import ClusterNode
 from pigeon.node.engine import Engine
 from pigeon.node.meta_local import LocalMetadata
@@ -170,6 +173,7 @@ class SimNode:
         stop = asyncio.Event()
         if not await self.cluster.join(stop):
             return
+        self.engine.publish_through(lambda topic, request: self.sim.publish_at_owner(self, topic, request))
         await self.cluster.listening()
         self.ready = True
 
@@ -210,6 +214,7 @@ class History:
     delivered: dict[str, set[str]] = field(default_factory=dict)  # sub → message ids delivered
     first: dict[str, list[str]] = field(default_factory=dict)  # sub → data in order of first delivery
     acked: dict[str, dict[str, float]] = field(default_factory=dict)  # sub → message id → when its ack returned
+    dead: set[str] = field(default_factory=set)  # data delivered on the dead-letter topic's subscription
     publish_failed: int = 0
     calls: int = 0
 
@@ -225,6 +230,8 @@ class ClusterSim:
         self.topics = [f"{P}/topics/topic{i}" for i in range(2)]
         self.subs = {t.replace("/topics/", "/subscriptions/") + s: i for i, t in enumerate(self.topics)
                      for s in ("-plain", "-ordered")}
+        self.dead_topic, self.dead_sub = f"{P}/topics/dead", f"{P}/subscriptions/dead"
+        self.poison = {self.topics[0].replace("/topics/", "/subscriptions/") + "-poison": 0}
         self._seq = {k: 0 for k in KEYS}
         self._publishing: dict[tuple[int, str], asyncio.Lock] = {}
         self.faults: list[str] = []
@@ -279,6 +286,53 @@ class ClusterSim:
 
         async with asyncio.timeout(CALL_S):  # (a client's deadline; no task of its own, as wait_for would make)
             return await entry.call(lambda: at(entry))
+
+    async def publish_at_owner(self, node: SimNode, topic: str, request: bytes) -> None:
+        """A node's own publish (a dead letter) to a topic another node owns, forwarded as api.router does."""
+        from pigeon.broker import commands
+
+        log_id = bundle_log(topic, BUNDLES)
+        address = node.cluster.address_of(log_id)
+        owner = self.net.by_address.get(address) if address else None
+        if owner is None or owner == node.id:
+            raise Unavailable("no owner")
+        if not self.net.reachable(node.id, owner):
+            await asyncio.sleep(CALL_S)
+            raise Unavailable("forward timed out")
+        target, cmd = self.nodes[owner], commands.check_publish(request)
+
+        async def owned():
+            if not target.engine.owns(log_id):
+                raise Unavailable("moved")
+            await target.engine.publish(cmd.topic, cmd.request, cmd.count, cmd.ordering_key)
+        try:
+            await target.call(owned)
+        except _Refused as e:
+            raise Unavailable(str(e)) from None
+
+    async def nack_all(self, sub: str) -> None:
+        """The poison subscription's consumer: every message it gets it gives back at once."""
+        log_id = bundle_log(self.topics[self.poison[sub]], BUNDLES)
+        try:
+            rms = await self._routed(log_id, lambda node: node.engine.delivery.pull(sub, 100, True))
+            got = _PullResponse.FromString(b"".join(rms)).received_messages
+            if got:
+                await self._routed(log_id, lambda node: node.engine.delivery.modify_ack_deadline(
+                    sub, [m.ack_id for m in got], 0))
+        except (PigeonError, _Refused, asyncio.TimeoutError):
+            return
+
+    async def consume_dead(self) -> None:
+        try:
+            rms = await self._routed(bundle_log(self.dead_topic, BUNDLES),
+                                     lambda node: node.engine.delivery.pull(self.dead_sub, 100, True))
+            got = _PullResponse.FromString(b"".join(rms)).received_messages
+            self.h.dead.update(m.message.data.decode() for m in got)
+            if got:
+                await self._routed(bundle_log(self.dead_topic, BUNDLES), lambda node: node.engine.delivery.acknowledge(
+                    self.dead_sub, [m.ack_id for m in got]))
+        except (PigeonError, _Refused, asyncio.TimeoutError):
+            return
 
     async def publish(self, t: int, via: SimNode | None = None) -> None:
         """One publish of 1–3 messages with an ordering key; a key's publishes go one at a time, as an ordered
@@ -398,11 +452,17 @@ class ClusterSim:
         """The cluster, its topics and subscriptions, every bundle owned."""
         await self.start_cluster()
         first = self.nodes["n1"]
-        for t in self.topics:
+        for t in self.topics + [self.dead_topic]:
             await first.call(lambda t=t: first.engine.create_topic(types.Topic.pb()(name=t)))
-        for s, t in self.subs.items():
-            sub = types.Subscription.pb()(name=s, topic=self.topics[t], ack_deadline_seconds=10,
-                                          enable_message_ordering=s.endswith("-ordered"))
+        Sub = types.Subscription.pb()
+        subs = [Sub(name=s, topic=self.topics[t], ack_deadline_seconds=10, enable_message_ordering=s.endswith("-ordered"))
+                for s, t in self.subs.items()]
+        subs.append(Sub(name=self.dead_sub, topic=self.dead_topic, ack_deadline_seconds=10))
+        subs += [Sub(name=s, topic=self.topics[t], ack_deadline_seconds=10,
+                     dead_letter_policy=types.DeadLetterPolicy.pb()(dead_letter_topic=self.dead_topic,
+                                                                    max_delivery_attempts=5))
+                 for s, t in self.poison.items()]
+        for sub in subs:
             await first.call(lambda sub=sub: first.engine.create_subscription(sub))
         await self.until(self.all_owned, 30, "every bundle to have an owner")
 
@@ -421,6 +481,9 @@ class ClusterSim:
             for _ in range(self.rng.randint(1, 3)):
                 work.append(self.publish(self.rng.randrange(len(self.topics))))
             work.append(self.consume(self.rng.choice(list(self.subs))))
+            if self.rng.random() < 0.3:
+                work.append(self.nack_all(self.rng.choice(list(self.poison))))
+                work.append(self.consume_dead())
             await asyncio.gather(*work)
             await asyncio.sleep(self.rng.uniform(0.01, 0.3))
             self.watch_rolls()
@@ -446,7 +509,9 @@ class ClusterSim:
             missing = self._missing()
             if not missing:
                 return
-            await asyncio.gather(*(self.consume(s) for s in {s for s, _ in missing}))
+            subs = {s for s, _ in missing}
+            await asyncio.gather(*(self.consume(s) for s in subs - set(self.poison) - {self.dead_sub}),
+                                 *(self.nack_all(s) for s in subs & set(self.poison)), self.consume_dead())
             await asyncio.sleep(0.2)
 
     def _missing(self) -> list[tuple[str, str]]:
@@ -454,6 +519,8 @@ class ClusterSim:
         for sub, t in self.subs.items():
             seen = self.h.delivered.get(sub, set())
             out += [(sub, mid) for mid, (topic, _) in self.h.published.items() if topic == t and mid not in seen]
+        for sub, t in self.poison.items():  # each of its messages is dead-lettered in the end
+            out += [(sub, mid) for mid, (topic, d) in self.h.published.items() if topic == t and d not in self.h.dead]
         return out
 
     def all_owned(self) -> bool:
