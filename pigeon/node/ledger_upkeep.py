@@ -24,6 +24,7 @@ from pigeon.cluster.ledgers import LedgerInfo, cut_at, repair_target
 from pigeon.cluster.quorum import ensemble_size
 from pigeon.node.bundle_logs import BundleLogs, Conflict, Lost, OwnedLog
 from pigeon.node.ledger_store import FENCE_EPOCH
+from pigeon.node.log_reads import Unnamed
 from pigeon.node.replication import RecoveryFailed
 
 log = logging.getLogger("pigeon.ledgers")
@@ -64,8 +65,13 @@ class LedgerUpkeep:
             ol.writer.stop("a snapshot starts the next ledger")
             self.bundles.start_roll(ol)
         offset, indexed = ol.next_offset, self.bundles.cluster_format >= 2
-        rec = images.bundle_snapshot(engine.state, ol.log_id, self.bundles.cluster.config.bundles,
-                                     lambda pos: self.bundles.reads.log_addresses(ol, pos), indexes=indexed)
+        try:
+            rec = images.bundle_snapshot(engine.state, ol.log_id, self.bundles.cluster.config.bundles,
+                                         lambda pos: self.bundles.reads.log_addresses(ol, pos), indexes=indexed)
+        except Unnamed as e:  # (the log is not cut again while that batch is kept: correct, only slower to move)
+            log.warning("no snapshot of log %d: %s", ol.log_id, e)
+            ol.snapshot_at, ol.bytes_since_snapshot = offset, 0
+            return
         fut = self.bundles.append(ol.log_id, rec.TYPE, b"".join(rec.parts()))
         ol.snapshot_at, ol.bytes_since_snapshot = offset, 0
 

@@ -29,6 +29,10 @@ from pigeon.storage import records as R
 log = logging.getLogger("pigeon.ledgers")
 
 
+class Unnamed(Exception):
+    """A batch of the index has no log address this owner knows."""
+
+
 class LogReads:
     def __init__(self, bundles):
         self.bundles = bundles  # node.bundle_logs.BundleLogs
@@ -48,13 +52,15 @@ class LogReads:
         return ol.own_offset[i] if i < len(ol.own_at) and ol.own_at[i] == address else 0
 
     def log_addresses(self, ol, pos: array) -> array:
-        """An index's batch positions as log addresses (what a snapshot in the log names them by)."""
+        """An index's batch positions as log addresses (what a snapshot in the log names them by); Unnamed when
+        one is a journal position this owner did not note (then no snapshot can name it: none is written)."""
         out = array("q", pos)
         own_at, own_offset, log_id = ol.own_at, ol.own_offset, ol.log_id
         for i, a in enumerate(out):
             if not is_log_address(a):
                 j = bisect.bisect_left(own_at, a)
-                assert j < len(own_at) and own_at[j] == a, f"log {log_id}: no batch of this term at {a}"
+                if j == len(own_at) or own_at[j] != a:
+                    raise Unnamed(f"log {log_id}: no batch of this owner's term is at journal position {a}")
                 out[i] = log_address(log_id, own_offset[j])
         return out
 
