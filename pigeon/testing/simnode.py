@@ -1,0 +1,158 @@
+"""A node of the cluster simulator (testing.simcluster): the real executor and cluster node of one process, on the
+simulated disk, journals, network and metadata store, with a skewed wall clock; started, crashed (kill -9: its
+tasks end, the disk keeps what was synced) and started again on its disk. Its tasks are registered by the
+simulator's task factory under the node's current life (`Incarnation`), so a crash ends exactly them."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+
+from pigeon.node.cluster_node import ClusterNode
+from pigeon.node.engine import Engine
+from pigeon.ops.config import Config
+from pigeon.testing.simdisk import SimDisk
+from pigeon.testing.simjournal import SimJournalWriter
+from pigeon.testing.simnet import SimMeta, SimStorageClient
+
+BUNDLES = 4
+WALL0 = 1_800_000_000.0  # the nodes' wall clocks start here (plus their skew)
+SESSION_TTL_S = 3
+
+NODE: contextvars.ContextVar = contextvars.ContextVar("pigeon_sim_node", default=None)
+
+
+class NodeClock:
+    """A node's wall clock: virtual time, skewed."""
+
+    def __init__(self, skew: float):
+        self.skew = skew
+
+    def now(self) -> float:
+        return WALL0 + asyncio.get_running_loop().time() + self.skew
+
+
+class _Lock:
+    def close(self) -> None:
+        pass
+
+
+class SimHost:
+    """node.host.OsHost's calls on the simulated machine of one node."""
+
+    def __init__(self, sim, node: "SimNode"):  # sim: testing.simcluster.ClusterSim
+        self.sim, self.node = sim, node
+        self.disk = self.cold_disk = node.disk
+
+    def lock_data_dir(self, data_dir: str):
+        return _Lock()
+
+    def journal(self, directory: str, policy, segment_bytes: int, disk=None):
+        w = SimJournalWriter(directory, policy, min(segment_bytes, 1 << 20), disk or self.disk, self.sim.sync_s)
+        self.node.writers.append(w)
+        return w
+
+    def storage_client(self, address: str, config):
+        return SimStorageClient(self.sim.net, self.node.id, address)
+
+    async def refuses(self, address: str, timeout: float) -> bool:
+        net = self.sim.net
+        dst = net.by_address.get(address)
+        if dst is None:
+            return True
+        if not net.reachable(self.node.id, dst):
+            await asyncio.sleep(timeout)
+            return False
+        await asyncio.sleep(net.delay())
+        return net.refuses(dst)
+
+
+class Incarnation:
+    """One life of a node's process: its tasks (cancelled when it crashes) and its objects."""
+
+    def __init__(self, node: "SimNode"):
+        self.node = node
+        self.tasks: set[asyncio.Task] = set()
+        self.dead = False
+        self.context = contextvars.copy_context()
+        self.context.run(NODE.set, self)
+
+
+class SimNode:
+    def __init__(self, sim, node_id: str, skew: float):  # sim: testing.simcluster.ClusterSim
+        self.sim, self.id, self.skew = sim, node_id, skew
+        self.address = f"{node_id}.sim:1"
+        self.disk = SimDisk()
+        self.writers: list[SimJournalWriter] = []
+        self.life: Incarnation | None = None
+        self.engine: Engine | None = None
+        self.cluster: ClusterNode | None = None
+        self.ready = False
+
+    @property
+    def store(self):
+        return self.cluster.store
+
+    @property
+    def up(self) -> bool:
+        return self.life is not None and not self.life.dead
+
+    def config(self) -> Config:
+        return Config(data_dir=f"/{self.id}", etcd="sim:2379", node_id=self.id, advertise=self.address,
+                      append_port=-1, session_ttl_s=SESSION_TTL_S, bundles=BUNDLES, shards_per_topic=2,
+                      log_snapshot_entries=self.sim.snapshot_entries)
+
+    def start(self) -> None:
+        net = self.sim.net
+        net.generation[self.id] = net.generation.get(self.id, 0) + 1
+        net.down.discard(self.id)
+        net.by_address[self.address] = self.id
+        net.nodes[self.id] = self
+        self.writers = []
+        self.ready = False
+        self.life = Incarnation(self)
+        self.spawn(self._start())
+
+    def spawn(self, coro) -> asyncio.Task:
+        """A task of this node's process (ends when it crashes)."""
+        return asyncio.get_running_loop().create_task(coro, context=self.life.context.copy())
+
+    async def _start(self) -> None:
+        config = self.config()
+        self.engine = Engine(config, NodeClock(self.skew), SimHost(self.sim, self))
+        await self.engine.start()
+        self.cluster = ClusterNode(config, self.engine, meta=SimMeta(self.sim.net, self.sim.meta, self.id))
+        stop = asyncio.Event()
+        if not await self.cluster.join(stop):
+            return
+        self.engine.publish_through(lambda topic, request: self.sim.publish_at_owner(self, topic, request))
+        await self.cluster.listening()
+        self.ready = True
+
+    def crash(self) -> None:
+        """kill -9: its tasks end, nothing more is written, the disk keeps only what was synced."""
+        life = self.life
+        life.dead = True
+        self.ready = False
+        self.sim.net.down.add(self.id)
+        for w in self.writers:
+            w.crash()
+        for t in list(life.tasks):
+            t.cancel()
+        self.disk.crash(self.sim.rng, torn=self.sim.rng.random() < 0.5)
+
+    async def call(self, fn):
+        """Run `fn()` (a coroutine function of this node's API) as this node's work; a crash meanwhile fails it."""
+        if not self.up or not self.ready:
+            raise _Refused(f"{self.id} is down")
+        task = self.spawn(fn())
+        try:
+            return await task
+        except asyncio.CancelledError:
+            if asyncio.current_task().cancelling():
+                raise
+            raise _Refused(f"{self.id} crashed during the call") from None
+
+
+class _Refused(Exception):
+    pass
