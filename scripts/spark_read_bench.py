@@ -51,8 +51,9 @@ def _processes() -> dict[int, tuple[int, str, float]]:
     return out
 
 
-def cpu_by_part(servers: list[int]) -> dict[str, float]:
-    """CPU seconds used so far by the Pigeon server(s), the JVM and the Python workers Spark started."""
+def cpu_by_part(servers: list[int]) -> dict[str, dict[int, float]]:
+    """CPU seconds used so far by each process of the Pigeon server(s), of the JVM and of the Python workers Spark
+    started."""
     procs = _processes()
     children: dict[int, list[int]] = {}
     for pid, (ppid, _, _) in procs.items():
@@ -66,11 +67,17 @@ def cpu_by_part(servers: list[int]) -> dict[str, float]:
             todo.extend(children.get(p, ()))
         return seen
 
-    parts = {"pigeon": sum(procs[p][2] for p in servers if p in procs), "JVM": 0.0, "Python workers": 0.0}
+    parts: dict[str, dict[int, float]] = {"pigeon": {p: procs[p][2] for p in servers if p in procs}, "JVM": {},
+                                          "Python workers": {}}
     for jvm in (p for p in children.get(os.getpid(), ()) if procs[p][1] == "java"):
-        parts["JVM"] += procs[jvm][2]
-        parts["Python workers"] += sum(procs[p][2] for p in tree(jvm) if p != jvm)
+        parts["JVM"][jvm] = procs[jvm][2]
+        parts["Python workers"].update((p, procs[p][2]) for p in tree(jvm) if p != jvm)
     return parts
+
+
+def cpu_used(before: dict, after: dict) -> str:
+    """What each part used between two `cpu_by_part` readings (a process that ended in between is not counted)."""
+    return ", ".join(f"{k} {sum(v - before[k].get(p, 0.0) for p, v in after[k].items()):.2f}" for k in after)
 
 
 def start_cluster(root: str, nodes: int, stack: list) -> tuple[str, dict[str, ServerProcess]]:
@@ -176,9 +183,8 @@ def main() -> None:
             t0 = time.perf_counter()
             df.write.format("noop").mode("overwrite").save()
             dt = time.perf_counter() - t0
-            used = {k: v - before[k] for k, v in cpu_by_part(servers).items()}
             print(f"spark {a.master} read → noop (run {i + 1}): {a.messages:,} rows in {dt:.2f}s = "
-                  f"{a.messages / dt:,.0f} rows/s; CPU s: " + ", ".join(f"{k} {v:.2f}" for k, v in used.items()))
+                  f"{a.messages / dt:,.0f} rows/s; CPU s: {cpu_used(before, cpu_by_part(servers))}")
         t0 = time.perf_counter()
         n = df.count()
         dt = time.perf_counter() - t0

@@ -1,8 +1,10 @@
-"""ReadRange responses → Arrow record batches. Owns the rule: no Python object per message — messages
-carrying only data are split by vectorized varint decoding (numpy); messages with attributes or an
-ordering key are walked field by field for all messages at once (one numpy step per field position), and
-attributes keep their wire order, so the same bytes always give the same rows. Bytes the walker does not
-understand fall back to a protobuf parse of the whole response."""
+"""ReadRange responses → Arrow record batches. Owns the rule: no Python object per message — the stored
+PubsubMessages are split straight into Arrow's buffers (values and offsets of data, ordering_key and the
+attributes map's keys and values), by the compiled walker (pigeon.spark._decode) where the package was built with
+it, else vectorized with numpy: messages carrying only data by their headers, any others walked field by field for
+all messages at once (one numpy step per field position). Both walkers give exactly the same columns for the same
+bytes (attributes in their wire order, the last occurrence of a field winning as in protobuf) and call the same
+bytes malformed; bytes they do not understand fall back to a protobuf parse of the whole response."""
 
 from __future__ import annotations
 
@@ -10,6 +12,12 @@ import numpy as np
 import pyarrow as pa
 
 from pigeon.api.proto import pigeon_ranges_pb2 as pb
+
+try:
+    from pigeon.spark import _decode  # the compiled twin of _walk (setup.py)
+except ImportError:  # not built: no C compiler where the package was installed, or the package shipped zipped
+    _decode = None
+COMPILED = _decode is not None
 
 SPARK_SCHEMA = (
     "message_id string, shard int, offset long, ordering_key string, publish_time timestamp, "
@@ -193,7 +201,8 @@ def _values(padded: np.ndarray, start: np.ndarray, length: np.ndarray, typ) -> p
     built first (16 bytes a value: its size, then the value itself up to 12 bytes, or its first 4 bytes and
     its offset), and Arrow's cast copies the values into one buffer."""
     n = len(start)
-    # each view's 16 bytes from the 4 before the value on: bytes 4-16 then hold its first 12 bytes
+    # each view's 16 bytes from the 4 before the value on: bytes 4-16 then hold its first 12 bytes (an absent
+    # value, start 0 and length 0, takes the window at -4, at the end: all its bytes are masked below)
     views = np.lib.stride_tricks.sliding_window_view(padded, 4 + _INLINE)[start - 4]
     views[:, 4:] &= _KEEP[np.minimum(length, _INLINE)]
     words = views.view(np.int32)  # size, and for a long value: prefix, buffer index, offset
@@ -220,6 +229,24 @@ def _walk(buf: np.ndarray, begins: np.ndarray, ends: np.ndarray):
     return data, keys, attrs
 
 
+def _walk_compiled(buf: np.ndarray, begins: np.ndarray, ends: np.ndarray):
+    """`_walk` by pigeon.spark._decode: the same columns, from the Arrow buffers it fills (two passes over the
+    bytes, no Python object per message)."""
+    if len(buf) + len(_LEAD) + len(_PAD) >= 1 << 31:  # as _walk: 32-bit offsets
+        raise _Malformed("more bytes than 32-bit offsets address")
+    out = _decode.walk(buf, begins, ends)
+    if out is None:
+        raise _Malformed("the compiled walker stopped")
+    data_values, data_offsets, key_values, key_offsets, map_offsets, names, name_offsets, values, value_offsets = out
+    n, e = len(begins), len(name_offsets) - 1
+    attrs = pa.MapArray.from_arrays(pa.array(map_offsets), _binary(names, name_offsets, e, pa.string()),
+                                    _binary(values, value_offsets, e, pa.string()))
+    return _binary(data_values, data_offsets, n), _binary(key_values, key_offsets, n, pa.string()), attrs
+
+
+WALKERS = {"numpy": _walk, "compiled": _walk_compiled}  # (tests hold them side by side)
+
+
 def message_ids(topic_uid: int, offset_bits: int, shard_bits: int, shard: int, offsets: np.ndarray) -> pa.Array:
     base = topic_uid << (offset_bits + shard_bits)
     if len(offsets) == 0:
@@ -238,6 +265,20 @@ def _parsed(buf: np.ndarray, lengths: np.ndarray):
     return data, keys, attrs
 
 
+def _columns(buf: np.ndarray, begins: np.ndarray, ends: np.ndarray, lengths: np.ndarray):
+    """(data, ordering_key, attributes): by the compiled walker when it is built, which is as fast on messages
+    that carry only data; else those split at once by their headers, or the numpy walker."""
+    if COMPILED:
+        return _walk_compiled(buf, begins, ends)
+    simple, header, size = _decode_headers(buf, begins, lengths)
+    if not simple.all():
+        return _walk(buf, begins, ends)
+    keep = np.ones(len(buf), bool)
+    keep[_ranges(begins, header)] = False
+    data = _binary(buf[keep], np.concatenate([[0], np.cumsum(size)]), len(begins))
+    return data, _binary(b"", np.zeros(len(begins) + 1, np.int32), len(begins), pa.string()), _empty_maps(len(begins))
+
+
 def to_record_batch(r: pb.ReadRangeResponse, shard: int) -> pa.RecordBatch:
     lengths = np.frombuffer(r.lengths, "<u4").astype(np.int64)
     n = len(lengths)
@@ -249,18 +290,12 @@ def to_record_batch(r: pb.ReadRangeResponse, shard: int) -> pa.RecordBatch:
     buf = np.frombuffer(r.messages, np.uint8)
     ends = np.cumsum(lengths)
     begins = ends - lengths
-    simple, header, size = _decode_headers(buf, begins, lengths)
-    if simple.all():
-        keep = np.ones(len(buf), bool)
-        keep[_ranges(begins, header)] = False
-        data = _binary(buf[keep], np.concatenate([[0], np.cumsum(size)]), n)
-        keys = _binary(b"", np.zeros(n + 1, np.int32), n, pa.string())
-        attrs = _empty_maps(n)
-    else:
-        try:
-            data, keys, attrs = _walk(buf, begins, ends)
-        except _Malformed:
-            data, keys, attrs = _parsed(buf, lengths)
+    if ends[-1] != len(buf):
+        raise ValueError(f"a ReadRange response whose lengths add up to {ends[-1]} bytes carries {len(buf)}")
+    try:
+        data, keys, attrs = _columns(buf, begins, ends, lengths)
+    except _Malformed:
+        data, keys, attrs = _parsed(buf, lengths)
     cols = [
         message_ids(r.topic_uid, r.offset_bits, r.shard_bits, shard, offsets),
         pa.array(np.full(n, shard, np.int32)),
