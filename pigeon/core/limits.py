@@ -193,6 +193,7 @@ log_read_entries_max = 512  # entries per Read call when a bundle log is read ba
 log_read_bytes = 8 << 20  # … this many bytes: the first call asks for log_read_first_entries, later ones as many
 log_read_first_entries = 16  # as the entries so far average to log_read_bytes (a read of one's own copy holds the loop)
 repair_check_s = 30.0  # a repair pass at least this often even when nothing it depends on changed
+log_ledgers_snapshot = 8  # a log listing more ledgers than this gets a snapshot (then a cut) though little was written
 fetch_bytes = 4 << 20  # one read of a batch named by a log address (core.bundles) and the entries after it, about
 fetch_ahead = 4  # … and the reads of as many ranges ahead at once, once a reader gets to a range (≤ ¼ of the cache each)
 fetch_tries = 3  # reads of a batch from its ledger in a row before a caller is answered UNAVAILABLE (core.bundles)

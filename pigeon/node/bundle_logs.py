@@ -81,6 +81,7 @@ class OwnedLog:
     next_offset: int = 0  # the log offset the next append gets (a roll resends in order: offsets stay)
     snapshot_at: int = 0  # the offset of the last snapshot written (or where this node took the log over)
     bytes_since_snapshot: int = 0  # appended since the last snapshot
+    ledgers_at_snapshot: int = 0  # how many ledgers the list held when the last snapshot was written
     snapshots: list = field(default_factory=list)  # (log offset, whether it has indexes) of confirmed snapshots
     start: int = 0  # where the log is read from on a takeover (the ledger list's cut)
     trimming: asyncio.Task | None = None

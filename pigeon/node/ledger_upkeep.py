@@ -1,8 +1,9 @@
 """The upkeep of the bundle logs a node owns (docs/cluster.md, "Cutting a log" and "Repair"), performed over
 node.bundle_logs: what to cut and where to copy is pigeon.cluster.ledgers'. Owns the rules:
 
-  * every `log_snapshot_entries` entries or `log_snapshot_bytes` bytes the owner writes the bundle's state into its
-    log — message indexes included, each batch named by its log address — with no await between reading the state
+  * every `log_snapshot_entries` entries or `log_snapshot_bytes` bytes — and once its list holds more than
+    limits.log_ledgers_snapshot ledgers, none of them opened since its last snapshot (an idle log moved again and
+    again: each takeover opens a ledger) — the owner writes the bundle's state into its log — message indexes included, each batch named by its log address — with no await between reading the state
     and appending it (the record lands right after every record the state applied), and each snapshot starts a
     ledger, so the ledgers before a cut leave the list whole;
   * a log is cut at its latest confirmed snapshot (a takeover reads from there on), keeping every ledger from the
@@ -51,7 +52,9 @@ class LedgerUpkeep:
             if ol.released:
                 continue
             if ol.rolling is None and (ol.next_offset - ol.snapshot_at >= config.log_snapshot_entries or
-                                       ol.bytes_since_snapshot >= config.log_snapshot_bytes):
+                                       ol.bytes_since_snapshot >= config.log_snapshot_bytes or
+                                       len(ol.ledgers) > max(limits.log_ledgers_snapshot,
+                                                             ol.ledgers_at_snapshot + 1)):
                 self._snapshot(ol)
             if ol.snapshots and (ol.trimming is None or ol.trimming.done()):
                 ol.trimming = asyncio.get_running_loop().create_task(self._cut_logged(ol),
@@ -64,6 +67,7 @@ class LedgerUpkeep:
         if ol.writer is not None and ol.rolling is None:  # it starts a ledger: the ones before can go whole
             ol.writer.stop("a snapshot starts the next ledger")
             self.bundles.start_roll(ol)
+        ol.ledgers_at_snapshot = len(ol.ledgers)
         offset, indexed = ol.next_offset, self.bundles.cluster_format >= 2
         try:
             rec = images.bundle_snapshot(engine.state, ol.log_id, self.bundles.cluster.config.bundles,
@@ -111,6 +115,7 @@ class LedgerUpkeep:
         keep, dropped = plan
         await self.bundles.put_ledgers(ol.log_id, ol.epoch, kv, keep)
         moved, ol.start = at != ol.start, at
+        ol.ledgers_at_snapshot = min(ol.ledgers_at_snapshot, len(keep))
         ol.snapshots = [(o, indexed) for o, indexed in ol.snapshots if o >= at]
         self.bundles.reads.forget_before(ol, keep[0].first)
         if dropped or moved:
