@@ -12,10 +12,11 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV) || python3 -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
-# the install also builds pigeon.core._compiled and pigeon.node._commit (setup.py, Cython) in place; every install
-# takes the exact versions of constraints.txt (pyproject.toml has the ranges a user's install may choose from)
+# the install also builds pigeon.core._compiled, pigeon.node._commit and pigeon.spark._decode (setup.py, Cython)
+# in place; every install takes the exact versions of constraints.txt (pyproject.toml has the ranges a user's
+# install may choose from)
 PIP_INSTALL := $(BIN)/pip install --quiet -c constraints.txt
-$(STAMP): pyproject.toml constraints.txt setup.py pigeon/core/_compiled.pyx pigeon/node/_commit.pyx | $(BIN)/python
+$(STAMP): pyproject.toml constraints.txt setup.py pigeon/core/_compiled.pyx pigeon/node/_commit.pyx pigeon/spark/_decode.pyx | $(BIN)/python
 	$(PIP_INSTALL) -e '.[test]'
 	touch $(STAMP)
 

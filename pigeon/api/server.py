@@ -72,7 +72,7 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
     server = _grpc_server(reuse_port=config.reuse_port)
     api = PubSubApi(engine, router)
     handlers = api.handlers() + admin_api.handlers(engine) + queue_api.handlers(engine, router)
-    handlers += pigeon_api.handlers(engine)  # pigeon.v1.Ranges (data pipelines)
+    handlers += pigeon_api.handlers(engine, router)  # pigeon.v1.Ranges (data pipelines), forwarded to owners
     handlers += monitoring_api.handlers(engine, cluster, router)  # the console's figures
     guard = security.guard(config, engine) if config.secured else None
     requests = sli.Requests()  # every call's code and latency (outermost: the guard's refusals count too)

@@ -14,7 +14,7 @@ import pyarrow as pa
 from pigeon.api.proto import pigeon_ranges_pb2 as pb
 
 try:
-    from pigeon.spark import _decode  # the compiled twin of _walk (setup.py)
+    import pigeon.spark._decode as _decode  # the compiled twin of _walk (setup.py)
 except ImportError:  # not built: no C compiler where the package was installed, or the package shipped zipped
     _decode = None
 COMPILED = _decode is not None

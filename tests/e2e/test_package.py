@@ -95,7 +95,7 @@ def wheel(python: str, tmp: str) -> str:
         run(f"{bin_}/pip", "wheel", "--quiet", "--no-deps", "-w", f"{tmp}/dist", src, cwd=tmp)
         (whl,) = glob.glob(f"{tmp}/dist/pigeon-*.whl")
         names = zipfile.ZipFile(whl).namelist()
-        for part in ("pigeon/core/_compiled.", "pigeon/node/_commit."):
+        for part in ("pigeon/core/_compiled.", "pigeon/node/_commit.", "pigeon/spark/_decode."):
             assert any(n.startswith(part) and n.endswith(".so") for n in names), f"{part}*.so not built into {whl}"
         assert "pigeon/api/console/console.js" in names and any(n.endswith(".proto") for n in names)
         assert not any(n.startswith("tests/") for n in names)
