@@ -1,6 +1,6 @@
 """A long soak of a cluster: etcd and three `pigeon serve --etcd` nodes on loopback under steady mixed load — the
 official client publishing to a few topics (one with ordering keys), StreamingPull subscribers acking most
-messages, nacking some, a dead-letter topic catching poison messages, a seek now and then — with one node
+messages, nacking some, a dead-letter topic catching poison messages, a seek now and then (on a subscription of its own) — with one node
 restarted (SIGTERM, then started on its data) every `--restart-every` minutes. Every minute it records each
 node's RSS, open file descriptors and threads, etcd's keys under /pigeon, the ledgers listed, the disk used and
 the publish latency (p50/p99 of the minute), and at the end it checks:
@@ -57,6 +57,10 @@ class Load:
             name = t.replace("/topics/", "/subscriptions/")
             self.streams.append(sub.subscribe(name, self._on_message))
         self.streams.append(sub.subscribe(dlq.replace("/topics/", "/subscriptions/"), self._on_dead))
+        # the seeks go to a subscription of their own: a seek to a time acks what was published before it, delivered
+        # or not (a subscriber held up by a restart would lose what it had not received yet: that is the seek's rule)
+        self.streams.append(sub.subscribe(topics[1].replace("/topics/", "/subscriptions/") + "-replay",
+                                          lambda m: m.ack()))
         self.threads = [threading.Thread(target=self._publish, args=(t, i), daemon=True) for i, t in enumerate(topics)]
         for th in self.threads:
             th.start()
@@ -201,6 +205,7 @@ def main() -> int:
         for t in topics + [dlq]:
             pub.create_topic(name=t)
         sub.create_subscription(name=dlq.replace("/topics/", "/subscriptions/"), topic=dlq)
+        sub.create_subscription(name=topics[1].replace("/topics/", "/subscriptions/") + "-replay", topic=topics[1])
         for i, t in enumerate(topics):
             sub.create_subscription(request={
                 "name": t.replace("/topics/", "/subscriptions/"), "topic": t, "enable_message_ordering": i == 0,
@@ -220,9 +225,10 @@ def main() -> int:
                    "etcd_keys": _etcd_keys(etcd.endpoint), "ledgers": st["ledgers"]["total"],
                    "disk_mb": round(_du(root) / 1e6, 1), "failed": len(load.failed), "restarts": restarts}
             rss = fds = threads = 0
-            for d in nodes.values():
+            for name, d in nodes.items():
                 r, f, t = _proc_stats(d.proc.pid)
                 rss, fds, threads = rss + r, fds + f, threads + t
+                row[f"rss_{name}_mb"] = round(r / 1e6, 1)  # (one process life at a time: a restart starts anew)
             row.update(rss_mb=round(rss / 1e6, 1), fds=fds, threads=threads)
             rows.append(row)
             print(json.dumps(row), flush=True)
@@ -234,7 +240,7 @@ def main() -> int:
                 restarts += 1
                 next_restart = now + args.restart_every * args.minute_s
             if now >= next_seek:  # a subscriber rewinds a little (a seek to a time): deliveries come again
-                sub.seek(request={"subscription": topics[1].replace("/topics/", "/subscriptions/"),
+                sub.seek(request={"subscription": topics[1].replace("/topics/", "/subscriptions/") + "-replay",
                                   "time": datetime.fromtimestamp(time.time() - 5, timezone.utc)})
                 next_seek = now + 5 * args.minute_s
         load.stop_publishing()
@@ -269,8 +275,8 @@ def main() -> int:
 
 def _write(rows, args, started, growth, p99_ratio, missing, load, restarts, verdict) -> None:
     stem = os.path.join(RESULTS, started.strftime("%Y-%m-%dT%H%M") + "-soak")
-    cols = ["minute", "publishes", "p50_ms", "p99_ms", "rss_mb", "fds", "threads", "etcd_keys", "ledgers",
-            "disk_mb", "restarts", "failed"]
+    cols = ["minute", "publishes", "p50_ms", "p99_ms", "rss_mb", *(f"rss_{n}_mb" for n in IDS), "fds", "threads",
+            "etcd_keys", "ledgers", "disk_mb", "restarts", "failed"]
     lines = [f"# Soak: a 3-node cluster for {args.hours:g} h ({started:%Y-%m-%d %H:%M} UTC)", "",
              f"    python scripts/soak_long.py --hours {args.hours:g} --restart-every {args.restart_every:g}", "",
              f"Verdict: {'; '.join(verdict) if verdict else 'clean'}. {len(load.published):,} publishes acknowledged, "
