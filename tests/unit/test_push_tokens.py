@@ -110,7 +110,8 @@ def test_the_setting_comes_before_the_data_directory(tmp_path, rsa_key):
     assert made != kid and (tmp_path / "data" / push_tokens.SIGNING_KEY_FILE).exists()
 
 
-def test_tokens_verify_against_the_published_jwks(tmp_path):
+def test_tokens_verify_against_the_published_jwks(tmp_path, monkeypatch):
+    monkeypatch.setattr(push_tokens, "_published", [])  # (engines of other tests in this process, not stopped)
     signer = push_tokens.TokenSigner(load=lambda: push_tokens.kept_signing_key(str(tmp_path)))
     push_tokens.publish(signer)
     try:

@@ -9,6 +9,7 @@ from array import array
 from dataclasses import dataclass
 from typing import ClassVar
 
+from pigeon.storage.record import Malformed
 from pigeon.storage.records.base import (U32, PayloadReader, Record, RecordType, ack_state_parts, encode_str,
                                          read_ack_state, u64s)
 
