@@ -369,10 +369,10 @@ class ClusterNode:
 
     async def _rejoin(self) -> None:
         log.warning("node %s lost its session: joining again under a new one", self.info.node_id)
-        self.membership.lost.clear()
         for log_id in list(self.logs.logs):  # another node may own them now: fencing refuses what we would write
             self.logs.lose(log_id, "this node's session ended")
         await self.membership.join()
+        self.membership.lost.clear()  # (only now: a join that failed — etcd went again — is tried next pass)
 
     async def rebalance(self, members: dict | None = None) -> tuple[list[int], list[int]]:
         """Take the free bundles placement gives this node, give up the ones it gives another: (taken, released).

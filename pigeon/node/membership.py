@@ -156,6 +156,8 @@ class Membership:
             other = await self.meta.get(key)
             if other is None:
                 continue
+            if other.lease == self.lease:  # this session's already: `_say` wrote it meanwhile (`listening`)
+                break
             if not self.info.home or NodeInfo.decode(self.info.node_id, other.value).home != self.info.home:
                 await self.meta.revoke(self.lease)
                 where = NodeInfo.decode(self.info.node_id, other.value).address
@@ -166,18 +168,30 @@ class Membership:
         else:
             await self.meta.revoke(self.lease)
             raise NodeIdTaken(f"node id {self.info.node_id} could not be registered: its key changed at every try")
+        if self._keeper is not None:  # (it kept the session that ended)
+            self._keeper.cancel()
         self._keeper = asyncio.create_task(self._keep())
 
     async def listening(self) -> None:
         """Say the node's server answers now (it joins before it listens: nothing is served before joining)."""
         self.info = dataclasses.replace(self.info, listening=True)
-        await self.meta.put(M.node_key(self.info.node_id), self.info.encode(), self.lease)
+        await self._say()
 
     async def say_cut_off(self, cut_off: bool) -> None:
         """Say the node reaches too few of its peers to replicate (placement then gives it no bundle and new
         ensembles leave it out), or that it reaches them again."""
         self.info = dataclasses.replace(self.info, cut_off=cut_off)
-        await self.meta.put(M.node_key(self.info.node_id), self.info.encode(), self.lease)
+        await self._say()
+
+    async def _say(self) -> None:
+        """Write `info` to the node's key under its session. A session that ended (etcd was out of reach past its
+        time to live — while the node started, say) took the key with it: that is no error of the caller's. The
+        keeper finds the session ended too, and the rejoin registers `info`, which says this already."""
+        try:
+            await self.meta.put(M.node_key(self.info.node_id), self.info.encode(), self.lease)
+        except M.LeaseGone:
+            log.warning("node %s: its session ended before etcd took its record (listening %s, cut off %s); the "
+                        "next session's key says it", self.info.node_id, self.info.listening, self.info.cut_off)
 
     async def _keep(self) -> None:
         while True:

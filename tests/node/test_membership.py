@@ -189,3 +189,28 @@ def test_placement_reads_nodes_and_owners_from_the_watched_view_and_from_the_sto
         await a.leave()
 
     asyncio.run(run())
+
+
+def test_a_join_takes_a_key_its_own_new_session_already_holds(make_store):
+    """A rejoin may find the node's key already written under the session it was just granted (`listening`, said
+    meanwhile, writes it under the current session): that key is its own — ending the session that holds it, as
+    for a key of the node's earlier life, would end the new session too."""
+    async def run():
+        a = node(make_store, "n1")
+        a.info = dataclasses.replace(a.info, home="home-1")
+        meta = a.meta
+        real_txn = meta.txn
+
+        async def listening_first(compares, success, failure=()):
+            meta.txn = real_txn
+            await a.listening()
+            return await real_txn(compares, success, failure)
+
+        meta.txn = listening_first
+        await a.join()
+        kv = await meta.get(M.node_key("n1"))
+        assert kv is not None and kv.lease == a.lease and NodeInfo.decode("n1", kv.value).listening
+        await meta.keepalive(a.lease)  # the session lives
+        await a.leave()
+
+    asyncio.run(run())

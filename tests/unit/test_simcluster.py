@@ -142,3 +142,76 @@ def test_it_notices_a_cut_that_drops_a_ledger_of_a_message_still_needed(monkeypa
     monkeypatch.setattr(ledger_upkeep, "cut_at", lambda lst, at, keep_from=None: real(lst, at))
     found = _first_failure()
     assert "never delivered" in found or "lost" in found, found
+
+
+def test_a_node_whose_session_ends_while_it_starts_finishes_starting(monkeypatch):
+    """A node restarted, granted its session, then cut off from the metadata store while it reads the metadata log
+    (past its session's time to live; seed 214 of the sweep): once it reaches etcd again it must join under a new
+    session and finish starting. Saying it listens under the session that had ended raised LeaseGone out of its
+    start, and it never became ready."""
+    from pigeon.cluster.metadata import node_key
+    from pigeon.node.membership import NodeInfo
+    from pigeon.node.meta_log import MetaLog
+    from pigeon.testing.simnode import SESSION_TTL_S
+
+    sim = ClusterSim(1, steps=0)
+    real_start = MetaLog.start
+    cut = []
+
+    async def start_cut_off(self):
+        n1 = sim.nodes["n1"]
+        if not cut and sim.faults and self is n1.cluster.meta_log:  # (its start after the crash)
+            cut.append(asyncio.get_running_loop().time())
+            sim.net.meta_cut.add("n1")  # (healed below, once its session has run out)
+        return await real_start(self)
+
+    monkeypatch.setattr(MetaLog, "start", start_cut_off)
+
+    async def go():
+        await sim.start_workload()
+        n1 = sim.nodes["n1"]
+        n1.crash()
+        sim.faults.append("crash n1")
+        await asyncio.sleep(1)
+        n1.start()
+        await sim.until(lambda: bool(cut), 10, "n1 to read the metadata log")
+        await asyncio.sleep(3 * SESSION_TTL_S)
+        sim.net.heal()
+        await sim.until(lambda: n1.ready, 30, "n1 to finish starting")
+
+        def listening() -> bool:
+            kv = sim.meta.kvs.get(node_key("n1"))
+            return kv is not None and NodeInfo.decode("n1", kv.value).listening
+        await sim.until(listening, 30, "n1's key to say it listens (under its new session)")
+        await sim.until(lambda: sim.all_owned() and n1.cluster.owned, 30, "n1 to own bundles again")
+
+    simloop.run(go())
+
+
+def test_a_node_whose_rejoin_fails_tries_again(monkeypatch):
+    """A node whose session ended joins again under a new one; a join that fails (etcd went again) is tried again
+    on the next pass — the node once forgot that its session had ended, and stayed without one for good."""
+    from pigeon.cluster.metadata import StoreUnavailable, node_key
+    from pigeon.node.membership import Membership
+
+    sim = ClusterSim(1, steps=0)
+    real_join = Membership.join
+    failed = []
+
+    async def join_fails_once(self):
+        if self.lost.is_set() and not failed:
+            failed.append(asyncio.get_running_loop().time())
+            raise StoreUnavailable("etcd cannot be reached (simulated, once)")
+        return await real_join(self)
+
+    monkeypatch.setattr(Membership, "join", join_fails_once)
+
+    async def go():
+        await sim.start_workload()
+        n1 = sim.nodes["n1"]
+        await sim.meta.revoke(n1.cluster.membership.lease)  # its session ends (an operator, or a peer's check)
+        await sim.until(lambda: bool(failed), 30, "n1's first try to join again")
+        await sim.until(lambda: node_key("n1") in sim.meta.kvs, 30, "n1 to join again under a new session")
+        await sim.until(lambda: sim.all_owned() and n1.cluster.owned, 30, "n1 to own bundles again")
+
+    simloop.run(go())
