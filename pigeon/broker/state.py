@@ -487,10 +487,10 @@ class BrokerState:
                 low = min((s.sched_mark[0] for s in subs), default=int(now) + 1)
                 t.schedule.drop_seconds_before(low, lambda n, subs=subs: any(not s.is_acked(n) for s in subs))
 
-    def trim_indexes(self, now: float) -> int:
+    def trim_indexes(self, now: float, gone: list[int] | None = None) -> int:
         """Forget the index batches no subscription (its floor, or a rescheduled message retention kept below it),
-        snapshot or retention needs; return the lowest log position a kept batch needs (a huge number when none
-        does)."""
+        snapshot or retention needs, adding their addresses to `gone` (so a reader can drop them from its cache);
+        return the lowest log position a kept batch needs (a huge number when none does)."""
         need = 1 << 62
         for t in self.topics_by_uid.values():
             for shard, ix in enumerate(t.shards):
@@ -510,7 +510,9 @@ class BrokerState:
                 for sn in self.snapshots.values():
                     if sn.topic_uid == t.uid and shard < len(sn.floors):
                         keep = min(keep, sn.floors[shard])
-                ix.trim_before(keep)
+                dropped = ix.trim_before(keep)
+                if gone is not None:
+                    gone += dropped
                 if ix.base:
                     need = min(need, ix.pos[0])
         return need

@@ -94,14 +94,17 @@ class ShardIndex:
     def publish_ms(self, offset: int) -> int:
         return self.ms[self.batch_of(offset)]
 
-    def trim_before(self, offset: int) -> None:
-        """Forget batches that end at or before `offset`."""
+    def trim_before(self, offset: int) -> list[int]:
+        """Forget batches that end at or before `offset`; return their addresses."""
         if offset >= self.next:
             i = len(self.base)
         else:
             i = bisect.bisect_right(self.base, offset) - 1  # the batch holding `offset` stays
-        if i > 0:
-            del self.base[:i], self.pos[:i], self.ms[:i], self.keys[:i]
+        if i <= 0:
+            return []
+        gone = self.pos[:i].tolist()
+        del self.base[:i], self.pos[:i], self.ms[:i], self.keys[:i]
+        return gone
 
     def key_of(self, offset: int) -> int:
         return self.keys[self.batch_of(offset)]

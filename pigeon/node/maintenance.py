@@ -69,7 +69,9 @@ async def maintain_once(engine) -> None:
     for rec in commands.retention(st, now):
         engine.commit(rec)
     st.prune(now, engine.config.idempotency_window_s)
-    need_pos = min(engine.journal.tail, st.trim_indexes(now))
+    gone: list[int] = []
+    need_pos = min(engine.journal.tail, st.trim_indexes(now, gone))
+    engine.reader.forget(gone)  # no subscription reads them again: the cache holds what is still to be read
     floor = engine.journal_floor()  # entries a cluster node's ledger store borrows from the journal
     if floor is not None:
         need_pos = min(need_pos, floor)

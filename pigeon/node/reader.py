@@ -83,6 +83,15 @@ class MessageReader:
             _, old = self._cache.popitem(last=False)
             self._cache_bytes -= old[2]
 
+    def forget(self, positions) -> None:
+        """Drop the batches at `positions` from the cache (every subscription is past them)."""
+        for pos in positions:
+            old = self._cache.pop(pos, None)
+            if old is not None:
+                self._cache_bytes -= old[2]
+            if self.ahead:
+                self.ahead.pop(pos, None)
+
     def cached(self, pos: int) -> bool:
         return pos in self._cache
 

@@ -443,6 +443,35 @@ def test_statistics_are_plain_values_of_every_part(tmp_path):
     run(go())
 
 
+def test_batches_every_subscription_acked_leave_the_read_cache(tmp_path):
+    """The cache holds what is still to be read: once every subscription acked a batch, maintenance drops it
+    (memory follows the unconsumed window, not the cache's bound); a batch one subscription still needs stays."""
+    async def go():
+        clock = SimClock(1_700_000_000.0)
+        e = await started(config(tmp_path, fsync="always"), clock)
+        await setup(e)
+        await e.create_subscription(PB["Subscription"](name=S + "-slow", topic=T))
+        await publish(e, [b"a"])
+        await publish(e, [b"b"])
+        got = await pull_all(e)  # read from the journal into the cache
+        await e.delivery.acknowledge(S, [m.ack_id for m in got])
+        await e.maintain_once()
+        assert [m.message.data for m in got] == [b"a", b"b"] and e.reader.statistics().cached_batches == 2  # the slow subscription has read neither
+        (first,) = await pull_all(e, S + "-slow", n=1)
+        await e.delivery.acknowledge(S + "-slow", [first.ack_id])
+        await e.maintain_once()
+        st = e.reader.statistics()
+        assert st.cached_batches == 1 and 0 < st.cached_bytes
+        rest = await pull_all(e, S + "-slow")
+        assert [m.message.data for m in rest] == [b"b"]
+        await e.delivery.acknowledge(S + "-slow", [m.ack_id for m in rest])
+        await e.maintain_once()
+        assert e.reader.statistics() == type(st)(st.disk_reads, 0, 0)
+        await e.stop()
+
+    run(go())
+
+
 def test_a_loaded_log_is_served_once_its_state_is_durable_with_its_messages_read_from_the_ledgers(tmp_path,
                                                                                                    monkeypatch):
     """A new owner applies the log it read back from the ledgers (load_log) without copying it: each batch is named
