@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pigeon.cluster.quorum import Replication, choose_ensemble, ensemble_size, machines
 
 LEDGER_SEQ_BITS = 20
+_SEQ_MASK = (1 << LEDGER_SEQ_BITS) - 1
 
 
 @dataclass
@@ -67,6 +68,31 @@ def next_seq(ledgers: list[LedgerInfo]) -> int:
 def ledger_id(log_id: int, seq: int) -> int:
     assert seq < 1 << LEDGER_SEQ_BITS and log_id < 1 << (32 - LEDGER_SEQ_BITS)
     return log_id << LEDGER_SEQ_BITS | seq
+
+
+class DeletedLedgers:
+    """The ledgers a storage member deleted, held as each log's highest deleted sequence number: a list is only
+    ever cut by a prefix and ids are never reused, so once a ledger is deleted every earlier ledger of its log
+    is gone too — dropped by that cut or an earlier one, or never listed (a roll that failed). Its size is the
+    number of logs, however long the cluster runs (a set of every id grew by a ledger per roll, for good)."""
+
+    def __init__(self, ids=()):
+        self.top: dict[int, int] = {}  # log id → the highest sequence number deleted
+        self.update(ids)
+
+    def __contains__(self, lid: int) -> bool:
+        top = self.top.get(lid >> LEDGER_SEQ_BITS)
+        return top is not None and lid & _SEQ_MASK <= top
+
+    def update(self, ids) -> None:
+        for lid in ids:
+            log, seq = lid >> LEDGER_SEQ_BITS, lid & _SEQ_MASK
+            if seq > self.top.get(log, -1):
+                self.top[log] = seq
+
+    def ids(self) -> list[int]:
+        """The highest deleted ledger of each log (what a store writes down: `DeletedLedgers(ids)` again)."""
+        return sorted(log << LEDGER_SEQ_BITS | seq for log, seq in self.top.items())
 
 
 def cut_at(ledgers: list[LedgerInfo], at: int, keep_from: int | None = None

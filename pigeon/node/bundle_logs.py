@@ -80,6 +80,7 @@ class OwnedLog:
     released: bool = False
     next_offset: int = 0  # the log offset the next append gets (a roll resends in order: offsets stay)
     snapshot_at: int = 0  # the offset of the last snapshot written (or where this node took the log over)
+    snapshot_time: float = 0.0  # when it was written (or the log taken over): the engine's clock
     bytes_since_snapshot: int = 0  # appended since the last snapshot
     ledgers_at_snapshot: int = 0  # how many ledgers the list held when the last snapshot was written
     snapshots: list = field(default_factory=list)  # (log offset, whether it has indexes) of confirmed snapshots
@@ -290,7 +291,7 @@ class BundleLogs:
         start = read_from(ledgers)
         await engine.load_log(log_id, entries, start)  # returns once the journal holds the state it built
         ol = OwnedLog(log_id, epoch, new, next_offset=first, snapshot_at=start, start=start, ledgers=ledgers + [new],
-                      taken_at=first)
+                      taken_at=first, snapshot_time=engine.clock.now())
         ol.writer = self._writer(ol, new)
         self.logs[log_id] = ol  # served from now on
         self.taken += 1
@@ -423,6 +424,7 @@ class BundleLogs:
         if ol.writer is not None:
             asyncio.get_running_loop().create_task(ol.writer.close())
         self.cluster.engine.log_moved(log_id)
+        self.cluster.engine.forget_log(log_id)
 
     def _fail(self, ol: OwnedLog) -> None:
         while ol.pending:
@@ -450,11 +452,13 @@ class BundleLogs:
             if ol.rolling is not None:
                 ol.rolling.cancel()
             self._fail(ol)
+            self.cluster.engine.forget_log(log_id)
             return
         writer, ol.writer = ol.writer, None
         end = ol.ledger.first + writer.machine.lac
         await writer.close()
         self._fail(ol)
+        self.cluster.engine.forget_log(log_id)
         try:
             kv, ledgers = await self.read_ledgers(log_id)
             await self.put_ledgers(log_id, ol.epoch, kv, rolled(ledgers, ol.ledger.id, end))

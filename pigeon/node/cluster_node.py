@@ -133,6 +133,7 @@ class ClusterNode:
             except asyncio.TimeoutError:
                 delay = min(limits.etcd_retry_s_max, delay * 2)
         self.engine.join_cluster(self.meta_log, self.logs.serving, self.logs)  # owns: taken over, a ledger open
+        self.engine.forget_logs_not_owned()
         await self.store.open()
         if self._append_sock is not None:
             tls_context = tls.append_server_context(self.config)
@@ -415,6 +416,7 @@ class ClusterNode:
         await self.logs.widen()
         self.upkeep.start_repair()
         self.upkeep.compact()
+        self.upkeep.collect_strays()
         for b in {b for b, _ in claimed} - set(taken):
             self.owned.pop(b, None)
         if taken or released:

@@ -381,6 +381,26 @@ class Engine:
                 st.wake()
         self.logs.moved(log_id)
 
+    def forget_log(self, log_id: int) -> None:
+        """A bundle given up, its records in flight answered: its data state goes (the new owner has it), so
+        this node neither holds it in memory nor keeps journal segments for its message indexes — a Reset in
+        this node's journal says so after a restart too (the log's ledgers never see it). Its metadata stays."""
+        bundles = self.config.bundles
+        rec = R.Reset(log_id, bundles)
+        append_step(self.state, self.logs, self.epoch, self._fenced, bundles, rec)
+        effects = self.state.apply(rec)
+        if effects:
+            self._perform(effects)
+
+    def forget_logs_not_owned(self) -> None:
+        """`forget_log` every bundle log this node's state holds data of and does not own — on joining, all of
+        them: what its journal held of the bundles it owned in an earlier life is their new owners' now (it would
+        sit in memory and keep journal segments until this node took each one over again)."""
+        for log_id in sorted({bundle_log(t.name, self.config.bundles) for t in self.state.topics.values()
+                              if any(len(ix.pos) for ix in t.shards)}):
+            if not self.owns(log_id):
+                self.forget_log(log_id)
+
     # --- publish ---------------------------------------------------------------------------------
     async def publish(self, topic_name: str, request: bytes, count: int, ordering_key: str,
                       idem_keys: list[str] | None = None, sched: list[tuple[str, str]] | None = None,

@@ -9,11 +9,16 @@ appends share one group commit and one fdatasync, as a BookKeeper bookie's journ
   * this journal is never `apply`d and never cut below a ledger that has not been deleted: start-up scans it
     whole to find every ledger's entries (no checkpoints here), and notes where each entry's record lies (8 bytes
     an entry held): a read goes straight to the entries asked for, never through the other ledgers' records;
-  * a deleted ledger (its log was cut past it: node.bundle_logs) is forgotten for good — its id is kept in
-    `deleted` (written durably before the delete is answered), it reads as empty and refuses appends and fences
+  * a deleted ledger (its log was cut past it: node.bundle_logs) is forgotten for good — with every earlier
+    ledger of its log (cluster.ledgers.DeletedLedgers: `deleted`, written durably before the delete is
+    answered) — it reads as empty and refuses appends and fences
     — and the journal segments below the first entry of every ledger still kept are removed. A kept ledger that
-    holds a fence but no entry stops the removal (where its fence lies is not known; losing it could let a
-    replaced writer in again).
+    holds a fence but no entry has its fence written again at the end before a removal (losing it could let a
+    replaced writer in again; where the first one lies is not known after a restart), so it never holds the
+    segments before it;
+  * a ledger its log's list no longer names (a member unreachable when the owner cut the list) is deleted by the
+    member itself once it sees the list (node.ledger_upkeep: `collect_strays`), as a BookKeeper bookie's garbage
+    collector compares the ledgers it holds with the metadata.
 
 The owner's own copy of its own ledgers is lent by the node's journal (as a BookKeeper bookie's entry lives in its
 journal before its entry log): the record the owner just wrote there for the log is that entry already, so the
@@ -40,6 +45,7 @@ import struct
 from array import array
 from dataclasses import dataclass
 
+from pigeon.cluster.ledgers import DeletedLedgers
 from pigeon.core.errors import FailedPrecondition, PigeonError
 from pigeon.node.disk import OsDisk
 from pigeon.node.journal_writer import FsyncPolicy, JournalWriter
@@ -96,12 +102,13 @@ class LedgerStore:
         self.policy, self.segment_bytes = FsyncPolicy(policy), segment_bytes
         self.node = node
         self.writer: JournalWriter | None = None
-        self.deleted: set[int] = set()
+        self.deleted = DeletedLedgers()
         self.borrowed: dict[int, list[int]] = {}  # ledger → [its first borrowed record's position, last's end]
         self._where: dict[int, array] = {}  # ledger → its entries' record positions in this journal, by index
         self.append_requests = {"channel": 0, "grpc": 0}  # Append requests taken, by the way they came (statistics)
         self._disk = host.disk if host is not None else OsDisk()
         self._deleting = asyncio.Lock()  # one write of `deleted` at a time, each holding every one before it
+        self._fence_at: dict[int, int] = {}  # a kept ledger with a fence and no entry → where its fence was rewritten
 
     @property
     def _deleted_path(self) -> str:
@@ -113,8 +120,8 @@ class LedgerStore:
         for sub in ("wal", "checkpoints"):  # (recovery looks in both; this journal never writes a checkpoint)
             disk.makedirs(os.path.join(self.dir, sub))
         if self._disk.exists(self._deleted_path):
-            self.deleted = set(json.loads(self._disk.read_file(self._deleted_path)))
-        gone = frozenset(self.deleted)
+            self.deleted = DeletedLedgers(json.loads(self._disk.read_file(self._deleted_path)))  # (every id, before)
+        gone = self.deleted
         target = _Found(self.node.opened_at if self.node is not None else None)
         where: dict[int, array] = {}
 
@@ -272,16 +279,35 @@ class LedgerStore:
         """Forget `ledgers` for good (durably, before answering) and remove the journal segments no kept ledger
         needs; how many segments went."""
         async with self._deleting:  # (two at once wrote the same temporary file: one failed, its ledgers kept)
-            new = set(ledgers) - self.deleted
+            new = [lid for lid in ledgers if lid not in self.deleted]
             if new:
-                keep = sorted(self.deleted | new)
+                after = DeletedLedgers(self.deleted.ids())
+                after.update(new)
                 await asyncio.get_running_loop().run_in_executor(
-                    None, self._disk.write_durably, self._deleted_path, json.dumps(keep).encode())
-                self.deleted.update(new)
-                for lid in new:
-                    self.borrowed.pop(lid, None)
-                    self._where.pop(lid, None)
+                    None, self._disk.write_durably, self._deleted_path, json.dumps(after.ids()).encode())
+                self.deleted = after
+                for table in (self.borrowed, self._where, self._fence_at):
+                    for lid in [lid for lid in table if lid in after]:
+                        del table[lid]
+            await self._move_fences()
             return len(self.collect())
+
+    def kept(self) -> list[int]:
+        """The ledgers this store holds (not deleted)."""
+        return [lid for lid in self.writer.journal.logs if lid not in self.deleted]
+
+    async def _move_fences(self) -> None:
+        """Write the fence of every kept ledger that has one and no entry again at the end, unless it already lies
+        in the segment being written: the segments before can go."""
+        journal = self.writer.journal
+        moved = False
+        for lid, st in journal.logs.items():
+            if lid not in self.deleted and st.fenced and not st.next and \
+                    self._fence_at.get(lid, -1) < journal.starts[-1]:
+                self._fence_at[lid] = self.writer.mark(lid)
+                moved = True
+        if moved:
+            await self.writer.wait_durable(self.writer.tail)
 
     def journal_floor(self) -> int | None:
         """Where the node journal must be kept from for the entries borrowed from it (None: anywhere); before
@@ -291,15 +317,18 @@ class LedgerStore:
         return min((b[0] for b in self.borrowed.values()), default=None)
 
     def collect(self) -> list[int]:
-        """Remove the journal segments wholly below the first entry of every kept ledger (none while a kept
-        ledger has a fence but no entry); the segments removed."""
+        """Remove the journal segments wholly below the first entry of every kept ledger (and the fence of one that
+        has no entry: none while one's is not known); the segments removed."""
         low = self.writer.tail
         for lid, st in self.writer.journal.logs.items():
             if lid in self.deleted:
                 continue
             if not st.samples:
                 if st.fenced or st.next:
-                    return []
+                    at = self._fence_at.get(lid) if not st.next else None
+                    if at is None:
+                        return []
+                    low = min(low, at)
                 continue
             low = min(low, st.samples[0][1])
         return self.writer.delete_before(low)

@@ -1,14 +1,16 @@
 """The upkeep of the bundle logs a node owns (docs/cluster.md, "Cutting a log" and "Repair"), performed over
 node.bundle_logs: what to cut and where to copy is pigeon.cluster.ledgers'. Owns the rules:
 
-  * every `log_snapshot_entries` entries or `log_snapshot_bytes` bytes — and once its list holds more than
+  * every `log_snapshot_entries` entries or `log_snapshot_bytes` bytes — once its list holds more than
     limits.log_ledgers_snapshot ledgers, none of them opened since its last snapshot (an idle log moved again and
-    again: each takeover opens a ledger) — the owner writes the bundle's state into its log — message indexes included, each batch named by its log address — with no await between reading the state
+    again: each takeover opens a ledger), and every `log_snapshot_s` while its ledgers hold entries (an entry
+    kept pins every later segment of its members' journals) — the owner writes the bundle's state into its log — message indexes included, each batch named by its log address — with no await between reading the state
     and appending it (the record lands right after every record the state applied), and each snapshot starts a
     ledger, so the ledgers before a cut leave the list whole;
   * a log is cut at its latest confirmed snapshot (a takeover reads from there on), keeping every ledger from the
     oldest message still needed on, by the owner-guarded change of its ledger list; the members of the ledgers
-    cut off are then told to delete them (best effort: one that cannot be reached keeps them);
+    cut off are then told to delete them (best effort: one that cannot be reached deletes them when it next
+    compares the ledgers it holds with their lists: `collect_strays`);
   * repair: a closed ledger short of members that are up gets a new member only after every entry was copied
     there — a copy whose stream ends before the last entry was answered has failed — and a failed change of the
     list while the owner key is still ours is read again, never taken for a lost bundle."""
@@ -21,7 +23,7 @@ import logging
 from pigeon.broker import images
 from pigeon.cluster import metadata as M
 from pigeon.core import limits
-from pigeon.cluster.ledgers import LedgerInfo, cut_at, repair_target
+from pigeon.cluster.ledgers import LEDGER_SEQ_BITS, LedgerInfo, cut_at, repair_target
 from pigeon.cluster.quorum import ensemble_size
 from pigeon.node.bundle_logs import BundleLogs, Conflict, Lost, OwnedLog
 from pigeon.node.ledger_store import FENCE_EPOCH
@@ -37,24 +39,30 @@ class LedgerUpkeep:
         self.under_replicated = 0  # closed ledgers short of members that are up, at the last repair pass
         self._repairing: asyncio.Task | None = None
         self._clean: tuple | None = None  # (what a pass depends on, when) at the last pass that found nothing short
+        self._strays: asyncio.Task | None = None
+        self._strays_next = 0.0  # (the loop's time) the next look for ledgers no list names
 
     def close(self) -> None:
-        if self._repairing is not None:
-            self._repairing.cancel()
+        for task in (self._repairing, self._strays):
+            if task is not None:
+                task.cancel()
 
     # --- cutting logs -----------------------------------------------------------------------------------------
     def compact(self) -> None:
-        """Write a snapshot into each owned log that grew by `log_snapshot_entries` since its last one, and cut
-        logs where a confirmed snapshot allows (in the background): the log is read from there on takeover, and
+        """Write a snapshot into each owned log that grew by `log_snapshot_entries` (or `log_snapshot_bytes`) since
+        its last one, lists too many ledgers, or holds entries and had none for `log_snapshot_s`; and cut logs
+        where a confirmed snapshot allows (in the background): the log is read from there on takeover, and
         the ledgers wholly before it leave the list."""
         config = self.bundles.cluster.config
+        now = self.bundles.cluster.engine.clock.now()
         for ol in list(self.bundles.logs.values()):
             if ol.released:
                 continue
             if ol.rolling is None and (ol.next_offset - ol.snapshot_at >= config.log_snapshot_entries or
                                        ol.bytes_since_snapshot >= config.log_snapshot_bytes or
                                        len(ol.ledgers) > max(limits.log_ledgers_snapshot,
-                                                             ol.ledgers_at_snapshot + 1)):
+                                                             ol.ledgers_at_snapshot + 1) or
+                                       (now - ol.snapshot_time >= config.log_snapshot_s and _holds_entries(ol))):
                 self._snapshot(ol)
             if ol.snapshots and (ol.trimming is None or ol.trimming.done()):
                 ol.trimming = asyncio.get_running_loop().create_task(self._cut_logged(ol),
@@ -67,7 +75,7 @@ class LedgerUpkeep:
         if ol.writer is not None and ol.rolling is None:  # it starts a ledger: the ones before can go whole
             ol.writer.stop("a snapshot starts the next ledger")
             self.bundles.start_roll(ol)
-        ol.ledgers_at_snapshot = len(ol.ledgers)
+        ol.ledgers_at_snapshot, ol.snapshot_time = len(ol.ledgers), engine.clock.now()
         offset, indexed = ol.next_offset, self.bundles.cluster_format >= 2
         try:
             rec = images.bundle_snapshot(engine.state, ol.log_id, self.bundles.cluster.config.bundles,
@@ -126,7 +134,7 @@ class LedgerUpkeep:
 
     async def _delete(self, ledgers: list[LedgerInfo]) -> None:
         """Tell the members of ledgers no list names any more to delete them. A member that cannot be reached
-        keeps them (its disk is not reclaimed: the known gap, docs/cluster.md)."""
+        finds them itself later (`collect_strays`)."""
         by_member: dict[tuple[str, str], list[int]] = {}
         for lg in ledgers:
             for node, address in lg.members.items():
@@ -138,6 +146,35 @@ class LedgerUpkeep:
             except Exception as e:  # noqa: BLE001 — best effort
                 log.info("deleting ledgers %s on %s: %s", ids, node, e)
         await asyncio.gather(*(one(n, a, ids) for (n, a), ids in by_member.items()))
+
+    def collect_strays(self) -> None:
+        """Now and then (limits.stray_check_s), in the background: delete the ledgers this node stores that their
+        log's list no longer names — a cut drops a prefix of the list and ids are never reused, so a ledger
+        numbered below the list's first is gone for good (its members that could not be reached then still
+        hold it: their journals would keep every segment after it)."""
+        loop = asyncio.get_running_loop()
+        if (self._strays is not None and not self._strays.done()) or loop.time() < self._strays_next:
+            return
+        self._strays_next = loop.time() + limits.stray_check_s
+        self._strays = loop.create_task(self._collect_strays(), name="pigeon-strays")
+
+    async def _collect_strays(self) -> int:
+        store = self.bundles.cluster.store
+        by_log: dict[int, list[int]] = {}
+        for lid in store.kept():
+            by_log.setdefault(lid >> LEDGER_SEQ_BITS, []).append(lid)
+        gone = []
+        try:
+            for log_id, ids in sorted(by_log.items()):
+                _, ledgers = await self.bundles.read_ledgers(log_id)
+                if ledgers:
+                    gone += [lid for lid in ids if lid & ((1 << LEDGER_SEQ_BITS) - 1) < ledgers[0].seq]
+            if gone:
+                log.info("deleting %d ledger(s) no list names any more: %s", len(gone), gone[:8])
+                await store.delete(gone)
+        except M.StoreUnavailable as e:  # the next time
+            log.info("looking for ledgers no list names: %s", e)
+        return len(gone)
 
     # --- repair -------------------------------------------------------------------------------------------------
     def start_repair(self) -> None:
@@ -234,3 +271,8 @@ class LedgerUpkeep:
                                  "answered")
         finally:
             stream.close()
+
+
+def _holds_entries(ol: OwnedLog) -> bool:
+    """Whether the log's ledgers hold an entry (which pins its members' journal segments from there on)."""
+    return bool(ol.ledgers) and ol.next_offset > ol.ledgers[0].first

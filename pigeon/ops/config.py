@@ -74,6 +74,9 @@ class Config:
     log_snapshot_entries: int = 20_000  # a bundle log's owner writes its state into the log this often (entries)
     log_snapshot_bytes: int = 16 << 20  # … or this often (bytes): a takeover reads the log from the latest snapshot,
     #                                     so at most this much besides the bundle's state
+    log_snapshot_s: float = 300.0  # … and at least this often (seconds), however little was written: a storage
+    #                                member's journal is shared by every ledger it holds, so an entry kept pins
+    #                                every segment after it — a quiet log's ledger must move on, and be cut, too
     # security (docs/security.md): all off by default, which is allowed only while every listener is on loopback
     tls_cert: str = ""  # PEM certificate chain the gRPC and HTTP ports (and node-to-node calls) present
     tls_key: str = ""  # its PEM private key

@@ -48,7 +48,7 @@ from pigeon.core.errors import PigeonError, Unavailable
 from pigeon.node.meta_local import LocalMetadata
 from pigeon.testing import simloop
 from pigeon.testing.simnet import SimNet
-from pigeon.testing.simnode import BUNDLES, NODE, SimNode, _Refused
+from pigeon.testing.simnode import BUNDLES, LOG_SNAPSHOT_S, NODE, SimNode, _Refused
 
 P = "projects/simc"
 KEYS = ["k1", "k2", "k3"]
@@ -349,6 +349,7 @@ class ClusterSim:
         await self.drain()
         self.check()
         await self.until(self.lists_short, 120, "every log's ledger list to be cut short (snapshots, cuts)")
+        await self.settle()
         return self.h
 
     def lists_short(self) -> bool:
@@ -362,6 +363,29 @@ class ClusterSim:
                 if len(ol.ledgers) > limits.log_ledgers_snapshot + 2:
                     return False
         return True
+
+    async def settle(self) -> None:
+        """Consume whatever comes again (a lease that ran out after a crash) until every member's journals dropped
+        what no log keeps."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 4 * LOG_SNAPSHOT_S + limits.stray_check_s
+        while not self.space_reclaimed():
+            if loop.time() > deadline:
+                self.fail(f"waited for every member's journal to drop what no log keeps; {self._describe()}; "
+                          f"segments {self._segments()}")
+            await asyncio.gather(*(self.consume(s) for s in set(self.subs) - set(self.poison) - {self.dead_sub}),
+                                 *(self.nack_all(s) for s in self.poison), self.consume_dead())
+            await asyncio.sleep(1.0)
+
+    def _segments(self) -> dict[str, tuple[int, int]]:
+        return {n.id: (len(n.store.writer.journal.starts), len(n.engine.journal.journal.starts))
+                for n in self.nodes.values() if n.up and n.ready}
+
+    def space_reclaimed(self) -> bool:
+        """Every storage member's ledger journal and node journal keep a few segments once nothing is left to
+        read: a ledger kept pins every segment after its first entry, so even a quiet log's ledgers must move on
+        and be cut (the journals are shared by every log)."""
+        return all(store <= 3 and node <= 3 for store, node in self._segments().values())
 
     async def heal_all(self) -> None:
         self.faults.append("heal everything")

@@ -18,6 +18,7 @@ from pigeon.testing.simnet import SimMeta, SimStorageClient
 BUNDLES = 4
 WALL0 = 1_800_000_000.0  # the nodes' wall clocks start here (plus their skew)
 SESSION_TTL_S = 3
+LOG_SNAPSHOT_S = 30  # a quiet log moves to a new ledger this often (the journals drop what it kept)
 
 NODE: contextvars.ContextVar = contextvars.ContextVar("pigeon_sim_node", default=None)
 
@@ -48,7 +49,8 @@ class SimHost:
         return _Lock()
 
     def journal(self, directory: str, policy, segment_bytes: int, disk=None):
-        w = SimJournalWriter(directory, policy, min(segment_bytes, 1 << 20), disk or self.disk, self.sim.sync_s)
+        # segments of 4 KB: a run writes some 100 KB, and the check that journals drop what no log keeps needs several
+        w = SimJournalWriter(directory, policy, min(segment_bytes, 1 << 12), disk or self.disk, self.sim.sync_s)
         self.node.writers.append(w)
         return w
 
@@ -100,7 +102,7 @@ class SimNode:
     def config(self) -> Config:
         return Config(data_dir=f"/{self.id}", etcd="sim:2379", node_id=self.id, advertise=self.address,
                       append_port=-1, session_ttl_s=SESSION_TTL_S, bundles=BUNDLES, shards_per_topic=2,
-                      log_snapshot_entries=self.sim.snapshot_entries)
+                      log_snapshot_entries=self.sim.snapshot_entries, log_snapshot_s=LOG_SNAPSHOT_S)
 
     def start(self) -> None:
         net = self.sim.net

@@ -7,8 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pigeon.cluster.ledgers import (LedgerInfo, NotOurs, TooFewNodes, cut_at, ledger_id, new_ensemble, next_first,
-                                    next_seq, read_from, reads, recovered, repair_target, rolled)
+from pigeon.cluster.ledgers import (DeletedLedgers, LedgerInfo, NotOurs, TooFewNodes, cut_at, ledger_id,
+                                    new_ensemble, next_first, next_seq, read_from, reads, recovered, repair_target,
+                                    rolled)
 from pigeon.cluster.quorum import Replication
 
 REP = Replication(3, 3, 2)
@@ -146,3 +147,19 @@ def test_widening_moves_exactly_the_ledgers_narrower_than_the_machines_up_allow(
     assert narrow == sorted(log for log, n in open_members.items() if n < size)
     # once widened to that size, nothing is widened again while the same machines are up
     assert to_widen({log: max(n, size) for log, n in open_members.items()}, up, machine_of, REP)[1] == []
+
+
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 50)), max_size=30))
+def test_deleted_ledgers_hold_each_logs_highest_and_everything_before_it(deletes):
+    """A ledger deleted means every earlier one of its log is gone (lists are cut by prefixes, ids never reused);
+    what a store writes down reads back the same, and so does the list of every id an earlier release wrote."""
+    d = DeletedLedgers()
+    gone: set[int] = set()
+    for log, seq in deletes:
+        d.update([ledger_id(log, seq)])
+        gone |= {ledger_id(log, s) for s in range(seq + 1)}
+    every = [ledger_id(log, seq) for log in range(4) for seq in range(52)]
+    assert [lid for lid in every if lid in d] == sorted(gone)
+    assert len(d.ids()) == len({log for log, _ in deletes})
+    for again in (DeletedLedgers(d.ids()), DeletedLedgers(sorted(gone))):
+        assert [lid for lid in every if lid in again] == sorted(gone)
