@@ -6,8 +6,8 @@ node's RSS, open file descriptors and threads, etcd's keys under /pigeon, the le
 the publish latency (p50/p99 of the minute), and at the end it checks:
 
   * nothing acknowledged lost: every publish the client was told succeeded is delivered (or dead-lettered);
-  * flat after warm-up: RSS, fds, etcd keys and ledgers grow by at most 10 % from the first to the second half
-    (averages of each half after the warm-up);
+  * flat after warm-up: RSS, fds, etcd keys, ledgers and the nodes' disk use grow by at most 10 % from the first
+    to the second half (averages of each half after the warm-up; etcd's own disk is recorded beside);
   * p99 steady: the second half's median p99 at most twice the first half's.
 
     python scripts/soak_long.py --hours 2                # make soak-long HOURS=2
@@ -222,7 +222,8 @@ def main() -> int:
             st = status(etcd.endpoint)
             row = {"minute": minute, "publishes": n, "p50_ms": round(p50, 2), "p99_ms": round(p99, 2),
                    "etcd_keys": _etcd_keys(etcd.endpoint), "ledgers": st["ledgers"]["total"],
-                   "disk_mb": round(_du(root) / 1e6, 1), "failed": len(load.failed), "restarts": restarts}
+                   "disk_mb": round(sum(_du(os.path.join(root, n)) for n in IDS) / 1e6, 1),
+                   "etcd_mb": round(_du(etcd.data_dir) / 1e6, 1), "failed": len(load.failed), "restarts": restarts}
             rss = fds = threads = 0
             for name, d in nodes.items():
                 r, f, t = _proc_stats(d.proc.pid)
@@ -249,7 +250,7 @@ def main() -> int:
         missing = load.missing()
         load.stop()
         warm = int(len(rows) * args.warm)
-        growth = {k: _growth(rows, k, warm) for k in ("rss_mb", "fds", "etcd_keys", "ledgers")}
+        growth = {k: _growth(rows, k, warm) for k in ("rss_mb", "fds", "etcd_keys", "ledgers", "disk_mb")}
         p99s = [r["p99_ms"] for r in rows[warm:] if r["publishes"]]
         half = len(p99s) // 2
         p99_ratio = statistics.median(p99s[half:]) / statistics.median(p99s[:half]) if half else 1.0
@@ -275,7 +276,7 @@ def main() -> int:
 def _write(rows, args, started, growth, p99_ratio, missing, load, restarts, verdict) -> None:
     stem = os.path.join(RESULTS, started.strftime("%Y-%m-%dT%H%M") + "-soak")
     cols = ["minute", "publishes", "p50_ms", "p99_ms", "rss_mb", *(f"rss_{n}_mb" for n in IDS), "fds", "threads",
-            "etcd_keys", "ledgers", "disk_mb", "restarts", "failed"]
+            "etcd_keys", "ledgers", "disk_mb", "etcd_mb", "restarts", "failed"]
     lines = [f"# Soak: a 3-node cluster for {args.hours:g} h ({started:%Y-%m-%d %H:%M} UTC)", "",
              f"    python scripts/soak_long.py --hours {args.hours:g} --restart-every {args.restart_every:g}", "",
              f"Verdict: {'; '.join(verdict) if verdict else 'clean'}. {len(load.published):,} publishes acknowledged, "
@@ -294,7 +295,7 @@ def _write(rows, args, started, growth, p99_ratio, missing, load, restarts, verd
     except ImportError:
         return
     fig, axes = plt.subplots(2, 3, figsize=(13, 6))
-    for ax, key in zip(axes.flat, ("rss_mb", "fds", "threads", "etcd_keys", "ledgers", "p99_ms")):
+    for ax, key in zip(axes.flat, ("rss_mb", "fds", "disk_mb", "etcd_keys", "ledgers", "p99_ms")):
         ax.plot([r["minute"] for r in rows], [r[key] for r in rows])
         ax.set_title(key)
         ax.set_xlabel("minute")
