@@ -131,6 +131,10 @@ class Metadata(Protocol):
 
     async def revision(self) -> int: ...
 
+    async def compact(self, revision: int) -> None:
+        """Forget the history before `revision` (keys keep their values): a watch from an earlier revision is
+        refused from then on. A revision compacted already is no error."""
+
     async def close(self) -> None: ...
 
 

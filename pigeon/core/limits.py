@@ -192,6 +192,7 @@ metadata_watch_history_max = 10_000  # changes of the embedded metadata store a 
 log_read_entries_max = 512  # entries per Read call when a bundle log is read back, at most, and about …
 log_read_bytes = 8 << 20  # … this many bytes: the first call asks for log_read_first_entries, later ones as many
 log_read_first_entries = 16  # as the entries so far average to log_read_bytes (a read of one's own copy holds the loop)
+etcd_compact_s = 300.0  # etcd forgets the history older than this, twice over (a watch that far behind lists again)
 stray_check_s = 60.0  # a storage member looks for ledgers no list names (deleted while it was away) this often
 repair_check_s = 30.0  # a repair pass at least this often even when nothing it depends on changed
 log_ledgers_snapshot = 8  # a log listing more ledgers than this gets a snapshot (then a cut) though little was written

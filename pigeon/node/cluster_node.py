@@ -143,10 +143,26 @@ class ClusterNode:
         self._routes_stale.set()
         self._tasks = [asyncio.create_task(self._watch(), name="pigeon-cluster-watch"),
                        asyncio.create_task(self._follow_routes(), name="pigeon-cluster-routes"),
-                       asyncio.create_task(self._follow_placement(), name="pigeon-cluster-placement")]
+                       asyncio.create_task(self._follow_placement(), name="pigeon-cluster-placement"),
+                       asyncio.create_task(self._compact_history(), name="pigeon-etcd-compaction")]
         log.info("node %s joined cluster %s at %s (zone %s)", self.info.node_id, self.cluster_id, self.info.address,
                  self.info.zone or "-")
         return True
+
+    async def _compact_history(self) -> None:
+        """etcd keeps every revision of every key until told to forget (each roll, cut and owner change is one): every
+        limits.etcd_compact_s compact to the revision seen one period before, as Kubernetes' API server does — a
+        watch that far behind is refused and lists again. Every node does it; compacting twice is no error."""
+        seen = None
+        while True:
+            await asyncio.sleep(limits.etcd_compact_s)
+            try:
+                now = await self.meta.revision()
+                if seen is not None:
+                    await self.meta.compact(seen)
+                seen = now
+            except M.StoreUnavailable as e:
+                log.info("compacting etcd's history: %s", e)
 
     async def _join_once(self) -> None:
         disk = self.host.disk

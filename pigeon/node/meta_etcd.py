@@ -182,6 +182,13 @@ class EtcdMetadata:
         r = await self._call(lambda s: s.kv.Range, rpc.RangeRequest(key=b"\0", count_only=True))
         return r.header.revision
 
+    async def compact(self, revision: int) -> None:
+        try:
+            await self._call(lambda s: s.kv.Compact, rpc.CompactionRequest(revision=revision))
+        except grpc.aio.AioRpcError as e:
+            if e.code() != grpc.StatusCode.OUT_OF_RANGE:  # ("required revision has been compacted")
+                raise
+
     # --- changing ------------------------------------------------------------------------------------------
     async def txn(self, compares: list[Cmp], success: list[Op], failure: list[Op] = ()) -> tuple[bool, int]:
         req = rpc.TxnRequest(compare=[_cmp(c) for c in compares], success=[_op(o) for o in success],

@@ -24,6 +24,7 @@ class LocalMetadata:
         self.leases: dict[int, tuple[int, float]] = {}  # id → (ttl, deadline)
         self._next_lease = 1
         self.history: list[Event] = []
+        self._compacted = 0  # the revision history was compacted to (a watch must start at or after it)
         self.watchers: list[tuple[str, asyncio.Queue]] = []
         self._timer: asyncio.TimerHandle | None = None
         self._held = False  # no lease runs out (a simulated store that is down: see hold)
@@ -46,6 +47,10 @@ class LocalMetadata:
     async def revision(self) -> int:
         self._expire()
         return self.rev
+
+    async def compact(self, revision: int) -> None:
+        self.history = [e for e in self.history if e.kv.mod_revision >= revision]
+        self._compacted = max(self._compacted, revision)
 
     # --- changing ------------------------------------------------------------------------------------------
     async def txn(self, compares: list[Cmp], success: list[Op], failure: list[Op] = ()) -> tuple[bool, int]:
@@ -173,7 +178,8 @@ class LocalMetadata:
     # --- watching ------------------------------------------------------------------------------------------
     async def watch(self, prefix: str, start_revision: int) -> AsyncIterator[Event]:
         q: asyncio.Queue = asyncio.Queue()
-        if self.history and start_revision < self.history[0].kv.mod_revision - 1:
+        if (self.history and start_revision < self.history[0].kv.mod_revision - 1) or \
+                start_revision + 1 < self._compacted:
             raise ValueError(f"revision {start_revision} is older than the history kept")
         for e in self.history:
             if e.kv.mod_revision > start_revision and e.kv.key.startswith(prefix):

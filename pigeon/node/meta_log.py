@@ -135,7 +135,9 @@ class MetaLog:
             except Exception as e:  # noqa: BLE001 — watched again from where it stopped; nothing is skipped
                 log.warning("following the metadata log stopped (%s); following again", e)
                 await asyncio.sleep(1.0)
-                try:
+                try:  # (from the present, after reading what came meanwhile: a history compacted is not asked for)
+                    now = await self.meta.revision()
                     await self.catch_up()
+                    rev = now
                 except Exception:  # noqa: BLE001
                     pass

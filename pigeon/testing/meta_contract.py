@@ -124,5 +124,34 @@ async def watches_see_every_change_in_order(m) -> None:
     await m.revoke(lease)
 
 
+async def compaction_forgets_history_not_keys(m) -> None:
+    """A watch resumes from a revision kept; one from before a compaction is refused (a follower must list again:
+    its history is gone), the keys keep their values, and compacting again is no error."""
+    await m.put("/c/a", b"1")
+    before = await m.revision()
+    await m.put("/c/a", b"2")
+    await m.put("/c/b", b"3")
+    now = await m.revision()
+    await m.compact(now)
+    await m.compact(now)
+    assert (await m.get("/c/a")).value == b"2" and (await m.get("/c/b")).value == b"3"
+
+    async def first(rev):
+        async for e in m.watch("/c/", rev):
+            return e.kv.key, e.kv.value
+
+    try:
+        await asyncio.wait_for(first(before), 10)
+    except ValueError:
+        pass
+    else:
+        raise AssertionError("a watch from a compacted revision was served")
+    task = asyncio.create_task(first(now))
+    await asyncio.sleep(0.2)
+    await m.put("/c/b", b"4")
+    assert await asyncio.wait_for(task, 10) == ("/c/b", b"4")
+
+
 CHECKS = [puts_gets_and_revisions, lists_by_prefix_in_key_order, transactions_compare_and_swap,
-          racing_writers_one_wins, leased_keys_go_with_their_lease, watches_see_every_change_in_order]
+          racing_writers_one_wins, leased_keys_go_with_their_lease, watches_see_every_change_in_order,
+          compaction_forgets_history_not_keys]

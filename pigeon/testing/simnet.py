@@ -243,6 +243,9 @@ class SimMeta:
     async def revision(self):
         return await self._call(self.store.revision)
 
+    async def compact(self, revision):
+        return await self._call(lambda: self.store.compact(revision))
+
     async def txn(self, compares, success, failure=()):
         return await self._call(lambda: self.store.txn(compares, success, failure))
 
