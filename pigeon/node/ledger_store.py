@@ -286,7 +286,8 @@ class LedgerStore:
                 await asyncio.get_running_loop().run_in_executor(
                     None, self._disk.write_durably, self._deleted_path, json.dumps(after.ids()).encode())
                 self.deleted = after
-                for table in (self.borrowed, self._where, self._fence_at):
+                # (the journal's own state of each goes too: a group commit walks every log it knows)
+                for table in (self.borrowed, self._where, self._fence_at, self.writer.journal.logs):
                     for lid in [lid for lid in table if lid in after]:
                         del table[lid]
             await self._move_fences()

@@ -113,7 +113,7 @@ def test_deleted_ledgers_are_gone_for_good_and_their_segments_with_them(tmp_path
         removed = await s.delete([1])
         assert removed > 0 and len(segments()) == len(before) - removed, "… so it holds no segment before it"
         assert s.fenced(3)
-        assert s.read(1, 0, 40) == [] and s.held(1) == 0
+        assert s.read(1, 0, 40) == [] and s.held(1) == 0 and 1 not in s.writer.journal.logs
         with pytest.raises(FailedPrecondition, match="ledger 1 was deleted"):
             s.submit(1, 1, 0, 3, b"late")
         with pytest.raises(FailedPrecondition, match="deleted"):
