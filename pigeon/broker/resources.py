@@ -11,6 +11,7 @@ from pigeon.core.pubsub_types import types
 
 from pigeon.core import limits, names
 from pigeon.core.errors import InvalidArgument, Unimplemented
+from pigeon.broker import exports
 from pigeon.broker.filter import compile_filter
 
 Topic = types.Topic.pb()
@@ -199,6 +200,7 @@ def check_subscription(s, *, creating: bool) -> None:
     if s.push_config.push_endpoint and not re.match(r"https?://", s.push_config.push_endpoint):
         raise InvalidArgument(f"Invalid push_endpoint ({s.push_config.push_endpoint}): it must be an http(s) URL.")
     _refuse_unsupported(s, _SUBSCRIPTION_UNSUPPORTED, "subscription")
+    exports.check(s)  # cloud_storage_config, bigquery_config
     check_transforms(s.message_transforms)
     s.ClearField("topic_message_retention_duration")  # output only: filled in from the topic when read
     s.ClearField("analytics_hub_subscription_info")  # output only: no Analytics Hub here

@@ -31,7 +31,7 @@ def _setup(node):
     node.create_topic(T)
     sub = Sub(name=GCS, topic=T)
     c = sub.cloud_storage_config
-    c.bucket, c.filename_prefix, c.filename_suffix, c.max_messages = "click-bucket", "raw/clicks-", ".parquet", 300
+    c.bucket, c.filename_prefix, c.filename_suffix, c.max_messages = "click-bucket", "raw/clicks-", ".parquet", 1000
     node.create_subscription(sub)
     sub = Sub(name=BQ, topic=T)
     sub.bigquery_config.table = "proj.analytics.clicks"
@@ -77,9 +77,9 @@ def test_export_subscriptions_write_each_message_once(spark, node, tmp_path):
     assert set(specs) == {GCS, BQ, FILTERED}
     assert export.run(node.endpoint, [P], root, once=True, spark=spark) == 3
     files = _files(root, "click-bucket")
-    assert len(files) >= 2000 // 300
+    assert len(files) >= 2000 // 1000
     assert all(os.path.basename(f).startswith("clicks-") and f.endswith(".parquet") for f in files)
-    _check_files(files, ids, max_rows=300)
+    _check_files(files, ids, max_rows=1000)
     assert sorted(_delta_ids(root)) == sorted(ids)
     with_attr = [i for i, (_, a, _) in zip(ids, msgs) if a.get("k") == "v"]
     _check_files(_files(root, "attr-bucket"), with_attr)
@@ -105,7 +105,7 @@ def test_export_subscriptions_write_each_message_once(spark, node, tmp_path):
     # the replayed batches were found written and skipped: the same files, untouched
     assert {f: os.path.getmtime(f) for f in _files(root, "click-bucket")} == before
     assert spark.read.parquet(os.path.join(root, "click-bucket", "raw")).count() == len(ids + more)
-    _check_files(_files(root, "click-bucket"), ids + more, max_rows=300)
+    _check_files(_files(root, "click-bucket"), ids + more, max_rows=1000)
     assert sorted(_delta_ids(root)) == sorted(ids + more)  # the Delta commit of the batch was skipped
 
 
