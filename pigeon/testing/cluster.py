@@ -59,12 +59,17 @@ def status(endpoint: str | EtcdAccess) -> dict:
 
 def await_status(endpoint: str | EtcdAccess, ok, timeout: float = 30.0,
                  what: str = "the cluster to settle") -> dict:
-    """Poll the cluster's status until `ok(status)`; AssertionError (with the last status) after `timeout`."""
+    """Poll the cluster's status until `ok(status)`; AssertionError (with the last status) after `timeout`. An etcd
+    that does not answer one poll (a loaded machine: its first connection timed out) is polled again."""
     deadline = time.monotonic() + timeout
     while True:
-        st = status(endpoint)
-        if ok(st):
-            return st
+        try:
+            st = status(endpoint)
+        except M.StoreUnavailable as e:
+            st = f"unknown ({e})"
+        else:
+            if ok(st):
+                return st
         if time.monotonic() > deadline:
             raise AssertionError(f"waited {timeout:g} s for {what}; the cluster is at {st}")
         time.sleep(0.1)
