@@ -278,6 +278,8 @@ class LedgerStore:
     async def delete(self, ledgers) -> int:
         """Forget `ledgers` for good (durably, before answering) and remove the journal segments no kept ledger
         needs; how many segments went."""
+        if self.writer is None:  # (not open: what it deleted before is not known yet, and would be written over)
+            raise FailedPrecondition("this node's ledger store is not open yet; retry")
         async with self._deleting:  # (two at once wrote the same temporary file: one failed, its ledgers kept)
             new = [lid for lid in ledgers if lid not in self.deleted]
             if new:

@@ -10,6 +10,7 @@ import os
 
 import pytest
 
+from pigeon.cluster.ledgers import ledger_id
 from pigeon.core import limits
 from pigeon.core.errors import FailedPrecondition, PigeonError
 from pigeon.node.disk import OsDisk
@@ -348,3 +349,28 @@ def test_a_members_ledgers_leave_the_page_cache_once_synced(tmp_path):
     assert node_kept >= written * 9 // 10  # the node journal's stay
     assert kept <= written * 2 // 3  # at least the first limits.drop_pages_bytes went while the store was written
     assert wal_pages(tmp_path / "store") <= 2  # and the rest when it closed (but a partial last page)
+
+
+def test_a_delete_before_the_store_opened_is_refused_and_forgets_nothing(tmp_path):
+    """A node just restarted, its store not open yet, is asked to delete a ledger (a peer's cut): refused — writing
+    the deleted ledgers then would write over the ones deleted in its earlier life, and their entries, whose
+    segments were removed, would make the next start fail."""
+    async def first_life():
+        s = LedgerStore(str(tmp_path), segment_bytes=4096)
+        await s.open()
+        await s.append(ledger_id(4, 1), 1, 0, 3, b"kept")
+        await s.delete([ledger_id(4, 0), ledger_id(1, 0)])
+        await s.close()
+
+    async def second_life():
+        s = LedgerStore(str(tmp_path), segment_bytes=4096)
+        with pytest.raises(FailedPrecondition, match="not open"):
+            await s.delete([ledger_id(1, 1)])
+        await s.open()
+        try:
+            return [lid for lid in (ledger_id(4, 0), ledger_id(1, 0), ledger_id(1, 1)) if lid in s.deleted]
+        finally:
+            await s.close()
+
+    run(first_life())
+    assert run(second_life()) == [ledger_id(4, 0), ledger_id(1, 0)]
