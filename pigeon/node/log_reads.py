@@ -106,13 +106,17 @@ class LogReads:
         start = offset - lg.first
         got = await self.bundles.read_range(lg, start, start + count)
         remember = self.bundles.cluster.engine.reader.remember
-        nbytes, first = 0, None
+        nbytes, first, parsed = 0, None, 0
         for i, (rtype, body) in enumerate(got):
             nbytes += len(body)
             if rtype == R.RecordType.PUBLISH:
                 address = log_address(log_id, offset + i)
                 remember(address, batch_of_entry(body))
                 first = address if first is None else first
+                parsed += len(body)
+                if parsed >= limits.loop_slice_bytes:  # (the loop serves the subscribers between)
+                    parsed = 0
+                    await asyncio.sleep(0)
         ol.entry_bytes = max(1, nbytes // len(got))
         return first, offset + len(got)
 
