@@ -1,5 +1,5 @@
 """Export subscriptions: a Spark structured-streaming job per subscription created with the Pub/Sub API's
-`cloud_storage_config` (Parquet files) or `bigquery_config` (a Delta table written with `deltalake`).
+`cloud_storage_config` (Parquet, Avro or text files) or `bigquery_config` (a Delta table written with `deltalake`).
 Owns the rules:
 - the subscription itself is the job's cursor: the job reads its topic by offset ranges from the
   subscription's ack floor, and once a micro-batch is written the floor moves past it (so backlog and
@@ -9,10 +9,19 @@ Owns the rules:
   transaction, and a batch found done is skipped before its rows are read — they may already be gone,
   since the subscription's floor moves past a batch as soon as it is written;
 - a file's name is a function of its content (the publish time and the (shard, offset) of its first
-  row), written under a temporary name and renamed: writing the same rows again gives the same file;
+  row), and so are its bytes (an Avro file's sync marker is drawn from its name): it is written under a temporary
+  name and renamed, so writing the same rows again gives the same file;
+- a file ends at max_messages rows or about max_bytes bytes; a micro-batch (and so a file) starts once
+  max_messages are waiting, or max_duration after the first waiting message (the source holds the trigger until
+  then: minRowsPerTrigger, maxTriggerDelay) — Pub/Sub's rule for when a file is finished;
 - within a file (and a Delta commit) rows are sorted by (shard, offset): one ordering key lives on one
   shard, so per-key order is the row order, and across files it is recoverable from shard and offset;
 - the subscription's filter is honoured (rows it rejects are not exported).
+
+Formats (pigeon.broker.exports.output_format): `text_config` — each message's data and a newline; `avro_config` —
+an Avro container file of records {data} or, with write_metadata, {subscription_name, message_id, publish_time
+(timestamp-micros), attributes (the ordering key among them, as "ordering_key"), data}, as Pub/Sub writes them;
+neither — Parquet with the connector's columns.
 
 Layout under the export root:  <bucket>/<prefix><datetime>_<shard>-<offset><suffix>  (Cloud Storage analogue),
 _bigquery/<project>/<dataset>/<table>  (Delta tables), _checkpoints/<project>/<subscription>  (Spark)."""
@@ -27,10 +36,13 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
+import hashlib
+
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from pigeon.broker import exports
 from pigeon.broker.filter import compile_filter
 from pigeon.core import names
 from pigeon.spark import options as opt
@@ -38,12 +50,10 @@ from pigeon.spark.client import PigeonClient
 
 log = logging.getLogger("pigeon.export")
 
-DATETIME_FORMAT_DEFAULT = "YYYY-MM-DDThh:mm:ssZ"
-file_max_duration_s_default = 300.0  # Pub/Sub's default max_duration (5 min)
-file_max_duration_s_min = 60.0
 bigquery_trigger_s = 10.0
+storage_poll_s = 5.0  # how often a Cloud Storage export asks whether a file is due (max_messages or max_duration)
 max_rows_per_trigger_default = 200_000
-row_overhead_bytes = 64  # a row's size in a file beyond its data and attributes (estimate)
+row_overhead_bytes = {"parquet": 64, "avro": 48, "text": 1}  # a row's bytes in a file beyond its data (estimate)
 rescan_s_default = 30.0
 _TOKENS = {"YYYY": "%Y", "MM": "%m", "DD": "%d", "hh": "%H", "mm": "%M", "ss": "%S"}
 
@@ -67,11 +77,11 @@ class ExportSpec:
 def spec_of(sub) -> ExportSpec | None:
     if sub.detached or not sub.topic or sub.topic == names.DELETED_TOPIC:
         return None
-    if sub.HasField("cloud_storage_config") and sub.cloud_storage_config.bucket:
-        return ExportSpec(sub.name, sub.topic, "storage", sub.cloud_storage_config, sub.filter)
-    if sub.HasField("bigquery_config") and sub.bigquery_config.table:
-        return ExportSpec(sub.name, sub.topic, "bigquery", sub.bigquery_config, sub.filter)
-    return None
+    kind = exports.kind(sub)
+    if not kind:
+        return None
+    return ExportSpec(sub.name, sub.topic, kind, sub.cloud_storage_config if kind == "storage" else
+                      sub.bigquery_config, sub.filter)
 
 
 def find_exports(client: PigeonClient, projects: list[str]) -> list[ExportSpec]:
@@ -85,7 +95,7 @@ def find_exports(client: PigeonClient, projects: list[str]) -> list[ExportSpec]:
 def strftime_pubsub(fmt: str, t: datetime) -> str:
     """Pub/Sub's filename_datetime_format (YYYY MM DD hh mm ss; anything else is literal)."""
     return "".join(t.strftime(_TOKENS[p]) if p in _TOKENS else p
-                   for p in re.split(r"(YYYY|MM|DD|hh|mm|ss)", fmt or DATETIME_FORMAT_DEFAULT))
+                   for p in re.split(r"(YYYY|MM|DD|hh|mm|ss)", fmt or exports.DATETIME_FORMAT_DEFAULT))
 
 
 def file_name(cfg, first_publish: datetime, shard: int, offset: int) -> str:
@@ -97,22 +107,20 @@ def file_name(cfg, first_publish: datetime, shard: int, offset: int) -> str:
 
 def bigquery_path(root: str, table: str) -> str:
     """project.dataset.table (or project:dataset.table) → <root>/_bigquery/project/dataset/table"""
-    parts = re.split(r"[.:]", table)
-    if len(parts) != 3 or not all(re.fullmatch(r"[A-Za-z0-9_\-]+", p) for p in parts):
-        raise ValueError(f"bigquery_config.table must be project.dataset.table (got {table!r})")
-    return os.path.join(root, "_bigquery", *parts)
+    return os.path.join(root, "_bigquery", *exports.table_parts(table))
 
 
 def checkpoint_path(root: str, spec: ExportSpec) -> str:
     return os.path.join(root, "_checkpoints", spec.job_id)
 
 
-def split_rows(table: pa.Table, max_messages: int, max_bytes: int) -> list[pa.Table]:
+def split_rows(table: pa.Table, max_messages: int, max_bytes: int, overhead: int = row_overhead_bytes["parquet"]
+               ) -> list[pa.Table]:
     """Consecutive slices with at most max_messages rows and about max_bytes bytes (at least one row)."""
     n = table.num_rows
     if n == 0:
         return []
-    sizes = pc.add(pc.fill_null(pc.binary_length(table["data"]), 0), row_overhead_bytes).to_pylist()
+    sizes = pc.add(pc.fill_null(pc.binary_length(table["data"]), 0), overhead).to_pylist()
     out, start, acc = [], 0, 0
     for i, s in enumerate(sizes):
         rows = i - start
@@ -149,23 +157,68 @@ def _atomic(path: str, write) -> None:
     with open(tmp, "rb+") as f:
         os.fsync(f.fileno())
     os.replace(tmp, path)
+    d = os.open(os.path.dirname(path), os.O_RDONLY)
+    try:  # the rename too: a manifest must not outlive a file it lists
+        os.fsync(d)
+    finally:
+        os.close(d)
 
 
 def manifest_path(root: str, spec: ExportSpec, batch_id: int) -> str:
     return os.path.join(checkpoint_path(root, spec), "pigeon-files", f"{batch_id}.json")
 
 
+AVRO_DATA = {"type": "record", "name": "PubsubMessage", "fields": [{"name": "data", "type": "bytes"}]}
+AVRO_WITH_METADATA = {"type": "record", "name": "PubsubMessageWithMetadata", "fields": [
+    {"name": "subscription_name", "type": "string"}, {"name": "message_id", "type": "string"},
+    {"name": "publish_time", "type": {"type": "long", "logicalType": "timestamp-micros"}},
+    {"name": "attributes", "type": {"type": "map", "values": "string"}}, {"name": "data", "type": "bytes"}]}
+
+
+def _write_text(part: pa.Table, path: str) -> None:
+    with open(path, "wb") as f:
+        f.write(b"".join((d or b"") + b"\n" for d in part["data"].to_pylist()))
+
+
+def _write_avro(spec: ExportSpec, part: pa.Table, path: str, name: str) -> None:
+    import fastavro
+
+    data = part["data"].to_pylist()
+    if spec.config.avro_config.write_metadata:
+        schema = AVRO_WITH_METADATA
+        micros = pc.cast(pc.cast(part["publish_time"], pa.timestamp("us", "UTC")), pa.int64()).to_pylist()
+        records = []
+        for mid, t, attrs, key, d in zip(part["message_id"].to_pylist(), micros, part["attributes"].to_pylist(),
+                                         part["ordering_key"].to_pylist(), data):
+            attrs = dict(attrs or ())
+            if key:
+                attrs["ordering_key"] = key
+            records.append({"subscription_name": spec.subscription, "message_id": mid, "publish_time": t,
+                            "attributes": attrs, "data": d or b""})
+    else:
+        schema, records = AVRO_DATA, [{"data": d or b""} for d in data]
+    with open(path, "wb") as f:  # a sync marker of the name's: the same rows give the same bytes
+        fastavro.writer(f, fastavro.parse_schema(schema), records,
+                        sync_marker=hashlib.sha256(name.encode()).digest()[:16])
+
+
 def write_files(spec: ExportSpec, root: str, table: pa.Table, batch_id: int, ends: list[int]) -> list[str]:
-    """The batch's rows as Parquet files in the bucket directory, then the batch's manifest; returns the
-    files' paths."""
+    """The batch's rows as files of the subscription's format in the bucket directory, then the batch's manifest;
+    returns the files' paths."""
     cfg = spec.config
+    fmt = exports.output_format(cfg)
     bucket = os.path.join(root, cfg.bucket)
     paths = []
-    for part in split_rows(table, cfg.max_messages, cfg.max_bytes):
+    for part in split_rows(table, cfg.max_messages, cfg.max_bytes, row_overhead_bytes[fmt]):
         first = part["publish_time"][0].as_py().astimezone(timezone.utc)
         name = file_name(cfg, first, part["shard"][0].as_py(), part["offset"][0].as_py())
         path = os.path.join(bucket, name)
-        _atomic(path, lambda tmp, part=part: pq.write_table(part, tmp))
+        if fmt == "text":
+            _atomic(path, lambda tmp, part=part: _write_text(part, tmp))
+        elif fmt == "avro":
+            _atomic(path, lambda tmp, part=part, name=name: _write_avro(spec, part, tmp, name))
+        else:
+            _atomic(path, lambda tmp, part=part: pq.write_table(part, tmp))
         paths.append(path)
     body = json.dumps({"files": [os.path.relpath(p, root) for p in paths], "ends": ends}).encode()
     _atomic(manifest_path(root, spec, batch_id), lambda tmp: open(tmp, "wb").write(body))
@@ -246,6 +299,13 @@ def start_export(spark, endpoint: str, spec: ExportSpec, root: str, *, once: boo
         if any(ends):  # written: the subscription's floor moves now, not one trigger later
             client.commit_cursor(spec.subscription, ends)
 
+    rows_per_trigger, hold = max_rows_per_trigger, {}
+    if spec.kind == "storage" and not once:  # a file is due at max_messages rows or max_duration
+        m = spec.config.max_messages
+        if m:  # batches of whole files
+            rows_per_trigger = max(m, m * (max_rows_per_trigger // m))
+        hold = {"minRowsPerTrigger": str(m or rows_per_trigger),
+                "maxTriggerDelay": f"{exports.max_duration_s(spec.config):g}"}
     stream = (
         spark.readStream.format("pigeon")
         .option("endpoint", endpoint)
@@ -253,18 +313,16 @@ def start_export(spark, endpoint: str, spec: ExportSpec, root: str, *, once: boo
         .option("cursor", spec.subscription)
         .option("startingPosition", "cursor")
         .option("failOnDataLoss", "false")  # what the subscription's retention dropped is gone for it
-        .option("maxRowsPerTrigger", str(max_rows_per_trigger))
-        .options(**access)
+        .option("maxRowsPerTrigger", str(rows_per_trigger))
+        .options(**hold, **access)
         .load()
     )
     w = stream.writeStream.foreachBatch(each_batch).option("checkpointLocation", checkpoint_path(root, spec))
     w = w.queryName("pigeon-export:" + spec.job_id.replace("/", ":"))
     if once:
         w = w.trigger(availableNow=True)
-    elif spec.kind == "storage":
-        d = spec.config.max_duration
-        seconds = d.seconds + d.nanos / 1e9 if spec.config.HasField("max_duration") else file_max_duration_s_default
-        w = w.trigger(processingTime=f"{max(seconds, file_max_duration_s_min):g} seconds")
+    elif spec.kind == "storage":  # (the source holds each micro-batch until its file is due)
+        w = w.trigger(processingTime=f"{storage_poll_s:g} seconds")
     else:
         w = w.trigger(processingTime=f"{bigquery_trigger_s:g} seconds")
     return w.start()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
@@ -21,6 +22,7 @@ max_rows_per_partition_default = 1_000_000
 read_messages_per_call_default = 50_000  # fewer round trips; the byte cap bounds a call
 read_bytes_per_call_default = 8 * 1024 * 1024
 POSITIONS = ("earliest", "latest", "cursor", "time")
+MAX_TRIGGER_DELAY_DEFAULT = "15m"  # (Spark's Kafka source's default for the same option)
 # the options of a secured node: ClientAuth.from_files's argument → (option, environment variable)
 ACCESS = {"ca_file": ("tlsCa", "PIGEON_CA_FILE"), "token": ("token", "PIGEON_TOKEN"),
           "token_file": ("tokenFile", "PIGEON_TOKEN_FILE"), "cert_file": ("clientCert", "PIGEON_CLIENT_CERT"),
@@ -36,6 +38,8 @@ class Options:
     starting_offsets: list[int] | None  # explicit per-shard offsets (JSON list)
     cursor: str | None  # projects/{project}/subscriptions/{name}
     max_rows_per_trigger: int  # 0: no limit
+    min_rows_per_trigger: int  # 0: a micro-batch as soon as anything is new; else once this many rows wait…
+    max_trigger_delay_s: float  # … or this long after the first of them came (Kafka's minOffsetsPerTrigger)
     max_rows_per_partition: int
     fail_on_data_loss: bool
     read_messages_per_call: int
@@ -61,6 +65,14 @@ def _int(v: str, name: str, lo: int = 0) -> int:
     if n < lo:
         raise ValueError(f"option {name} must be at least {lo} (got {n})")
     return n
+
+
+def _seconds(v: str, name: str) -> float:
+    """A duration: seconds, or a number with s, m or h."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d*)?)\s*(s|m|h)?\s*", v.lower())
+    if not m:
+        raise ValueError(f"option {name} must be a duration: seconds, or a number with s, m or h (got {v!r})")
+    return float(m.group(1)) * {"s": 1, "m": 60, "h": 3600}[m.group(2) or "s"]
 
 
 def parse_time_ms(v: str) -> int:
@@ -144,6 +156,8 @@ def parse(options, *, need_topic: bool = True) -> Options:
         starting_offsets=offsets,
         cursor=cursor,
         max_rows_per_trigger=_int(o.get("maxrowspertrigger", "0"), "maxRowsPerTrigger"),
+        min_rows_per_trigger=_int(o.get("minrowspertrigger", "0"), "minRowsPerTrigger"),
+        max_trigger_delay_s=_seconds(o.get("maxtriggerdelay", MAX_TRIGGER_DELAY_DEFAULT), "maxTriggerDelay"),
         max_rows_per_partition=_int(o.get("maxrowsperpartition", str(max_rows_per_partition_default)),
                                     "maxRowsPerPartition", 1),
         fail_on_data_loss=_bool(o.get("failondataloss", "true"), "failOnDataLoss"),

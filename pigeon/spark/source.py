@@ -4,7 +4,9 @@
   checkpoint then gives exactly-once output into an idempotent sink);
 - a streaming query's offsets are {"topic_uid", "shards": {shard: next offset}}; `commit(end)` moves the
   cursor subscription (if any) to `end`, so retention holds what the query has not finished;
-- admission control: at most maxRowsPerTrigger rows per micro-batch, shared fairly between shards;
+- admission control: at most maxRowsPerTrigger rows per micro-batch, shared fairly between shards; with
+  minRowsPerTrigger, no micro-batch until that many rows wait or maxTriggerDelay has passed since the first of
+  them was seen (Spark's Kafka source's minOffsetsPerTrigger and maxTriggerDelay);
 - the writer publishes every row with the idempotency key "{sink_id}:{batch_id}:{partition}:{index}"
   (attribute pigeon-idempotency-key): a replayed micro-batch publishes the same keys, which Pigeon
   stores once within the topic's idempotency window."""
@@ -12,6 +14,7 @@
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -79,6 +82,11 @@ def admit(start: list[int], end: list[int], max_rows: int) -> list[int]:
             if left == 0:
                 break
     return [s + g for s, g in zip(start, give)]
+
+
+def trigger_due(pending: int, min_rows: int, waited_s: float, max_delay_s: float) -> bool:
+    """Whether a micro-batch should take the `pending` rows now (minRowsPerTrigger, maxTriggerDelay)."""
+    return pending > 0 and (pending >= min_rows or waited_s >= max_delay_s)
 
 
 def _offsets(d: dict) -> list[int]:
@@ -174,10 +182,12 @@ class PigeonBatchReader(DataSourceReader):
 
 
 class PigeonStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    def __init__(self, o: opt.Options):
+    def __init__(self, o: opt.Options, clock=time.monotonic):
         self.o = o
         self._client: PigeonClient | None = None
         self._target: list[int] | None = None  # Trigger.AvailableNow: stop here
+        self.clock = clock
+        self._waiting_since: float | None = None  # when rows were first seen waiting (minRowsPerTrigger)
 
     @property
     def client(self) -> PigeonClient:
@@ -186,7 +196,8 @@ class PigeonStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self._client
 
     def __getstate__(self):
-        return {"o": self.o, "_client": None, "_target": self._target}
+        return {"o": self.o, "_client": None, "_target": self._target, "clock": self.clock,
+                "_waiting_since": self._waiting_since}
 
     def initialOffset(self) -> dict:
         lo = self.client.latest_offsets(self.o.topic, self.o.starting_time_ms)
@@ -220,9 +231,21 @@ class PigeonStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             latest = [min(a, b) for a, b in zip(latest, self._target)]
         begin = _offsets(start)
         end = [max(b, e) for b, e in zip(begin, latest)]
+        if self.o.min_rows_per_trigger and self._target is None and not self._due(sum(end) - sum(begin)):
+            return start  # no micro-batch yet
         if isinstance(limit, ReadMaxRows):
             end = admit(begin, end, limit.max_rows)
         return _offset_dict(start["topic_uid"], end)
+
+    def _due(self, pending: int) -> bool:
+        now = self.clock()
+        if pending and self._waiting_since is None:
+            self._waiting_since = now
+        waited = now - self._waiting_since if self._waiting_since is not None else 0.0
+        if not trigger_due(pending, self.o.min_rows_per_trigger, waited, self.o.max_trigger_delay_s):
+            return False
+        self._waiting_since = None
+        return True
 
     def reportLatestOffset(self):
         lo = self.client.latest_offsets(self.o.topic)
