@@ -56,10 +56,17 @@ def fresh(fn):
     return handler
 
 
+class _Unannotated:
+    @staticmethod
+    def annotate(sub):
+        return sub
+
+
 class PubSubApi:
     def __init__(self, engine: Engine, router=None):
         self.engine = engine
         self.router = router  # a cluster node's (api.router): calls about other nodes' bundles go there
+        self.exports = _Unannotated()  # the node's export supervisor (pigeon.node.exports): subscriptions' state
 
     # ---------------------------------------------------------------- Publisher
     @translate
@@ -138,26 +145,27 @@ class PubSubApi:
     async def create_subscription(self, req, context):
         if self.router is not None and req.topic and (owner := self.router.for_topic(req.topic, context)):
             return await self.router.unary(owner, CREATE_SUBSCRIPTION, req.SerializeToString(), context)
-        return (await self.engine.create_subscription(req)).SerializeToString()
+        return self.exports.annotate(await self.engine.create_subscription(req)).SerializeToString()
 
     @translate
     @fresh
     async def get_subscription(self, req, context):
-        return self.engine.get_subscription(req.subscription).SerializeToString()
+        return self.exports.annotate(self.engine.get_subscription(req.subscription)).SerializeToString()
 
     @translate
     @fresh
     async def update_subscription(self, req, context):
         if not req.HasField("subscription"):
             raise InvalidArgument("subscription must be set.")
-        return (await self.engine.update_subscription(req.subscription, req.update_mask)).SerializeToString()
+        return self.exports.annotate(await self.engine.update_subscription(req.subscription,
+                                                                           req.update_mask)).SerializeToString()
 
     @translate
     @fresh
     async def list_subscriptions(self, req, context):
         project = names.project_of(req.project)
         page, token = self.engine.list_subscriptions(project, req.page_size, req.page_token)
-        subs = [self.engine.get_subscription(n) for n in page]
+        subs = [self.exports.annotate(self.engine.get_subscription(n)) for n in page]
         return pb["ListSubscriptionsResponse"](subscriptions=subs, next_page_token=token).SerializeToString()
 
     @translate

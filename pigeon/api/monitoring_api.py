@@ -24,8 +24,8 @@ SERVICE = "pigeon.v1.Monitoring"
 
 
 class MonitoringApi:
-    def __init__(self, engine, cluster=None, router=None):
-        self.engine, self.cluster, self.router = engine, cluster, router
+    def __init__(self, engine, cluster=None, router=None, exports=None):
+        self.engine, self.cluster, self.router, self.exports = engine, cluster, router, exports
 
     @translate
     async def list_projects(self, req, context):
@@ -95,6 +95,8 @@ class MonitoringApi:
                 oldest_unacked_message_age_seconds=s.oldest_unacked_age_s, sent_messages=s.delivered,
                 acked_messages=s.acked, expired_ack_deadlines=s.expired, dead_lettered_messages=s.dead_lettered,
                 node=node, dead_letter_topic=f.dead_letter_topic))
+            if self.exports is not None:  # an export's lag is its backlog and oldest unacked age
+                rows[-1].export, rows[-1].export_state = self.exports.describe(self.engine.state.subs[s.name].config)
         return await self._cluster_page("ListSubscriptionStats", req, rows, m.ListSubscriptionStatsResponse,
                                         "subscriptions")
 
@@ -117,8 +119,8 @@ class MonitoringApi:
             answered_by=self.cluster.info.node_id).SerializeToString()
 
 
-def handlers(engine, cluster=None, router=None) -> list[grpc.GenericRpcHandler]:
-    api = MonitoringApi(engine, cluster, router)
+def handlers(engine, cluster=None, router=None, exports=None) -> list[grpc.GenericRpcHandler]:
+    api = MonitoringApi(engine, cluster, router, exports)
     return [grpc.method_handlers_generic_handler(SERVICE, {
         "ListProjects": errors.unary(api.list_projects, m.ListProjectsRequest),
         "ListTopicStats": errors.unary(api.list_topic_stats, m.ListStatsRequest),

@@ -18,6 +18,7 @@ from pigeon.api.grpc_api import PubSubApi
 from pigeon.core import hot, limits
 from pigeon.node import recovery
 from pigeon.node.engine import Engine
+from pigeon.node.exports import ExportSupervisor
 from pigeon.node.host import DataDirInUse
 from pigeon.storage.formats import NewerFormat
 from pigeon.ops import allocator, workers
@@ -71,9 +72,10 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
         storage = storage_api.handlers(cluster.store)  # pigeon.v1.Storage (node to node)
     server = _grpc_server(reuse_port=config.reuse_port)
     api = PubSubApi(engine, router)
+    exports = api.exports = ExportSupervisor(config, engine)  # export subscriptions' state, and (once started) runs
     handlers = api.handlers() + admin_api.handlers(engine) + queue_api.handlers(engine, router)
     handlers += pigeon_api.handlers(engine, router)  # pigeon.v1.Ranges (data pipelines), forwarded to owners
-    handlers += monitoring_api.handlers(engine, cluster, router)  # the console's figures
+    handlers += monitoring_api.handlers(engine, cluster, router, exports)  # the console's figures
     guard = security.guard(config, engine) if config.secured else None
     requests = sli.Requests()  # every call's code and latency (outermost: the guard's refusals count too)
     peers = None
@@ -105,6 +107,7 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
     watch = asyncio.get_running_loop().create_task(security.watch(guard, engine, served, cluster), name="pigeon-security") \
         if guard is not None else None
     probes.start()
+    exports.start(_export_endpoint(config, port))
     http = await _start_http(config, port, engine, cluster, readiness, guard, local, served, requests)
     log.info("pigeon serving on %s:%d (data %s, fsync=%s%s%s)", config.host, port, config.data_dir, config.fsync,
              f", node {config.node_id} of cluster {cluster.cluster_id}" if cluster else "",
@@ -121,6 +124,7 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
     await stop.wait()
     log.info("shutting down")
     await probes.stop()  # not ready from now on: /readyz 503, health NOT_SERVING, while calls finish
+    await exports.stop()  # (its queries end while the node still answers them)
     # GOAWAY first: stopping the servers closes their listeners and tells every connection to send no new calls.
     # A call that reaches a stopping server is dropped by gRPC as CANCELLED — which the client libraries take as
     # final for a StreamingPull — so open streams are ended (UNAVAILABLE, retried) only once their clients have
@@ -150,6 +154,15 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
         await cluster.leave()
     await engine.stop()
     log.info("stopped")
+
+
+def _export_endpoint(config: Config, port: int) -> str:
+    """Where the export job (and its Spark executors) reach this node: over loopback for a local master, else at
+    the address clients use."""
+    if not config.export_master.startswith("local") and config.advertise:
+        return config.advertise
+    host = config.host if config.host not in ("0.0.0.0", "::", "") else "127.0.0.1"
+    return f"{host}:{port}"
 
 
 def _grpc_server(reuse_port: bool = False) -> grpc.aio.Server:

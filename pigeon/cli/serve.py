@@ -53,6 +53,10 @@ OPTIONS = (
     Option("workers", int, 'worker processes behind the one port, each owning a share of the topics (default 1; N > 1'
                            ' starts an etcd of their own, or with --etcd joins that cluster as nodes <node id>.w<i>:'
                            ' docs/workers.md)'),
+    Option("export_root", str, "run export subscriptions (cloud_storage_config, bigquery_config) here: a Spark job "
+                               "writes under this directory, a bucket a directory in it (default: not run)"),
+    Option("export_master", str, "the export job's Spark master: local[N], spark://host:port, yarn, or sc://host:port "
+                                 "for Spark Connect (default local[*])"),
     Option("push_signing_key", str, "the RSA key push OIDC tokens are signed with: a PEM file or a service-account"
                                     " JSON key file (default: one made and kept in the data directory); endpoints"
                                     " verify them with /.well-known/jwks.json on the HTTP port"),

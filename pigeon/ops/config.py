@@ -29,6 +29,10 @@ class Config:
     log_level: str = "INFO"
     idempotency_window_s: float = limits.idempotency_window_s_default  # seconds a pigeon-idempotency-key is remembered
     push_allowed_endpoints: str = ""  # comma-separated URL prefixes push may reach; empty: any http(s) URL
+    export_root: str = ""  # export subscriptions (cloud_storage_config, bigquery_config) are run by this node, writing
+    #                        under this directory (pigeon.node.exports; docs/spark.md); "": they are not run here
+    export_master: str = "local[*]"  # the export job's Spark master: local[N], spark://host:port, yarn, k8s://…, or
+    #                                  sc://host:port (Spark Connect)
     push_signing_key: str = ""  # the RSA key push OIDC tokens are signed with: a PEM file or a service-account JSON
     #                             key file ("": one made and kept in the data dir); its public key is served at
     #                             /.well-known/jwks.json on the HTTP port (docs/security.md, "Push authentication")
@@ -123,6 +127,9 @@ class Config:
             raise ValueError("--peer-cert, --peer-key and --peer-ca are a cluster node's: the workers of --workers N "
                              "get node certificates of their own from the supervisor (with --etcd, the machine's "
                              "node certificate serves its workers)")
+        if "://" in self.export_root:
+            raise ValueError(f"--export-root must be a directory (got {self.export_root!r}): object stores (s3://, "
+                             "gs://) are not supported; mount one, or run `pigeon export` with a Spark that has it")
         if self.etcd and not self.node_id:
             raise ValueError("a cluster node needs --node-id (its name in the cluster) along with --etcd")
         if self.node_id and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}", self.node_id):

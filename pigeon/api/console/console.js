@@ -405,7 +405,7 @@ views.subscriptions = (main) => {
   onLive(() => {
     const rows = [...live.subs.values()];
     $("#rows").innerHTML = rows.length ? rows.map((s) => `
-      <tr data-sub="${esc(short(s.name))}"><td>${subLink(s.name)}${s.deadLetterTopic ? ' <span class="tag dlq" title="has a dead-letter topic">DLQ</span>' : ""}</td>
+      <tr data-sub="${esc(short(s.name))}"><td>${subLink(s.name)}${s.deadLetterTopic ? ' <span class="tag dlq" title="has a dead-letter topic">DLQ</span>' : ""}${exportTag(s)}</td>
         <td>${topicLink(s.topic)}</td>
         <td class="num" data-testid="backlog">${fmt(num(s.numUndeliveredMessages))}</td><td>${spark(`${s.name}|backlog`)}</td>
         <td class="num">${fmt(num(s.numOutstandingMessages))}</td><td class="num">${age(s.oldestUnackedMessageAgeSeconds)}</td>
@@ -422,11 +422,16 @@ views.subscriptions = (main) => {
   });
 };
 
+// an export subscription (cloud_storage_config, bigquery_config): where it writes and whether it runs; its lag is its
+// unacked count and oldest unacked age, shown beside it
+const exportTag = (s) => !s.export ? "" : `<span class="tag ${(s.exportState || "").startsWith("ACTIVE") ? "up" : "down"}"
+  data-testid="export" title="${esc(`export to ${s.export}: ${s.exportState}; lag ${fmt(num(s.numUndeliveredMessages))} messages, oldest ${age(s.oldestUnackedMessageAgeSeconds)}`)}">export${(s.exportState || "").startsWith("ACTIVE") ? "" : " failing"}</span>`;
+
 views.subscription = (main, id) => {
   const name = subPath(id);
   let config = null;
   main.innerHTML = `
-    <h1>${esc(id)}</h1><div class="sub mono">${esc(name)}</div>
+    <h1>${esc(id)}</h1><div class="sub mono">${esc(name)}</div><div class="sub" id="export" data-testid="sub-export"></div>
     <div class="figures">
       <div class="figure"><div class="label">Unacked messages</div><div class="value" id="backlog" data-testid="sub-backlog">–</div><div id="backlog-chart"></div></div>
       <div class="figure"><div class="label">Oldest unacked</div><div class="value" id="age">–</div><div id="age-chart"></div></div>
@@ -606,6 +611,8 @@ views.subscription = (main, id) => {
     if (!s) return;
     $("#backlog").textContent = fmt(num(s.numUndeliveredMessages));
     $("#age").textContent = age(s.oldestUnackedMessageAgeSeconds);
+    $("#export").innerHTML = s.export ? `${exportTag(s)} ${esc(s.export)} — ${esc(s.exportState)}; export lag: the unacked
+      messages and the oldest's age above` : "";
     $("#ack").textContent = fmt(s.ackRate);
     $("#outstanding").textContent = fmt(num(s.numOutstandingMessages));
     $("#backlog-chart").innerHTML = spark(`${name}|backlog`, "chart", 300, 46);

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.api import annotations_pb2 as google_dot_api_dot_annotations__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n(pigeon/api/proto/pigeon_monitoring.proto\x12\tpigeon.v1\x1a\x1cgoogle/api/annotations.proto\"\x15\n\x13ListProjectsRequest\"(\n\x14ListProjectsResponse\x12\x10\n\x08projects\x18\x01 \x03(\t\"Y\n\x10ListStatsRequest\x12\x0f\n\x07project\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\x12\r\n\x05local\x18\x04 \x01(\x08\"z\n\nTopicStats\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x18\n\x10publish_requests\x18\x02 \x01(\x03\x12\x10\n\x08messages\x18\x03 \x01(\x03\x12\r\n\x05\x62ytes\x18\x04 \x01(\x03\x12\x15\n\rsubscriptions\x18\x05 \x01(\x05\x12\x0c\n\x04node\x18\x06 \x01(\t\"X\n\x16ListTopicStatsResponse\x12%\n\x06topics\x18\x01 \x03(\x0b\x32\x15.pigeon.v1.TopicStats\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\xd4\x02\n\x11SubscriptionStats\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12 \n\x18num_undelivered_messages\x18\x03 \x01(\x03\x12 \n\x18num_outstanding_messages\x18\x04 \x01(\x03\x12\x1b\n\x13num_parked_messages\x18\x05 \x01(\x03\x12*\n\"oldest_unacked_message_age_seconds\x18\x06 \x01(\x01\x12\x15\n\rsent_messages\x18\x07 \x01(\x03\x12\x16\n\x0e\x61\x63ked_messages\x18\x08 \x01(\x03\x12\x1d\n\x15\x65xpired_ack_deadlines\x18\t \x01(\x03\x12\x1e\n\x16\x64\x65\x61\x64_lettered_messages\x18\n \x01(\x03\x12\x0c\n\x04node\x18\x0b \x01(\t\x12\x19\n\x11\x64\x65\x61\x64_letter_topic\x18\x0c \x01(\t\"m\n\x1dListSubscriptionStatsResponse\x12\x33\n\rsubscriptions\x18\x01 \x03(\x0b\x32\x1c.pigeon.v1.SubscriptionStats\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\x19\n\x17GetClusterStatusRequest\"Z\n\x0b\x43lusterNode\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x0c\n\x04zone\x18\x03 \x01(\t\x12\r\n\x05state\x18\x04 \x01(\t\x12\x0f\n\x07\x62undles\x18\x05 \x01(\x05\"F\n\rLedgerSummary\x12\r\n\x05total\x18\x01 \x01(\x03\x12\x0c\n\x04open\x18\x02 \x01(\x03\x12\x18\n\x10under_replicated\x18\x03 \x01(\x03\"\xa4\x02\n\rClusterStatus\x12\x11\n\tclustered\x18\x01 \x01(\x08\x12\x12\n\ncluster_id\x18\x02 \x01(\t\x12\x0f\n\x07\x62undles\x18\x03 \x01(\x05\x12\x0f\n\x07unowned\x18\x04 \x01(\x05\x12%\n\x05nodes\x18\x05 \x03(\x0b\x32\x16.pigeon.v1.ClusterNode\x12\x34\n\x06owners\x18\x06 \x03(\x0b\x32$.pigeon.v1.ClusterStatus.OwnersEntry\x12)\n\x07ledgers\x18\x07 \x01(\x0b\x32\x18.pigeon.v1.LedgerSummary\x12\x13\n\x0b\x61nswered_by\x18\x08 \x01(\t\x1a-\n\x0bOwnersEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x32\xee\x03\n\nMonitoring\x12\x65\n\x0cListProjects\x12\x1e.pigeon.v1.ListProjectsRequest\x1a\x1f.pigeon.v1.ListProjectsResponse\"\x14\x82\xd3\xe4\x93\x02\x0e\x12\x0c/v1/projects\x12}\n\x0eListTopicStats\x12\x1b.pigeon.v1.ListStatsRequest\x1a!.pigeon.v1.ListTopicStatsResponse\"+\x82\xd3\xe4\x93\x02%\x12#/v1/{project=projects/*}/topicStats\x12\x92\x01\n\x15ListSubscriptionStats\x12\x1b.pigeon.v1.ListStatsRequest\x1a(.pigeon.v1.ListSubscriptionStatsResponse\"2\x82\xd3\xe4\x93\x02,\x12*/v1/{project=projects/*}/subscriptionStats\x12\x65\n\x10GetClusterStatus\x12\".pigeon.v1.GetClusterStatusRequest\x1a\x18.pigeon.v1.ClusterStatus\"\x13\x82\xd3\xe4\x93\x02\r\x12\x0b/v1/clusterb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n(pigeon/api/proto/pigeon_monitoring.proto\x12\tpigeon.v1\x1a\x1cgoogle/api/annotations.proto\"\x15\n\x13ListProjectsRequest\"(\n\x14ListProjectsResponse\x12\x10\n\x08projects\x18\x01 \x03(\t\"Y\n\x10ListStatsRequest\x12\x0f\n\x07project\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\x12\r\n\x05local\x18\x04 \x01(\x08\"z\n\nTopicStats\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x18\n\x10publish_requests\x18\x02 \x01(\x03\x12\x10\n\x08messages\x18\x03 \x01(\x03\x12\r\n\x05\x62ytes\x18\x04 \x01(\x03\x12\x15\n\rsubscriptions\x18\x05 \x01(\x05\x12\x0c\n\x04node\x18\x06 \x01(\t\"X\n\x16ListTopicStatsResponse\x12%\n\x06topics\x18\x01 \x03(\x0b\x32\x15.pigeon.v1.TopicStats\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\xfa\x02\n\x11SubscriptionStats\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12 \n\x18num_undelivered_messages\x18\x03 \x01(\x03\x12 \n\x18num_outstanding_messages\x18\x04 \x01(\x03\x12\x1b\n\x13num_parked_messages\x18\x05 \x01(\x03\x12*\n\"oldest_unacked_message_age_seconds\x18\x06 \x01(\x01\x12\x15\n\rsent_messages\x18\x07 \x01(\x03\x12\x16\n\x0e\x61\x63ked_messages\x18\x08 \x01(\x03\x12\x1d\n\x15\x65xpired_ack_deadlines\x18\t \x01(\x03\x12\x1e\n\x16\x64\x65\x61\x64_lettered_messages\x18\n \x01(\x03\x12\x0c\n\x04node\x18\x0b \x01(\t\x12\x19\n\x11\x64\x65\x61\x64_letter_topic\x18\x0c \x01(\t\x12\x0e\n\x06\x65xport\x18\r \x01(\t\x12\x14\n\x0c\x65xport_state\x18\x0e \x01(\t\"m\n\x1dListSubscriptionStatsResponse\x12\x33\n\rsubscriptions\x18\x01 \x03(\x0b\x32\x1c.pigeon.v1.SubscriptionStats\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\x19\n\x17GetClusterStatusRequest\"Z\n\x0b\x43lusterNode\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x0c\n\x04zone\x18\x03 \x01(\t\x12\r\n\x05state\x18\x04 \x01(\t\x12\x0f\n\x07\x62undles\x18\x05 \x01(\x05\"F\n\rLedgerSummary\x12\r\n\x05total\x18\x01 \x01(\x03\x12\x0c\n\x04open\x18\x02 \x01(\x03\x12\x18\n\x10under_replicated\x18\x03 \x01(\x03\"\xa4\x02\n\rClusterStatus\x12\x11\n\tclustered\x18\x01 \x01(\x08\x12\x12\n\ncluster_id\x18\x02 \x01(\t\x12\x0f\n\x07\x62undles\x18\x03 \x01(\x05\x12\x0f\n\x07unowned\x18\x04 \x01(\x05\x12%\n\x05nodes\x18\x05 \x03(\x0b\x32\x16.pigeon.v1.ClusterNode\x12\x34\n\x06owners\x18\x06 \x03(\x0b\x32$.pigeon.v1.ClusterStatus.OwnersEntry\x12)\n\x07ledgers\x18\x07 \x01(\x0b\x32\x18.pigeon.v1.LedgerSummary\x12\x13\n\x0b\x61nswered_by\x18\x08 \x01(\t\x1a-\n\x0bOwnersEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x32\xee\x03\n\nMonitoring\x12\x65\n\x0cListProjects\x12\x1e.pigeon.v1.ListProjectsRequest\x1a\x1f.pigeon.v1.ListProjectsResponse\"\x14\x82\xd3\xe4\x93\x02\x0e\x12\x0c/v1/projects\x12}\n\x0eListTopicStats\x12\x1b.pigeon.v1.ListStatsRequest\x1a!.pigeon.v1.ListTopicStatsResponse\"+\x82\xd3\xe4\x93\x02%\x12#/v1/{project=projects/*}/topicStats\x12\x92\x01\n\x15ListSubscriptionStats\x12\x1b.pigeon.v1.ListStatsRequest\x1a(.pigeon.v1.ListSubscriptionStatsResponse\"2\x82\xd3\xe4\x93\x02,\x12*/v1/{project=projects/*}/subscriptionStats\x12\x65\n\x10GetClusterStatus\x12\".pigeon.v1.GetClusterStatusRequest\x1a\x18.pigeon.v1.ClusterStatus\"\x13\x82\xd3\xe4\x93\x02\r\x12\x0b/v1/clusterb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -53,19 +53,19 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LISTTOPICSTATSRESPONSE']._serialized_start=365
   _globals['_LISTTOPICSTATSRESPONSE']._serialized_end=453
   _globals['_SUBSCRIPTIONSTATS']._serialized_start=456
-  _globals['_SUBSCRIPTIONSTATS']._serialized_end=796
-  _globals['_LISTSUBSCRIPTIONSTATSRESPONSE']._serialized_start=798
-  _globals['_LISTSUBSCRIPTIONSTATSRESPONSE']._serialized_end=907
-  _globals['_GETCLUSTERSTATUSREQUEST']._serialized_start=909
-  _globals['_GETCLUSTERSTATUSREQUEST']._serialized_end=934
-  _globals['_CLUSTERNODE']._serialized_start=936
-  _globals['_CLUSTERNODE']._serialized_end=1026
-  _globals['_LEDGERSUMMARY']._serialized_start=1028
-  _globals['_LEDGERSUMMARY']._serialized_end=1098
-  _globals['_CLUSTERSTATUS']._serialized_start=1101
-  _globals['_CLUSTERSTATUS']._serialized_end=1393
-  _globals['_CLUSTERSTATUS_OWNERSENTRY']._serialized_start=1348
-  _globals['_CLUSTERSTATUS_OWNERSENTRY']._serialized_end=1393
-  _globals['_MONITORING']._serialized_start=1396
-  _globals['_MONITORING']._serialized_end=1890
+  _globals['_SUBSCRIPTIONSTATS']._serialized_end=834
+  _globals['_LISTSUBSCRIPTIONSTATSRESPONSE']._serialized_start=836
+  _globals['_LISTSUBSCRIPTIONSTATSRESPONSE']._serialized_end=945
+  _globals['_GETCLUSTERSTATUSREQUEST']._serialized_start=947
+  _globals['_GETCLUSTERSTATUSREQUEST']._serialized_end=972
+  _globals['_CLUSTERNODE']._serialized_start=974
+  _globals['_CLUSTERNODE']._serialized_end=1064
+  _globals['_LEDGERSUMMARY']._serialized_start=1066
+  _globals['_LEDGERSUMMARY']._serialized_end=1136
+  _globals['_CLUSTERSTATUS']._serialized_start=1139
+  _globals['_CLUSTERSTATUS']._serialized_end=1431
+  _globals['_CLUSTERSTATUS_OWNERSENTRY']._serialized_start=1386
+  _globals['_CLUSTERSTATUS_OWNERSENTRY']._serialized_end=1431
+  _globals['_MONITORING']._serialized_start=1434
+  _globals['_MONITORING']._serialized_end=1928
 # @@protoc_insertion_point(module_scope)
