@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import bisect
 import json
+import math
 import os
 import time
 from typing import AsyncIterator
@@ -21,7 +23,9 @@ class LocalMetadata:
         self.path, self.clock = path, clock
         self.rev = 0
         self.kvs: dict[str, KV] = {}
+        self._sorted: list[str] = []  # the keys of `kvs` in order (a list reads a range of it)
         self.leases: dict[int, tuple[int, float]] = {}  # id → (ttl, deadline)
+        self._soonest = math.inf  # no lease ends before this (every call looks; most find nothing to end)
         self._next_lease = 1
         self.history: list[Event] = []
         self._compacted = 0  # the revision history was compacted to (a watch must start at or after it)
@@ -34,6 +38,7 @@ class LocalMetadata:
             self.rev = doc["revision"]
             for k, (v, c, m) in doc["keys"].items():
                 self.kvs[k] = KV(k, base64.b64decode(v), c, m)
+            self._sorted = sorted(self.kvs)
 
     # --- reading -------------------------------------------------------------------------------------------
     async def get(self, key: str) -> KV | None:
@@ -42,7 +47,12 @@ class LocalMetadata:
 
     async def list(self, prefix: str) -> list[KV]:
         self._expire()
-        return [self.kvs[k] for k in sorted(self.kvs) if k.startswith(prefix)]
+        keys, out = self._sorted, []
+        for i in range(bisect.bisect_left(keys, prefix), len(keys)):
+            if not keys[i].startswith(prefix):
+                break
+            out.append(self.kvs[keys[i]])
+        return out
 
     async def revision(self) -> int:
         self._expire()
@@ -82,9 +92,12 @@ class LocalMetadata:
                 old = self.kvs.get(op.key)
                 kv = KV(op.key, bytes(op.value), old.create_revision if old else rev, rev, op.lease)
                 self.kvs[op.key] = kv
+                if old is None:
+                    bisect.insort(self._sorted, op.key)
                 events.append(Event("put", kv))
             elif op.key in self.kvs:
                 del self.kvs[op.key]
+                del self._sorted[bisect.bisect_left(self._sorted, op.key)]
                 events.append(Event("delete", KV(op.key, b"", 0, rev)))
         if not events:
             return
@@ -122,6 +135,7 @@ class LocalMetadata:
         lease = self._next_lease
         self._next_lease += 1
         self.leases[lease] = (ttl_s, self.clock() + ttl_s)
+        self._soonest = min(self._soonest, self.leases[lease][1])
         self._arm()
         return lease
 
@@ -148,14 +162,18 @@ class LocalMetadata:
         if not held:
             now = self.clock()
             self.leases = {lease: (ttl, now + ttl) for lease, (ttl, _) in self.leases.items()}
+            self._soonest = min((d for _, d in self.leases.values()), default=math.inf)
             self._arm()
 
     def _expire(self) -> None:
         if self._held:
             return
         now = self.clock()
+        if now < self._soonest:  # (a keepalive only moves a deadline later: the bound still holds)
+            return
         for lease in [lease for lease, (_, deadline) in self.leases.items() if deadline <= now]:
             self._end(lease)
+        self._soonest = min((d for _, d in self.leases.values()), default=math.inf)
 
     def _arm(self) -> None:
         """Expire leases on time even when nobody calls in (a watcher must see their keys go)."""

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextvars
+import gc
 import logging
 import multiprocessing
 import os
@@ -54,6 +54,7 @@ P = "projects/simc"
 KEYS = ["k1", "k2", "k3"]
 CALL_S = 5.0  # a client's deadline for one call
 FAULT_RATE = 0.2  # the share of steps that begin with a fault
+GC_THRESHOLDS = (20_000, 20, 20)  # the collector's, in a run of seeds (Python's default: 700, 10, 10)
 ROLLS_MAX = 20  # more new ledgers of one log than this within one step of the workload is a roll storm
 _PublishRequest, _PubsubMessage = types.PublishRequest.pb(), types.PubsubMessage.pb()
 _PullResponse = types.PullResponse.pb()
@@ -94,6 +95,7 @@ class ClusterSim:
         self._publishing: dict[tuple[int, str], asyncio.Lock] = {}
         self.faults: list[str] = []
         self._seqs: dict[str, int] = {}  # ledger list key → its last ledger's number, at the last look
+        self._seen: dict[str, int] = {}  # ledger list key → the revision of its value at the last look
 
     def sync_s(self) -> float:
         return self.rng.uniform(0.0002, 0.003)
@@ -104,13 +106,12 @@ class ClusterSim:
     # --- the task registry ---------------------------------------------------------------------------------
     def _task_factory(self, loop, coro, context=None):
         task = asyncio.Task(coro, loop=loop, context=context)
-        life = (context or contextvars.copy_context()).get(NODE)
+        life = NODE.get() if context is None else context.get(NODE)  # (the task runs in a copy of the current)
         if life is not None:
             if life.dead:
                 task.cancel()
             else:
-                life.tasks.add(task)
-                task.add_done_callback(life.tasks.discard)
+                life.add(task)
         return task
 
     # --- clients -----------------------------------------------------------------------------------------
@@ -410,12 +411,15 @@ class ClusterSim:
             await asyncio.sleep(0.2)
 
     def _missing(self) -> list[tuple[str, str]]:
+        by_topic: dict[int, list[tuple[str, str]]] = {}
+        for mid, (topic, d) in self.h.published.items():
+            by_topic.setdefault(topic, []).append((mid, d))
         out = []
         for sub, t in self.subs.items():
             seen = self.h.delivered.get(sub, set())
-            out += [(sub, mid) for mid, (topic, _) in self.h.published.items() if topic == t and mid not in seen]
+            out += [(sub, mid) for mid, _ in by_topic.get(t, ()) if mid not in seen]
         for sub, t in self.poison.items():  # each of its messages is dead-lettered in the end
-            out += [(sub, mid) for mid, (topic, d) in self.h.published.items() if topic == t and d not in self.h.dead]
+            out += [(sub, mid) for mid, d in by_topic.get(t, ()) if d not in self.h.dead]
         return out
 
     def all_owned(self) -> bool:
@@ -452,7 +456,10 @@ class ClusterSim:
         """A log's ledgers are numbered in order: many new ones since the last look (a step: at most a few
         seconds) is a roll storm — ledgers opened and closed at once, each a change of the list in etcd."""
         for key, kv in self.meta.kvs.items():
-            if "/ledgers/" in key and (lgs := LedgerInfo.decode_list(kv.value)):
+            if "/ledgers/" not in key or self._seen.get(key) == kv.mod_revision:
+                continue  # (unchanged since the last look: its last ledger is the same)
+            self._seen[key] = kv.mod_revision
+            if lgs := LedgerInfo.decode_list(kv.value):
                 last, seq = self._seqs.get(key), lgs[-1].seq
                 self._seqs[key] = seq
                 if last is not None and seq - last > ROLLS_MAX:
@@ -466,8 +473,8 @@ class ClusterSim:
             sub, mid = missing[0]
             self.fail(f"{len(missing)} acknowledged publishes never delivered, e.g. {self.h.published[mid][1]} "
                       f"(id {mid}) on {sub}")
+        published = {d for _, d in self.h.published.values()}
         for sub, order in self.h.first.items():
-            published = {d for _, d in self.h.published.values()}
             last: dict[str, int] = {}
             for d in order:
                 if d not in published:
@@ -527,6 +534,10 @@ def main(argv=None) -> int:
         r.node = life.node.id if life is not None else "--"
         return r
     logging.setLogRecordFactory(record)
+    # What is imported now lives as long as the process: the collector leaves it out (and forked workers share it
+    # untouched), and collects the young objects less often (a run makes some million, few of them cycles).
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
     seeds = [args.seed] if args.seed is not None else range(args.first_seed, args.first_seed + args.seeds)
     jobs = [(seed, args.steps) for seed in seeds]
     t0 = time.monotonic()

@@ -26,6 +26,7 @@ from pigeon.node.append_channel import serve_appends
 from pigeon.node.meta_local import LocalMetadata
 from pigeon.node.proto import pigeon_storage_pb2 as pb
 from pigeon.node.replication import AppendStream
+from pigeon.testing.simloop import sleep
 
 
 
@@ -66,13 +67,13 @@ class SimNet:
         """`await fn()` on `dst` as a unary call from `src`: refused at once when `dst` is down, never answered
         (the deadline passes) across a cut, else answered after the network's delays."""
         if dst in self.down:
-            await asyncio.sleep(self.delay())
+            await sleep(self.delay())
             raise rpc_error(grpc.StatusCode.UNAVAILABLE, f"connection to {dst} refused")
         if not self.reachable(src, dst):
-            await asyncio.sleep(limits.storage_call_s)
+            await sleep(limits.storage_call_s)
             raise rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
         gen = self.generation.get(dst, 0)
-        await asyncio.sleep(self.delay())
+        await sleep(self.delay())
         if dst in self.down or self.generation.get(dst, 0) != gen:
             raise rpc_error(grpc.StatusCode.UNAVAILABLE, f"{dst} went away")
         try:  # (the caller's deadline holds while the member works: one that crashes meanwhile never answers)
@@ -83,9 +84,9 @@ class SimNet:
         except PigeonError as e:
             raise rpc_error(grpc.StatusCode[e.code], e.message) from None
         if not self.reachable(dst, src):
-            await asyncio.sleep(limits.storage_call_s)
+            await sleep(limits.storage_call_s)
             raise rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
-        await asyncio.sleep(self.delay())
+        await sleep(self.delay())
         return out
 
     def refuses(self, dst: str) -> bool:
@@ -215,61 +216,60 @@ class SimMeta:
     async def _reach(self) -> None:
         net = self.net
         if net.meta_down:
-            await asyncio.sleep(net.delay())
+            await sleep(net.delay())
             raise StoreUnavailable("etcd cannot be reached (simulated: every member is down)")
         if self.node in net.meta_cut:
-            await asyncio.sleep(limits.etcd_call_s)
+            await sleep(limits.etcd_call_s)
             raise StoreUnavailable("etcd cannot be reached (simulated: this node is cut off from it)")
-        await asyncio.sleep(net.delay())
+        await sleep(net.delay())
 
-    async def _back(self) -> None:
-        if self.node in self.net.meta_cut or self.net.meta_down:  # the answer is lost on its way back
-            await asyncio.sleep(limits.etcd_call_s)
-            raise StoreUnavailable("etcd's answer did not come back (simulated)")
-        await asyncio.sleep(self.net.delay())
-
-    async def _call(self, fn):
+    async def _call(self, fn, *args):
+        """`fn(*args)` at the store: after the way there, before the way back (either may be lost)."""
+        net = self.net
         await self._reach()
-        out = await fn()
-        await self._back()
+        out = await fn(*args)
+        if self.node in net.meta_cut or net.meta_down:  # the answer is lost on its way back
+            await sleep(limits.etcd_call_s)
+            raise StoreUnavailable("etcd's answer did not come back (simulated)")
+        await sleep(net.delay())
         return out
 
     async def get(self, key):
-        return await self._call(lambda: self.store.get(key))
+        return await self._call(self.store.get, key)
 
     async def list(self, prefix):
-        return await self._call(lambda: self.store.list(prefix))
+        return await self._call(self.store.list, prefix)
 
     async def revision(self):
         return await self._call(self.store.revision)
 
     async def compact(self, revision):
-        return await self._call(lambda: self.store.compact(revision))
+        return await self._call(self.store.compact, revision)
 
     async def txn(self, compares, success, failure=()):
-        return await self._call(lambda: self.store.txn(compares, success, failure))
+        return await self._call(self.store.txn, compares, success, failure)
 
     async def put(self, key, value, lease=0):
-        return await self._call(lambda: self.store.put(key, value, lease))
+        return await self._call(self.store.put, key, value, lease)
 
     async def delete(self, key):
-        return await self._call(lambda: self.store.delete(key))
+        return await self._call(self.store.delete, key)
 
     async def grant(self, ttl_s):
-        return await self._call(lambda: self.store.grant(ttl_s))
+        return await self._call(self.store.grant, ttl_s)
 
     async def keepalive(self, lease):
-        return await self._call(lambda: self.store.keepalive(lease))
+        return await self._call(self.store.keepalive, lease)
 
     async def revoke(self, lease):
-        return await self._call(lambda: self.store.revoke(lease))
+        return await self._call(self.store.revoke, lease)
 
     async def watch(self, prefix, start_revision):
         await self._reach()
         async for ev in self.store.watch(prefix, start_revision):
             if self.node in self.net.meta_cut or self.net.meta_down:
                 raise StoreUnavailable("the watch broke (simulated)")
-            await asyncio.sleep(self.net.delay())
+            await sleep(self.net.delay())
             yield ev
 
     async def close(self) -> None:

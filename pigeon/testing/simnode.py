@@ -13,12 +13,15 @@ from pigeon.node.engine import Engine
 from pigeon.ops.config import Config
 from pigeon.testing.simdisk import SimDisk
 from pigeon.testing.simjournal import SimJournalWriter
+from pigeon.testing.simloop import sleep
 from pigeon.testing.simnet import SimMeta, SimStorageClient
 
 BUNDLES = 4
 WALL0 = 1_800_000_000.0  # the nodes' wall clocks start here (plus their skew)
 SESSION_TTL_S = 3
 LOG_SNAPSHOT_S = 30  # a quiet log moves to a new ledger this often (the journals drop what it kept)
+
+_TASKS_PRUNE_MIN = 64  # a life's task registry drops its ended tasks when it grew by this many (or doubled)
 
 NODE: contextvars.ContextVar = contextvars.ContextVar("pigeon_sim_node", default=None)
 
@@ -63,9 +66,9 @@ class SimHost:
         if dst is None:
             return True
         if not net.reachable(self.node.id, dst):
-            await asyncio.sleep(timeout)
+            await sleep(timeout)
             return False
-        await asyncio.sleep(net.delay())
+        await sleep(net.delay())
         return net.refuses(dst)
 
 
@@ -74,10 +77,19 @@ class Incarnation:
 
     def __init__(self, node: "SimNode"):
         self.node = node
-        self.tasks: set[asyncio.Task] = set()
+        self.tasks: dict[asyncio.Task, None] = {}  # in the order they were made, the ones done among them too
+        self._prune_at = _TASKS_PRUNE_MIN
         self.dead = False
         self.context = contextvars.copy_context()
         self.context.run(NODE.set, self)
+
+    def add(self, task: asyncio.Task) -> None:
+        """Register a task of this life. Those that ended are dropped now and then, not by a done callback each:
+        that was a callback of the loop for every task, some tenth of a run's."""
+        self.tasks[task] = None
+        if len(self.tasks) >= self._prune_at:
+            self.tasks = {t: None for t in self.tasks if not t.done()}
+            self._prune_at = 2 * len(self.tasks) + _TASKS_PRUNE_MIN
 
 
 class SimNode:
