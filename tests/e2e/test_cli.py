@@ -22,18 +22,22 @@ def pigeon(server, *args) -> str:
     return out.stdout
 
 
+DELAY_S = 15  # a scheduled message is still "scheduled" after a publish, a pull and a peek, however slow
+
+
 def test_topics_subscriptions_publish_pull_and_queue_verbs(server):
     pigeon(server, "topics", "create", "cli-topic")
     pigeon(server, "subscriptions", "create", "cli-sub", "--topic", "cli-topic")
     assert "projects/cli/topics/cli-topic" in pigeon(server, "topics", "list")
     assert "cli-sub" in pigeon(server, "subscriptions", "list")
     mid = pigeon(server, "publish", "cli-topic", "hello", "-A", "k=v").strip()
-    later = pigeon(server, "publish", "cli-topic", "later", "--delay", "5s").strip()
+    due = time.monotonic() + DELAY_S  # (each command is a process start: seconds apiece on a loaded machine)
+    later = pigeon(server, "publish", "cli-topic", "later", "--delay", f"{DELAY_S}s").strip()
     (got,) = json.loads(pigeon(server, "pull", "cli-sub", "--ack", "--format", "json"))["receivedMessages"]
     assert (got["message"]["messageId"], got["message"]["attributes"]) == (mid, {"k": "v"})
     assert base64.b64decode(got["message"]["data"]) == b"hello"  # as the REST API spells it
     assert json.loads(pigeon(server, "queue", "peek", "cli-sub", later))["state"] == "scheduled"
-    time.sleep(5)
+    time.sleep(max(0.0, due - time.monotonic()) + 0.5)
     (taken,) = json.loads(pigeon(server, "queue", "take", "cli-sub", "--lock", "60", "-f", "json"))["receivedMessages"]
     assert base64.b64decode(taken["message"]["data"]) == b"later"
     pigeon(server, "queue", "reschedule", "cli-sub", taken["ackId"], "--delay", "3600")
