@@ -62,15 +62,18 @@ def _check_path_part(value: str, field: str) -> None:
 
 
 def check(sub) -> None:
-    """Validate a Subscription's export configuration (INVALID_ARGUMENT or UNIMPLEMENTED naming the field)."""
+    """Validate a Subscription's export configuration (INVALID_ARGUMENT or UNIMPLEMENTED naming the field); its
+    `state` is output only (the node's: pigeon.node.exports), so what a client sent there is dropped."""
     has_storage, has_bq = sub.HasField("cloud_storage_config"), sub.HasField("bigquery_config")
     if has_storage + has_bq + bool(sub.push_config.push_endpoint) > 1:
         raise InvalidArgument("A subscription delivers one way: set at most one of push_config.push_endpoint, "
                               "bigquery_config and cloud_storage_config.")
     if has_storage:
         _check_storage(sub.cloud_storage_config)
+        sub.cloud_storage_config.ClearField("state")
     if has_bq:
         _check_bigquery(sub.bigquery_config)
+        sub.bigquery_config.ClearField("state")
 
 
 def _check_storage(c) -> None:

@@ -100,3 +100,13 @@ def test_kind_format_and_duration():
     assert exports.output_format(storage(avro_config=False).cloud_storage_config) == "avro"
     assert exports.max_duration_s(s.cloud_storage_config) == exports.max_duration_s_default
     assert exports.max_duration_s(storage(max_duration_s=90).cloud_storage_config) == 90
+
+
+def test_the_configuration_s_state_is_output_only():
+    s = storage()
+    s.cloud_storage_config.state = types.CloudStorageConfig.State.PERMISSION_DENIED
+    assert check(s).cloud_storage_config.state == 0
+    b = Subscription(name="projects/p/subscriptions/sub-1", topic="projects/p/topics/topic-1")
+    b.bigquery_config.table = "p.d.t"
+    b.bigquery_config.state = types.BigQueryConfig.State.NOT_FOUND
+    assert check(b).bigquery_config.state == 0
