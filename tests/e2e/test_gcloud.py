@@ -74,3 +74,20 @@ def test_gcloud_pubsub_works_against_pigeon(gcloud):
     gcloud("subscriptions", "delete", "orders-sub")
     gcloud("topics", "delete", "orders")
     assert gcloud("topics", "list") == []
+
+
+def test_gcloud_creates_a_cloud_storage_subscription(gcloud):
+    """gcloud's --cloud-storage-* flags reach the subscription as Pub/Sub has them; on a node without --export-root
+    it says RESOURCE_ERROR (nothing runs it: tests/spark/test_export_server.py runs one); a file name that would leave its
+    bucket is refused."""
+    gcloud("topics", "create", "clicks")
+    gcloud("subscriptions", "create", "to-files", "--topic", "clicks", "--cloud-storage-bucket", "click-bucket",
+           "--cloud-storage-file-prefix", "raw/", "--cloud-storage-max-duration", "1m", "--cloud-storage-output-format",
+           "avro", "--cloud-storage-write-metadata", "--cloud-storage-max-messages", "1000")
+    got = gcloud("subscriptions", "describe", "to-files")
+    assert got["cloudStorageConfig"] == {"bucket": "click-bucket", "filenamePrefix": "raw/", "maxDuration": "60s",
+                                         "maxMessages": "1000", "avroConfig": {"writeMetadata": True},
+                                         "state": "NOT_FOUND"}
+    assert got["state"] == "RESOURCE_ERROR"
+    assert "filename_prefix" in gcloud("subscriptions", "create", "out", "--topic", "clicks", "--cloud-storage-bucket",
+                                       "click-bucket", "--cloud-storage-file-prefix", "../up", ok=False)
