@@ -73,7 +73,7 @@ def workers(tmp_path):
     server.start(timeout=60)
     with open(tmp_path / "data" / "workers.json") as f:
         etcd = f"127.0.0.1:{json.load(f)['etcd_client']}"
-    await_status(etcd, lambda st: st["unowned"] == 0 and sum(r["state"] == "up" for r in st["nodes"]) == 2
+    await_status(etcd, lambda st: st["unowned"] == 0 and sum(r["state"] == "up" and r["bundles"] > 0 for r in st["nodes"]) == 2
                  and st["ledgers"]["open"] >= st["bundles"], timeout=60, what="both workers to own their bundles")
     yield server, etcd
     server.stop(timeout=60)
@@ -219,7 +219,7 @@ def test_secured_workers_prove_they_are_nodes_to_each_other_and_clients_meet_one
     try:
         with open(tmp_path / "data" / "workers.json") as f:
             etcd = f"127.0.0.1:{json.load(f)['etcd_client']}"
-        await_status(etcd, lambda st: st["unowned"] == 0 and sum(r["state"] == "up" for r in st["nodes"]) == 2
+        await_status(etcd, lambda st: st["unowned"] == 0 and sum(r["state"] == "up" and r["bundles"] > 0 for r in st["nodes"]) == 2
                      and st["ledgers"]["open"] >= st["bundles"], timeout=60, what="both workers to own bundles")
         host = server.address.replace("127.0.0.1", "localhost")  # the name the server certificate has
         tls = grpc.ssl_channel_credentials(kit.ca)
@@ -323,7 +323,7 @@ def test_workers_reach_each_other_on_the_peer_host(tmp_path):
     try:
         with open(tmp_path / "data" / "workers.json") as f:
             etcd = f"127.0.0.1:{json.load(f)['etcd_client']}"
-        await_status(etcd, lambda st: st["unowned"] == 0 and sum(r["state"] == "up" for r in st["nodes"]) == 2
+        await_status(etcd, lambda st: st["unowned"] == 0 and sum(r["state"] == "up" and r["bundles"] > 0 for r in st["nodes"]) == 2
                      and st["ledgers"]["open"] >= st["bundles"], timeout=60, what="both workers to own their bundles")
         for pid in _worker_pids(server.proc.pid).values():
             with open(f"/proc/{pid}/environ", "rb") as f:
