@@ -12,7 +12,8 @@ process of the node's export supervisor (pigeon.node.exports), one SparkSession 
 - what runs and what failed is written, atomically, to the status file after every poll: the node reads each
   subscription's `state` from it;
 - the job ends when its node does (PR_SET_PDEATHSIG where the node could set it, and a look at the parent's pid
-  every poll) or on SIGTERM, stopping its queries first; a query stopped or killed mid-batch is replayed from its
+  every poll), when its Spark driver's JVM is gone (killed, out of memory: nothing could run again in this
+  process; the node starts another), or on SIGTERM, stopping its queries first; a query stopped or killed mid-batch is replayed from its
   checkpoint, and the export's manifests make the replay write nothing twice."""
 
 from __future__ import annotations
@@ -109,10 +110,13 @@ class Runner:
     def __init__(self, endpoint: str, root: str, jobs_file: str, status_file: str, spark, clock=time.monotonic):
         self.endpoint, self.root, self.jobs_file, self.status_file = endpoint, root, jobs_file, status_file
         self.spark, self.clock = spark, clock
+        self.remote = type(spark).__module__.startswith("pyspark.sql.connect")  # (Spark Connect's server lives apart)
         self.client = PigeonClient(endpoint)
         self.jobs: dict[str, Job] = {}
 
     def poll(self) -> None:
+        if not self.remote:  # a call into the JVM: it raises when the JVM is gone (killed, out of memory), and then
+            _ = self.spark.sparkContext.applicationId  # nothing can run again here: the job ends, the node starts one
         wanted = read_jobs(self.jobs_file)
         for name in [n for n in self.jobs if n not in wanted]:
             self._stop(self.jobs.pop(name))
@@ -228,6 +232,9 @@ def main(argv: list[str] | None = None) -> int:
             deadline = time.monotonic() + poll_s
             while not stopping and time.monotonic() < deadline:
                 time.sleep(0.1)
+    except Exception:
+        log.exception("the export job ends (its node starts another)")
+        return 1
     finally:
         runner.stop()
     return 0

@@ -1,8 +1,9 @@
-"""Export subscriptions run by the node itself (`pigeon serve --export-root`, pigeon.node.exports): a subscription
-created through the official client with a `cloud_storage_config` becomes text files under the root with no other
-command (the formats themselves: test_export_formats.py); the node killed (-9) mid-export and started again, and the Spark job killed (-9) mid-export, leave
-every message in the files exactly once; `state` says ACTIVE, and RESOURCE_ERROR for a bucket that cannot be made.
-The node's Spark job is a child process of the real server (this session's SparkSession is not used)."""
+"""Export subscriptions run by the node itself (`pigeon serve --export-root`, pigeon.node.exports): subscriptions
+created through the official client with a `cloud_storage_config` and a `bigquery_config` become text files and a
+Delta table under the root with no other command (the formats themselves: test_export_formats.py); the node killed
+(-9) mid-export and started again, and the Spark driver's JVM killed (-9) mid-export, leave every message in the
+files and the table exactly once; `state` says ACTIVE, and RESOURCE_ERROR for a bucket that cannot be made. The
+node's Spark job is a child process of the real server (this session's SparkSession is not used)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ P = "export-proj"
 TOPIC = f"projects/{P}/topics/clicks"
 TEXT = f"projects/{P}/subscriptions/clicks-text"
 BLOCKED = f"projects/{P}/subscriptions/clicks-blocked"
+TABLE = f"projects/{P}/subscriptions/clicks-table"
 ROUND = 5000  # messages per round, published 1,000 a request to a topic of one shard
 WAIT_S = 300.0  # for each step: Spark starts in ~10 s on an idle 2-core machine, in over a minute on a loaded one
 
@@ -36,6 +38,17 @@ def _text_lines(root: str) -> list[bytes]:
         with open(f, "rb") as fh:
             out += fh.read().splitlines()
     return out
+
+
+def _delta_ids(root: str) -> list[str]:
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    try:
+        t = DeltaTable(os.path.join(root, "_bigquery", P, "analytics", "clicks")).to_pyarrow_table()
+    except TableNotFoundError:
+        return []
+    return t.column("message_id").to_pylist()
 
 
 def _files(root: str) -> int:
@@ -58,6 +71,20 @@ def _job_pid(data_dir: str) -> int:
             return json.load(f)["pid"]
     except (OSError, ValueError, KeyError):
         return 0
+
+
+def _jvm_of(pid: int) -> int:
+    """The Spark driver's JVM: the job's child running java."""
+    for d in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                if ppid == pid and b"java" in f.read():
+                    return int(d)
+        except OSError:
+            pass
+    raise AssertionError(f"the export job {pid} has no JVM")
 
 
 def _subscription_stats(address: str) -> list:
@@ -96,6 +123,8 @@ def test_the_node_runs_export_subscriptions_exactly_once_through_kills(server_fa
         sub.create_subscription(request={"name": TEXT, "topic": TOPIC, "cloud_storage_config": {
             "bucket": "text-bucket", "filename_prefix": "clicks/", "filename_suffix": ".txt", "text_config": {},
             "max_messages": 1000}})
+        sub.create_subscription(request={"name": TABLE, "topic": TOPIC, "bigquery_config": {
+            "table": f"{P}.analytics.clicks", "write_metadata": True}})
         sub.create_subscription(request={"name": BLOCKED, "topic": TOPIC,
                                          "cloud_storage_config": {"bucket": "blocked-bucket"}})
         _wait("the blocked bucket's state", lambda: sub.get_subscription(subscription=BLOCKED).state ==
@@ -122,30 +151,39 @@ def test_the_node_runs_export_subscriptions_exactly_once_through_kills(server_fa
         assert groups[0] and _group_gone(groups[0]), "the export job outlived its node"
         server.start()
         _wait("round 1", lambda: len(_text_lines(root)) >= ROUND, server)
+        _wait("round 1 in the Delta table", lambda: len(_delta_ids(root)) >= ROUND, server)
 
         sent.update(publish(ROUND))
         files = _files(root)
         _wait("a file of round 2", lambda: _files(root) > files, server, every_s=0.02)
         pid = _job_pid(data)
-        os.kill(pid, signal.SIGKILL)  # kill -9 of the Spark driver mid-export: the node starts it again
         groups.append(pid)
+        os.kill(_jvm_of(pid), signal.SIGKILL)  # kill -9 of the Spark driver's JVM mid-export: the job ends, the
+        #                                        node starts another
+
         _wait("the job started again", lambda: _job_pid(data) not in (0, pid), server)
         _wait("round 2", lambda: len(_text_lines(root)) >= 2 * ROUND, server)
+        _wait("round 2 in the Delta table", lambda: len(_delta_ids(root)) >= 2 * ROUND, server)
 
-        time.sleep(3)  # (a duplicate would come with a replayed batch: give one the time to land)
+        # the export's lag (what the console shows) down to nothing: every batch done and committed, replays too
+        _wait("no lag", lambda: all(r.num_undelivered_messages == 0 for r in _subscription_stats(server.address)
+                                    if r.name in (TEXT, TABLE)), server)
         lines = _text_lines(root)
         assert len(lines) == len(set(lines)) == 2 * ROUND  # every message once
         assert sorted(lines) == sorted(sent.values())
+        assert sorted(_delta_ids(root)) == sorted(sent)  # and in the Delta table, once each
         got = sub.get_subscription(subscription=TEXT)
         assert got.state == types.Subscription.State.ACTIVE
         assert got.cloud_storage_config.state == types.CloudStorageConfig.State.ACTIVE
+        table = sub.get_subscription(subscription=TABLE)
+        assert (table.state, table.bigquery_config.state) == (types.Subscription.State.ACTIVE,
+                                                              types.BigQueryConfig.State.ACTIVE)
         assert got.cloud_storage_config.max_messages == 1000  # (the configuration as created, beside the states)
         listed = {s.name: s.state for s in sub.list_subscriptions(project=f"projects/{P}")}
         assert listed[BLOCKED] == types.Subscription.State.RESOURCE_ERROR and listed[TEXT] == 1
 
         stats = {r.name: r for r in _subscription_stats(server.address)}  # what the console shows
         assert (stats[TEXT].export, stats[TEXT].export_state) == ("cloud storage: text-bucket", "ACTIVE")
-        assert stats[TEXT].num_undelivered_messages == 0  # the export's lag: none left
         assert stats[BLOCKED].export_state.startswith("RESOURCE_ERROR: ")
         assert stats[BLOCKED].num_undelivered_messages == 2 * ROUND  # kept for when it can run
 
