@@ -50,7 +50,7 @@ from pigeon.spark.client import PigeonClient
 
 log = logging.getLogger("pigeon.export")
 
-bigquery_trigger_s = 10.0
+bigquery_trigger_s = 5.0  # a Delta commit this often while messages come (Pub/Sub's BigQuery writes stream)
 storage_poll_s = 5.0  # how often a Cloud Storage export asks whether a file is due (max_messages or max_duration)
 max_rows_per_trigger_default = 200_000
 row_overhead_bytes = {"parquet": 64, "avro": 48, "text": 1}  # a row's bytes in a file beyond its data (estimate)

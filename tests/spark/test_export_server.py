@@ -28,7 +28,7 @@ TOPIC = f"projects/{P}/topics/clicks"
 TEXT = f"projects/{P}/subscriptions/clicks-text"
 BLOCKED = f"projects/{P}/subscriptions/clicks-blocked"
 TABLE = f"projects/{P}/subscriptions/clicks-table"
-ROUND = 5000  # messages per round, published 1,000 a request to a topic of one shard
+ROUND = 3000  # messages per round, published 1,000 a request to a topic of one shard
 WAIT_S = 300.0  # for each step: Spark starts in ~10 s on an idle 2-core machine, in over a minute on a loaded one
 
 
@@ -127,10 +127,6 @@ def test_the_node_runs_export_subscriptions_exactly_once_through_kills(server_fa
             "table": f"{P}.analytics.clicks", "write_metadata": True}})
         sub.create_subscription(request={"name": BLOCKED, "topic": TOPIC,
                                          "cloud_storage_config": {"bucket": "blocked-bucket"}})
-        _wait("the blocked bucket's state", lambda: sub.get_subscription(subscription=BLOCKED).state ==
-              types.Subscription.State.RESOURCE_ERROR, server)  # (probed within a tick)
-        assert sub.get_subscription(subscription=BLOCKED).cloud_storage_config.state == \
-            types.CloudStorageConfig.State.NOT_FOUND
 
         def publish(first: int) -> dict[str, bytes]:
             """ROUND messages, 1,000 per Publish (the client's generated layer: no client-side batching), so what
@@ -145,6 +141,10 @@ def test_the_node_runs_export_subscriptions_exactly_once_through_kills(server_fa
 
         sent = publish(0)
         assert len(set(sent.values())) == ROUND
+        _wait("the blocked bucket's state", lambda: sub.get_subscription(subscription=BLOCKED).state ==
+              types.Subscription.State.RESOURCE_ERROR, server)  # (probed within a tick)
+        assert sub.get_subscription(subscription=BLOCKED).cloud_storage_config.state == \
+            types.CloudStorageConfig.State.NOT_FOUND
         _wait("the first file", lambda: _files(root) > 0, server, every_s=0.02)
         groups.append(_job_pid(data))
         server.kill()  # kill -9 of the node mid-export: its Spark job ends with it
