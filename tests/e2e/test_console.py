@@ -171,3 +171,29 @@ def test_dead_letters_browsed_and_sent_back(server_factory, browser):
     _, dead = rest(base, "POST", f"{p}/subscriptions/jobs-dead-reader:pull",
                    {"maxMessages": 10, "returnImmediately": True})
     assert dead.get("receivedMessages", []) == []
+
+
+def test_an_export_subscription_shows_its_state_beside_its_lag(server_factory, browser):
+    """An export subscription is marked in the list and on its page with where it writes and whether it runs (here
+    not: the node has no --export-root); its lag is its unacked count, which grows as messages come."""
+    from selenium.webdriver.common.by import By
+
+    base = server_factory(http=True).http
+    p = "/v1/projects/exp"
+    assert rest(base, "PUT", f"{p}/topics/clicks")[0] == 200
+    assert rest(base, "PUT", f"{p}/subscriptions/to-files", {
+        "topic": "projects/exp/topics/clicks", "cloudStorageConfig": {"bucket": "click-bucket"}})[0] == 200
+    assert rest(base, "PUT", f"{p}/subscriptions/pull-sub", {"topic": "projects/exp/topics/clicks"})[0] == 200
+    assert rest(base, "POST", f"{p}/topics/clicks:publish", {"messages": [{"data": "eA=="}] * 3})[0] == 200
+
+    d = browser
+    d.get(f"{base}/?project=exp#/subscriptions")
+    tag = wait_for(d, lambda d: d.find_element(By.CSS_SELECTOR, "tr[data-sub=to-files] [data-testid=export]"),
+                   "the export's tag")
+    assert tag.text == "export failing"
+    assert "click-bucket" in tag.get_attribute("title") and "RESOURCE_ERROR" in tag.get_attribute("title")
+    assert not d.find_elements(By.CSS_SELECTOR, "tr[data-sub=pull-sub] [data-testid=export]")
+    d.get(f"{base}/?project=exp#/subscriptions/to-files")
+    wait_for(d, lambda d: d.find_element(By.CSS_SELECTOR, "[data-testid=sub-backlog]").text == "3", "the lag")
+    line = wait_for(d, lambda d: d.find_element(By.CSS_SELECTOR, "[data-testid=sub-export]").text, "the export line")
+    assert "cloud storage: click-bucket" in line and "this node has no --export-root" in line
