@@ -48,19 +48,20 @@ def in_project(names_: list[str], project: str, kind: str) -> list[str]:
 
 
 # --- topics -----------------------------------------------------------------------------------------
-def create_topic(state: BrokerState, topic, shards: int) -> R.TopicPut:
+def create_topic(state: BrokerState, topic, shards: int, spread: bool = False) -> R.TopicPut:
+    """`spread`: each shard in a bundle of its own (core.bundles), for good."""
     resources.check_topic(topic)
     if topic.name in state.topics:
         raise _exists(topic.name)
     state.check_room(topic.name, "topics")
-    return R.TopicPut(state.next_uid, shards, topic.SerializeToString(deterministic=True))
+    return R.TopicPut(state.next_uid, shards, topic.SerializeToString(deterministic=True), spread)
 
 
 def update_topic(state: BrokerState, topic, mask) -> R.TopicPut:
     t = state.topic(topic.name)
     merged = resources.apply_mask(t.config, topic, mask, resources.TOPIC_MUTABLE, "topic")
     resources.check_topic(merged)
-    return R.TopicPut(t.uid, len(t.shards), merged.SerializeToString(deterministic=True))
+    return R.TopicPut(t.uid, len(t.shards), merged.SerializeToString(deterministic=True), t.spread)
 
 
 def merged_topic(state: BrokerState, topic, mask):
@@ -331,7 +332,7 @@ def acks(s: SubscriptionState, ack_ids, now: float) -> tuple[list[int], dict[str
     if eod:
         s.expire(now)
     elif not s.parked:  # nothing to check per id: a batch of this subscription's ids is parsed at once
-        batch = hot.ack_numbers(s.uid, ack_ids, s.generation)
+        batch = hot.ack_numbers(s.uid, ack_ids, ackid.common(s.generations))
         if batch is not None:
             return batch, {}
     failures: dict[str, str] = {}
@@ -339,7 +340,7 @@ def acks(s: SubscriptionState, ack_ids, now: float) -> tuple[list[int], dict[str
     leases, uid = s.leases, s.uid
     for a in ack_ids:
         try:
-            p = ackid.parse(uid, a, s.generation)
+            p = ackid.parse(uid, a, s.generations)
         except InvalidArgument:
             if not eod:
                 raise
@@ -390,7 +391,7 @@ def modacks(s: SubscriptionState, ack_ids, seconds, now: float) -> tuple[list[R.
     leases = s.leases
     for a, sec in zip(ack_ids, seconds):
         try:
-            p = ackid.parse(s.uid, a, s.generation)
+            p = ackid.parse(s.uid, a, s.generations)
         except InvalidArgument:
             if not eod:
                 raise

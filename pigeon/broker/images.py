@@ -11,8 +11,7 @@ from typing import Callable
 
 from pigeon.broker.state import BrokerState
 from pigeon.broker.subscription import SubscriptionState
-from pigeon.broker.topic import TopicState
-from pigeon.core.bundles import bundle_log
+from pigeon.broker.topic import SHARD_MASK, TopicState
 from pigeon.storage import checkpoint as CK
 from pigeon.storage import records as R
 
@@ -24,7 +23,7 @@ def meta_records(state: BrokerState) -> list[R.Record]:
     out: list[R.Record] = []
 
     def topic_and_subs(t: TopicState) -> None:
-        out.append(R.TopicPut(t.uid, len(t.shards), t.config.SerializeToString(deterministic=True)))
+        out.append(R.TopicPut(t.uid, len(t.shards), t.config.SerializeToString(deterministic=True), t.spread))
         for uid in sorted(t.subscriptions):
             out.append(_sub_record(state.subs_by_uid[uid]))
         if t.deleted:
@@ -68,15 +67,22 @@ def images(state: BrokerState):
         yield sub_image(s)
 
 
-def sub_image(s: SubscriptionState) -> CK.SubImage:
+def sub_image(s: SubscriptionState, shards: set[int] | None = None) -> CK.SubImage:
+    """A subscription's durable state — of `shards` only, when given (the others' floors are written as they are
+    and never read: `BrokerState.restore` loads a snapshot's shards only)."""
     floors, acked = s.export_state()
-    return CK.SubImage(s.uid, floors, acked, s.export_leases(), list(s.versions.items()), list(s.parked.items()),
-                       list(s.overrides.items()), s.generation)
+    leases, versions = s.export_leases(), list(s.versions.items())
+    parked, overrides = list(s.parked.items()), list(s.overrides.items())
+    if shards is not None and len(shards) < len(s.shards):
+        leases, versions, parked, overrides = ([row for row in rows if row[0] & SHARD_MASK in shards]
+                                               for rows in (leases, versions, parked, overrides))
+        acked = [a if k in shards else [] for k, a in enumerate(acked)]
+    return CK.SubImage(s.uid, floors, acked, leases, versions, parked, overrides, list(s.generations))
 
 
-def _bundle(state: BrokerState, log: int, bundles: int) -> list[TopicState]:
-    return sorted((t for t in state.topics_by_uid.values() if bundle_log(t.name, bundles) == log),
-                  key=lambda t: t.uid)
+def _bundle(state: BrokerState, log: int, bundles: int) -> list[tuple[TopicState, set[int]]]:
+    """(topic, its shards in the log) for every topic with a shard in bundle log `log`, by uid."""
+    return sorted(state.log_shards(log, bundles), key=lambda pair: pair[0].uid)
 
 
 def bundle_snapshot(state: BrokerState, log: int, bundles: int,
@@ -86,8 +92,12 @@ def bundle_snapshot(state: BrokerState, log: int, bundles: int,
     the messages before the snapshot are read from the ledgers that hold them. Without `indexes` (cluster format 1)
     the shard indexes are left empty: the log after the snapshot must hold every message still needed."""
     out = []
-    for t in _bundle(state, log, bundles):
+    for t, shards in _bundle(state, log, bundles):
+        whole = len(shards) == len(t.shards)
+        ours = (lambda n: True) if whole else (lambda n: n & SHARD_MASK in shards)  # noqa: E731
         for shard, ix in enumerate(t.shards):
+            if shard not in shards:
+                continue
             if not indexes:
                 out.append(CK.ShardImage(t.uid, shard, ix.next, b"", b"", b"", b""))
                 continue
@@ -96,12 +106,14 @@ def bundle_snapshot(state: BrokerState, log: int, bundles: int,
                 pos = addresses(ix.pos).tobytes()
             out.append(CK.ShardImage(t.uid, shard, nxt, base, pos, ms, keys))
         if t.schedule.count:
-            out.append(CK.ScheduleImage(t.uid, t.schedule.export()))
-        idem = t.idempotency.export()
+            seconds = t.schedule.export(None if whole else ours)
+            if seconds:
+                out.append(CK.ScheduleImage(t.uid, seconds))
+        idem = [e for e in t.idempotency.export() if ours(int(e[1]))]
         if idem:
             out.append(CK.IdempotencyImage(t.uid, idem))
         for uid in sorted(t.subscriptions):
-            out.append(sub_image(state.subs_by_uid[uid]))
+            out.append(sub_image(state.subs_by_uid[uid], None if whole else shards))
     return R.Snapshot(log, bundles, CK.encode_images(out))
 
 
@@ -109,8 +121,8 @@ def bundle_need(state: BrokerState, log: int, bundles: int, address: Callable[[i
     """The lowest address (`address` of the index's position) of a message index batch of the bundle still kept (a
     huge number when none is): nothing stored before it holds a message the bundle still needs."""
     need = 1 << 63
-    for t in _bundle(state, log, bundles):
-        for ix in t.shards:
+    for t, shards in _bundle(state, log, bundles):
+        for ix in (t.shards[k] for k in shards):
             if len(ix.pos):
                 need = min(need, address(ix.pos[0]))
     return need

@@ -30,7 +30,7 @@ def locked(s: SubscriptionState, ack_ids, now: float) -> list[int]:
     s.expire(now)
     nums, stale = [], []
     for a in ack_ids:
-        p = ackid.parse(s.uid, a, s.generation)
+        p = ackid.parse(s.uid, a, s.generations)
         lease = s.leases.get(p[0]) if p else None
         if lease is None or lease[1] != p[1]:
             stale.append(a)

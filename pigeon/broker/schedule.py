@@ -87,10 +87,41 @@ class Schedule:
             self.count -= len(self.buckets.pop(s))
             self.secs.pop(0)
 
-    def export(self) -> list[tuple[int, bytes]]:
-        return [(s, self.buckets[s].tobytes()) for s in self.secs]
+    def drop(self, gone) -> None:
+        """Forget every entry whose number `gone(num)` names (shards whose logs are applied again)."""
+        for sec in list(self.secs):
+            b = self.buckets[sec]
+            kept = array("Q", (e for e in b if not gone(e & _NUM_MASK)))
+            if len(kept) != len(b):
+                self.count -= len(b) - len(kept)
+                if kept:
+                    self.buckets[sec] = kept
+                else:
+                    del self.buckets[sec]
+                    self.secs.remove(sec)
 
-    def restore(self, items) -> None:
+    def export(self, keep=None) -> list[tuple[int, bytes]]:
+        """The index as (second, packed entries) — of the entries `keep(num)` keeps, when given."""
+        if keep is None:
+            return [(s, self.buckets[s].tobytes()) for s in self.secs]
+        out = []
+        for s in self.secs:
+            b = array("Q", (e for e in self.buckets[s] if keep(e & _NUM_MASK)))
+            if b:
+                out.append((s, b.tobytes()))
+        return out
+
+    def restore(self, items, keep=None) -> None:
+        """Load exported seconds into an empty index — or, with `keep(num)`, merge the entries it keeps into
+        this one (a bundle snapshot's shards beside others)."""
+        if keep is not None:
+            for sec, raw in items:
+                b = array("Q")
+                b.frombytes(raw)
+                for e in b:
+                    if keep(e & _NUM_MASK):
+                        self.add(sec * 1000 + (e >> _NUM_BITS), e & _NUM_MASK)
+            return
         for sec, raw in items:
             b = array("Q")
             b.frombytes(raw)

@@ -22,12 +22,13 @@ from dataclasses import dataclass, field
 from pigeon.core.pubsub_types import types
 
 from pigeon.core import limits, names, rawproto
-from pigeon.core.bundles import META_LOG, bundle_log
+from pigeon.core.bundles import META_LOG, bundle_log, shard_log
 from pigeon.core.errors import LimitExceeded, NotFound
-from pigeon.broker import iam, resources
+from pigeon.broker import iam, resources, restore, shard_split
+from pigeon.broker.restore import Contradiction
 from pigeon.broker.resources import Policy, Schema, Snapshot, Subscription, Topic
 from pigeon.broker.subscription import SubscriptionState
-from pigeon.broker.topic import SHARD_MASK, ShardIndex, TopicState
+from pigeon.broker.topic import SHARD_MASK, TopicState
 from pigeon.storage import checkpoint as CK
 from pigeon.storage import records as R
 
@@ -44,10 +45,6 @@ _APPLY = {
     R.RecordType.SCHEMA_PUT: "_schema_put", R.RecordType.SCHEMA_DEL: "_schema_del",
     R.RecordType.SCHEMA_REVDEL: "_schema_revdel", R.RecordType.POLICY_PUT: "_policy_put",
 }
-
-
-class Contradiction(Exception):
-    """A record that does not fit the state it is applied to."""
 
 
 @dataclass(frozen=True)
@@ -102,6 +99,7 @@ class BrokerState:
         self.quotas = Quotas()
         self.census: Counter = Counter()  # (project, kind) → how many it holds; (None, None) → the server's total
         self.dispatching = True  # off while a log tail is applied (recovery, a replica): see dispatch_off
+        self.spread = False  # a spread topic was created: records are cut by shard (`split`) before they commit
 
     # --- look-ups ------------------------------------------------------------------------------
     def topic(self, name: str) -> TopicState:
@@ -133,8 +131,9 @@ class BrokerState:
 
     def log_of(self, rec: R.Record, bundles: int) -> int:
         """The log a record goes to: metadata to the metadata log, a topic's data and its subscriptions' to the
-        log of the topic's bundle (core.bundles). A record of a subscription deleted meanwhile changes nothing;
-        it goes to the metadata log."""
+        log of the topic's bundle — of a spread topic, of the shard the record names (`split` cut it so: one
+        shard a record). A record of a subscription deleted meanwhile changes nothing; it goes to the metadata
+        log."""
         if rec.META:
             return META_LOG
         if rec.TYPE == R.RecordType.RESET or rec.TYPE == R.RecordType.SNAPSHOT:
@@ -145,17 +144,43 @@ class BrokerState:
             owner = self.subs_by_uid.get(rec.sub)
             if owner is None:
                 return META_LOG
+        topic = owner if isinstance(owner, TopicState) else owner.topic
+        if topic is not None and topic.spread:
+            shards = shard_split.shards_of(rec)
+            assert shards is not None and len(shards) == 1, f"a {rec.TYPE.name} of a spread topic names one shard"
+            return self.shard_logs(topic, bundles)[shards[0]]
         log_id = owner.log_id
         if log_id is None:
-            name = owner.name if isinstance(owner, TopicState) or owner.topic is None else owner.topic.name
-            log_id = owner.log_id = bundle_log(name, bundles)
+            log_id = owner.log_id = bundle_log(owner.name if topic is None else topic.name, bundles)
         return log_id
 
+    def split(self, rec: R.Record) -> list[R.Record]:
+        """`rec` as the records to commit: one a shard for a data record of a spread topic that names several
+        (broker.shard_split), `rec` itself otherwise."""
+        if rec.META or rec.TYPE in (R.RecordType.PUBLISH, R.RecordType.RESET, R.RecordType.SNAPSHOT):
+            return [rec]
+        s = self.subs_by_uid.get(rec.sub)
+        if s is None or s.topic is None or not s.topic.spread:
+            return [rec]
+        return [part for _, part in shard_split.split(rec)]
+
+    @staticmethod
+    def shard_logs(t: TopicState, bundles: int) -> list[int]:
+        """The log of each shard of `t`."""
+        logs = t.shard_logs
+        if logs is None:
+            logs = t.shard_logs = [shard_log(t.name, k, bundles, t.spread) for k in range(len(t.shards))]
+        return logs
+
+    def shards_in(self, t: TopicState, log: int, bundles: int) -> set[int]:
+        """The shards of `t` whose records go to `log`."""
+        return {k for k, at in enumerate(self.shard_logs(t, bundles)) if at == log}
+
     def log_of_sub(self, name: str, bundles: int) -> int:
-        """The log that holds a subscription's state (its topic's bundle; the metadata log once the topic is
-        gone)."""
+        """The log that holds a subscription's state (its topic's bundle — of a spread topic, its first shard's;
+        the metadata log once the topic is gone)."""
         s = self.subs[name]
-        return META_LOG if s.topic is None else bundle_log(s.topic.name, bundles)
+        return META_LOG if s.topic is None else self.shard_logs(s.topic, bundles)[0]
 
     # --- the one way state changes ---------------------------------------------------------------
     def apply(self, rec: R.Record, at: int = 0, owner=None):
@@ -273,11 +298,17 @@ class BrokerState:
         s = self.subs_by_uid.get(rec.sub)
         if s is None:
             return None
+        if rec.shard is not None:
+            if rec.shard >= len(s.shards) or len(rec.floors) != 1:
+                raise Contradiction(f"seek of shard {rec.shard} of subscription {rec.sub}")
+            s.reset_shard(rec.shard, rec.floors[0], rec.acked[0])
+            s.generations[rec.shard] += 1
+            return [(WAKE_ALL, s.uid)]
         if len(rec.floors) != len(s.shards):
             raise Contradiction(f"seek of subscription {rec.sub} with {len(rec.floors)} shards, it has "
                                 f"{len(s.shards)}")
         s.reset(rec.floors, rec.acked)
-        s.generation += 1
+        s.generations = [g + 1 for g in s.generations]
         return [(WAKE_ALL, s.uid)]
 
     def _trim(self, rec: R.Trim):
@@ -304,19 +335,27 @@ class BrokerState:
 
     def _reset(self, rec: R.Reset):
         """The node's copy of a bundle log starts over (it takes the bundle over and reads the log back from its
-        ledgers): the bundle's topics and their subscriptions go back to their state as created. Their dispatch
-        stays off until `resume_log`, after the log was applied again."""
+        ledgers): the shards of the log — every shard of its together topics, one of a spread topic — and their
+        part of their subscriptions go back to their state as created. Those subscriptions' dispatch stays off
+        until `resume_log`, after the log was applied again."""
         effects = []
-        for t in self.topics_by_uid.values():
-            if bundle_log(t.name, rec.bundles) != rec.log:
-                continue
-            t.clear_data()
+        for t, shards in self.log_shards(rec.log, rec.bundles):
+            t.clear_data(shards)
             for uid in t.subscriptions:
                 s = self.subs_by_uid[uid]
-                s.clear_data()
+                s.clear_data(shards)
                 s.dispatching = False
                 effects.append((WAKE_ALL, uid))
         return effects or None
+
+    def log_shards(self, log: int, bundles: int) -> list[tuple[TopicState, set[int]]]:
+        """(topic, its shards in `log`) for each topic with a shard there."""
+        out = []
+        for t in self.topics_by_uid.values():
+            shards = self.shards_in(t, log, bundles)
+            if shards:
+                out.append((t, shards))
+        return out
 
     def _snapshot(self, rec: R.Snapshot):
         """A bundle's data state as its owner wrote it into the log (`bundle_snapshot`): the bundle is reset, then
@@ -325,21 +364,24 @@ class BrokerState:
         still needed, its owner cut the log only where that was so.)"""
         effects = self._reset(R.Reset(rec.log, rec.bundles))
         for image in CK.decode_images(rec.images):
-            if isinstance(image, CK.SubImage) and image.uid not in self.subs_by_uid:
-                continue  # deleted since (the metadata log runs ahead of this one)
-            if not isinstance(image, CK.SubImage) and image.topic not in self.topics_by_uid:
-                continue
-            self.restore(image)
+            if isinstance(image, CK.SubImage):
+                s = self.subs_by_uid.get(image.uid)
+                if s is None:
+                    continue  # deleted since (the metadata log runs ahead of this one)
+                t = s.topic
+            else:
+                t = self.topics_by_uid.get(image.topic)
+                if t is None:
+                    continue
+            self.restore(image, None if t is None else self.shards_in(t, rec.log, rec.bundles))
         return effects
 
     def resume_log(self, log: int, bundles: int, now: float) -> None:
         """After a bundle log was applied again from its start (`_reset`): everything in it is durable, and its
         subscriptions dispatch again."""
-        for t in self.topics_by_uid.values():
-            if bundle_log(t.name, bundles) != log:
-                continue
-            for ix in t.shards:
-                ix.durable = ix.next
+        for t, shards in self.log_shards(log, bundles):
+            for k in shards:
+                t.shards[k].durable = t.shards[k].next
             for uid in t.subscriptions:
                 self.subs_by_uid[uid].rebuild(now)
 
@@ -358,7 +400,8 @@ class BrokerState:
                 raise Contradiction(f"topic {rec.uid} with {rec.shards} shards")
             if self.topics.get(cfg.name) is not None:
                 raise Contradiction(f"topic {cfg.name} created again while it exists")
-            t = TopicState(rec.uid, cfg.name, cfg, rec.shards)
+            t = TopicState(rec.uid, cfg.name, cfg, rec.shards, rec.spread)
+            self.spread = self.spread or rec.spread
             self.topics_by_uid[t.uid] = t
             self.topics[t.name] = t
             self._count(t.name, "topics", 1)
@@ -538,29 +581,8 @@ class BrokerState:
             s.rebuild(now)
             s.last_activity = now  # inactivity is counted from the restart
 
-    # --- checkpoints and bundle snapshots (broker.images writes what this loads) -------------------------
-    def restore(self, image) -> None:
-        """Load one image of a checkpoint (after its meta records were applied). Raises Contradiction."""
-        if isinstance(image, CK.SubImage):
-            s = self.subs_by_uid.get(image.uid)
-            if s is None or len(image.floors) != len(s.shards):
-                raise Contradiction(f"checkpoint state of subscription {image.uid}, which does not fit")
-            s.reset(image.floors, image.acked)
-            s.restore_leases(image.leases)
-            s.versions.update(image.versions)
-            s.restore_parked(image.parked)
-            s.overrides.update(image.overrides)
-            s.generation = image.generation
-            return
-        t = self.topics_by_uid.get(image.topic)
-        if t is None:
-            raise Contradiction(f"checkpoint index of topic {image.topic}, which does not exist")
-        if isinstance(image, CK.ShardImage):
-            if image.shard >= len(t.shards):
-                raise Contradiction(f"checkpoint index of shard {image.shard} of topic {image.topic}")
-            t.shards[image.shard] = ShardIndex.restore(image.next, image.base, image.pos, image.ms, image.keys)
-        elif isinstance(image, CK.ScheduleImage):
-            t.schedule.restore(image.seconds)
-        else:
-            for key, mid, ms in image.entries:
-                t.idempotency.add(key, mid, ms)
+    # --- checkpoints and bundle snapshots (broker.images writes what broker.restore loads) ------------------
+    def restore(self, image, shards: set[int] | None = None) -> None:
+        """Load one image of a checkpoint (after its meta records were applied), or of a bundle snapshot: then
+        only its part of `shards` (those of the log). Raises Contradiction."""
+        restore.load(self, image, shards)

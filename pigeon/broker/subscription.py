@@ -118,7 +118,8 @@ class SubscriptionState(Dispatch):
         # --- durable: changed only by the apply methods
         self.leases: dict[int, Lease] = {}
         self.versions: dict[int, int] = {}  # num → deliveries so far, for unacked messages not leased now
-        self.generation = 0  # seeks so far: ack ids handed out before the latest one ack nothing (core.ackid)
+        # seeks of each shard so far: an ack id handed out before its shard's latest seek acks nothing (core.ackid)
+        self.generations = [0] * len(start)
         # queue extensions: parked messages (rescheduled to an activation ms, or buried: see `activation_of`)
         # are skipped by every path until due or kicked, and then go out through the redelivery queue only; they
         # stay here (active) until acked or dropped. Overrides replace a message's stored bytes for this
@@ -390,11 +391,52 @@ class SubscriptionState(Dispatch):
         self.kept.clear()
         self._clear_dispatch()
 
-    def clear_data(self) -> None:
-        """Back to its state as created (its bundle log is applied again from the start)."""
-        self.reset(self.start, [[] for _ in self.start])
-        self.overrides.clear()
-        self.generation = 0
+    def generation_of(self, num: int) -> int:
+        """The seek generation of a message's shard (its ack ids carry it: core.ackid)."""
+        shard = num & SHARD_MASK
+        return self.generations[shard] if shard < len(self.generations) else 0
+
+    def reset_shard(self, shard: int, floor: int, acked: list[int]) -> None:
+        """Apply a Seek record of one shard (a spread topic: each shard's log has its own): replace that shard's
+        ack state and drop what the subscription holds of its messages; the other shards' stay as they are, and
+        the dispatch state is derived again (while dispatching)."""
+        self.load_shard(shard, floor, acked)
+        self._drop_shard(shard)
+        self._clear_dispatch()
+        if self.dispatching:
+            self._derive_dispatch()
+
+    def load_shard(self, shard: int, floor: int, acked: list[int]) -> None:
+        """One shard's ack state from an image (a bundle snapshot of a spread topic), after `clear_data`."""
+        s = self.shards[shard] = SubShard(floor)
+        for o in acked:
+            s.mark(o)
+
+    def _drop_shard(self, shard: int) -> None:
+        ours = lambda n: n & SHARD_MASK == shard  # noqa: E731
+        for n in [n for n in self.leases if ours(n)]:
+            lease = self.leases.pop(n)
+            if lease[2] is not None:
+                lease[2].release(n)
+        for side in (self.versions, self.parked):
+            for n in [n for n in side if ours(n)]:
+                del side[n]
+        self.kept = {n for n in self.kept if not ours(n)}
+
+    def clear_data(self, shards: set[int] | None = None) -> None:
+        """Back to its state as created in `shards` (all by default: their logs are applied again from the
+        start)."""
+        if shards is None or len(shards) == len(self.shards):
+            self.reset(self.start, [[] for _ in self.start])
+            self.overrides.clear()
+            self.generations = [0] * len(self.start)
+            return
+        for k in shards:
+            self.shards[k] = SubShard(self.start[k])
+            self._drop_shard(k)
+            self.generations[k] = 0
+        self.overrides = {n: m for n, m in self.overrides.items() if n & SHARD_MASK not in shards}
+        self._clear_dispatch()
 
     def _clear_dispatch(self) -> None:
         self._heap.clear()
@@ -438,6 +480,11 @@ class SubscriptionState(Dispatch):
         Changes no durable state (only records do)."""
         self._clear_dispatch()
         self.dispatching = True
+        self._derive_dispatch()
+        self.expire(now)
+
+    def _derive_dispatch(self) -> None:
+        """The dispatch state of the durable state (`_clear_dispatch` before)."""
         for s in self.shards:
             s.cursor = s.floor
         for num, lease in sorted(self.leases.items()):
@@ -459,7 +506,6 @@ class SubscriptionState(Dispatch):
             if at >= 0:
                 self._seq += 1
                 heapq.heappush(self._delayed, (at / 1000, self._seq, [num], 0))
-        self.expire(now)
 
     def export_state(self) -> tuple[list[int], list[list[int]]]:
         return [s.floor for s in self.shards], [sorted(s.acked) for s in self.shards]

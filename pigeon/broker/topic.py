@@ -151,19 +151,29 @@ class IdempotencyWindow:
     def export(self) -> list[list]:
         return [[k, mid, ms] for k, (mid, ms) in self.ids.items()]
 
+    def drop_shards(self, shards: set[int]) -> None:
+        """Forget the keys whose messages lie in `shards` (their logs are applied again)."""
+        gone = {k for k, (mid, _) in self.ids.items() if int(mid) & SHARD_MASK in shards}
+        if gone:
+            for k in gone:
+                del self.ids[k]
+            self.order = deque(e for e in self.order if e[1] not in gone)
+
 
 class TopicState:
     """A topic: its configuration (the Topic proto), shard indexes, and attached subscriptions."""
 
-    def __init__(self, uid: int, name: str, config, shard_count: int):
+    def __init__(self, uid: int, name: str, config, shard_count: int, spread: bool = False):
         assert 1 <= shard_count <= limits.shards_per_topic_max
         self.uid = uid
         self.name = name
         self.config = config
+        self.spread = spread  # each shard in a bundle of its own (core.bundles.shard_log), fixed at creation
         self.shards = [ShardIndex() for _ in range(shard_count)]
         self.subscriptions: set[int] = set()
         self.deleted = False
-        self.log_id: int | None = None  # the log its records go to (BrokerState.log_of)
+        self.log_id: int | None = None  # the log its records go to, together (BrokerState.log_of)
+        self.shard_logs: list[int] | None = None  # … and each shard's, spread
         self.idempotency = IdempotencyWindow()
         self.schedule = Schedule()
         self._rr = itertools.cycle(range(shard_count))
@@ -171,11 +181,18 @@ class TopicState:
         self.published = 0
         self.published_bytes = 0
 
-    def clear_data(self) -> None:
-        """Back to no messages (its bundle log is applied again from the start): configuration stays."""
-        self.shards = [ShardIndex() for _ in self.shards]
-        self.idempotency = IdempotencyWindow()
-        self.schedule = Schedule()
+    def clear_data(self, shards: set[int] | None = None) -> None:
+        """Back to no messages in `shards` (all by default: their logs are applied again from the start);
+        configuration stays."""
+        if shards is None or len(shards) == len(self.shards):
+            self.shards = [ShardIndex() for _ in self.shards]
+            self.idempotency = IdempotencyWindow()
+            self.schedule = Schedule()
+            return
+        for k in shards:
+            self.shards[k] = ShardIndex()
+        self.idempotency.drop_shards(shards)
+        self.schedule.drop(lambda num: num & SHARD_MASK in shards)
 
     def shard_for(self, ordering_key: str) -> int:
         """Per-key order is shard order: a key always maps to the same shard (stable hash)."""

@@ -2,12 +2,15 @@
 another subscription is ignored, a malformed one is INVALID_ARGUMENT; and an ack id handed out before the
 subscription's latest seek is ignored too (its messages were made unacked again: a late ack of an earlier delivery
 must not ack them once more). For that the version field carries the subscription's seek generation above
-GENERATION_SHIFT bits: `version | generation << GENERATION_SHIFT` — the same ids as ever until a first seek."""
+GENERATION_SHIFT bits: `version | generation << GENERATION_SHIFT` — the same ids as ever until a first seek. A
+generation is a shard's (a spread topic's shards are sought one by one, each in its own log)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from itertools import repeat
 
+from pigeon.core import limits
 from pigeon.core.errors import InvalidArgument
 
 FORMAT = b"%d.%d.%d"  # (subscription uid, message number, delivery version); bytes formatting on the hot path
@@ -18,9 +21,9 @@ def make(sub_uid: int, num: int, version: int, generation: int = 0) -> str:
     return f"{sub_uid}.{num}.{version | generation << GENERATION_SHIFT}"
 
 
-def parse(sub_uid: int, ack_id: str, generation: int = 0) -> tuple[int, int] | None:
+def parse(sub_uid: int, ack_id: str, generations: Sequence[int] = (0,)) -> tuple[int, int] | None:
     """(message number, version); None when the ack id belongs to another subscription, or was handed out before
-    the subscription's seek generation `generation` began."""
+    its shard's seek generation (`generations[shard]`; 0 for a shard beyond them) began."""
     try:
         uid, num, version = ack_id.split(".")
         uid, num, version = int(uid), int(num), int(version)
@@ -28,12 +31,20 @@ def parse(sub_uid: int, ack_id: str, generation: int = 0) -> tuple[int, int] | N
         version = -1
     if version < 0:
         raise InvalidArgument(f"You have passed an invalid ack ID to the service (ack_id={ack_id[:64]}).")
-    if uid != sub_uid or version >> GENERATION_SHIFT != generation:
+    shard = num & _SHARD_MASK
+    if uid != sub_uid or version >> GENERATION_SHIFT != (generations[shard] if shard < len(generations) else 0):
         return None
     return num, version & _VERSION_MASK
 
 
 _VERSION_MASK = (1 << GENERATION_SHIFT) - 1
+_SHARD_MASK = (1 << limits.shard_bits) - 1
+
+
+def common(generations: Sequence[int]) -> int:
+    """The seek generation every shard is at, or -1 when they differ (which no ack id carries)."""
+    first = generations[0] if generations else 0
+    return first if all(g == first for g in generations) else -1
 
 
 def parse_many(sub_uid: int, ack_ids: list[str], generation: int = 0) -> list[int] | None:

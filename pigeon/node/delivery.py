@@ -58,7 +58,7 @@ class Delivery:
             show_attempt = bool(s.config.dead_letter_policy.dead_letter_topic)
             try:
                 out, sizes = self.executor.reader.received(s.topic, picks.out, s.uid, show_attempt, max_bytes,
-                                                           s.overrides, s.generation)
+                                                           s.overrides, s.generations)
             except NotCached as e:  # given back untaken; the waiters are woken once it was fetched
                 s.untake(picks, 0)
                 self._fetch(s, e.address)

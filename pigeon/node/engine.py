@@ -24,7 +24,7 @@ from pigeon.core.errors import Unavailable
 from pigeon.node import hops, maintenance, push, recovery
 from pigeon.node.admission import Admission, AdmissionStats
 from pigeon.node.delivery import Delivery
-from pigeon.node.executor import append_step, commit_step
+from pigeon.node.executor import append_step, commit
 from pigeon.node.logs import NodeLogs
 from pigeon.node.host import OsHost
 from pigeon.node.iam_ops import IamOps
@@ -198,9 +198,10 @@ class Engine:
     def commit(self, rec: R.Record, owner=None) -> int:
         """Append `rec` to its log and apply it (validated before: applying must not fail), then perform its
         effects. Returns the journal position after it: durable once the journal's durable position reaches it."""
-        effects = commit_step(self.state, self.logs, self.epoch, self._fenced, self.config.bundles, rec, owner)[4]
-        if effects:
-            self._perform(effects)
+        steps = commit(self.state, self.logs, self.epoch, self._fenced, self.config.bundles, rec, owner)
+        for _, _, effects in steps:  # (performed once every part of a record cut by shard is applied)
+            if effects:
+                self._perform(effects)
         return self.journal.tail
 
     def _perform(self, effects) -> None:
@@ -247,7 +248,7 @@ class Engine:
         else:
             logs = set()
             for rec in recs:
-                logs.add(self.state.log_of(rec, self.config.bundles))
+                logs.update(self.state.log_of(part, self.config.bundles) for part in self.state.split(rec))
                 self.commit(rec)
             for log_id in logs - {META_LOG}:  # in a cluster a data record (a seek) is answered once replicated
                 await self.durable(log_id=log_id)

@@ -14,9 +14,20 @@ from pigeon.storage import records as R
 def commit_step(state: BrokerState, logs, epoch: int, fenced: set[int], bundles: int, rec: R.Record,
                 owner=None) -> tuple[int, int, int, list, list | None]:
     """Append `rec` to `logs` (the node's: node.logs.NodeLogs; the simulator's: testing.sync_journal.SyncJournal)
-    and apply it: (log id, offset in its log, journal position, the record's parts, apply's effects)."""
+    and apply it: (log id, offset in its log, journal position, the record's parts, apply's effects). A record
+    of a spread topic that names several shards is not given here: `BrokerState.split` cuts it first, one record
+    a shard's log, each committed in turn (`commit`)."""
     log_id, offset, at, parts = append_step(state, logs, epoch, fenced, bundles, rec)
     return log_id, offset, at, parts, state.apply(rec, at, owner)
+
+
+def commit(state: BrokerState, logs, epoch: int, fenced: set[int], bundles: int, rec: R.Record,
+           owner=None) -> list[tuple[R.Record, int, list | None]]:
+    """`commit_step` of each record `rec` is committed as — itself, or one a shard of a spread topic's that names
+    several (each durable and applied on its own, as on several owners): (record, journal position, effects)."""
+    if not state.spread:
+        return [(rec, *commit_step(state, logs, epoch, fenced, bundles, rec, owner)[2::2])]
+    return [(part, *commit_step(state, logs, epoch, fenced, bundles, part, owner)[2::2]) for part in state.split(rec)]
 
 
 def append_step(state: BrokerState, logs, epoch: int, fenced: set[int], bundles: int,

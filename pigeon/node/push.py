@@ -370,7 +370,7 @@ class PushWorker:
         del self.held[num]
         if self._sub() is not s:
             return  # deleted meanwhile
-        ack_id = ackid.make(self.uid, num, version, s.generation)
+        ack_id = ackid.make(self.uid, num, version, s.generation_of(num))
         if ok:
             self.engine.delivery.ack_nowait(s, [ack_id])
         else:

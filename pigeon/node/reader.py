@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from pigeon.broker.topic import SHARD_MASK, TopicState
-from pigeon.core import hot, limits, rawproto, wire
+from pigeon.core import ackid, hot, limits, rawproto, wire
 from pigeon.core.bundles import LOG_ADDRESS
 from pigeon.core.errors import Unavailable
 from pigeon.storage import record
@@ -184,10 +184,34 @@ class MessageReader:
         return out
 
     def received(self, topic: TopicState, taken, sub_uid: int, show_attempt: bool, max_bytes: int,
-                 overrides: dict[int, bytes], generation: int = 0) -> tuple[list[bytes], list[int]]:
+                 overrides: dict[int, bytes], generations=(0,)) -> tuple[list[bytes], list[int]]:
         """Encoded `received_messages` entries (field 1 of PullResponse and StreamingPullResponse alike) for
         leased (number, version) pairs, as many as fit in `max_bytes` (at least one), and each message's size:
         the hot path of delivery (`pigeon.core.hot.received_entries`); `overrides` are messages updated in
-        place; the ack ids carry the subscription's seek `generation`."""
-        return hot.received_entries(self._locate, topic, taken, sub_uid, show_attempt, max_bytes, overrides,
-                                    topic.id_base(), limits.shard_bits, generation)
+        place; the ack ids carry their shard's seek generation (`generations`, by shard)."""
+        gen = ackid.common(generations)
+        if gen >= 0:
+            return hot.received_entries(self._locate, topic, taken, sub_uid, show_attempt, max_bytes, overrides,
+                                        topic.id_base(), limits.shard_bits, gen)
+        # shards sought apart (a spread topic): each run of one generation encoded on its own, in one budget
+        of = lambda num: generations[num & SHARD_MASK] if num & SHARD_MASK < len(generations) else 0  # noqa: E731
+        out: list[bytes] = []
+        sizes: list[int] = []
+        total, i = 0, 0
+        while i < len(taken):
+            g = of(taken[i][0])
+            j = i + 1
+            while j < len(taken) and of(taken[j][0]) == g:
+                j += 1
+            part, part_sizes = hot.received_entries(self._locate, topic, taken[i:j], sub_uid, show_attempt,
+                                                    max_bytes - total, overrides, topic.id_base(),
+                                                    limits.shard_bits, g)
+            if out and total + part_sizes[0] > max_bytes:
+                break
+            out += part
+            sizes += part_sizes
+            total += sum(part_sizes)
+            if len(part) < j - i:
+                break
+            i = j
+        return out, sizes

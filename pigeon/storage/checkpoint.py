@@ -10,13 +10,14 @@ end record, with a wrong count or any failed CRC is broken as a whole (recovery 
 | SHARD 33       | topic u32 · shard u16 · next offset u64 · batches u64 · base i64[] · log position i64[] · publish ms i64[] · key i64[] |
 | SCHEDULE 34    | topic u32 · seconds u32 · per second: second i64 · entries u32 · entries u64[] |
 | IDEMPOTENCY 35 | topic u32 · count u32 · per key: key str · message id str · publish ms i64 |
-| SUB 36         | uid u32 · ack state (as SEEK) · leases u32 · (num u64 · deadline f64 · version u32 · key i64)[] · counts u32 · (num u64 · deliveries u32)[] · parked u32 · (num u64 · at i64)[] · updates u32 · (num u64 · bytes u32 · bytes)[] |
+| SUB 36         | uid u32 · ack state (as SEEK) · leases u32 · (num u64 · deadline f64 · version u32 · key i64)[] · counts u32 · (num u64 · deliveries u32)[] · parked u32 · (num u64 · at i64)[] · updates u32 · (num u64 · bytes u32 · bytes)[] · seek generation u32 [· shards u32 · generation u32[]: when shards differ] |
 | END 37         | records before it u64 |
 """
 
 from __future__ import annotations
 
 import json
+from array import array
 import struct
 from dataclasses import dataclass, field
 
@@ -78,7 +79,9 @@ class SubImage:
     versions: list[tuple[int, int]]
     parked: list[tuple[int, int]]
     overrides: list[tuple[int, bytes]]
-    generation: int = 0  # the subscription's seeks so far (an image written before it counted them: 0)
+    # each shard's seeks so far (core.ackid); written as one u32 when they are equal, followed by the list when
+    # not (an image written before seeks were counted has none: 0, before they were counted by shard: one)
+    generations: list[int] = field(default_factory=list)
 
 
 def encode(header: Header, meta: list[records.Record], images) -> list[bytes]:
@@ -116,7 +119,10 @@ def _encode_image(i) -> bytes:
     parts.append(_U32.pack(len(i.overrides)))
     for num, raw in i.overrides:
         parts += [_UPDATE.pack(num, len(raw)), raw]
-    parts.append(_U32.pack(i.generation))
+    gens = i.generations or [0]
+    parts.append(_U32.pack(gens[0]))
+    if any(g != gens[0] for g in gens):
+        parts += [_U32.pack(len(gens)), array("I", gens).tobytes()]
     return record.encode_parts(SUB, parts)
 
 
@@ -205,9 +211,12 @@ def _decode_image(rtype: int, payload):
         for _ in range(r.take(_U32)[0]):
             num, size = r.take(_UPDATE)
             overrides.append((num, bytes(r.raw(size))))
-        generation = r.take(_U32)[0] if r.pos < len(r.buf) else 0  # (absent from images of older versions)
+        generation = r.take(_U32)[0] if r.pos < len(r.buf) else 0
+        gens = r.array("I", r.take(_U32)[0]).tolist() if r.pos < len(r.buf) else [generation] * len(floors)
+        if len(gens) != len(floors):
+            raise Malformed("a subscription image with a seek generation count unlike its shards'")
         r.done()
-        return SubImage(uid, floors, acked, leases, versions, parked, overrides, generation)
+        return SubImage(uid, floors, acked, leases, versions, parked, overrides, gens)
     raise Malformed(f"unknown checkpoint record type {rtype}")
 
 

@@ -14,7 +14,9 @@ that meet ENOSPC cut back and kept, checkpoints skipped) and frees again. After 
     reached it;
   * after a crash, the recovered state is what replaying the surviving log gives (recovery equals the live
     path), and the log reaches at least as far as it was durable;
-  * at the end: once every lease and backoff ran out, everything unacked and not parked is delivered.
+  * at the end: once every lease and backoff ran out, everything unacked and not parked is delivered; and the
+    shards of every log read the same when their logs are applied alone, or loaded from a snapshot beside
+    another log's (testing.shard_check: half the topics are spread, a log a shard).
 
 A failure raises SimFailure naming the seed; `python -m pigeon.testing.simulator --seed N` replays it, `--seeds N`
 runs many (what `make sim SEEDS=N` does)."""
@@ -34,7 +36,7 @@ from pigeon.broker import commands
 from pigeon.broker.state import BrokerState
 from pigeon.core import ackid, limits
 from pigeon.core.errors import PigeonError
-from pigeon.node.executor import commit_step
+from pigeon.node.executor import commit
 from pigeon.node.maintenance import Checkpoints, checkpoint_records
 from pigeon.node.reader import MessageReader
 from pigeon.node.recovery import BrokerTarget, type_name
@@ -46,6 +48,7 @@ from pigeon.testing.clock import SimClock
 from pigeon.testing.sync_journal import SyncJournal
 from pigeon.testing.sim_oracle import Msg, Oracle, Stream, summary
 from pigeon.testing.simdisk import SimDisk
+from pigeon.testing import shard_check
 
 P = "projects/sim"
 KEYS = ["k1", "k2", "k3"]
@@ -103,6 +106,8 @@ class Simulator:
                 op()
                 self.check_states()
             self.final_drain()
+            for problem in shard_check.check_history([(rec, at) for rec, at, _ in self.history], BUNDLES):
+                self.fail(f"shards are not independent (invariant T3): {problem}")
         except SimFailure:
             raise
         except Exception as e:  # noqa: BLE001 — any crash of the code under test is a finding
@@ -115,9 +120,12 @@ class Simulator:
 
     # --- the executor's one step (node.executor's, as the engine commits) -------------------------------
     def commit_record(self, rec: R.Record, owner=None) -> int:
-        _, _, at, _, effects = commit_step(self.state, self.sj, self.epoch, self.fenced, BUNDLES, rec, owner)
+        steps = commit(self.state, self.sj, self.epoch, self.fenced, BUNDLES, rec, owner)
         end = self.sj.journal.tail
-        self.history.append((rec, at, end))
+        effects = []
+        for i, (part, at, done) in enumerate(steps):  # (a record cut by shard: a crash may keep some parts only)
+            self.history.append((part, at, steps[i + 1][1] if i + 1 < len(steps) else end))
+            effects += done or ()
         self.orphaned.update(s.uid for s in self.state.subs.values() if s.max_attempts and not s.dead_letter_open)
         for kind, uid in effects or ():
             if kind == "dead_letters":
@@ -130,7 +138,8 @@ class Simulator:
             return
         self.topic_count += 1
         name = f"{P}/topics/topic{self.topic_count}"
-        self.commit_record(commands.create_topic(self.state, _Topic(name=name), self.rng.randint(1, 3)))
+        spread = self.rng.random() < 0.5  # each shard in a log of its own: records are cut by shard
+        self.commit_record(commands.create_topic(self.state, _Topic(name=name), self.rng.randint(1, 3), spread))
 
     def delete_topic(self) -> None:
         """Its subscriptions keep their backlog; one whose dead-letter topic it was goes on delivering."""
@@ -228,7 +237,7 @@ class Simulator:
                 want = self.oracle.msgs.get((s.topic.uid, num))
                 if want is not None and _PubsubMessage.FromString(body).data != want.data:
                     self.fail(f"message {num} of {s.topic.name} reads back different from what was published")
-                self.held[s.uid][num] = ackid.make(s.uid, num, version, s.generation)
+                self.held[s.uid][num] = ackid.make(s.uid, num, version, s.generation_of(num))
         self.oracle.dead[s.uid].update(n for n, _ in picks.dead)
 
     def check_order(self, s, out) -> None:
@@ -306,7 +315,7 @@ class Simulator:
         s = self.state.subs_by_uid[uid]
         # (a crash or a damaged log may have lost the seek: ids of the subscription's generation ack as any)
         ids = [a for a in self.before_seek.pop(uid)
-               if int(a.rsplit(".", 1)[1]) >> ackid.GENERATION_SHIFT < s.generation]
+               if int(a.rsplit(".", 1)[1]) >> ackid.GENERATION_SHIFT < s.generation_of(int(a.split(".")[1]))]
         nums, _ = commands.acks(s, ids, self.clock.now()) if ids else ([], {})
         if nums:
             self.fail(f"{len(nums)} ack ids of {s.name} handed out before its seek acked messages after it")

@@ -91,7 +91,7 @@ def test_received_entries_twin_returns_what_python_returns(case):
         for entry, (num, version) in zip(gen[0], taken):
             rm = ReceivedMessage.FromString(_field_1(entry))
             assert rm.ack_id == f"{sub_uid}.{num}.{version | 2 << 32}"
-            assert ackid.parse(sub_uid, rm.ack_id, 2) == (num, version)
+            assert ackid.parse(sub_uid, rm.ack_id, [2] * 64) == (num, version)
 
 
 def _field_1(entry: bytes) -> bytes:

@@ -60,10 +60,22 @@ def test_declines_other_subscriptions_and_malformed_ids():
 def test_ids_of_an_earlier_seek_generation_ack_nothing():
     before = [ackid.make(UID, n, 1) for n in range(3)]
     after = [ackid.make(UID, n, 2, generation=1) for n in range(3)]
-    assert [ackid.parse(UID, a, 1) for a in before] == [None] * 3
-    assert [ackid.parse(UID, a, 1) for a in after] == [(n, 2) for n in range(3)]
+    assert [ackid.parse(UID, a, [1, 1, 1]) for a in before] == [None] * 3
+    assert [ackid.parse(UID, a, [1, 1, 1]) for a in after] == [(n, 2) for n in range(3)]
     assert [ackid.parse(UID, a) for a in after] == [None] * 3  # (ids of a later generation: not from here)
     assert ackid.parse_many(UID, after, 1) == [0, 1, 2]
     assert ackid.parse_many(UID, before, 1) is None  # the per-id path sorts them out
     assert ackid.parse_many(UID, after) is None
     assert ackid.parse_many(UID, before + after, 1) is None
+
+
+def test_a_generation_is_its_shards():
+    """A spread topic's shards are sought one by one: an ack id is checked against its own shard's generation,
+    and the batch parser declines while the shards' generations differ."""
+    gens = [1, 0]  # shard 0 sought once, shard 1 not yet
+    shard0 = ackid.make(UID, 0 << 6 | 0, 1, generation=1)
+    shard1 = ackid.make(UID, 0 << 6 | 1, 1)
+    stale0 = ackid.make(UID, 1 << 6 | 0, 1)
+    assert [ackid.parse(UID, a, gens) for a in (shard0, shard1, stale0)] == [(0, 1), (1, 1), None]
+    assert ackid.common(gens) == -1 and ackid.common([2, 2]) == 2 and ackid.common([]) == 0
+    assert ackid.parse_many(UID, [shard0, shard1], ackid.common(gens)) is None

@@ -59,9 +59,10 @@ ANY_RECORD = st.one_of(
     publishes(), delivers(), modacks(),
     st.builds(R.Ack, u32, nums), st.builds(R.Kick, u32, nums),
     st.builds(lambda sub, state: R.Seek(sub, *state), u32, ack_state()),
+    st.builds(lambda sub, floor, acked, shard: R.Seek(sub, [floor], [acked], shard), u32, u64, nums, u16),
     st.builds(R.Trim, u32, u16, u64), st.builds(R.Park, u32, i64, nums), st.builds(R.Update, u32, u64, blob),
     st.builds(R.Reset, u32, u32),
-    st.builds(R.TopicPut, u32, u16, blob), st.builds(R.TopicDel, u32), st.builds(R.SubDel, u32),
+    st.builds(R.TopicPut, u32, st.integers(0, 2**15 - 1), blob, st.booleans()), st.builds(R.TopicDel, u32), st.builds(R.SubDel, u32),
     st.builds(R.SubPut, u32, u32, blob, st.none() | st.lists(u64, max_size=8)),
     st.builds(R.SnapPut, u32, blob), st.builds(lambda t, c, state: R.SnapPut(t, c, *state), u32, blob, ack_state()),
     st.builds(R.SnapDel, text), st.builds(R.SchemaPut, blob), st.builds(R.SchemaDel, text),
@@ -145,7 +146,8 @@ def images(draw):
                        draw(st.lists(st.tuples(u64, seconds, u32, i64), max_size=4)),
                        draw(st.lists(st.tuples(u64, u32), max_size=4)),
                        draw(st.lists(st.tuples(u64, i64), max_size=4)),
-                       draw(st.lists(st.tuples(u64, blob), max_size=4)))
+                       draw(st.lists(st.tuples(u64, blob), max_size=4)),
+                       draw(st.lists(u32, min_size=len(floors), max_size=len(floors))))
 
 
 def _image(i) -> tuple:

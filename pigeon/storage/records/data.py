@@ -171,25 +171,35 @@ class Modack(Record):
 @dataclass(slots=True)
 class Seek(Record):
     """A subscription's ack state replaced (seek to a time or snapshot, a cursor moved, detach): every offset
-    below `floors[shard]` and those listed in `acked[shard]` are acknowledged, nothing else; leases end."""
+    below `floors[shard]` and those listed in `acked[shard]` are acknowledged, nothing else; leases end. With
+    `shard` (a spread topic: one Seek a shard's log) only that shard's state is replaced, from `floors[0]` and
+    `acked[0]`; written as a u16 after the rest, which a Seek of an earlier release has none of (every shard)."""
 
     TYPE: ClassVar = RecordType.SEEK
     sub: int
     floors: list[int]
     acked: list[list[int]]
+    shard: int | None = None
 
     def parts(self) -> list[bytes]:
-        return [U32.pack(self.sub), *ack_state_parts(self.floors, self.acked)]
+        parts = [U32.pack(self.sub), *ack_state_parts(self.floors, self.acked)]
+        return parts if self.shard is None else parts + [_U16.pack(self.shard)]
 
     @classmethod
     def decode(cls, payload) -> "Seek":
         r = PayloadReader(payload)
         (sub,) = r.take(U32)
         floors, acked = read_ack_state(r)
+        shard = None
+        if r.pos < len(r.buf):
+            (shard,) = r.take(_U16)
+            if len(floors) != 1:
+                raise Malformed("a seek of one shard carries one floor")
         r.done()
-        return cls(sub, floors, acked)
+        return cls(sub, floors, acked, shard)
 
 
+_U16 = struct.Struct("<H")
 _TRIM = struct.Struct("<IHQ")
 
 

@@ -16,22 +16,28 @@ _TOPIC_PUT = struct.Struct("<IH")
 
 @dataclass(slots=True)
 class TopicPut(Record):
-    """A topic created (a new uid) or its configuration replaced."""
+    """A topic created (a new uid) or its configuration replaced. `spread`: its shards lie in bundles of their own
+    (core.bundles), fixed at creation; carried in the top bit of the shard count, which a record of an earlier
+    release leaves clear (together, as every topic then was)."""
 
     TYPE: ClassVar = RecordType.TOPIC_PUT
     META: ClassVar = True
     uid: int
     shards: int
     config: bytes
+    spread: bool = False
 
     def parts(self) -> list[bytes]:
-        return [_TOPIC_PUT.pack(self.uid, self.shards), self.config]
+        return [_TOPIC_PUT.pack(self.uid, self.shards | (_SPREAD if self.spread else 0)), self.config]
 
     @classmethod
     def decode(cls, payload) -> "TopicPut":
         r = PayloadReader(payload)
         uid, shards = r.take(_TOPIC_PUT)
-        return cls(uid, shards, bytes(r.rest()))
+        return cls(uid, shards & ~_SPREAD, bytes(r.rest()), bool(shards & _SPREAD))
+
+
+_SPREAD = 1 << 15
 
 
 def _uid_record(rtype: RecordType, doc: str):
