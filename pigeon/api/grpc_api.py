@@ -17,7 +17,7 @@ from pigeon.core.pubsub_types import types
 from pigeon.broker import commands
 from pigeon.core import limits, names, wire
 from pigeon.node import hops
-from pigeon.api import errors
+from pigeon.api import errors, spread
 from pigeon.api.errors import abort, translate
 from pigeon.core.errors import InvalidArgument, NotFound
 from pigeon.node.engine import Engine
@@ -81,18 +81,30 @@ class PubSubApi:
             raise InvalidArgument("topic must be set.")
         return (await self.engine.update_topic(req.topic, req.update_mask)).SerializeToString()
 
+    async def _publish_owner(self, cmd, context):
+        """Where a publish whose topic was not first in its bytes goes (None: here)."""
+        t = await self.router.spread_topic(cmd.topic, context)
+        return self.router.publish_owner(t, cmd.ordering_key) if t is not None else self.router.for_topic(cmd.topic,
+                                                                                                        context)
+
     @translate
     @fresh
     async def publish(self, raw: bytes, context):
         if hops.ON:
             hops.mark("publish")
+        cmd = None
         if self.router is not None:  # routed on its topic alone: the owner checks it (a megabyte parsed once)
             topic = wire.leading_string(raw, 1)
-            if topic and (owner := self.router.for_topic(topic, context)):
+            if topic and (t := await self.router.spread_topic(topic, context)) is not None:
+                cmd = commands.check_publish(raw)  # (its ordering key decides the shard)
+                if owner := self.router.publish_owner(t, cmd.ordering_key):
+                    return await self.router.unary(owner, PUBLISH, raw, context)
+            elif topic and (owner := self.router.for_topic(topic, context)):
                 return await self.router.unary(owner, PUBLISH, raw, context)
-        cmd = commands.check_publish(raw)
-        if self.router is not None and (owner := self.router.for_topic(cmd.topic, context)):
-            return await self.router.unary(owner, PUBLISH, raw, context)  # its topic was not first in the bytes
+        if cmd is None:
+            cmd = commands.check_publish(raw)
+            if self.router is not None and cmd.topic != topic and (owner := await self._publish_owner(cmd, context)):
+                return await self.router.unary(owner, PUBLISH, raw, context)  # its topic was not first in the bytes
         ids = await self.engine.publish(cmd.topic, cmd.request, cmd.count, cmd.ordering_key, cmd.idempotency_keys,
                                         cmd.activations)
         if hops.ON:
@@ -143,9 +155,13 @@ class PubSubApi:
     @translate
     @fresh
     async def create_subscription(self, req, context):
-        if self.router is not None and req.topic and (owner := self.router.for_topic(req.topic, context)):
-            return await self.router.unary(owner, CREATE_SUBSCRIPTION, req.SerializeToString(), context)
-        return self.exports.annotate(await self.engine.create_subscription(req)).SerializeToString()
+        start = None
+        if self.router is not None and req.topic:
+            if (t := await self.router.spread_topic(req.topic, context)) is not None:  # made here, from each shard's end
+                start = await spread.subscription_start(self.router, t, context, lambda: _now(t.backlog_end()))
+            elif owner := self.router.for_topic(req.topic, context):
+                return await self.router.unary(owner, CREATE_SUBSCRIPTION, req.SerializeToString(), context)
+        return self.exports.annotate(await self.engine.create_subscription(req, start)).SerializeToString()
 
     @translate
     @fresh
@@ -177,6 +193,10 @@ class PubSubApi:
     @translate
     @fresh
     async def modify_ack_deadline(self, req, context):
+        if self.router is not None and (t := await self.router.spread_subscription(req.subscription, context)):
+            return await spread.split_acks(self.router, t, req, list(req.ack_ids), MODIFY_ACK_DEADLINE, context,
+                                           lambda ids: self.engine.delivery.modify_ack_deadline(
+                                               req.subscription, ids, req.ack_deadline_seconds))
         if self.router is not None and (owner := await self.router.for_subscription(req.subscription, context)):
             return await self.router.unary(owner, MODIFY_ACK_DEADLINE, req.SerializeToString(), context)
         await self.engine.delivery.modify_ack_deadline(req.subscription, list(req.ack_ids), req.ack_deadline_seconds)
@@ -185,6 +205,9 @@ class PubSubApi:
     @translate
     @fresh
     async def acknowledge(self, req, context):
+        if self.router is not None and (t := await self.router.spread_subscription(req.subscription, context)):
+            return await spread.split_acks(self.router, t, req, list(req.ack_ids), ACKNOWLEDGE, context,
+                                           lambda ids: self.engine.delivery.acknowledge(req.subscription, ids))
         if self.router is not None and (owner := await self.router.for_subscription(req.subscription, context)):
             return await self.router.unary(owner, ACKNOWLEDGE, req.SerializeToString(), context)
         await self.engine.delivery.acknowledge(req.subscription, list(req.ack_ids))
@@ -193,6 +216,11 @@ class PubSubApi:
     @translate
     @fresh
     async def pull(self, req, context):
+        if self.router is not None and (t := await self.router.spread_subscription(req.subscription, context)):
+            async def here(max_messages: int, now: bool) -> bytes:
+                return b"".join(await self.engine.delivery.pull(req.subscription, max_messages, now,
+                                                                context.time_remaining()))
+            return await spread.pull(self.router, t, req, context, here)
         if self.router is not None and (owner := await self.router.for_subscription(req.subscription, context)):
             return await self.router.unary(owner, PULL, req.SerializeToString(), context, waits=True)
         rms = await self.engine.delivery.pull(req.subscription, req.max_messages, req.return_immediately,
@@ -212,6 +240,10 @@ class PubSubApi:
                 raise first.refused()
             if not first.subscription:
                 raise InvalidArgument("The first StreamingPullRequest must set subscription.")
+            if self.router is not None and (t := await self.router.spread_subscription(first.subscription, context)):
+                async for resp in spread.streaming_pull(self.router, t, first, request_iterator, context):
+                    yield resp
+                return
             if self.router is not None and (owner := await self.router.for_stream(first.subscription, context)):
                 async for resp in self.router.stream(owner, STREAMING_PULL, first.SerializeToString(),
                                                      request_iterator, context):
@@ -404,3 +436,7 @@ def _responses(rms: list[bytes], props: bytes):
         parts.append(item)
         size += len(item)
     yield b"".join(parts)
+
+
+async def _now(value):
+    return value

@@ -16,16 +16,18 @@ details) passed back as it came — so a client may use any node. Owns the rules
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from typing import NamedTuple
 
 import grpc
 
 from pigeon.api import access
+from pigeon.core.pubsub_types import types
 from pigeon.api.errors import Relayed
 from pigeon.core import limits
 from pigeon.core.bundles import META_LOG, bundle_log
-from pigeon.core.errors import Unavailable
+from pigeon.core.errors import Unavailable, Unimplemented
 from pigeon.node.engine import SHUTTING_DOWN
 from pigeon.ops import tls
 
@@ -36,13 +38,25 @@ _MOVED = "The topic's bundle moved to another node; retry."
 
 
 class Owner(NamedTuple):
-    """Where a call goes: the owner's address, and the log whose owner it is."""
+    """Where a call goes: the owner's address, and the logs it owns that the call is about (a spread topic's
+    shards' that it owns, or one bundle's)."""
     address: str
-    log_id: int
+    log_ids: tuple[int, ...]
+
+    def moved(self, cluster) -> bool:
+        """Whether the routes name another owner of one of its logs now."""
+        return any(cluster.address_of(log) != self.address for log in self.log_ids)
+
+
+class Part(NamedTuple):
+    """One owner's share of a spread topic: where (None: this node) and which shards."""
+    owner: Owner | None
+    shards: tuple[int, ...]
 
 _same = lambda b: b  # noqa: E731 — bytes pass through unparsed
 _RETRYABLE = "The topic's bundle is moving between nodes; retry."
 _PUBLISH = "/google.pubsub.v1.Publisher/Publish"
+_PublishRequest = types.PublishRequest.pb()
 
 
 class Router:
@@ -51,6 +65,7 @@ class Router:
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._waiting: set[_MoveWatch] = set()  # forwarded calls that wait by design, open now
         self.forwarded = 0  # calls passed to another node
+        self._turn = 0  # keyless publishes of a spread topic none of whose shards is here: the owners in turn
 
     # --- where a call goes ---------------------------------------------------------------------------------
     def _owner(self, log_id: int, context) -> Owner | None:
@@ -63,10 +78,56 @@ class Router:
         address = self.cluster.address_of(log_id)
         if address is None or address == self.cluster.info.dial:  # no owner, or this node is taking it over
             raise Unavailable(_RETRYABLE)
-        return Owner(address, log_id)
+        return Owner(address, (log_id,))
+
+    @staticmethod
+    def forwarded_call(context) -> bool:
+        return any(k == FORWARDED for k, _ in (context.invocation_metadata() or ()))
 
     def for_topic(self, topic: str, context) -> Owner | None:
+        t = self.engine.state.topics.get(topic)
+        if t is not None and t.spread:  # each shard's owner answers for its own: a call about them all is split
+            if self.forwarded_call(context):
+                return None
+            raise Unimplemented(f"This call about the topic {topic}, whose shards are spread over the cluster's "
+                                "nodes (--topic-layout spread), is not supported yet.")
         return self._owner(bundle_log(topic, self.engine.config.bundles), context)
+
+    def spread(self, topic) -> list[Part] | None:
+        """The owners of a spread topic's shards (this node's share first), or None for a topic together in one
+        bundle. Unavailable while a shard has no owner (moving)."""
+        if topic is None or not topic.spread:
+            return None
+        groups: dict[str | None, tuple[list[int], list[int]]] = {}
+        for k, log in enumerate(self.engine.state.shard_logs(topic, self.engine.config.bundles)):
+            address = None
+            if not self.engine.owns(log):
+                address = self.cluster.address_of(log)
+                if address is None or address == self.cluster.info.dial:
+                    raise Unavailable(_RETRYABLE)
+            shards, logs = groups.setdefault(address, ([], []))
+            shards.append(k)
+            logs.append(log)
+        return sorted((Part(None if a is None else Owner(a, tuple(logs)), tuple(shards))
+                       for a, (shards, logs) in groups.items()), key=lambda p: p.owner is not None)
+
+    async def spread_topic(self, name: str, context):
+        """The spread topic `name` when this call must be split over its shards' owners; None to route as
+        always (a topic together in one bundle, or a call another node forwarded here: this node's share). A
+        topic not known here yet is looked for in the cluster's metadata first: its layout decides the route."""
+        if name not in self.engine.state.topics and self.engine.meta_log is not None:
+            await self.engine.meta_log.catch_up()
+        t = self.engine.state.topics.get(name)
+        return t if t is not None and t.spread and not self.forwarded_call(context) else None
+
+    async def spread_subscription(self, name: str, context):
+        """`spread_topic` for a subscription's topic."""
+        state = self.engine.state
+        if name not in state.subs and self.engine.meta_log is not None:
+            await self.engine.meta_log.catch_up()
+        s = state.subs.get(name)
+        t = s.topic if s is not None else None
+        return t if t is not None and t.spread and not self.forwarded_call(context) else None
 
     async def for_subscription(self, name: str, context) -> Owner | None:
         state = self.engine.state
@@ -74,6 +135,12 @@ class Router:
             await self.engine.meta_log.catch_up()
         if name not in state.subs:
             return None  # answered here: NOT_FOUND
+        t = state.subs[name].topic
+        if t is not None and t.spread:  # (the calls served from every shard are split before they come here)
+            if self.forwarded_call(context):
+                return None
+            raise Unimplemented(f"This call about the subscription {name}, whose topic's shards are spread over "
+                                "the cluster's nodes (--topic-layout spread), is not supported yet.")
         return self._owner(state.log_of_sub(name, self.engine.config.bundles), context)
 
     async def for_stream(self, name: str, context) -> Owner | None:
@@ -103,7 +170,7 @@ class Router:
         another (limits.forward_s_max at most), so that the client's reopen, which the UNAVAILABLE that follows
         asks for, finds it rather than spending one of its few reopens (for_stream) on the same dead end."""
         deadline = asyncio.get_running_loop().time() + limits.forward_s_max
-        while not self.engine.closing and self.cluster.address_of(owner.log_id) == owner.address and \
+        while not self.engine.closing and not owner.moved(self.cluster) and \
                 asyncio.get_running_loop().time() < deadline:
             await self._routes_change(0.1)
 
@@ -148,11 +215,29 @@ class Router:
         except grpc.aio.AioRpcError as e:
             raise _relayed(e, owner.address) from None
 
+    def publish_owner(self, t, ordering_key: str) -> Owner | None:
+        """Where a publish to spread topic `t` is stored (None: here). A keyed batch goes to its key's shard, for
+        per-key order; a keyless one to a shard of this node's when it has one (the nearest forwarder: no hop),
+        else to the owners in turn."""
+        parts = self.spread(t)
+        if ordering_key:
+            shard = t.shard_for(ordering_key)
+            return next(p.owner for p in parts if shard in p.shards)
+        if parts[0].owner is None:
+            return None
+        self._turn += 1
+        return parts[self._turn % len(parts)].owner
+
     async def publish_at_owner(self, topic: str, request: bytes) -> None:
         """A publish of this node's own (a dead-lettered message) to a topic another node owns: sent to the owner
         as a forwarded call; Unavailable when it has none now or does not answer (the caller tries again)."""
-        log_id = bundle_log(topic, self.engine.config.bundles)
-        address = self.cluster.address_of(log_id)
+        t = self.engine.state.topics.get(topic)
+        if t is not None and t.spread:
+            key = _PublishRequest.FromString(request).messages[0].ordering_key
+            owner = self.publish_owner(t, key)
+            address = owner.address if owner is not None else None
+        else:
+            address = self.cluster.address_of(bundle_log(topic, self.engine.config.bundles))
         if address is None or address == self.cluster.info.dial:
             raise Unavailable(_RETRYABLE)
         call = self.channel(address).unary_unary(_PUBLISH, request_serializer=_same, response_deserializer=_same)
@@ -164,9 +249,10 @@ class Router:
             raise Unavailable(f"Publishing to {topic} at its owner ({address}) failed: {e.code().name} "
                               f"{e.details() or ''}".rstrip()) from None
 
-    async def stream(self, owner: Owner, method: str, first: bytes, requests, context):
+    async def stream(self, owner: Owner, method: str, first: bytes, requests, context, watch: bool = True):
         """Forward a bidirectional stream: `first` then every later request (parsed: re-encoded) up, every
-        response down, until the bundle moves away from the owner."""
+        response down, until the bundle moves away from the owner (unless not `watch`ed: a stream to this node's
+        own port, whose server ends it when its shards move)."""
         async def up():
             yield first
             async for req in requests:
@@ -177,11 +263,11 @@ class Router:
         self.forwarded += 1
         it = call(up(), metadata=self._metadata(context))
         try:
-            async with self._cut_when_moved(owner, it):
+            async with self._cut_when_moved(owner, it) if watch else contextlib.nullcontext():
                 async for resp in it:
                     yield resp
         except grpc.aio.AioRpcError as e:
-            if e.code() == grpc.StatusCode.UNAVAILABLE:
+            if e.code() == grpc.StatusCode.UNAVAILABLE and watch:
                 await self._until_moved(owner)
             raise _relayed(e, owner.address) from None
         finally:
@@ -220,7 +306,7 @@ class _MoveWatch:
     async def _watch(self) -> None:
         while True:
             await self.cluster.routes_changed().wait()
-            if self.cluster.address_of(self.owner.log_id) != self.owner.address:
+            if self.owner.moved(self.cluster):
                 return self.cut(_MOVED)
 
     async def __aenter__(self):

@@ -74,8 +74,10 @@ def delete_topic(state: BrokerState, name: str) -> R.TopicDel:
 
 
 # --- subscriptions ----------------------------------------------------------------------------------
-def create_subscription(state: BrokerState, sub, generated_name: str) -> R.SubPut:
-    """`generated_name`: the name to use when the request has none (the executor makes it up)."""
+def create_subscription(state: BrokerState, sub, generated_name: str, start: list[int] | None = None) -> R.SubPut:
+    """`generated_name`: the name to use when the request has none (the executor makes it up); `start`: each
+    shard's end where the subscription begins (a spread topic's, gathered from its shards' owners), the topic's
+    end here by default."""
     if not sub.name:
         project = names.split(sub.topic, "topics")[0]
         sub.name = names.join(project, "subscriptions", generated_name)
@@ -88,7 +90,10 @@ def create_subscription(state: BrokerState, sub, generated_name: str) -> R.SubPu
         raise InvalidArgument("A subscription cannot be created detached.")
     _check_dead_letter_topic(state, sub)
     state.check_room(sub.name, "subscriptions")
-    return R.SubPut(state.next_uid, topic.uid, sub.SerializeToString(deterministic=True), topic.backlog_end())
+    if start is not None and len(start) != len(topic.shards):
+        raise InvalidArgument(f"A start offset for each of the topic's {len(topic.shards)} shards is needed.")
+    return R.SubPut(state.next_uid, topic.uid, sub.SerializeToString(deterministic=True),
+                    topic.backlog_end() if start is None else list(start))
 
 
 def subscription_view(s: SubscriptionState):
@@ -267,10 +272,11 @@ def keep_messages(request: bytes, indexes: list[int]) -> bytes:
 
 def publish(t: TopicState, request: bytes, count: int, ordering_key: str, now_ms: int,
             idempotency_keys: list[str] | None = None,
-            activations: list[tuple[str, str]] | None = None) -> R.Publish:
+            activations: list[tuple[str, str]] | None = None, among: list[int] | None = None) -> R.Publish:
     """The Publish record of one validated request (schema-checked by the executor) to topic `t`: the shard by
-    ordering key, the next offset, a publish time that never goes back within the shard."""
-    shard = t.shard_for(ordering_key)
+    ordering key (without one: in turn, among the shards `among` when given), the next offset, a publish time
+    that never goes back within the shard."""
+    shard = t.shard_for(ordering_key, among)
     ix = t.shards[shard]
     ms = max(now_ms, ix.ms[-1]) if ix.ms else now_ms
     key = SCHEDULED if activations else key_hash(ordering_key)
@@ -287,7 +293,7 @@ class PublishPlan(NamedTuple):
 
 
 def publish_batch(t: TopicState, cmd: PublishCommand, now_ms: int, idempotency_window_s: float,
-                  check=None) -> PublishPlan:
+                  check=None, among: list[int] | None = None) -> PublishPlan:
     """One validated publish into topic `t`, the broker's whole part of it: broker.dedup inside the window (a
     message whose key was accepted, or repeats one earlier in the request, is not stored again), the messages
     kept, `check` on the request to store (a schema's: it may re-encode it), and its Publish record."""
@@ -305,7 +311,7 @@ def publish_batch(t: TopicState, cmd: PublishCommand, now_ms: int, idempotency_w
         request = check(request)
     stored_keys = [keys[i] for i in fresh] if keys else None
     count = cmd.count if fresh is None else len(fresh)
-    return PublishPlan(publish(t, request, count, cmd.ordering_key, now_ms, stored_keys, acts), fresh, keys)
+    return PublishPlan(publish(t, request, count, cmd.ordering_key, now_ms, stored_keys, acts, among), fresh, keys)
 
 
 def publish_answer(t: TopicState, plan: PublishPlan) -> list[str]:

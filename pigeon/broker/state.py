@@ -148,7 +148,9 @@ class BrokerState:
         if topic is not None and topic.spread:
             shards = shard_split.shards_of(rec)
             assert shards is not None and len(shards) == 1, f"a {rec.TYPE.name} of a spread topic names one shard"
-            return self.shard_logs(topic, bundles)[shards[0]]
+            logs = self.shard_logs(topic, bundles)
+            owner.log_id = tuple(logs)  # (what the node waits on for its records: each shard's log it writes)
+            return logs[shards[0]]
         log_id = owner.log_id
         if log_id is None:
             log_id = owner.log_id = bundle_log(owner.name if topic is None else topic.name, bundles)

@@ -148,7 +148,8 @@ class SubscriptionState(Dispatch):
         # counters since start (statistics; not durable): deliveries leased, acks that changed something, leases
         # that ran out, messages taken out for dead-lettering
         self.delivered = self.acked_count = self.expired = self.dead_lettered = 0
-        self.log_id: int | None = None  # the log its records go to (BrokerState.log_of)
+        # the log its records go to (BrokerState.log_of); a spread topic's: its shards' logs, which durability waits on
+        self.log_id: int | tuple | None = None
         self.last_activity = 0.0
         self.configure(config)
 

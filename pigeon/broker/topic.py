@@ -172,7 +172,8 @@ class TopicState:
         self.shards = [ShardIndex() for _ in range(shard_count)]
         self.subscriptions: set[int] = set()
         self.deleted = False
-        self.log_id: int | None = None  # the log its records go to, together (BrokerState.log_of)
+        self.log_id: int | tuple | None = None  # the log its records go to (BrokerState.log_of); spread: its shards'
+
         self.shard_logs: list[int] | None = None  # … and each shard's, spread
         self.idempotency = IdempotencyWindow()
         self.schedule = Schedule()
@@ -194,11 +195,13 @@ class TopicState:
         self.idempotency.drop_shards(shards)
         self.schedule.drop(lambda num: num & SHARD_MASK in shards)
 
-    def shard_for(self, ordering_key: str) -> int:
-        """Per-key order is shard order: a key always maps to the same shard (stable hash)."""
+    def shard_for(self, ordering_key: str, among: list[int] | None = None) -> int:
+        """Per-key order is shard order: a key always maps to the same shard (stable hash). A message without a
+        key goes to the shards in turn — to those `among` (a spread topic's that this node owns), when given."""
         if ordering_key:
             return crc32c.crc32c(ordering_key.encode()) % len(self.shards)
-        return next(self._rr)
+        turn = next(self._rr)
+        return turn if among is None else among[turn % len(among)]
 
     def message_id(self, offset: int, shard: int) -> str:
         return str(self.id_base() | (offset << limits.shard_bits) | shard)

@@ -30,6 +30,8 @@ OPTIONS = (
     Option("data_dir", str, 'data directory (default ./data)'),
     Option("fsync", str, 'always | batch | never (default always)'),
     Option("shards_per_topic", int, 'shards of each new topic'),
+    Option("topic_layout", str, "together | spread: a new topic's shards in one bundle (one owner), or each in a "
+                                "bundle of its own (a cluster's nodes share it) (default together)"),
     Option("config", str, 'TOML settings file'),
     Option("log_level", str, 'DEBUG, INFO, WARNING, ERROR'),
     Option("etcd", str, 'join a cluster: comma-separated etcd endpoints (http://127.0.0.1:2379; https:// for TLS)'),

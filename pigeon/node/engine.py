@@ -168,7 +168,13 @@ class Engine:
     async def publish_anywhere(self, topic_name: str, request: bytes, count: int, ordering_key: str) -> None:
         """A publish of this node's own: stored here when the topic's bundle is this node's, else sent to its
         owner (Unavailable when neither can be done now)."""
-        if self.owns(bundle_log(topic_name, self.config.bundles)):
+        t = self.state.topics.get(topic_name)
+        if t is not None and t.spread:
+            mine = self.owned_shards(t)
+            here = bool(mine) and (not ordering_key or t.shard_for(ordering_key) in mine)
+        else:
+            here = self.owns(bundle_log(topic_name, self.config.bundles))
+        if here:
             await self.publish(topic_name, request, count, ordering_key)
         elif self._publish_at_owner is not None:
             await self._publish_at_owner(topic_name, request)
@@ -198,7 +204,7 @@ class Engine:
     def commit(self, rec: R.Record, owner=None) -> int:
         """Append `rec` to its log and apply it (validated before: applying must not fail), then perform its
         effects. Returns the journal position after it: durable once the journal's durable position reaches it."""
-        steps = commit(self.state, self.logs, self.epoch, self._fenced, self.config.bundles, rec, owner)
+        steps = commit(self.state, self.logs, self.epoch, self._fenced, self.config.bundles, rec, owner, self.owns)
         for _, _, effects in steps:  # (performed once every part of a record cut by shard is applied)
             if effects:
                 self._perform(effects)
@@ -261,7 +267,8 @@ class Engine:
         self.check_open()
         await self.schemas.check_topic_settings(topic)
         await self.transforms.check(topic.message_transforms)
-        rec = commands.create_topic(self.state, topic, self.config.shards_per_topic)
+        rec = commands.create_topic(self.state, topic, self.config.shards_per_topic,
+                                    self.config.topic_layout == "spread")
         await self.change(rec)
         return self.state.topics_by_uid[rec.uid].config
 
@@ -293,10 +300,12 @@ class Engine:
         return commands.page(snaps, page_size, token)
 
     # --- subscriptions ---------------------------------------------------------------------------
-    async def create_subscription(self, sub):
+    async def create_subscription(self, sub, start: list[int] | None = None):
+        """`start`: where it begins in each shard (a spread topic's ends, gathered from their owners: api.router);
+        the topic's ends here by default."""
         self.check_open()
         await self.transforms.check(sub.message_transforms)
-        rec = commands.create_subscription(self.state, sub, f"sub-{uuid.uuid4().hex}")
+        rec = commands.create_subscription(self.state, sub, f"sub-{uuid.uuid4().hex}", start)
         await self.change(rec)
         created = self.state.subs_by_uid[rec.uid]
         created.last_activity = self.clock.now()
@@ -327,11 +336,19 @@ class Engine:
         return commands.page(commands.in_project(self.state.subs, project, "subscriptions"), page_size, token)
 
     def live_sub(self, name: str) -> SubscriptionState:
+        """A subscription this node serves: of a spread topic, the shards it owns of it (at least one)."""
         self.check_open()
         s = commands.live_sub(self.state, name)
-        if not self.owns(self.state.log_of_sub(name, self.config.bundles)):
+        if s.topic is not None and s.topic.spread:
+            if not self.owned_shards(s.topic):
+                raise Unavailable("No shard of the subscription's topic is this node's now; retry.")
+        elif not self.owns(self.state.log_of_sub(name, self.config.bundles)):
             raise Unavailable("The subscription's bundle moved to another node; retry.")
         return s
+
+    def owned_shards(self, t) -> list[int]:
+        """The shards of topic `t` whose logs this node owns (every one on a single node)."""
+        return [k for k, log in enumerate(self.state.shard_logs(t, self.config.bundles)) if self.owns(log)]
 
     # --- a cluster node's bundles ----------------------------------------------------------------
     async def load_log(self, log_id: int, entries, first: int) -> None:
@@ -377,7 +394,7 @@ class Engine:
         routed to the new owner); their leases are the new owner's business."""
         gone = Unavailable("The subscription's bundle moved to another node; reconnect.")
         for st in self.streams:
-            if st.sub.topic is not None and bundle_log(st.sub.topic.name, self.config.bundles) == log_id:
+            if st.sub.topic is not None and log_id in self.state.shard_logs(st.sub.topic, self.config.bundles):
                 st.error = gone
                 st.wake()
         self.logs.moved(log_id)
@@ -397,8 +414,9 @@ class Engine:
         """`forget_log` every bundle log this node's state holds data of and does not own — on joining, all of
         them: what its journal held of the bundles it owned in an earlier life is their new owners' now (it would
         sit in memory and keep journal segments until this node took each one over again)."""
-        for log_id in sorted({bundle_log(t.name, self.config.bundles) for t in self.state.topics.values()
-                              if any(len(ix.pos) for ix in t.shards)}):
+        shard_logs = self.state.shard_logs
+        for log_id in sorted({log for t in self.state.topics.values()
+                              for log, ix in zip(shard_logs(t, self.config.bundles), t.shards) if len(ix.pos)}):
             if not self.owns(log_id):
                 self.forget_log(log_id)
 
@@ -417,9 +435,14 @@ class Engine:
             return await self.transforms.publish(self, t, request, ordering_key)
         self.journal.check_publish()  # a full disk refuses publishes, keeps room for deliveries and acks
         check = (lambda req: self.schemas.check_publish(t.config, req)) if t.config.schema_settings.schema else None
+        among = None
+        if t.spread:  # a keyless batch goes to a shard this node owns; a keyed one to its key's, when it is one
+            among = self.owned_shards(t)
+            if not among or (ordering_key and t.shard_for(ordering_key) not in among):
+                raise Unavailable("The topic's shard for this publish is another node's now; retry.")
         plan = commands.publish_batch(t, commands.PublishCommand(topic_name, request, count, ordering_key, idem_keys,
                                                                  sched),
-                                      int(self.clock.now() * 1000), self.config.idempotency_window_s, check)
+                                      int(self.clock.now() * 1000), self.config.idempotency_window_s, check, among)
         rec = plan.record
         if rec is None:
             await self.durable(log_id=t.log_id)  # the originals may still be on their way to disk (and members)
@@ -429,8 +452,8 @@ class Engine:
             end = self.commit(rec)
             if hops.ON:
                 hops.mark("committed")
-            self._show_when_durable(t, rec, end)
-            await self.durable(end, t.log_id)
+            log_id = self._show_when_durable(t, rec, end)
+            await self.durable(end, log_id)
         self.publish_latency.observe(time.perf_counter() - t0)
         t.publish_requests += 1
         t.published += rec.count
@@ -439,7 +462,7 @@ class Engine:
             self.hot_keys.published(t.name, ordering_key, rec.count)
         return commands.publish_answer(t, plan)
 
-    def _show_when_durable(self, t, rec: R.Publish, end: int) -> None:
+    def _show_when_durable(self, t, rec: R.Publish, end: int) -> int:
         """Show the batch to the topic's subscriptions the moment it is durable (in a cluster: held by the
         ensemble too) — driven by the durability callbacks, never by the publisher's coroutine, so a publisher
         that goes away meanwhile (a deadline, a disconnect) does not hide it. The callbacks run before the
@@ -450,7 +473,9 @@ class Engine:
             pos = t.shards[rec.shard].pos[-1]  # apply has just indexed the batch
             self.reader.remember_published(pos, rec.request, rec.publish_ms, end - pos)
         # (a failed replication raises in the publisher's wait: the log's next owner shows the batch)
-        self.logs.on_durable(end, t.log_id, lambda: self._show(t, rec))
+        log_id = t.log_id if not t.spread else self.state.shard_logs(t, self.config.bundles)[rec.shard]
+        self.logs.on_durable(end, log_id, lambda: self._show(t, rec))
+        return log_id
 
     def _show(self, t, rec: R.Publish) -> None:
         """The batch is durable: its messages may be handed out; wake one waiter of each subscription."""

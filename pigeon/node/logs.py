@@ -34,29 +34,36 @@ class NodeLogs:
                 log_id, rtype, b"".join(parts), (log_id, offset, at, self.journal.tail))
         return offset, at
 
-    def _replication(self, log_id: int | None) -> asyncio.Future | None:
+    def _replication(self, log_id: int | tuple | None) -> asyncio.Future | None:
         """The replication of the log's latest entry, asked to go out now when it lingers (entries nobody waited
-        for ride with the next one somebody does)."""
+        for ride with the next one somebody does). `log_id` may name the logs of a spread topic's shards: then
+        of each of them that this node writes, all together."""
+        if type(log_id) is tuple:
+            futs = [f for f in map(self._replication, log_id) if f is not None]
+            if not futs:
+                return None
+            return futs[0] if len(futs) == 1 else asyncio.gather(*map(asyncio.shield, futs))
         fut = self._latest.get(log_id) if log_id is not None else None
         if fut is not None and not fut.done():
             self.replicas.flush(log_id)
         return fut
 
-    async def durable(self, end: int | None = None, log_id: int | None = None) -> None:
+    async def durable(self, end: int | None = None, log_id: int | tuple | None = None) -> None:
         """Until everything appended so far (or up to journal position `end`) is durable in the journal — and
-        everything appended to `log_id` is held by Qa members when it is replicated."""
+        everything appended to `log_id` (or to each of a tuple of logs) is held by Qa members when it is
+        replicated."""
         replicated = self._replication(log_id)
         await self.journal.wait_durable(self.journal.tail if end is None else end)
         if replicated is not None:
             await asyncio.shield(replicated)  # (many wait for it: a waiter cancelled must not cancel it)
 
-    async def replicated(self, log_id: int) -> None:
+    async def replicated(self, log_id: int | tuple) -> None:
         """Until everything appended so far to `log_id` is held by Qa members (at once for a log not replicated)."""
         replicated = self._replication(log_id)
         if replicated is not None:
             await asyncio.shield(replicated)
 
-    def recording(self, log_id: int) -> asyncio.Future | None:
+    def recording(self, log_id: int | tuple) -> asyncio.Future | None:
         """What `replicated` waits for, as a future to await (shielded) or look at later; None when the log is not
         replicated (nothing to wait for)."""
         return self._replication(log_id) if self.replicas is not None else None

@@ -22,6 +22,8 @@ class Config:
     data_dir: str = "./data"
     fsync: str = "always"  # always | batch | never (see README, "Durability")
     shards_per_topic: int = limits.shards_per_topic_default
+    topic_layout: str = "together"  # together | spread: a new topic's shards in its one bundle, or a bundle each
+    #                                 (docs/cluster.md, "Scale-out": a spread topic spans a cluster's nodes)
     bundles: int = limits.bundles_default  # logs of topic data (hash ranges of topic names): fixed per data dir
     segment_bytes: int = limits.segment_bytes_max  # the journal is written in segment files of this size at most
     checkpoint_interval_s: float = limits.checkpoint_interval_s_max  # seconds between checkpoints, at most
@@ -109,6 +111,8 @@ class Config:
             raise ValueError(f"log_format must be text or json (got {self.log_format!r})")
         if self.fsync not in ("always", "batch", "never"):
             raise ValueError(f"fsync must be always, batch or never (got {self.fsync!r})")
+        if self.topic_layout not in ("together", "spread"):
+            raise ValueError(f"topic_layout must be together or spread, not {self.topic_layout!r}")
         if not 1 <= self.shards_per_topic <= limits.shards_per_topic_max:
             raise ValueError(f"shards_per_topic must be in 1..{limits.shards_per_topic_max}")
         if not 1 <= self.bundles <= limits.bundles_max:

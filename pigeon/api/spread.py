@@ -1,0 +1,213 @@
+"""Calls about a topic whose shards are spread over a cluster's nodes (docs/cluster.md, "Scale-out", step 3): split
+over the shards' owners and joined. Owns the rules:
+
+  * an ack, a deadline change or a nack goes to the owner of its ack id's shard (the id names its message number,
+    hence its shard); a call is answered once every owner answered, with the first failure if one failed — the
+    acks an owner took are durable there whatever the others answered;
+  * a Pull asks every owner without waiting first and answers with all they had; with nothing anywhere and a client
+    that waits, it waits on them all and answers with the first that has messages (the others are cancelled: a
+    message one of them leased meanwhile comes back after its ack deadline);
+  * a StreamingPull is one stream to each owner — this node's own share too, over its own port — with the
+    client's flow control split evenly between them: their responses go down as they come, the client's acks and
+    deadline changes go up to the owner of each id's shard; when one of them ends (its shards moved, its owner
+    died) the client's stream ends with UNAVAILABLE, and the client's reopen finds the owners anew;
+  * a subscription starts at the end each shard's owner reports for its own shards."""
+
+from __future__ import annotations
+
+import asyncio
+
+from pigeon.api.proto import pigeon_ranges_pb2 as ranges_pb
+from pigeon.api.router import Owner
+from pigeon.broker.topic import SHARD_MASK
+from pigeon.core.errors import Unavailable
+from pigeon.core.pubsub_types import types
+
+_StreamingPullRequest = types.StreamingPullRequest.pb()
+_PullRequest = types.PullRequest.pb()
+_PULL = "/google.pubsub.v1.Subscriber/Pull"
+_STREAMING_PULL = "/google.pubsub.v1.Subscriber/StreamingPull"
+_LATEST = "/pigeon.v1.Ranges/LatestOffsets"
+_ENDED = "A shard of the subscription's topic moved to another node; reconnect."
+
+
+def shard_of(ack_id: str) -> int | None:
+    """The shard of an ack id ("sub.num.version"), None when it cannot be read (its owner — here — says so)."""
+    try:
+        return int(ack_id.split(".")[1]) & SHARD_MASK
+    except (IndexError, ValueError):
+        return None
+
+
+def by_owner(parts, ack_ids) -> dict:
+    """Ack ids grouped by the owner of their shard (None: this node, which also takes those it cannot read)."""
+    owner_of = {k: p.owner for p in parts for k in p.shards}
+    groups: dict = {}
+    for a in ack_ids:
+        groups.setdefault(owner_of.get(shard_of(a)), []).append(a)
+    return groups
+
+
+async def _all(calls) -> list:
+    """Await every call; raise the first failure once all have ended (none is left running)."""
+    results = await asyncio.gather(*calls, return_exceptions=True)
+    for r in results:
+        if isinstance(r, BaseException):
+            raise r
+    return results
+
+
+async def split_acks(router, t, req, ids: list[str], method: str, context, here, seconds=None) -> bytes:
+    """Acknowledge (or ModifyAckDeadline, `seconds`) split by shard: `here(ids)` for this node's share, a
+    forwarded call with the rest of the request for each other owner's."""
+    calls = []
+    for owner, part in by_owner(router.spread(t), ids).items():
+        if owner is None:
+            calls.append(here(part))
+            continue
+        sub = type(req)()
+        sub.CopyFrom(req)
+        del sub.ack_ids[:]
+        sub.ack_ids.extend(part)
+        calls.append(router.unary(owner, method, sub.SerializeToString(), context))
+    await _all(calls)
+    return b""
+
+
+async def pull(router, t, req, context, here) -> bytes:
+    """A Pull from every shard's owner: `here(max_messages, return_immediately)` serves this node's share."""
+    parts = router.spread(t)
+    each = max(1, -(-req.max_messages // len(parts))) if req.max_messages > 0 else req.max_messages
+
+    def asks(wait: bool):
+        out = []
+        for p in parts:
+            if p.owner is None:
+                out.append(asyncio.ensure_future(here(each, not wait)))
+                continue
+            sub = _PullRequest(subscription=req.subscription, max_messages=each, return_immediately=not wait)
+            out.append(asyncio.ensure_future(router.unary(p.owner, _PULL, sub.SerializeToString(), context,
+                                                          waits=True)))
+        return out
+
+    got = await _all(asks(False))
+    if any(got) or req.return_immediately:
+        return b"".join(got)
+    pending = set(asks(True))
+    try:
+        while pending:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            got = [d.result() for d in done]
+            if any(got):
+                return b"".join(got)
+        return b""
+    finally:
+        for task in pending:
+            task.cancel()
+
+
+async def streaming_pull(router, t, first, requests, context):
+    """The responses of one stream to each owner of a spread topic's shards, merged (see the module's rules)."""
+    parts = router.spread(t)
+    n = len(parts)
+    dial = router.cluster.info.dial
+    owners = [p.owner or Owner(dial, ()) for p in parts]  # (this node's share: over its own port, served here)
+    owner_of = {k: i for i, p in enumerate(parts) for k in p.shards}
+    ups: list[asyncio.Queue] = [asyncio.Queue() for _ in parts]
+    for q in ups:
+        share = _StreamingPullRequest()
+        share.CopyFrom(first)
+        del share.ack_ids[:], share.modify_deadline_ack_ids[:], share.modify_deadline_seconds[:]
+        if first.max_outstanding_messages > 0:
+            share.max_outstanding_messages = max(1, first.max_outstanding_messages // n)
+        if first.max_outstanding_bytes > 0:
+            share.max_outstanding_bytes = max(1, first.max_outstanding_bytes // n)
+        q.put_nowait(share)
+    _route_ids(first, owner_of, ups, n)
+    down: asyncio.Queue = asyncio.Queue()
+
+    async def client() -> None:
+        async for req in requests:
+            if hasattr(req, "refused"):  # (api.errors.Unparsable: the stream ends with its error)
+                raise req.refused()
+            _route_ids(req, owner_of, ups, n)
+            if req.stream_ack_deadline_seconds:
+                for q in ups:
+                    q.put_nowait(_StreamingPullRequest(stream_ack_deadline_seconds=req.stream_ack_deadline_seconds))
+
+    async def upstream(i: int) -> None:
+        q = ups[i]
+
+        async def reqs():
+            while (r := await q.get()) is not None:
+                yield r
+
+        it = reqs()
+        head = await it.__anext__()
+        async for resp in router.stream(owners[i], _STREAMING_PULL, head.SerializeToString(), it, context,
+                                        watch=parts[i].owner is not None):
+            down.put_nowait(resp)
+        raise Unavailable(_ENDED)
+
+    tasks = [asyncio.ensure_future(upstream(i)) for i in range(n)]
+    reader = asyncio.ensure_future(client())
+    ended = asyncio.ensure_future(_first_failure(tasks))
+    try:
+        while True:
+            got = asyncio.ensure_future(down.get())
+            done, _ = await asyncio.wait({got, ended}, return_when=asyncio.FIRST_COMPLETED)
+            if got in done:
+                yield got.result()
+                continue
+            got.cancel()
+            while not down.empty():
+                yield down.get_nowait()
+            ended.result()  # raises what ended it
+            return
+    finally:
+        for task in (*tasks, reader, ended):
+            task.cancel()
+
+
+async def _first_failure(tasks) -> None:
+    done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+    for d in done:
+        if d.exception() is not None:
+            raise d.exception()
+
+
+def _route_ids(req, owner_of: dict, ups: list[asyncio.Queue], n: int) -> None:
+    """A client request's ack ids and deadline changes, each to the stream of its shard's owner (one it cannot
+    read goes to the first, whose owner answers for it)."""
+    if not (req.ack_ids or req.modify_deadline_ack_ids):
+        return
+    out = [_StreamingPullRequest() for _ in range(n)]
+    for a in req.ack_ids:
+        out[owner_of.get(shard_of(a), 0)].ack_ids.append(a)
+    for a, sec in zip(req.modify_deadline_ack_ids, req.modify_deadline_seconds):
+        o = out[owner_of.get(shard_of(a), 0)]
+        o.modify_deadline_ack_ids.append(a)
+        o.modify_deadline_seconds.append(sec)
+    for q, o in zip(ups, out):
+        if o.ack_ids or o.modify_deadline_ack_ids:
+            q.put_nowait(o)
+
+
+async def subscription_start(router, t, context, here) -> list[int]:
+    """Where a new subscription of spread topic `t` begins: each shard's end as its owner reports it
+    (`here()`: this node's ends)."""
+    start = [0] * len(t.shards)
+    calls, shares = [], []
+    for p in router.spread(t):
+        shares.append(p.shards)
+        if p.owner is None:
+            calls.append(here())
+        else:
+            req = ranges_pb.LatestOffsetsRequest(topic=t.name)
+            calls.append(router.unary(p.owner, _LATEST, req.SerializeToString(), context))
+    for shards, got in zip(shares, await _all(calls)):
+        ends = got if isinstance(got, list) else [s.latest for s in ranges_pb.LatestOffsetsResponse.FromString(got).shards]
+        for k in shards:
+            start[k] = ends[k]
+    return start
+

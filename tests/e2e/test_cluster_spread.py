@@ -1,0 +1,122 @@
+"""A topic spread over a cluster's nodes (`--topic-layout spread`: docs/cluster.md, "Scale-out", step 3): each of
+its shards is in a bundle of its own, so three real nodes own a share of one topic each. Through the official
+clients: a keyless publish is stored by a shard of the node that took it (no hop); a keyed one by its key's shard,
+in order; a StreamingPull or a Pull through any node receives the messages of every shard once, and the acks
+reach each shard's owner and stick."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from pigeon.core.bundles import shard_log
+from pigeon.testing.cluster import clients_of, owners, start_nodes
+
+pytestmark = pytest.mark.e2e
+
+P = "projects/spread"
+BUNDLES, SHARDS = 16, 4
+
+
+@pytest.fixture
+def spread_nodes(etcd, tmp_path):
+    started = start_nodes(str(tmp_path), etcd.endpoint, env={"PIGEON_TOPIC_LAYOUT": "spread"})
+    yield started
+    for n in started.values():
+        n.kill()
+
+
+def _spanning_topic(owner_of: dict[int, str]) -> tuple[str, list[str]]:
+    """A topic name whose four shards' bundles are owned by all three nodes, and each shard's owner."""
+    for i in range(10_000):
+        name = f"{P}/topics/wide-{i}"
+        shard_owners = [owner_of.get(shard_log(name, k, BUNDLES, True) - 1) for k in range(SHARDS)]
+        if set(shard_owners) == {"n1", "n2", "n3"}:
+            return name, shard_owners
+    raise AssertionError("no topic name spans the three nodes")
+
+
+def _ordered_publisher(node):
+    import os
+
+    from google.cloud import pubsub_v1
+
+    saved = os.environ.get("PUBSUB_EMULATOR_HOST")
+    os.environ["PUBSUB_EMULATOR_HOST"] = node.address
+    try:
+        return pubsub_v1.PublisherClient(publisher_options=pubsub_v1.types.PublisherOptions(
+            enable_message_ordering=True))
+    finally:
+        if saved is None:
+            del os.environ["PUBSUB_EMULATOR_HOST"]
+        else:
+            os.environ["PUBSUB_EMULATOR_HOST"] = saved
+
+
+def test_one_topic_is_served_by_every_node_and_consumed_through_any(spread_nodes, etcd):
+    topic, shard_owners = _spanning_topic(owners(etcd.endpoint))
+    (pub1, sub1), (pub2, sub2), (pub3, sub3) = (clients_of(spread_nodes[i]) for i in ("n1", "n2", "n3"))
+    pub1.create_topic(name=topic)
+    streamed_sub, pulled_sub = f"{P}/subscriptions/streamed", f"{P}/subscriptions/pulled"
+    sub2.create_subscription(name=streamed_sub, topic=topic)
+    sub3.create_subscription(request={"name": pulled_sub, "topic": topic, "enable_message_ordering": True})
+
+    sent: dict[str, tuple[str, str]] = {}  # message id → (data, ordering key)
+    for i in range(90):  # keyless, through n3: stored by n3's own shards
+        mid = pub3.publish(topic, f"plain-{i}".encode()).result(timeout=30)
+        sent[mid] = (f"plain-{i}", "")
+        assert shard_owners[int(mid) & 63] == "n3", "a keyless publish went to another node's shard"
+    keyed = _ordered_publisher(spread_nodes["n1"])
+    for i in range(60):  # keyed, through n1: each key's shard, wherever its owner is
+        key = f"k{i % 6}"
+        mid = keyed.publish(topic, f"keyed-{i}".encode(), ordering_key=key).result(timeout=30)
+        sent[mid] = (f"keyed-{i}", key)
+    by_key = {}
+    for mid, (_, key) in sent.items():
+        if key:
+            by_key.setdefault(key, set()).add(int(mid) & 63)
+    assert all(len(shards) == 1 for shards in by_key.values())  # a key is one shard's
+
+    got: dict[str, str] = {}
+    done = threading.Event()
+    lock = threading.Lock()
+
+    def callback(msg):
+        with lock:
+            got[msg.message_id] = msg.data.decode()
+            if len(got) == len(sent):
+                done.set()
+        msg.ack()
+
+    future = sub2.subscribe(streamed_sub, callback)  # StreamingPull through n2: merged from the three owners
+    try:
+        assert done.wait(60), f"{len(got)} of {len(sent)} streamed"
+    finally:
+        future.cancel()
+        try:
+            future.result(timeout=30)
+        except Exception:  # noqa: BLE001 — cancelled
+            pass
+    assert got == {m: d for m, (d, _) in sent.items()}
+
+    pulled: dict[str, str] = {}
+    order: dict[str, list[int]] = {}  # ordering key → the keyed messages' numbers, in the order they came
+    deadline = time.monotonic() + 60
+    while len(pulled) < len(sent) and time.monotonic() < deadline:  # unary Pull and Acknowledge through n1
+        r = sub1.pull(subscription=pulled_sub, max_messages=40, timeout=20)
+        for m in r.received_messages:
+            pulled[m.message.message_id] = m.message.data.decode()
+            if m.message.ordering_key:
+                order.setdefault(m.message.ordering_key, []).append(int(m.message.data.decode().split("-")[1]))
+        if r.received_messages:
+            sub1.acknowledge(subscription=pulled_sub, ack_ids=[m.ack_id for m in r.received_messages])
+    assert pulled == {m: d for m, (d, _) in sent.items()}
+    assert order == {f"k{k}": list(range(k, 60, 6)) for k in range(6)}  # per key, in publish order, once
+
+    time.sleep(1)  # the stream's acks reach their owners; then nothing comes back, through any node
+    for sub in (sub1, sub2, sub3):
+        for name in (streamed_sub, pulled_sub):
+            r = sub.pull(subscription=name, max_messages=50, return_immediately=True, timeout=20)
+            assert list(r.received_messages) == [], name
