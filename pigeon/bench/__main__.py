@@ -16,6 +16,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--scale-nodes", help="comma-separated node counts, ascending (default 3,4,5,6)")
     p.add_argument("--node-cpu", type=float, help="cores each node may use (default 0.2)")
     p.add_argument("--workloads", help="comma-separated subset: publish, mixed, topics_publish, topics")
+    p.add_argument("--topic-layout", help="the nodes' topic layout: spread (default: a topic over every node) or "
+                   "together (a topic one node's)")
     p.add_argument("--peers", default="none")
     p.add_argument("--out", help="directory for <date>-<machine>-scale.json/.md/.png")
     p.add_argument("--json", dest="json_path", help="write the JSON results here")
@@ -25,7 +27,8 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     plan = ("scale-quick" if a.plan.startswith("scale") else "quick") if a.quick else a.plan
     return bench_command(plan, a.peers, None, False, a.out, a.json_path, a.quiet_wait, a.report_from,
-                         workloads=a.workloads, scale_nodes=a.scale_nodes, node_cpu=a.node_cpu)
+                         workloads=a.workloads, scale_nodes=a.scale_nodes, node_cpu=a.node_cpu,
+                         topic_layout=a.topic_layout)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from pigeon.bench.run import CLUSTERS, TARGETS, machine, machine_tag, run
 def bench_command(plan: str, peers: str, address: str | None, no_pigeon: bool, out: str | None,
                   json_path: str | None, quiet_wait_s: float = 0.0, report_from: str | None = None,
                   workloads: str | None = None, scale_nodes: str | None = None,
-                  node_cpu: float | None = None) -> int:
+                  node_cpu: float | None = None, topic_layout: str | None = None) -> int:
     console = Console()
     # SIGTERM unwinds like Ctrl-C: every started server is stopped on the way out
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
@@ -32,7 +32,8 @@ def bench_command(plan: str, peers: str, address: str | None, no_pigeon: bool, o
             console.print(f"wrote {p}")
         return 0
     if plan in SCALE_PLANS:
-        return scale_command(plan, workloads, scale_nodes, node_cpu, out, json_path, console, quiet_wait_s)
+        return scale_command(plan, workloads, scale_nodes, node_cpu, out, json_path, console, quiet_wait_s,
+                             topic_layout)
     if plan not in PLANS:
         console.print(f"[red]unknown plan {plan!r}: choose one of {', '.join([*PLANS, *SCALE_PLANS])}")
         return 2
@@ -87,7 +88,8 @@ def save(doc: dict, out: str | None, json_path: str | None, console: Console, su
 
 
 def scale_command(plan: str, workloads: str | None, scale_nodes: str | None, node_cpu: float | None,
-                  out: str | None, json_path: str | None, console: Console, quiet_wait_s: float = 0.0) -> int:
+                  out: str | None, json_path: str | None, console: Console, quiet_wait_s: float = 0.0,
+                  topic_layout: str | None = None) -> int:
     """`--plan scale` (or scale-quick): the cluster at each node count, every node under a CPU cgroup."""
     from pigeon.bench.cgroups import find
     from pigeon.bench.cluster import PigeonClusterServer
@@ -99,6 +101,8 @@ def scale_command(plan: str, workloads: str | None, scale_nodes: str | None, nod
             changes["nodes"] = tuple(int(n) for n in scale_nodes.split(",") if n.strip())
         if node_cpu is not None:
             changes["node_cpu"] = float(node_cpu)
+        if topic_layout:
+            changes["topic_layout"] = topic_layout
         if workloads:
             picked = {w.strip() for w in workloads.split(",") if w.strip()}
             changes["workloads"] = tuple(w for w in SCALE_WORKLOADS if w in picked)

@@ -129,6 +129,9 @@ class ScalePlan:
     inflight: int = 4  # requests in flight per publisher process (one publisher process per node)
     outstanding: int = 5000  # StreamingPull flow control of each consumer stream (one consumer process per node)
     topics: int = 16  # the `topics_*` workloads: one topic in each of this many bundles
+    topic_layout: str = "spread"  # the nodes' --topic-layout: spread, a topic's shards over every node (together:
+    #                               each topic one owner's, as before spreading was built)
+    shards_per_topic: int = 16  # a topic's shards: one in each bundle, so each node holds its share of the bundles
     run_s: float = 25.0  # each workload
     settle_s: float = 2.0  # pause after the cluster settles and between workloads
     peer_start_s_max: float = 90.0  # a node (or etcd) listening
@@ -141,6 +144,7 @@ class ScalePlan:
         assert 0 < self.node_cpu, f"a node's CPU share must be positive, not {self.node_cpu}"
         assert 1 <= self.batch <= 1000 and self.inflight >= 1 and self.topics >= 1
         assert set(self.workloads) <= set(SCALE_WORKLOADS) and self.workloads, self.workloads
+        assert self.topic_layout in ("together", "spread"), f"topic_layout: together or spread, not {self.topic_layout}"
         assert self.longest_s() < self.peer_wall_s_max, "a node must outlive the workloads run against it"
 
     def longest_s(self) -> float:

@@ -165,7 +165,8 @@ class ScaleCluster(PigeonClusterServer):
     def __init__(self, root: str, plan: ScalePlan, size: int, caps: CpuCaps):
         super().__init__(root, plan)
         self.size, self.caps = size, caps
-        self.node_args = ("--replicas", str(plan.replicas), "--ack-quorum", str(plan.ack_quorum))
+        self.node_args = ("--replicas", str(plan.replicas), "--ack-quorum", str(plan.ack_quorum),
+                          "--topic-layout", plan.topic_layout, "--shards-per-topic", str(plan.shards_per_topic))
 
     def started(self, node_id: str, daemon: Daemon) -> None:
         self.caps.make(self.cgroup(node_id), self.plan.node_cpu, self.plan.cpu_period_us)

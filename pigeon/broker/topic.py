@@ -151,13 +151,38 @@ class IdempotencyWindow:
     def export(self) -> list[list]:
         return [[k, mid, ms] for k, (mid, ms) in self.ids.items()]
 
+
+
+class ShardWindows:
+    """A topic's idempotency windows, one a shard (a key is remembered by the shard that stored its message, so a
+    shard's window is that shard's state alone: docs/cluster.md, invariant T3), read as one: a key is a repeat
+    when any shard's window holds it (the newest, should a key reused after its window have passed be in two)."""
+
+    __slots__ = ("windows",)
+
+    def __init__(self, shards: int):
+        self.windows = [IdempotencyWindow() for _ in range(shards)]
+
+    def get(self, key: str) -> str | None:
+        if len(self.windows) == 1:
+            return self.windows[0].get(key)
+        hits = [hit for w in self.windows if (hit := w.ids.get(key)) is not None]
+        return max(hits, key=lambda h: h[1])[0] if hits else None
+
+    def add(self, key: str, message_id: str, publish_ms: int) -> None:
+        self.windows[int(message_id) & SHARD_MASK].add(key, message_id, publish_ms)
+
+    def expire(self, before_ms: int) -> None:
+        for w in self.windows:
+            w.expire(before_ms)
+
+    def export(self) -> list[list]:
+        return [entry for w in self.windows for entry in w.export()]
+
     def drop_shards(self, shards: set[int]) -> None:
-        """Forget the keys whose messages lie in `shards` (their logs are applied again)."""
-        gone = {k for k, (mid, _) in self.ids.items() if int(mid) & SHARD_MASK in shards}
-        if gone:
-            for k in gone:
-                del self.ids[k]
-            self.order = deque(e for e in self.order if e[1] not in gone)
+        """Forget what `shards` remembered (their logs are applied again)."""
+        for k in shards:
+            self.windows[k] = IdempotencyWindow()
 
 
 class TopicState:
@@ -175,7 +200,7 @@ class TopicState:
         self.log_id: int | tuple | None = None  # the log its records go to (BrokerState.log_of); spread: its shards'
 
         self.shard_logs: list[int] | None = None  # … and each shard's, spread
-        self.idempotency = IdempotencyWindow()
+        self.idempotency = ShardWindows(shard_count)
         self.schedule = Schedule()
         self._rr = itertools.cycle(range(shard_count))
         self.publish_requests = 0  # statistics since start (Cloud Monitoring's topic send_request_count, …)
@@ -187,7 +212,7 @@ class TopicState:
         configuration stays."""
         if shards is None or len(shards) == len(self.shards):
             self.shards = [ShardIndex() for _ in self.shards]
-            self.idempotency = IdempotencyWindow()
+            self.idempotency = ShardWindows(len(self.shards))
             self.schedule = Schedule()
             return
         for k in shards:

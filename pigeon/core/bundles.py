@@ -1,6 +1,6 @@
 """Bundles: which log holds a topic's data. Owns the rule: log 0 is the metadata log; a topic laid out *together*
 (its shards and its subscriptions' state) belongs to bundle crc32c(name) mod bundles, whose log is 1 + bundle; a
-topic laid out *spread* has each shard k in bundle crc32c(name "/" k) mod bundles, with that shard's part of every
+topic laid out *spread* has each shard k in bundle (crc32c(name) + k) mod bundles, with that shard's part of every
 subscription's state — stable hashes, so a shard's log is the same on every node and after every restart. A bundle
 is the unit a node owns and a cluster moves (the cluster's placement assigns bundles to nodes)."""
 
@@ -20,10 +20,12 @@ def bundle_log(topic_name: str, bundles: int) -> int:
 
 
 def shard_log(topic_name: str, shard: int, bundles: int, spread: bool) -> int:
-    """The log of one shard of a topic: its topic's bundle log when the topic is together, its own when spread."""
+    """The log of one shard of a topic: its topic's bundle log when the topic is together; when spread, shard k's
+    is k bundles on from the topic's (so up to `bundles` shards lie in as many distinct bundles, and a node owns
+    as many of a topic's shards as its share of the bundles)."""
     if not spread:
         return bundle_log(topic_name, bundles)
-    return 1 + crc32c.crc32c(f"{topic_name}/{shard}".encode()) % bundles
+    return 1 + (bundle_of(topic_name, bundles) + shard) % bundles
 
 
 def bundle_of_log(log_id: int) -> int:

@@ -205,7 +205,7 @@ class Engine:
         """Append `rec` to its log and apply it (validated before: applying must not fail), then perform its
         effects. Returns the journal position after it: durable once the journal's durable position reaches it."""
         steps = commit(self.state, self.logs, self.epoch, self._fenced, self.config.bundles, rec, owner, self.owns)
-        for _, _, effects in steps:  # (performed once every part of a record cut by shard is applied)
+        for _, _, _, effects in steps:  # (performed once every part of a record cut by shard is applied)
             if effects:
                 self._perform(effects)
         return self.journal.tail

@@ -24,17 +24,23 @@ def commit_step(state: BrokerState, logs, epoch: int, fenced: set[int], bundles:
 
 
 def commit(state: BrokerState, logs, epoch: int, fenced: set[int], bundles: int, rec: R.Record,
-           owner=None, owns=None) -> list[tuple[R.Record, int, list | None]]:
+           owner=None, owns=None) -> list[tuple[R.Record, int, int, list | None]]:
     """`commit_step` of each record `rec` is committed as — itself, or one a shard of a spread topic's that names
-    several (each durable and applied on its own, as on several owners): (record, journal position, effects).
+    several (each durable and applied on its own, as on several owners): (record, its journal position, the
+    journal's end after it, effects).
     A part for a log this node does not `owns` (a spread topic's shard another node owns now) refuses the whole
     record with Unavailable before anything is appended: a node writes only the logs it owns."""
     if not state.spread:
-        return [(rec, *commit_step(state, logs, epoch, fenced, bundles, rec, owner)[2::2])]
+        _, _, at, _, effects = commit_step(state, logs, epoch, fenced, bundles, rec, owner)
+        return [(rec, at, logs.journal.tail, effects)]
     parts = state.split(rec)
     if owns is not None and not all(log == META_LOG or owns(log) for log in (state.log_of(p, bundles) for p in parts)):
         raise Unavailable("A shard of the topic moved to another node; retry.")
-    return [(part, *commit_step(state, logs, epoch, fenced, bundles, part, owner)[2::2]) for part in parts]
+    out = []
+    for part in parts:
+        _, _, at, _, effects = commit_step(state, logs, epoch, fenced, bundles, part, owner)
+        out.append((part, at, logs.journal.tail, effects))
+    return out
 
 
 def append_step(state: BrokerState, logs, epoch: int, fenced: set[int], bundles: int,

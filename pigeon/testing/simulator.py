@@ -120,11 +120,9 @@ class Simulator:
 
     # --- the executor's one step (node.executor's, as the engine commits) -------------------------------
     def commit_record(self, rec: R.Record, owner=None) -> int:
-        steps = commit(self.state, self.sj, self.epoch, self.fenced, BUNDLES, rec, owner)
-        end = self.sj.journal.tail
         effects = []
-        for i, (part, at, done) in enumerate(steps):  # (a record cut by shard: a crash may keep some parts only)
-            self.history.append((part, at, steps[i + 1][1] if i + 1 < len(steps) else end))
+        for part, at, end, done in commit(self.state, self.sj, self.epoch, self.fenced, BUNDLES, rec, owner):
+            self.history.append((part, at, end))  # (a record cut by shard: a crash may keep some parts only)
             effects += done or ()
         self.orphaned.update(s.uid for s in self.state.subs.values() if s.max_attempts and not s.dead_letter_open)
         for kind, uid in effects or ():
