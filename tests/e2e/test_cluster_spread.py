@@ -38,6 +38,12 @@ def _spanning_topic(owner_of: dict[int, str]) -> tuple[str, list[str]]:
     raise AssertionError("no topic name spans the three nodes")
 
 
+def _shard_of_key(key: str) -> int:
+    import crc32c
+
+    return crc32c.crc32c(key.encode()) % SHARDS
+
+
 def _ordered_publisher(node):
     import os
 
@@ -120,3 +126,60 @@ def test_one_topic_is_served_by_every_node_and_consumed_through_any(spread_nodes
         for name in (streamed_sub, pulled_sub):
             r = sub.pull(subscription=name, max_messages=50, return_immediately=True, timeout=20)
             assert list(r.received_messages) == [], name
+
+
+def test_an_owner_of_some_shards_killed_mid_stream_loses_nothing(spread_nodes, etcd):
+    """kill -9 of the node owning a third of a topic's shards while a stream through another node consumes it:
+    its shards move to the survivors, the client's stream reopens, and every publish that was answered arrives."""
+    topic, shard_owners = _spanning_topic(owners(etcd.endpoint))
+    clients = {i: clients_of(spread_nodes[i]) for i in ("n1", "n2", "n3")}
+    clients["n1"][0].create_topic(name=topic)
+    name = f"{P}/subscriptions/failover"
+    clients["n2"][1].create_subscription(name=name, topic=topic)
+
+    sent: set[str] = set()
+    for node in ("n1", "n2", "n3"):  # keyless: each node's own shards, n3's among them
+        pub = clients[node][0]
+        sent.update(f.result(timeout=30) for f in [pub.publish(topic, f"{node}-{i}".encode()) for i in range(200)])
+    assert {shard_owners[int(m) & 63] for m in sent} == {"n1", "n2", "n3"}
+
+    got: set[str] = set()
+    lock = threading.Lock()
+    enough = threading.Event()
+
+    def callback(msg):
+        time.sleep(0.005)  # (a consumer that takes its time: n3's shards still hold messages when it dies)
+        with lock:
+            got.add(msg.message_id)
+            if len(got) >= 100:
+                enough.set()
+        msg.ack()
+
+    from google.cloud import pubsub_v1
+
+    future = clients["n1"][1].subscribe(name, callback, flow_control=pubsub_v1.types.FlowControl(max_messages=12))
+    try:  # (merged from the three owners through n1)
+        assert enough.wait(60), f"{len(got)} before the kill"
+        spread_nodes["n3"].kill()
+        with lock:
+            assert not {m for m in sent if shard_owners[int(m) & 63] == "n3"} <= got, "n3's were all in already"
+        for node in ("n1", "n2"):  # answered by their own shards
+            pub = clients[node][0]
+            sent.update(f.result(timeout=60) for f in [pub.publish(topic, f"{node}-after-{i}".encode())
+                                                       for i in range(200)])
+        keyed = _ordered_publisher(spread_nodes["n1"])  # to n3's shards, stored by their new owners
+        keys = [k for k in (f"key-{i}" for i in range(1000)) if shard_owners[_shard_of_key(k)] == "n3"][:5]
+        sent.update(f.result(timeout=60) for f in [keyed.publish(topic, f"{k}-{i}".encode(), ordering_key=k)
+                                                   for k in keys for i in range(20)])
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and not sent <= got:
+            time.sleep(0.2)
+        with lock:
+            missing = sent - got
+        assert not missing, f"{len(missing)} of {len(sent)} answered publishes never arrived"
+    finally:
+        future.cancel()
+        try:
+            future.result(timeout=30)
+        except Exception:  # noqa: BLE001 — cancelled
+            pass
