@@ -41,11 +41,31 @@ def test_cluster_seeds_run_clean():
         run_seed(seed, STEPS)
 
 
-def _owner_cut_off_from_the_store_keeps_publishing(seed: int) -> None:
+def _owner_cut_off_from_the_store_keeps_publishing(seed: int, monkeypatch) -> None:
     """An owner cut off from the metadata store only: its session ends and another node takes its bundle over,
     while it still reaches the members and its clients go on publishing through it. Fencing is what keeps its
-    late appends from being acknowledged beside the new owner's; then everything is healed and drained."""
-    sim = ClusterSim(seed, steps=0)
+    late appends from being acknowledged beside the new owner's; then everything is healed and drained.
+
+    The old owner must still be appending to its ledger when the new owner fences it, or fencing decides nothing:
+    so no snapshot is written during the run (a snapshot rolls the log to a new ledger, which needs the store — a
+    cut-off owner's publishes then wait, fenced or not, and whether one came before the takeover depended on how
+    its placement passes met the cut), and the run must have seen a member sent an entry by an older writer after
+    it was asked to fence that ledger."""
+    sim = ClusterSim(seed, steps=0, snapshot_entries=1 << 40)
+    fenced, late = set(), []
+    fence, submit = ledger_store.LedgerStore.fence, ledger_store.LedgerStore._submit
+
+    async def fence_seen(self, ledger):
+        fenced.add((id(self), ledger))
+        return await fence(self, ledger)
+
+    def submit_seen(self, ledger, epoch, *args):
+        if epoch < ledger_store.FENCE_EPOCH and (id(self), ledger) in fenced:  # (recovery writes at the fence's)
+            late.append(ledger)
+        return submit(self, ledger, epoch, *args)
+
+    monkeypatch.setattr(ledger_store.LedgerStore, "fence", fence_seen)
+    monkeypatch.setattr(ledger_store.LedgerStore, "_submit", submit_seen)
 
     async def go():
         await sim.start_workload()
@@ -54,6 +74,7 @@ def _owner_cut_off_from_the_store_keeps_publishing(seed: int) -> None:
         for _ in range(80):  # ~8 s: past the session, the takeover and the fence
             await asyncio.gather(sim.publish(0, via=old), sim.publish(0), sim.consume(next(iter(sim.subs))))
             await asyncio.sleep(0.1)
+        assert late, f"seed {seed}: the old owner appended nothing after the fence: the run tested no fencing"
         await sim.heal_all()
         await sim.drain()
         sim.check()
@@ -61,8 +82,8 @@ def _owner_cut_off_from_the_store_keeps_publishing(seed: int) -> None:
     simloop.run(go())
 
 
-def test_an_owner_cut_off_from_the_store_gets_no_late_append_acknowledged():
-    _owner_cut_off_from_the_store_keeps_publishing(7)
+def test_an_owner_cut_off_from_the_store_gets_no_late_append_acknowledged(monkeypatch):
+    _owner_cut_off_from_the_store_keeps_publishing(7, monkeypatch)
 
 
 def test_it_notices_a_ledger_member_that_does_not_fence(monkeypatch):
@@ -73,7 +94,7 @@ def test_it_notices_a_ledger_member_that_does_not_fence(monkeypatch):
 
     monkeypatch.setattr(ledger_store.LedgerStore, "fence", no_fence)
     with pytest.raises(SimFailure):
-        _owner_cut_off_from_the_store_keeps_publishing(7)
+        _owner_cut_off_from_the_store_keeps_publishing(7, monkeypatch)
 
 
 def test_it_notices_an_append_acknowledged_on_one_copy(monkeypatch):
