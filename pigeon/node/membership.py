@@ -87,32 +87,36 @@ class MetaView:
     and routing read them here instead of listing them from etcd a few times a second on every node. Correctness
     never rests on it — every change of ownership is a compare-and-swap — only how soon a node notices.
 
-    Live from `load` (lists taken at one revision, which the watch then continues from) until `lost` (the watch
-    broke); while not live, readers list from the store itself, and so learn at once when it cannot be reached."""
+    Loaded by listing each prefix once between two reads of the store's revision: the watch starts at the first
+    (it misses no change), and the view is live — believed — once the watch has applied a change at or after the
+    second (at once when the two are equal). Until then it may lack a change made while it listed, or hold a key
+    deleted before its prefix was listed; from then on it is what the store held. (Lists demanded at one revision
+    are seldom had on a busy store, where every ledger list, owner key or session written moves it.) The watch
+    reports again changes the lists hold: one no newer than what the view holds for its key is skipped. Not live
+    from the moment the watch breaks; while not live, readers list from the store itself, and so learn at once
+    when it cannot be reached."""
 
     PREFIXES = (M.node_key(""), M.drain_key(""), M.owner_key(0)[:-5])
 
     def __init__(self):
         self.kvs: dict[str, dict[str, M.KV]] = {p: {} for p in self.PREFIXES}
         self.live = False
+        self._exact_at = 0  # the view holds the store as it is once the watch has applied this revision
 
     async def load(self, meta) -> int:
-        """List the prefixes afresh; the revision they were read at (a watch from there misses nothing)."""
+        """List the prefixes afresh; the revision read before them (a watch from there misses nothing)."""
         self.live = False
-        for _ in range(3):  # (taken between two equal revisions, the lists are one moment's)
-            rev = await meta.revision()
-            lists = [await meta.list(p) for p in self.PREFIXES]
-            if await meta.revision() == rev:
-                break
-        else:
-            return rev  # changes keep coming: stay not live, readers list from the store (the next watch retries)
+        rev = await meta.revision()
+        lists = [await meta.list(p) for p in self.PREFIXES]
+        self._exact_at = await meta.revision()
         self.kvs = {p: {kv.key: kv for kv in kvs} for p, kvs in zip(self.PREFIXES, lists)}
-        self.live = True
+        self.live = self._exact_at == rev
         return rev
 
     async def follow(self, meta, prefix: str):
-        """Load the view, then keep it by a watch of `prefix` (which covers the view's prefixes): every change
-        under `prefix` is applied and then yielded. Not live from the moment the watch breaks."""
+        """Load the view, then keep it by a watch of `prefix` (which covers the view's prefixes, and the keys whose
+        changes move the revision, or the view goes live only at a change under `prefix`): every change under
+        `prefix` is applied and then yielded. Not live from the moment the watch breaks."""
         rev = await self.load(meta)
         try:
             async for ev in meta.watch(prefix, rev):
@@ -122,15 +126,22 @@ class MetaView:
             self.live = False
 
     def apply(self, ev: M.Event) -> None:
-        key = ev.kv.key
+        """Take a change the watch reported, unless the view holds its key at that revision or a later one: the
+        lists, taken after the watch's start, may show it or a later change already (a delete's event carries the
+        revision of the delete)."""
+        kv = ev.kv
         for p in self.PREFIXES:
-            if key.startswith(p):
-                if ev.kind == "put":
-                    self.kvs[p][key] = ev.kv
-                else:
-                    self.kvs[p].pop(key, None)
-                return
-
+            if kv.key.startswith(p):
+                keys = self.kvs[p]
+                held = keys.get(kv.key)
+                if held is None or held.mod_revision < kv.mod_revision:
+                    if ev.kind == "put":
+                        keys[kv.key] = kv
+                    else:
+                        keys.pop(kv.key, None)
+                break
+        if kv.mod_revision >= self._exact_at:
+            self.live = True
 
 
 class Membership:

@@ -11,7 +11,7 @@ import itertools
 import pytest
 
 from pigeon.cluster import metadata as M
-from pigeon.node.membership import Membership, NodeIdTaken, NodeInfo, OtherCluster, cluster_id, status_of
+from pigeon.node.membership import MetaView, Membership, NodeIdTaken, NodeInfo, OtherCluster, cluster_id, status_of
 from pigeon.node.meta_etcd import EtcdMetadata
 from pigeon.node.meta_local import LocalMetadata
 
@@ -189,6 +189,73 @@ def test_placement_reads_nodes_and_owners_from_the_watched_view_and_from_the_sto
         await a.leave()
 
     asyncio.run(run())
+
+
+def test_the_view_goes_live_on_a_store_that_changes_while_it_lists_and_holds_what_the_store_holds(make_store):
+    """On a busy store the revision moves between any two reads (ledger lists, sessions, owner keys): the view
+    still goes live, and then holds exactly what the store holds — a change the lists showed already is not
+    applied again over a later one, and a key put and deleted before its prefix was listed does not come back."""
+    views = []
+
+    async def run():
+        a, b = node(make_store, "n1"), node(make_store, "n2")
+        meta = a.meta
+        await a.join()
+        await b.join()
+        assert await b.claim(1) == 1
+        real_list = meta.list
+        once = set()
+
+        async def busy(prefix):
+            await b.meta.put(M.ledgers_key(7), prefix.encode())  # a change outside the view before every list
+            if prefix == M.drain_key("") and prefix not in once:  # a drain mark that came and went before its
+                await b.meta.put(M.drain_key("n9"), b"")            # prefix was listed
+                await b.meta.delete(M.drain_key("n9"))
+            if prefix == M.owner_key(0)[:-5] and prefix not in once:  # an owner key given up and taken again
+                assert await b.release(1)                                 # before owners were listed
+                assert await b.claim(1) == 2
+            once.add(prefix)
+            return await real_list(prefix)
+        meta.list = busy
+
+        async def follow():  # (the store is quiet once the lists are taken: every live view must be its last state)
+            async for ev in a.view.follow(meta, M.ROOT + "/"):
+                if a.view.live:
+                    views.append({p: {k: kv.value for k, kv in a.view.kvs[p].items()} for p in MetaView.PREFIXES})
+                if ev.kv.mod_revision >= await meta.revision() and views:
+                    return
+        await asyncio.wait_for(follow(), 5)
+        meta.list = real_list
+        held = {p: {kv.key: kv.value for kv in await meta.list(p)} for p in MetaView.PREFIXES}
+        assert views and all(v == held for v in views), (views, held)
+        assert await a.owners() == {1: ("n2", 2)} and await a.draining() == set()
+        await a.leave()
+        await b.leave()
+
+    asyncio.run(run())
+
+
+def _kv(key: str, value: bytes, rev: int) -> M.KV:
+    return M.KV(key, value, rev, rev)
+
+
+def test_the_view_skips_a_change_older_than_the_one_it_holds():
+    """The lists are taken after the watch's starting point: the watch reports again changes they hold (and
+    deletes of keys they hold as put again later); only a change newer than the view's takes."""
+    view = MetaView()
+    key = M.owner_key(1)
+    p = M.owner_key(0)[:-5]
+    view.kvs[p][key] = _kv(key, b"listed", 10)
+    view.apply(M.Event("put", _kv(key, b"older", 8)))
+    view.apply(M.Event("delete", _kv(key, b"", 9)))
+    view.apply(M.Event("put", _kv(key, b"listed", 10)))
+    assert view.kvs[p][key].value == b"listed"
+    view.apply(M.Event("put", _kv(key, b"newer", 11)))
+    assert view.kvs[p][key].value == b"newer"
+    view.apply(M.Event("delete", _kv(key, b"", 12)))
+    assert key not in view.kvs[p]
+    view.apply(M.Event("put", _kv(key, b"again", 13)))
+    assert view.kvs[p][key].value == b"again"
 
 
 def test_a_join_takes_a_key_its_own_new_session_already_holds(make_store):
