@@ -102,6 +102,7 @@ class MetaView:
         self.kvs: dict[str, dict[str, M.KV]] = {p: {} for p in self.PREFIXES}
         self.live = False
         self._exact_at = 0  # the view holds the store as it is once the watch has applied this revision
+        self._decoded: dict[str, object] = {}  # prefix → what `read` made of its keys, until one changes
 
     async def load(self, meta) -> int:
         """List the prefixes afresh; the revision read before them (a watch from there misses nothing)."""
@@ -110,6 +111,7 @@ class MetaView:
         lists = [await meta.list(p) for p in self.PREFIXES]
         self._exact_at = await meta.revision()
         self.kvs = {p: {kv.key: kv for kv in kvs} for p, kvs in zip(self.PREFIXES, lists)}
+        self._decoded.clear()
         self.live = self._exact_at == rev
         return rev
 
@@ -139,9 +141,18 @@ class MetaView:
                         keys[kv.key] = kv
                     else:
                         keys.pop(kv.key, None)
+                    self._decoded.pop(p, None)
                 break
         if kv.mod_revision >= self._exact_at:
             self.live = True
+
+    def read(self, prefix: str, decode):
+        """`decode(kvs)` of the keys under `prefix`, made again only once one of them changed: placement and
+        routing read the nodes and owners many times between two changes."""
+        got = self._decoded.get(prefix)
+        if got is None:
+            got = self._decoded[prefix] = decode(self.kvs[prefix].values())
+        return got
 
 
 class Membership:
@@ -229,19 +240,18 @@ class Membership:
             self.lease = 0
         self.owned.clear()
 
-    async def _list(self, prefix: str) -> list[M.KV]:
+    async def _read(self, prefix: str, decode):
+        """What `decode` makes of the keys under `prefix`: from the view while it is live (and the store answers
+        this node), else from a list of the store. A copy: the caller may change it."""
         if self.view.live and self.answering:
-            return list(self.view.kvs[prefix].values())
-        return await self.meta.list(prefix)
+            return self.view.read(prefix, decode).copy()
+        return decode(await self.meta.list(prefix))
 
     async def members(self) -> dict[str, NodeInfo]:
-        prefix = M.node_key("")
-        return {kv.key[len(prefix):]: NodeInfo.decode(kv.key[len(prefix):], kv.value)
-                for kv in await self._list(prefix)}
+        return await self._read(M.node_key(""), _members)
 
     async def draining(self) -> set[str]:
-        prefix = M.drain_key("")
-        return {kv.key[len(prefix):] for kv in await self._list(prefix)}
+        return await self._read(M.drain_key(""), _drained)
 
     async def placement(self, bundles: int, members: dict[str, NodeInfo] | None = None) -> dict[int, str]:
         """Who should own each bundle, from the live nodes that listen (a node still starting gets none: nobody
@@ -256,9 +266,7 @@ class Membership:
 
     async def owners(self) -> dict[int, tuple[str, int]]:
         """bundle → (owner node, epoch) for every bundle that has an owner."""
-        prefix = M.owner_key(0)[:-5]
-        return {int(kv.key[len(prefix):]): (d["node"], d["epoch"])
-                for kv in await self._list(prefix) for d in [json.loads(kv.value)]}
+        return await self._read(M.owner_key(0)[:-5], _owners)
 
     # --- ownership -----------------------------------------------------------------------------------------
     async def claim(self, bundle: int) -> int | None:
@@ -293,6 +301,21 @@ class Membership:
             return None
         d = json.loads(kv.value)
         return d["node"], d["epoch"]
+
+
+def _members(kvs) -> dict[str, NodeInfo]:
+    n = len(M.node_key(""))
+    return {kv.key[n:]: NodeInfo.decode(kv.key[n:], kv.value) for kv in kvs}
+
+
+def _drained(kvs) -> set[str]:
+    n = len(M.drain_key(""))
+    return {kv.key[n:] for kv in kvs}
+
+
+def _owners(kvs) -> dict[int, tuple[str, int]]:
+    n = len(M.owner_key(0)) - 5
+    return {int(kv.key[n:]): (d["node"], d["epoch"]) for kv in kvs for d in [json.loads(kv.value)]}
 
 
 async def status_of(meta) -> dict:
