@@ -95,8 +95,8 @@ sim: $(STAMP)
 	$(BIN)/python -m pigeon.testing.simulator --seeds $(SEEDS) --steps $(STEPS)
 
 # The cluster simulator over many seeds (make test runs 40): three nodes of the real node code on virtual time,
-# crashes, cuts and metadata outages by seed. SEEDS=N CLUSTER_STEPS=M; a failure prints its seed and the command
-# that replays it.
+# crashes, cuts and metadata outages by seed (odd seeds with spread topics: each shard a bundle of its own).
+# SEEDS=N CLUSTER_STEPS=M; a failure prints its seed and the command that replays it.
 CLUSTER_STEPS ?= 100
 sim-cluster: $(STAMP)
 	PYTHONHASHSEED=0 $(BIN)/python -m pigeon.testing.simcluster --seeds $(SEEDS) --steps $(CLUSTER_STEPS)

@@ -407,6 +407,9 @@ class Engine:
         rec = R.Reset(log_id, bundles)
         append_step(self.state, self.logs, self.epoch, self._fenced, bundles, rec)
         effects = self.state.apply(rec)
+        # the subscriptions go on dispatching what they still hold: a spread topic's other shards (whose logs
+        # are applied: one being taken over has every entry applied before it waits for its snapshot's sync)
+        self.state.resume_log(log_id, bundles, self.clock.now())
         if effects:
             self._perform(effects)
 

@@ -38,17 +38,18 @@ import time
 import traceback
 from dataclasses import dataclass, field
 
+import crc32c
 from google.pubsub_v1 import types
 
 from pigeon.broker import images
 from pigeon.cluster.ledgers import LedgerInfo
 from pigeon.core import limits
-from pigeon.core.bundles import bundle_log
+from pigeon.core.bundles import shard_log
 from pigeon.core.errors import PigeonError, Unavailable
 from pigeon.node.meta_local import LocalMetadata
 from pigeon.testing import simloop
 from pigeon.testing.simnet import SimNet
-from pigeon.testing.simnode import BUNDLES, LOG_SNAPSHOT_S, NODE, SimNode, _Refused
+from pigeon.testing.simnode import BUNDLES, LOG_SNAPSHOT_S, NODE, SHARDS, SimNode, _Refused
 
 P = "projects/simc"
 KEYS = ["k1", "k2", "k3"]
@@ -79,8 +80,9 @@ class History:
 
 
 class ClusterSim:
-    def __init__(self, seed: int, nodes: int = 3, steps: int = 60, snapshot_entries: int = 40):
+    def __init__(self, seed: int, nodes: int = 3, steps: int = 60, snapshot_entries: int = 40, spread: bool = False):
         self.seed, self.steps, self.snapshot_entries = seed, steps, snapshot_entries
+        self.spread = spread  # topics laid out spread: each shard a bundle (and an owner) of its own
         self.rng = random.Random(seed)
         self.net = SimNet(self.rng)
         self.meta: LocalMetadata | None = None
@@ -146,11 +148,34 @@ class ClusterSim:
         async with asyncio.timeout(CALL_S):  # (a client's deadline; no task of its own, as wait_for would make)
             return await entry.call(lambda: at(entry))
 
+    def log_for(self, topic: str, key: str = "", shard: int = 0) -> int:
+        """The log a call about `topic` goes to: its bundle's; spread, its key's shard's (or `shard`'s)."""
+        if key:
+            shard = crc32c.crc32c(key.encode()) % SHARDS
+        return shard_log(topic, shard, BUNDLES, self.spread)
+
+    async def _pull_and_ack(self, sub: str, topic: str, max_messages: int, settle):
+        """A Pull through a random node — spread, from one shard's owner, which serves the shards it owns — and
+        `settle(node, ack ids)` of what came, each ack id sent to its shard's owner (as api.spread splits them).
+        (response, whether every settle call went through)"""
+        shard = self.rng.randrange(SHARDS) if self.spread else 0
+        rms = await self._routed(self.log_for(topic, shard=shard),
+                                 lambda node: node.engine.delivery.pull(sub, max_messages, True))
+        got = _PullResponse.FromString(b"".join(rms)).received_messages
+        return got, lambda ms: self._by_shard(topic, ms, settle)
+
+    async def _by_shard(self, topic: str, got, settle) -> None:
+        groups: dict[int, list[str]] = {}
+        for m in got:
+            groups.setdefault(self.log_for(topic, shard=int(m.ack_id.split(".")[1]) & 63), []).append(m.ack_id)
+        for log_id, ids in groups.items():
+            await self._routed(log_id, lambda node, ids=ids: settle(node, ids))
+
     async def publish_at_owner(self, node: SimNode, topic: str, request: bytes) -> None:
         """A node's own publish (a dead letter) to a topic another node owns, forwarded as api.router does."""
         from pigeon.broker import commands
 
-        log_id = bundle_log(topic, BUNDLES)
+        log_id = self.log_for(topic, _PublishRequest.FromString(request).messages[0].ordering_key)
         address = node.cluster.address_of(log_id)
         owner = self.net.by_address.get(address) if address else None
         if owner is None or owner == node.id:
@@ -171,25 +196,21 @@ class ClusterSim:
 
     async def nack_all(self, sub: str) -> None:
         """The poison subscription's consumer: every message it gets it gives back at once."""
-        log_id = bundle_log(self.topics[self.poison[sub]], BUNDLES)
         try:
-            rms = await self._routed(log_id, lambda node: node.engine.delivery.pull(sub, 100, True))
-            got = _PullResponse.FromString(b"".join(rms)).received_messages
+            got, settle = await self._pull_and_ack(sub, self.topics[self.poison[sub]], 100, lambda node, ids: (
+                node.engine.delivery.modify_ack_deadline(sub, ids, 0)))
             if got:
-                await self._routed(log_id, lambda node: node.engine.delivery.modify_ack_deadline(
-                    sub, [m.ack_id for m in got], 0))
+                await settle(got)
         except (PigeonError, _Refused, asyncio.TimeoutError):
             return
 
     async def consume_dead(self) -> None:
         try:
-            rms = await self._routed(bundle_log(self.dead_topic, BUNDLES),
-                                     lambda node: node.engine.delivery.pull(self.dead_sub, 100, True))
-            got = _PullResponse.FromString(b"".join(rms)).received_messages
+            got, settle = await self._pull_and_ack(self.dead_sub, self.dead_topic, 100, lambda node, ids: (
+                node.engine.delivery.acknowledge(self.dead_sub, ids)))
             self.h.dead.update(m.message.data.decode() for m in got)
             if got:
-                await self._routed(bundle_log(self.dead_topic, BUNDLES), lambda node: node.engine.delivery.acknowledge(
-                    self.dead_sub, [m.ack_id for m in got]))
+                await settle(got)
         except (PigeonError, _Refused, asyncio.TimeoutError):
             return
 
@@ -215,7 +236,7 @@ class ClusterSim:
 
         cmd = commands.check_publish(raw)
         try:
-            ids = await self._routed(bundle_log(topic, BUNDLES), lambda node: node.engine.publish(
+            ids = await self._routed(self.log_for(topic, key), lambda node: node.engine.publish(
                 cmd.topic, cmd.request, cmd.count, cmd.ordering_key, cmd.idempotency_keys, cmd.activations), via)
         except (PigeonError, _Refused, asyncio.TimeoutError):
             self.h.publish_failed += 1
@@ -225,13 +246,12 @@ class ClusterSim:
 
     async def consume(self, sub: str) -> None:
         t = self.subs[sub]
-        log_id = bundle_log(self.topics[t], BUNDLES)
         sent = asyncio.get_running_loop().time()
         try:
-            rms = await self._routed(log_id, lambda node: node.engine.delivery.pull(sub, 20, True))
+            got, settle = await self._pull_and_ack(sub, self.topics[t], 20, lambda node, ids: (
+                node.engine.delivery.acknowledge(sub, ids)))
         except (PigeonError, _Refused, asyncio.TimeoutError):
             return
-        got = _PullResponse.FromString(b"".join(rms)).received_messages
         h = self.h
         acked = h.acked.setdefault(sub, {})
         for m in got:
@@ -250,7 +270,7 @@ class ClusterSim:
         if not got or self.rng.random() < 0.1:  # sometimes the consumer dies before acking
             return
         try:
-            await self._routed(log_id, lambda node: node.engine.delivery.acknowledge(sub, [m.ack_id for m in got]))
+            await settle(got)
         except (PigeonError, _Refused, asyncio.TimeoutError):
             return
         now = asyncio.get_running_loop().time()
@@ -327,7 +347,7 @@ class ClusterSim:
 
     def owner_of(self, t: int) -> SimNode | None:
         """The node serving topic `t`'s bundle now (None between owners)."""
-        log_id = bundle_log(self.topics[t], BUNDLES)
+        log_id = self.log_for(self.topics[t])
         return next((n for n in self.nodes.values() if n.up and n.ready and n.engine.owns(log_id)), None)
 
     async def run(self) -> History:
@@ -485,9 +505,9 @@ class ClusterSim:
                 last[key] = seq
 
 
-def run_seed(seed: int, steps: int = 100) -> ClusterSim:
-    """One seed, start to end; SimFailure when a rule broke."""
-    sim = ClusterSim(seed, steps=steps)
+def run_seed(seed: int, steps: int = 100, spread: bool = False) -> ClusterSim:
+    """One seed, start to end (`spread`: its topics laid out spread); SimFailure when a rule broke."""
+    sim = ClusterSim(seed, steps=steps, spread=spread)
     try:
         simloop.run(sim.run())
     except SimFailure:
@@ -500,14 +520,14 @@ def run_seed(seed: int, steps: int = 100) -> ClusterSim:
     return sim
 
 
-def _one(job: tuple[int, int]) -> str | None:
+def _one(job: tuple[int, int, bool]) -> str | None:
     """A seed's failure as text (None when clean): what a worker process sends back."""
-    seed, steps = job
+    seed, steps, spread = job
     try:
-        run_seed(seed, steps)
+        run_seed(seed, steps, spread)
     except SimFailure as e:
         return f"FAILED {e}\n  replay: PYTHONHASHSEED={os.environ.get('PYTHONHASHSEED', '?')} python -m " \
-               f"pigeon.testing.simcluster --seed {seed} --steps {steps}"
+               f"pigeon.testing.simcluster --seed {seed} --steps {steps} --layout {'spread' if spread else 'together'}"
     return None
 
 
@@ -519,6 +539,8 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="processes running seeds side by side")
     ap.add_argument("--verbose", action="store_true", help="the nodes' logs on stderr (one process)")
+    ap.add_argument("--layout", choices=("together", "spread", "both"), default="both",
+                    help="the topics' layout: each topic one bundle's, each shard a bundle's, or spread for odd seeds")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.CRITICAL, stream=sys.stderr,
                         format="%(vtime)9.3f %(node)s %(name)s %(message)s")
@@ -539,7 +561,7 @@ def main(argv=None) -> int:
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)
     seeds = [args.seed] if args.seed is not None else range(args.first_seed, args.first_seed + args.seeds)
-    jobs = [(seed, args.steps) for seed in seeds]
+    jobs = [(seed, args.steps, args.layout == "spread" or (args.layout == "both" and seed % 2 == 1)) for seed in seeds]
     t0 = time.monotonic()
     failed = done = 0
     workers = 1 if args.verbose or len(jobs) == 1 else max(1, args.jobs)

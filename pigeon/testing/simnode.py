@@ -17,6 +17,7 @@ from pigeon.testing.simloop import sleep
 from pigeon.testing.simnet import SimMeta, SimStorageClient
 
 BUNDLES = 4
+SHARDS = 2  # a topic's shards (spread topics: each in a bundle of its own)
 WALL0 = 1_800_000_000.0  # the nodes' wall clocks start here (plus their skew)
 SESSION_TTL_S = 3
 LOG_SNAPSHOT_S = 30  # a quiet log moves to a new ledger this often (the journals drop what it kept)
@@ -113,7 +114,8 @@ class SimNode:
 
     def config(self) -> Config:
         return Config(data_dir=f"/{self.id}", etcd="sim:2379", node_id=self.id, advertise=self.address,
-                      append_port=-1, session_ttl_s=SESSION_TTL_S, bundles=BUNDLES, shards_per_topic=2,
+                      append_port=-1, session_ttl_s=SESSION_TTL_S, bundles=BUNDLES, shards_per_topic=SHARDS,
+                      topic_layout="spread" if self.sim.spread else "together",
                       log_snapshot_entries=self.sim.snapshot_entries, log_snapshot_s=LOG_SNAPSHOT_S)
 
     def start(self) -> None:
