@@ -351,9 +351,12 @@ class PubSubApi:
     @translate
     @fresh
     async def create_snapshot(self, req, context):
-        if self.router is not None and (owner := await self.router.for_subscription(req.subscription, context)):
+        state = None
+        if self.router is not None and (t := await self.router.spread_subscription(req.subscription, context)):
+            state = await spread.ack_state(self.router, t, req.subscription, context)  # each shard's, at its owner
+        elif self.router is not None and (owner := await self.router.for_subscription(req.subscription, context)):
             return await self.router.unary(owner, CREATE_SNAPSHOT, req.SerializeToString(), context)
-        snap = await self.engine.create_snapshot(req.name, req.subscription, dict(req.labels))
+        snap = await self.engine.create_snapshot(req.name, req.subscription, dict(req.labels), state)
         return snap.SerializeToString()
 
     @translate
@@ -370,8 +373,14 @@ class PubSubApi:
     @translate
     @fresh
     async def seek(self, req, context):
+        if self.router is not None and (t := await self.router.spread_subscription(req.subscription, context)):
+            return await spread.everywhere(self.router, t, SEEK, req, context, lambda: self._seek_here(req))
         if self.router is not None and (owner := await self.router.for_subscription(req.subscription, context)):
             return await self.router.unary(owner, SEEK, req.SerializeToString(), context)
+        return await self._seek_here(req)
+
+    async def _seek_here(self, req) -> bytes:
+        """Seek this node's share: every shard, or those of a spread topic it owns."""
         which = req.WhichOneof("target")
         if which == "time":
             await self.engine.seek(req.subscription, req.time.ToMilliseconds(), None)

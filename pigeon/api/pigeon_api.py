@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import grpc
 
-from pigeon.api import errors
+from pigeon.api import errors, spread
 from pigeon.api.errors import translate
 from pigeon.api.proto import pigeon_ranges_pb2 as pb
 from pigeon.core import limits, wire
@@ -20,7 +20,8 @@ SERVICE = "pigeon.v1.Ranges"
 
 def _cursor(c: ranges.CursorView) -> bytes:
     return pb.Cursor(name=c.name, topic=c.topic, offsets=c.offsets, latest=c.latest, backlog=c.backlog,
-                     created=c.created, topic_uid=c.topic_uid).SerializeToString()
+                     created=c.created, topic_uid=c.topic_uid,
+                     acked=[pb.AckedAbove(offsets=a) for a in c.acked]).SerializeToString()
 
 
 class RangesApi:
@@ -42,8 +43,13 @@ class RangesApi:
 
     @translate
     async def latest_offsets(self, req, context):
+        if self.router is not None and (t := await self.router.spread_topic(req.topic, context)) is not None:
+            return await spread.latest_offsets(self.router, t, req, context, lambda: _now(self._latest(req)))
         if (forwarded := await self._owner_topic("LatestOffsets", req, context)) is not None:
             return forwarded
+        return self._latest(req)
+
+    def _latest(self, req) -> bytes:
         at = req.at_time_ms if req.HasField("at_time_ms") else None
         t, shards = ranges.latest_offsets(self.engine, req.topic, at)
         out = pb.LatestOffsetsResponse(shard_count=len(shards), topic_uid=t.uid, offset_bits=limits.topic_offset_bits,
@@ -54,7 +60,10 @@ class RangesApi:
 
     @translate
     async def read_range(self, req, context):
-        if (forwarded := await self._owner_topic("ReadRange", req, context)) is not None:
+        if self.router is not None and (t := await self.router.spread_topic(req.topic, context)) is not None:
+            if owner := self.router.shard_owner(t, req.shard):  # a shard's messages are read at its owner
+                return await self.router.unary(owner, f"/{SERVICE}/ReadRange", req.SerializeToString(), context)
+        elif (forwarded := await self._owner_topic("ReadRange", req, context)) is not None:
             return forwarded
         t, r = await ranges.read_range_when_read(self.engine, req.topic, req.shard, req.start_offset,
                                                  req.end_offset, req.max_messages, req.max_bytes, req.allow_data_loss,
@@ -98,3 +107,7 @@ def handlers(engine: Engine, router=None) -> list[grpc.GenericRpcHandler]:
         "CommitCursor": errors.unary(api.commit_cursor, pb.CommitCursorRequest),
     }
     return [grpc.method_handlers_generic_handler(SERVICE, methods)]
+
+
+async def _now(value):
+    return value

@@ -93,6 +93,11 @@ class Router:
                                 "nodes (--topic-layout spread), is not supported yet.")
         return self._owner(bundle_log(topic, self.engine.config.bundles), context)
 
+    def shard_owner(self, t, shard: int) -> Owner | None:
+        """The owner of one shard of spread topic `t` (None: this node, or a shard it does not have: answered
+        here)."""
+        return next((p.owner for p in self.spread(t) if shard in p.shards), None)
+
     def spread(self, topic) -> list[Part] | None:
         """The owners of a spread topic's shards (this node's share first), or None for a topic together in one
         bundle. Unavailable while a shard has no owner (moving)."""

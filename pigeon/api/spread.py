@@ -28,6 +28,7 @@ _PullRequest = types.PullRequest.pb()
 _PULL = "/google.pubsub.v1.Subscriber/Pull"
 _STREAMING_PULL = "/google.pubsub.v1.Subscriber/StreamingPull"
 _LATEST = "/pigeon.v1.Ranges/LatestOffsets"
+_GET_CURSOR = "/pigeon.v1.Ranges/GetCursor"
 _ENDED = "A shard of the subscription's topic moved to another node; reconnect."
 
 
@@ -193,21 +194,65 @@ def _route_ids(req, owner_of: dict, ups: list[asyncio.Queue], n: int) -> None:
             q.put_nowait(o)
 
 
-async def subscription_start(router, t, context, here) -> list[int]:
-    """Where a new subscription of spread topic `t` begins: each shard's end as its owner reports it
-    (`here()`: this node's ends)."""
-    start = [0] * len(t.shards)
-    calls, shares = [], []
-    for p in router.spread(t):
-        shares.append(p.shards)
-        if p.owner is None:
-            calls.append(here())
-        else:
-            req = ranges_pb.LatestOffsetsRequest(topic=t.name)
-            calls.append(router.unary(p.owner, _LATEST, req.SerializeToString(), context))
-    for shards, got in zip(shares, await _all(calls)):
-        ends = got if isinstance(got, list) else [s.latest for s in ranges_pb.LatestOffsetsResponse.FromString(got).shards]
-        for k in shards:
-            start[k] = ends[k]
-    return start
+async def everywhere(router, t, method: str, req, context, here) -> bytes:
+    """A call every owner performs for its own shards (a Seek): `here()` for this node's, the request forwarded to
+    each other owner; answered once all answered (the first failure, if one failed)."""
+    calls = [here() if p.owner is None else router.unary(p.owner, method, req.SerializeToString(), context)
+             for p in router.spread(t)]
+    await _all(calls)
+    return b""
 
+
+async def _gather(router, t, method: str, req, context, here, parse) -> list:
+    """Each owner's answer to `req` (`here()` for this node's; `parse` of the bytes of another's), as one list
+    of what it says of each shard — its own shards' entries taken from each."""
+    parts = router.spread(t)
+    calls = [here() if p.owner is None else router.unary(p.owner, method, req.SerializeToString(), context)
+             for p in parts]
+    out = [None] * len(t.shards)
+    for p, got in zip(parts, await _all(calls)):
+        per_shard = parse(got)
+        for k in p.shards:
+            out[k] = per_shard[k]
+    return out
+
+
+async def subscription_start(router, t, context, here) -> list[int]:
+    """Where a new subscription of spread topic `t` begins: each shard's end as its owner reports it (`here()`:
+    this node's ends)."""
+    req = ranges_pb.LatestOffsetsRequest(topic=t.name)
+    return await _gather(router, t, _LATEST, req, context, here, lambda got: got if isinstance(got, list) else [
+        s.latest for s in ranges_pb.LatestOffsetsResponse.FromString(got).shards])
+
+
+async def latest_offsets(router, t, req, context, here) -> bytes:
+    """LatestOffsets of a spread topic: each shard's as its owner reports it (`here()`: this node's answer)."""
+    parse = lambda got: list(ranges_pb.LatestOffsetsResponse.FromString(got).shards)  # noqa: E731
+    shards = await _gather(router, t, _LATEST, req, context, here, parse)
+    out = ranges_pb.LatestOffsetsResponse.FromString(await here())  # (the topic's uid and the bit layout)
+    del out.shards[:]
+    out.shards.extend(shards)
+    return out.SerializeToString()
+
+
+async def ack_state(router, t, sub: str, context) -> tuple[list[int], list[list[int]]]:
+    """A subscription's (floors, acked) by shard, each as its shard's owner holds it (a snapshot's content)."""
+    req = ranges_pb.GetCursorRequest(name=sub)
+    state = router.engine.state.subs[sub]
+
+    def here():
+        floors, acked = state.export_state()
+        return _now(list(zip(floors, acked)))
+
+    def parse(got):
+        if isinstance(got, list):
+            return got
+        c = ranges_pb.Cursor.FromString(got)
+        return list(zip(c.offsets, [list(a.offsets) for a in c.acked]))
+
+    pairs = await _gather(router, t, _GET_CURSOR, req, context, here, parse)
+    return [f for f, _ in pairs], [list(a) for _, a in pairs]
+
+
+async def _now(value):
+    return value

@@ -415,8 +415,10 @@ def modacks(s: SubscriptionState, ack_ids, seconds, now: float) -> tuple[list[R.
 
 # --- snapshots and seek -------------------------------------------------------------------------------
 def create_snapshot(state: BrokerState, name: str, sub_name: str, labels: dict, now: float,
-                    generated_name: str) -> tuple[str, R.SnapPut]:
-    """(the snapshot's name, its record)."""
+                    generated_name: str, ack_state: tuple[list[int], list[list[int]]] | None = None
+                    ) -> tuple[str, R.SnapPut]:
+    """(the snapshot's name, its record): of the subscription's ack state here, or of `ack_state` (floors, acked
+    by shard: a spread topic's, from each shard's owner)."""
     s = state.sub(sub_name)
     if not name:
         project = names.split(sub_name, "subscriptions")[0]
@@ -427,10 +429,13 @@ def create_snapshot(state: BrokerState, name: str, sub_name: str, labels: dict, 
     state.check_room(name, "snapshots")
     if s.topic is None or s.topic.deleted:
         raise FailedPrecondition("Cannot create a snapshot of a subscription whose topic was deleted.")
-    oldest_ms = None
-    for ss, ix in zip(s.shards, s.topic.shards):
-        if ss.floor < ix.durable:
-            ms = ix.publish_ms(ss.floor)
+    floors, acked = ack_state if ack_state is not None else s.export_state()
+    if len(floors) != len(s.shards) or len(acked) != len(s.shards):
+        raise InvalidArgument(f"An ack state for each of the subscription's {len(s.shards)} shards is needed.")
+    oldest_ms = None  # (of the shards whose messages are here)
+    for floor, ix in zip(floors, s.topic.shards):
+        if ix.first() <= floor < ix.durable:
+            ms = ix.publish_ms(floor)
             oldest_ms = ms if oldest_ms is None else min(oldest_ms, ms)
     base = now if oldest_ms is None else oldest_ms / 1000
     expire = base + limits.snapshot_lifetime_s_max
@@ -441,7 +446,6 @@ def create_snapshot(state: BrokerState, name: str, sub_name: str, labels: dict, 
     snap.labels.update(labels)
     resources.check_labels(snap.labels)
     snap.expire_time.FromMilliseconds(int(expire * 1000))
-    floors, acked = s.export_state()
     return name, R.SnapPut(s.topic.uid, snap.SerializeToString(deterministic=True), floors, acked)
 
 

@@ -515,10 +515,13 @@ class Engine:
                          tuple(self.hot_keys.hottest(limits.hot_keys_exported)))
 
     # --- snapshots and seek ----------------------------------------------------------------------
-    async def create_snapshot(self, name: str, sub_name: str, labels: dict):
+    async def create_snapshot(self, name: str, sub_name: str, labels: dict,
+                              state: tuple[list[int], list[list[int]]] | None = None):
+        """`state`: the subscription's (floors, acked) by shard as their owners hold them (a spread topic's,
+        gathered by api.spread); this node's view by default."""
         self.check_open()
         name, rec = commands.create_snapshot(self.state, name, sub_name, labels, self.clock.now(),
-                                             f"snap-{uuid.uuid4().hex}")
+                                             f"snap-{uuid.uuid4().hex}", state)
         await self.change(rec)
         return self.state.snapshots[name].config
 
@@ -537,8 +540,18 @@ class Engine:
         await self.change(commands.delete_snapshot(self.state, name))
 
     async def seek(self, sub_name: str, time_ms: int | None, snapshot: str | None) -> None:
+        """Seek the shards this node owns: all of them, but a spread topic's in a cluster (api.spread asks each
+        owner for its own)."""
         self.check_open()
-        await self.change(commands.seek(self.state, sub_name, time_ms, snapshot))
+        rec = commands.seek(self.state, sub_name, time_ms, snapshot)
+        s = self.state.subs_by_uid[rec.sub]
+        if s.topic is not None and s.topic.spread:
+            parts = [p for p in self.state.split(rec) if self.owns(self.state.log_of(p, self.config.bundles))]
+            if not parts:
+                raise Unavailable("No shard of the subscription's topic is this node's now; retry.")
+            await self.change(*parts)
+            return
+        await self.change(rec)
 
     # --- maintenance -----------------------------------------------------------------------------
     async def _maintain(self) -> None:

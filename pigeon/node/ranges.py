@@ -145,14 +145,15 @@ class CursorView:
     latest: list[int]
     backlog: int
     created: bool
+    acked: list[list[int]]  # per shard, the offsets acknowledged above its floor
 
 
 def _view(s: SubscriptionState, created: bool = False) -> CursorView:
     t = s.topic
     latest = [ix.durable for ix in t.shards] if t is not None else [sh.floor for sh in s.shards]
-    floors = [sh.floor for sh in s.shards]
+    floors, acked = s.export_state()
     return CursorView(s.name, t.name if t is not None else s.config.topic, t.uid if t is not None else 0,
-                      floors, latest, s.backlog(), created)
+                      floors, latest, s.backlog(), created, acked)
 
 
 def _clamp(t: TopicState, offsets: list[int]) -> list[int]:

@@ -183,3 +183,57 @@ def test_an_owner_of_some_shards_killed_mid_stream_loses_nothing(spread_nodes, e
             future.result(timeout=30)
         except Exception:  # noqa: BLE001 — cancelled
             pass
+
+
+def test_seek_and_snapshots_act_on_every_shard_at_its_owner(spread_nodes, etcd):
+    """A snapshot holds each shard's cursor as its owner has it; a seek to it, or to a time, through any node,
+    moves every shard at its owner: what was acked after the snapshot, or published after the time, comes again;
+    the Spark ranges read each shard at its owner."""
+    from pigeon.api.proto import pigeon_ranges_pb2 as ranges_pb
+    from pigeon.api.pigeon_api import SERVICE
+    import grpc
+
+    topic, _ = _spanning_topic(owners(etcd.endpoint))
+    (pub1, sub1), (pub2, sub2), (pub3, sub3) = (clients_of(spread_nodes[i]) for i in ("n1", "n2", "n3"))
+    pub1.create_topic(name=topic)
+    name = f"{P}/subscriptions/sought"
+    sub2.create_subscription(request={"name": name, "topic": topic, "retain_acked_messages": True})
+    before = {f.result(timeout=30) for pub in (pub1, pub2, pub3) for f in [pub.publish(topic, b"before")
+                                                                           for _ in range(30)]}
+
+    def drain(sub, want: set[str]) -> set[str]:
+        """What comes until `want` has (and one more look finds nothing else), all acked."""
+        got: set[str] = set()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            done = want <= got
+            r = sub.pull(subscription=name, max_messages=100, return_immediately=done, timeout=20)
+            got.update(m.message.message_id for m in r.received_messages)
+            if r.received_messages:
+                sub.acknowledge(subscription=name, ack_ids=[m.ack_id for m in r.received_messages])
+            elif done:
+                break
+        return got
+
+    assert drain(sub1, before) == before
+    snap = f"{P}/snapshots/after-before"
+    sub3.create_snapshot(name=snap, subscription=name)  # through n3: every shard's cursor from its owner
+    after = {f.result(timeout=30) for pub in (pub1, pub2, pub3) for f in [pub.publish(topic, b"after")
+                                                                          for _ in range(30)]}
+    assert drain(sub2, after) == after
+    sub1.seek(request={"subscription": name, "snapshot": snap})  # through n1: each owner seeks its shards
+    assert drain(sub3, after) == after  # what was acked after the snapshot comes again; nothing from before it
+    sub2.seek(request={"subscription": name, "time": {"seconds": 0}})  # (acked ones retained: all come again)
+    assert drain(sub1, before | after) == before | after
+
+    with grpc.insecure_channel(spread_nodes["n1"].address) as ch:  # the Spark ranges: every shard at its owner
+        latest = ch.unary_unary(f"/{SERVICE}/LatestOffsets", request_serializer=lambda m: m.SerializeToString(),
+                                response_deserializer=ranges_pb.LatestOffsetsResponse.FromString)(
+            ranges_pb.LatestOffsetsRequest(topic=topic), timeout=20)
+        assert sum(s.latest for s in latest.shards) == len(before | after)
+        read = ch.unary_unary(f"/{SERVICE}/ReadRange", request_serializer=lambda m: m.SerializeToString(),
+                              response_deserializer=ranges_pb.ReadRangeResponse.FromString)
+        total = sum(len(read(ranges_pb.ReadRangeRequest(topic=topic, shard=s.shard, start_offset=0,
+                                                         end_offset=s.latest, max_messages=1000), timeout=20).lengths)
+                    // 4 for s in latest.shards)
+        assert total == len(before | after)
