@@ -16,13 +16,14 @@ the earliest lease runs out must look again."""
 
 from __future__ import annotations
 
+import bisect
 from collections import Counter
 from dataclasses import dataclass, field
 
 from pigeon.core.pubsub_types import types
 
 from pigeon.core import limits, names, rawproto
-from pigeon.core.bundles import META_LOG, bundle_log, shard_log
+from pigeon.core.bundles import LOG_ADDRESS, META_LOG, bundle_log, shard_log
 from pigeon.core.errors import LimitExceeded, NotFound
 from pigeon.broker import iam, resources, restore, shard_split
 from pigeon.broker.restore import Contradiction
@@ -558,8 +559,11 @@ class BrokerState:
                 dropped = ix.trim_before(keep)
                 if gone is not None:
                     gone += dropped
-                if ix.base:
-                    need = min(need, ix.pos[0])
+                if ix.base:  # the oldest batch in this node's journal: a taken-over bundle's index names its older
+                    #          batches by log address (core.bundles), then its own term's by journal position
+                    first = bisect.bisect_left(ix.pos, True, key=lambda p: p < LOG_ADDRESS)
+                    if first < len(ix.pos):
+                        need = min(need, ix.pos[first])
         return need
 
     # --- recovery --------------------------------------------------------------------------------

@@ -146,6 +146,7 @@ class SimAppendStream(AppendStream):
         self._answers: asyncio.Queue = asyncio.Queue()
         self.call = self  # (AppendStream.close cancels its call)
         self._inbox: asyncio.Queue = asyncio.Queue()  # requests as they reach the member
+        self._last = {"up": 0.0, "down": 0.0}  # when the latest message each way arrives: a stream keeps order
         self._gen = net.generation.get(dst, 0)
         self._tasks = [asyncio.get_running_loop().create_task(self._carry()),
                        asyncio.get_running_loop().create_task(self._serve())]
@@ -153,6 +154,13 @@ class SimAppendStream(AppendStream):
     def _alive(self) -> bool:
         net, dst = self.client.net, self.client.dst
         return dst not in net.down and net.generation.get(dst, 0) == self._gen
+
+    def _send(self, way: str, queue: asyncio.Queue, item) -> None:
+        """`item` into `queue` after the link's delay, never before what went the same way before it (one HTTP/2
+        stream delivers in order: a member that got entries out of order would refuse them as gaps)."""
+        loop = asyncio.get_running_loop()
+        at = self._last[way] = max(loop.time() + self.client.net.delay(), self._last[way])
+        loop.call_at(at, queue.put_nowait, item)
 
     async def _carry(self) -> None:
         """The requests, one by one, to the member (lost across a cut; the stream ends if the member is gone)."""
@@ -162,10 +170,9 @@ class SimAppendStream(AppendStream):
                 if not self._alive():
                     break
                 if net.reachable(src, dst):
-                    when = net.delay()
-                    asyncio.get_running_loop().call_later(when, self._inbox.put_nowait, bytes(raw))
+                    self._send("up", self._inbox, bytes(raw))
         finally:
-            asyncio.get_running_loop().call_later(net.delay(), self._inbox.put_nowait, None)
+            self._send("up", self._inbox, None)
 
     async def _requests_at_member(self):
         while (raw := await self._inbox.get()) is not None:
@@ -184,14 +191,13 @@ class SimAppendStream(AppendStream):
                 if not self._alive():
                     break
                 if net.reachable(dst, src):
-                    asyncio.get_running_loop().call_later(net.delay(), self._answers.put_nowait,
-                                                          pb.AppendResponse(ledger=ledger, index=index, error=why))
+                    self._send("down", self._answers, pb.AppendResponse(ledger=ledger, index=index, error=why))
         except (ConnectionRefusedError, PigeonError) as e:
             self.why_ended = f"{dst}: {e}"
         except asyncio.CancelledError:
             raise
         finally:
-            asyncio.get_running_loop().call_later(net.delay(), self._answers.put_nowait, None)
+            self._send("down", self._answers, None)
 
     def _encode(self, ledger: int, epoch: int, index: int, types: list[int], entries: list) -> bytes:
         return append_wire.encode(ledger, epoch, index, types, entries)
