@@ -55,10 +55,14 @@ class LedgerUpkeep:
         the ledgers wholly before it leave the list."""
         config = self.bundles.cluster.config
         now = self.bundles.cluster.engine.clock.now()
+        # a snapshot starts a ledger, which takes a write to etcd: not while its last keepalive failed (through an
+        # outage the open ledger goes on taking appends; one stopped for a snapshot would hold them until etcd is
+        # back)
+        snapshots = self.bundles.cluster.membership.answering
         for ol in list(self.bundles.logs.values()):
             if ol.released:
                 continue
-            if ol.rolling is None and (ol.next_offset - ol.snapshot_at >= config.log_snapshot_entries or
+            if snapshots and ol.rolling is None and (ol.next_offset - ol.snapshot_at >= config.log_snapshot_entries or
                                        ol.bytes_since_snapshot >= config.log_snapshot_bytes or
                                        len(ol.ledgers) > max(limits.log_ledgers_snapshot,
                                                              ol.ledgers_at_snapshot + 1) or
