@@ -146,6 +146,10 @@ class PubSubApi:
     @translate
     @fresh
     async def detach_subscription(self, req, context):
+        if self.router is not None and (t := await self.router.spread_subscription(req.subscription, context)):
+            await self.engine.detach_subscription(req.subscription)  # marked detached here first, then each
+            return await spread.everywhere(self.router, t, DETACH_SUBSCRIPTION, req, context,  # owner drops its
+                                           lambda: _now(b""))  # shards' backlog
         if self.router is not None and (owner := await self.router.for_subscription(req.subscription, context)):
             return await self.router.unary(owner, DETACH_SUBSCRIPTION, req.SerializeToString(), context)
         await self.engine.detach_subscription(req.subscription)

@@ -91,8 +91,42 @@ class NodeDriver(GrpcDriver):
     """Talks to one node only, about any number of topics."""
 
     async def setup_all(self, keys: list[str]) -> None:
+        """Each key's topic and subscription. A call refused as UNAVAILABLE (a bundle still moving: a spread
+        topic's subscription asks every shard's owner where it starts) is made again, as a client's retry would,
+        for up to a minute; what the refused try made already is taken as made."""
         for k in keys:
-            await self.setup(k)
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    await self.setup(k)
+                    break
+                except grpc.aio.AioRpcError as e:
+                    if e.code() == grpc.StatusCode.ALREADY_EXISTS:
+                        await self._create_subscription(k)
+                        break
+                    if e.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
+                        raise
+                    await asyncio.sleep(0.5)
+
+    async def _create_subscription(self, key: str) -> None:
+        from google.pubsub_v1 import types
+
+        async with self._chan() as ch:
+            create = ch.unary_unary("/google.pubsub.v1.Subscriber/CreateSubscription",
+                                    request_serializer=types.Subscription.pb().SerializeToString,
+                                    response_deserializer=None)
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    await create(types.Subscription.pb()(name=self.subscription(key), topic=self.topic(key),
+                                                         ack_deadline_seconds=60), timeout=30)
+                    return
+                except grpc.aio.AioRpcError as e:
+                    if e.code() == grpc.StatusCode.ALREADY_EXISTS:
+                        return
+                    if e.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
+                        raise
+                    await asyncio.sleep(0.5)
 
     async def delete_all(self, keys: list[str]) -> dict:
         """Delete the topics' subscriptions and topics (their backlog with them); returns failures by code."""

@@ -328,9 +328,20 @@ class Engine:
         await self.change(commands.delete_subscription(self.state, name))
 
     async def detach_subscription(self, name: str) -> None:
-        """Stop delivery for good: the backlog is dropped, later pulls fail with FAILED_PRECONDITION."""
+        """Stop delivery for good: the backlog is dropped, later pulls fail with FAILED_PRECONDITION. Of a spread
+        topic, this node drops the backlog of the shards it owns (api.spread asks each owner), and marks the
+        subscription detached unless it already is."""
         self.check_open()
-        await self.change(*commands.detach_subscription(self.state, name))
+        s = self.state.sub(name)
+        if s.topic is None or not s.topic.spread:
+            await self.change(*commands.detach_subscription(self.state, name))
+            return
+        if self.meta_log is not None:
+            await self.meta_log.catch_up()  # (detached by the node that took the call, a moment ago)
+            s = self.state.sub(name)
+        recs = commands.detach_subscription(self.state, name)
+        keep = [r for r in self.state.split(recs[1]) if self.owns(self.state.log_of(r, self.config.bundles))]
+        await self.change(*([] if s.detached else recs[:1]), *keep)
 
     def list_subscriptions(self, project: str, page_size: int, token: str):
         return commands.page(commands.in_project(self.state.subs, project, "subscriptions"), page_size, token)

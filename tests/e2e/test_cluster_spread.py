@@ -237,3 +237,23 @@ def test_seek_and_snapshots_act_on_every_shard_at_its_owner(spread_nodes, etcd):
                                                          end_offset=s.latest, max_messages=1000), timeout=20).lengths)
                     // 4 for s in latest.shards)
         assert total == len(before | after)
+
+
+def test_a_detached_subscription_drops_every_shards_backlog(spread_nodes, etcd):
+    """DetachSubscription through one node: it is detached everywhere (each owner drops its shards' backlog), and a
+    pull through any node is refused as Pub/Sub refuses it."""
+    from google.api_core import exceptions as gexc
+
+    topic, _ = _spanning_topic(owners(etcd.endpoint))
+    (pub1, sub1), (pub2, sub2), (pub3, sub3) = (clients_of(spread_nodes[i]) for i in ("n1", "n2", "n3"))
+    pub1.create_topic(name=topic)
+    name = f"{P}/subscriptions/detached"
+    sub1.create_subscription(name=name, topic=topic)
+    for pub in (pub1, pub2, pub3):
+        for f in [pub.publish(topic, b"x") for _ in range(20)]:
+            f.result(timeout=30)
+    pub2.detach_subscription(request={"subscription": name})
+    for sub in (sub1, sub2, sub3):
+        with pytest.raises(gexc.FailedPrecondition):
+            sub.pull(subscription=name, max_messages=10, timeout=20)
+    assert sub3.get_subscription(subscription=name).detached
