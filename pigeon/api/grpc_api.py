@@ -97,6 +97,8 @@ class PubSubApi:
             topic = wire.leading_string(raw, 1)
             if topic and (t := await self.router.spread_topic(topic, context)) is not None:
                 cmd = commands.check_publish(raw)  # (its ordering key decides the shard)
+                if cmd.idempotency_keys and not cmd.ordering_key:  # each message to its idempotency key's shard
+                    return await spread.publish_by_key(self.router, t, cmd, context, self._publish_here)
                 if owner := self.router.publish_owner(t, cmd.ordering_key):
                     return await self.router.unary(owner, PUBLISH, raw, context)
             elif topic and (owner := self.router.for_topic(topic, context)):
@@ -105,11 +107,16 @@ class PubSubApi:
             cmd = commands.check_publish(raw)
             if self.router is not None and cmd.topic != topic and (owner := await self._publish_owner(cmd, context)):
                 return await self.router.unary(owner, PUBLISH, raw, context)  # its topic was not first in the bytes
+        shard = spread.shard_asked(context) if self.router is not None else None
         ids = await self.engine.publish(cmd.topic, cmd.request, cmd.count, cmd.ordering_key, cmd.idempotency_keys,
-                                        cmd.activations)
+                                        cmd.activations, shard=shard)
         if hops.ON:
             hops.mark("answered")
         return pb["PublishResponse"](message_ids=ids).SerializeToString()
+
+    async def _publish_here(self, cmd, shard: int) -> list[str]:
+        return await self.engine.publish(cmd.topic, cmd.request, cmd.count, cmd.ordering_key, cmd.idempotency_keys,
+                                         cmd.activations, shard=shard)
 
     @translate
     @fresh

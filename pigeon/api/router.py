@@ -201,7 +201,8 @@ class Router:
         caller = access.CALLER.get()
         return ((access.PRINCIPAL, caller),) if caller is not None else ()
 
-    async def unary(self, owner: Owner, method: str, request: bytes, context, waits: bool = False) -> bytes:
+    async def unary(self, owner: Owner, method: str, request: bytes, context, waits: bool = False,
+                    extra: tuple = ()) -> bytes:
         """Forward one call. One that does not wait by design (all but a Pull) gets at most
         limits.forward_s_max: an owner that does not answer by then is paused or cut off, and the client's
         retry finds the bundle's new owner once it has been taken over (UNAVAILABLE meanwhile). One that waits
@@ -211,7 +212,7 @@ class Router:
         self.forwarded += 1
         left = context.time_remaining()
         timeout = left if waits else min(left or limits.forward_s_max, limits.forward_s_max)
-        pending = call(request, timeout=timeout, metadata=self._metadata(context))
+        pending = call(request, timeout=timeout, metadata=self._metadata(context) + extra)
         try:
             if not waits:
                 return await pending

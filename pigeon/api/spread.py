@@ -19,17 +19,65 @@ import asyncio
 
 from pigeon.api.proto import pigeon_ranges_pb2 as ranges_pb
 from pigeon.api.router import Owner
+from pigeon.broker import commands
 from pigeon.broker.topic import SHARD_MASK
 from pigeon.core.errors import Unavailable
 from pigeon.core.pubsub_types import types
 
 _StreamingPullRequest = types.StreamingPullRequest.pb()
+_PublishResponse = types.PublishResponse.pb()
+_PUBLISH = "/google.pubsub.v1.Publisher/Publish"
 _PullRequest = types.PullRequest.pb()
 _PULL = "/google.pubsub.v1.Subscriber/Pull"
 _STREAMING_PULL = "/google.pubsub.v1.Subscriber/StreamingPull"
 _LATEST = "/pigeon.v1.Ranges/LatestOffsets"
 _GET_CURSOR = "/pigeon.v1.Ranges/GetCursor"
 _ENDED = "A shard of the subscription's topic moved to another node; reconnect."
+
+
+SHARD = "x-pigeon-shard"  # a forwarded publish's shard, chosen by the node that took it (its idempotency keys')
+
+
+def shard_asked(context) -> int | None:
+    """The shard a forwarded publish must be stored in (None: the owner chooses)."""
+    for k, v in context.invocation_metadata() or ():
+        if k == SHARD:
+            return int(v)
+    return None
+
+
+async def publish_by_key(router, t, cmd, context, here) -> bytes:
+    """A keyless publish with idempotency keys to spread topic `t`: each message stored by the shard its key hashes
+    to, so that a retry through any node, batched as it may be, meets the window that holds the key (messages
+    without a key go with the first group); `here(cmd, shard)` stores this node's part. Answered with every
+    message's id in the request's order once every part was."""
+    keys = cmd.idempotency_keys
+    groups: dict[int, list[int]] = {}
+    for i, k in enumerate(keys):
+        groups.setdefault(t.shard_for(k) if k else -1, []).append(i)
+    loose = groups.pop(-1, [])  # (`cmd.idempotency_keys` is None unless some message has one)
+    first = next(iter(groups))
+    groups[first] = sorted(groups[first] + loose)
+    calls, order = [], []
+    for shard, idx in groups.items():
+        part = commands.PublishCommand(cmd.topic, commands.keep_messages(cmd.request, idx), len(idx), "",
+                                       [keys[i] for i in idx],
+                                       [cmd.activations[i] for i in idx] if cmd.activations else None)
+        owner = router.shard_owner(t, shard)
+        order.append(idx)
+        if owner is None:
+            calls.append(here(part, shard))
+        else:
+            calls.append(_ids(router.unary(owner, _PUBLISH, part.request, context, extra=((SHARD, str(shard)),))))
+    ids = [""] * cmd.count
+    for idx, got in zip(order, await _all(calls)):
+        for i, mid in zip(idx, got):
+            ids[i] = mid
+    return _PublishResponse(message_ids=ids).SerializeToString()
+
+
+async def _ids(call) -> list[str]:
+    return list(_PublishResponse.FromString(await call).message_ids)
 
 
 def shard_of(ack_id: str) -> int | None:

@@ -437,7 +437,7 @@ class Engine:
     # --- publish ---------------------------------------------------------------------------------
     async def publish(self, topic_name: str, request: bytes, count: int, ordering_key: str,
                       idem_keys: list[str] | None = None, sched: list[tuple[str, str]] | None = None,
-                      transformed: bool = False) -> list[str]:
+                      transformed: bool = False, shard: int | None = None) -> list[str]:
         """Store one PublishRequest (validated by commands.check_publish: these are its fields) whole; return the
         message ids once durable. `idem_keys`: the messages' idempotency keys ("" for none); repeats inside the
         window are not stored again and get the original message id. `sched`: the messages' (activate-at, delay)
@@ -450,8 +450,10 @@ class Engine:
         self.journal.check_publish()  # a full disk refuses publishes, keeps room for deliveries and acks
         check = (lambda req: self.schemas.check_publish(t.config, req)) if t.config.schema_settings.schema else None
         among = None
-        if t.spread:  # a keyless batch goes to a shard this node owns; a keyed one to its key's, when it is one
-            among = self.owned_shards(t)
+        if t.spread:  # a keyless batch goes to a shard this node owns (`shard`, when the router chose it for the
+            among = self.owned_shards(t)  # batch's idempotency keys); a keyed one to its key's, when it is one
+            if shard is not None:
+                among = [shard] if shard in among else []
             if not among or (ordering_key and t.shard_for(ordering_key) not in among):
                 raise Unavailable("The topic's shard for this publish is another node's now; retry.")
         plan = commands.publish_batch(t, commands.PublishCommand(topic_name, request, count, ordering_key, idem_keys,

@@ -257,3 +257,36 @@ def test_a_detached_subscription_drops_every_shards_backlog(spread_nodes, etcd):
         with pytest.raises(gexc.FailedPrecondition):
             sub.pull(subscription=name, max_messages=10, timeout=20)
     assert sub3.get_subscription(subscription=name).detached
+
+
+def test_an_idempotent_publish_retried_through_another_node_is_stored_once(spread_nodes, etcd):
+    """Idempotency keys of a spread topic: each message is stored by its key's shard, so a retry — through
+    another node, batched otherwise — meets the window that holds its key and answers with the first id."""
+    topic, _ = _spanning_topic(owners(etcd.endpoint))
+    (pub1, sub1), (pub2, _), (pub3, _) = (clients_of(spread_nodes[i]) for i in ("n1", "n2", "n3"))
+    pub1.create_topic(name=topic)
+    name = f"{P}/subscriptions/idempotent"
+    sub1.create_subscription(name=name, topic=topic)
+    from google.pubsub_v1 import types
+
+    def publish(client, keys) -> list[str]:
+        req = types.PublishRequest(topic=topic, messages=[
+            types.PubsubMessage(data=k.encode(), attributes={"pigeon-idempotency-key": k}) for k in keys])
+        return list(client.api.publish(request=req, timeout=30).message_ids)
+
+    keys = [f"order-{i}" for i in range(40)]
+    first = dict(zip(keys, publish(pub1, keys)))
+    assert len(set(first.values())) == 40
+    again = dict(zip(keys[::-1], publish(pub2, keys[::-1])))  # another node, another order
+    again.update(zip(keys[10:30], publish(pub3, keys[10:30])))
+    assert again == first
+    got: set[str] = set()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        r = sub1.pull(subscription=name, max_messages=100, return_immediately=len(got) >= 40, timeout=20)
+        if not r.received_messages and len(got) >= 40:
+            break
+        got.update(m.message.message_id for m in r.received_messages)
+        if r.received_messages:
+            sub1.acknowledge(subscription=name, ack_ids=[m.ack_id for m in r.received_messages])
+    assert got == set(first.values())  # each once
