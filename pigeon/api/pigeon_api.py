@@ -79,18 +79,38 @@ class RangesApi:
 
     @translate
     async def create_cursor(self, req, context):
+        if self.router is not None and (t := await self.router.spread_topic(req.topic, context)) is not None:
+            start = None
+            if req.name not in self.engine.state.subs:  # it starts where each shard's owner says
+                latest = pb.LatestOffsetsResponse.FromString(await spread.latest_offsets(
+                    self.router, t, pb.LatestOffsetsRequest(topic=req.topic), context,
+                    lambda: _now(self._latest(pb.LatestOffsetsRequest(topic=req.topic)))))
+                start = spread.clamped(list(req.offsets), latest.shards, len(t.shards))
+            made = await ranges.create_cursor(self.engine, req.name, req.topic, list(req.offsets), start)
+            return await self._spread_cursor(t, req.name, context, made.created)
         if (forwarded := await self._owner_topic("CreateCursor", req, context)) is not None:
             return forwarded
         return _cursor(await ranges.create_cursor(self.engine, req.name, req.topic, list(req.offsets)))
 
+    async def _spread_cursor(self, t, name: str, context, created: bool = False) -> bytes:
+        """A cursor of a spread topic: each shard's part as its owner has it."""
+        return await spread.cursor(self.router, t, name, context,
+                                   lambda: _now(_cursor(ranges.get_cursor(self.engine, name))), created)
+
     @translate
     async def get_cursor(self, req, context):
+        if self.router is not None and (t := await self.router.spread_subscription(req.name, context)) is not None:
+            return await self._spread_cursor(t, req.name, context)
         if (forwarded := await self._owner_cursor("GetCursor", req, context)) is not None:
             return forwarded
         return _cursor(ranges.get_cursor(self.engine, req.name))
 
     @translate
     async def commit_cursor(self, req, context):
+        if self.router is not None and (t := await self.router.spread_subscription(req.name, context)) is not None:
+            await spread.everywhere(self.router, t, f"/{SERVICE}/CommitCursor", req, context,  # each its shards
+                                    lambda: ranges.commit_cursor(self.engine, req.name, list(req.offsets)))
+            return await self._spread_cursor(t, req.name, context)
         if (forwarded := await self._owner_cursor("CommitCursor", req, context)) is not None:
             return forwarded
         return _cursor(await ranges.commit_cursor(self.engine, req.name, list(req.offsets)))

@@ -21,7 +21,7 @@ from pigeon.api.proto import pigeon_ranges_pb2 as ranges_pb
 from pigeon.api.router import Owner
 from pigeon.broker import commands
 from pigeon.broker.topic import SHARD_MASK
-from pigeon.core.errors import Unavailable
+from pigeon.core.errors import InvalidArgument, Unavailable
 from pigeon.core.pubsub_types import types
 
 _StreamingPullRequest = types.StreamingPullRequest.pb()
@@ -300,6 +300,36 @@ async def ack_state(router, t, sub: str, context) -> tuple[list[int], list[list[
 
     pairs = await _gather(router, t, _GET_CURSOR, req, context, here, parse)
     return [f for f, _ in pairs], [list(a) for _, a in pairs]
+
+
+def clamped(offsets: list[int], shards, count: int) -> list[int]:
+    """Where a cursor starts in each shard: `offsets` (empty: the latest) within each shard's earliest and latest
+    offsets (`shards`: LatestOffsetsResponse.shards)."""
+    if not offsets:
+        return [s.latest for s in shards]
+    if len(offsets) != count:
+        raise InvalidArgument(f"offsets must list one offset per shard ({count} for this topic).")
+    if any(o < 0 for o in offsets):
+        raise InvalidArgument("offsets must not be negative.")
+    return [max(min(o, s.latest), s.earliest) for o, s in zip(offsets, shards)]
+
+
+async def cursor(router, t, name: str, context, here, created: bool = False) -> bytes:
+    """A cursor (a subscription) of spread topic `t`: each shard's floor, end and acked offsets from its owner
+    (`here()`: this node's Cursor), the backlog their sum."""
+    def parse(got):
+        c = ranges_pb.Cursor.FromString(got)
+        return list(zip(c.offsets, c.latest, [list(a.offsets) for a in c.acked]))
+
+    shards = await _gather(router, t, _GET_CURSOR, ranges_pb.GetCursorRequest(name=name), context, here, parse)
+    out = ranges_pb.Cursor.FromString(await here())
+    out.offsets[:] = [f for f, _, _ in shards]
+    out.latest[:] = [end for _, end, _ in shards]
+    del out.acked[:]
+    out.acked.extend(ranges_pb.AckedAbove(offsets=a) for _, _, a in shards)
+    out.backlog = sum(max(0, end - f) - sum(1 for o in a if f <= o < end) for f, end, a in shards)
+    out.created = created
+    return out.SerializeToString()
 
 
 async def _now(value):

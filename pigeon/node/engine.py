@@ -340,8 +340,7 @@ class Engine:
             await self.meta_log.catch_up()  # (detached by the node that took the call, a moment ago)
             s = self.state.sub(name)
         recs = commands.detach_subscription(self.state, name)
-        keep = [r for r in self.state.split(recs[1]) if self.owns(self.state.log_of(r, self.config.bundles))]
-        await self.change(*([] if s.detached else recs[:1]), *keep)
+        await self.change(*([] if s.detached else recs[:1]), *self.own_part(recs[1]))
 
     def list_subscriptions(self, project: str, page_size: int, token: str):
         return commands.page(commands.in_project(self.state.subs, project, "subscriptions"), page_size, token)
@@ -556,15 +555,19 @@ class Engine:
         """Seek the shards this node owns: all of them, but a spread topic's in a cluster (api.spread asks each
         owner for its own)."""
         self.check_open()
-        rec = commands.seek(self.state, sub_name, time_ms, snapshot)
-        s = self.state.subs_by_uid[rec.sub]
-        if s.topic is not None and s.topic.spread:
-            parts = [p for p in self.state.split(rec) if self.owns(self.state.log_of(p, self.config.bundles))]
-            if not parts:
-                raise Unavailable("No shard of the subscription's topic is this node's now; retry.")
-            await self.change(*parts)
-            return
-        await self.change(rec)
+        await self.change(*self.own_part(commands.seek(self.state, sub_name, time_ms, snapshot)))
+
+    def own_part(self, rec: R.Record) -> list[R.Record]:
+        """A record of a subscription as this node commits it: whole — but of a spread topic, the parts of the
+        shards this node owns (each owner commits its own: api.spread asks them all); Unavailable when it owns
+        none now."""
+        s = self.state.subs_by_uid.get(rec.sub)
+        if s is None or s.topic is None or not s.topic.spread:
+            return [rec]
+        parts = [p for p in self.state.split(rec) if self.owns(self.state.log_of(p, self.config.bundles))]
+        if not parts:
+            raise Unavailable("No shard of the subscription's topic is this node's now; retry.")
+        return parts
 
     # --- maintenance -----------------------------------------------------------------------------
     async def _maintain(self) -> None:

@@ -166,11 +166,13 @@ def _clamp(t: TopicState, offsets: list[int]) -> list[int]:
 
 async def _move(engine, s: SubscriptionState, floors: list[int]) -> None:
     """Set the ack floors (a Seek record), keeping acks above them (filters ack rejected messages ahead)."""
-    await engine.change(commands.move_floors(s, floors))
+    await engine.change(*engine.own_part(commands.move_floors(s, floors)))
 
 
-async def create_cursor(engine, name: str, topic_name: str, offsets: list[int]) -> CursorView:
-    """Create the cursor subscription at `offsets` (empty: the latest offsets), or return it as it is."""
+async def create_cursor(engine, name: str, topic_name: str, offsets: list[int],
+                        start: list[int] | None = None) -> CursorView:
+    """Create the cursor subscription at `offsets` (empty: the latest offsets), or return it as it is. `start`: a
+    spread topic's offsets, chosen from its shards' owners' (api.spread), which it starts at."""
     engine.check_open()
     t = engine.state.topic(topic_name)
     s = engine.state.subs.get(name)
@@ -181,9 +183,9 @@ async def create_cursor(engine, name: str, topic_name: str, offsets: list[int]) 
     sub = resources.Subscription(name=name, topic=topic_name)
     sub.labels[CURSOR_LABEL] = "true"
     sub.expiration_policy.SetInParent()  # no ttl: a cursor is deleted explicitly, never for inactivity
-    await engine.create_subscription(sub)
+    await engine.create_subscription(sub, start)
     s = engine.state.sub(name)
-    if offsets:
+    if offsets and start is None:
         floors = _clamp(t, list(offsets))
         if floors != [sh.floor for sh in s.shards]:
             await _move(engine, s, floors)

@@ -290,3 +290,35 @@ def test_an_idempotent_publish_retried_through_another_node_is_stored_once(sprea
         if r.received_messages:
             sub1.acknowledge(subscription=name, ack_ids=[m.ack_id for m in r.received_messages])
     assert got == set(first.values())  # each once
+
+
+def test_a_cursor_of_a_spread_topic_is_made_read_and_moved_at_each_shards_owner(spread_nodes, etcd):
+    """The Spark connector's cursors (CreateCursor, GetCursor, CommitCursor) through three nodes: each shard's
+    place is its owner's."""
+    import grpc
+
+    from pigeon.api.pigeon_api import SERVICE
+    from pigeon.api.proto import pigeon_ranges_pb2 as ranges_pb
+
+    topic, _ = _spanning_topic(owners(etcd.endpoint))
+    pubs = [clients_of(spread_nodes[i])[0] for i in ("n1", "n2", "n3")]
+    pubs[0].create_topic(name=topic)
+    name = f"{P}/subscriptions/cursor"
+
+    def call(node: str, method: str, req, resp):
+        with grpc.insecure_channel(spread_nodes[node].address) as ch:
+            return ch.unary_unary(f"/{SERVICE}/{method}", request_serializer=lambda m: m.SerializeToString(),
+                                  response_deserializer=resp.FromString)(req, timeout=20)
+
+    made = call("n1", "CreateCursor", ranges_pb.CreateCursorRequest(name=name, topic=topic), ranges_pb.Cursor)
+    assert made.created and list(made.offsets) == [0] * SHARDS
+    for pub in pubs:
+        for f in [pub.publish(topic, b"x") for _ in range(30)]:
+            f.result(timeout=30)
+    seen = call("n2", "GetCursor", ranges_pb.GetCursorRequest(name=name), ranges_pb.Cursor)
+    assert seen.backlog == 90 and sum(seen.latest) == 90 and list(seen.offsets) == [0] * SHARDS
+    moved = call("n3", "CommitCursor", ranges_pb.CommitCursorRequest(name=name, offsets=list(seen.latest)),
+                 ranges_pb.Cursor)
+    assert list(moved.offsets) == list(seen.latest) and moved.backlog == 0
+    assert list(call("n1", "GetCursor", ranges_pb.GetCursorRequest(name=name), ranges_pb.Cursor).offsets) == \
+        list(seen.latest)
