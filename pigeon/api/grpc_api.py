@@ -155,8 +155,9 @@ class PubSubApi:
     async def detach_subscription(self, req, context):
         if self.router is not None and (t := await self.router.spread_subscription(req.subscription, context)):
             await self.engine.detach_subscription(req.subscription)  # marked detached here first, then each
-            return await spread.everywhere(self.router, t, DETACH_SUBSCRIPTION, req, context,  # owner drops its
-                                           lambda: _now(b""))  # shards' backlog
+            await spread.everywhere(self.router, t, DETACH_SUBSCRIPTION, req, context,  # owner drops its
+                                    lambda: _now(b""))  # shards' backlog
+            return b""
         if self.router is not None and (owner := await self.router.for_subscription(req.subscription, context)):
             return await self.router.unary(owner, DETACH_SUBSCRIPTION, req.SerializeToString(), context)
         await self.engine.detach_subscription(req.subscription)
@@ -205,9 +206,10 @@ class PubSubApi:
     @fresh
     async def modify_ack_deadline(self, req, context):
         if self.router is not None and (t := await self.router.spread_subscription(req.subscription, context)):
-            return await spread.split_acks(self.router, t, req, list(req.ack_ids), MODIFY_ACK_DEADLINE, context,
-                                           lambda ids: self.engine.delivery.modify_ack_deadline(
-                                               req.subscription, ids, req.ack_deadline_seconds))
+            await spread.split_acks(self.router, t, req, list(req.ack_ids), MODIFY_ACK_DEADLINE, context,
+                                    lambda ids: self.engine.delivery.modify_ack_deadline(
+                                        req.subscription, ids, req.ack_deadline_seconds))
+            return b""
         if self.router is not None and (owner := await self.router.for_subscription(req.subscription, context)):
             return await self.router.unary(owner, MODIFY_ACK_DEADLINE, req.SerializeToString(), context)
         await self.engine.delivery.modify_ack_deadline(req.subscription, list(req.ack_ids), req.ack_deadline_seconds)
@@ -217,8 +219,9 @@ class PubSubApi:
     @fresh
     async def acknowledge(self, req, context):
         if self.router is not None and (t := await self.router.spread_subscription(req.subscription, context)):
-            return await spread.split_acks(self.router, t, req, list(req.ack_ids), ACKNOWLEDGE, context,
-                                           lambda ids: self.engine.delivery.acknowledge(req.subscription, ids))
+            await spread.split_acks(self.router, t, req, list(req.ack_ids), ACKNOWLEDGE, context,
+                                    lambda ids: self.engine.delivery.acknowledge(req.subscription, ids))
+            return b""
         if self.router is not None and (owner := await self.router.for_subscription(req.subscription, context)):
             return await self.router.unary(owner, ACKNOWLEDGE, req.SerializeToString(), context)
         await self.engine.delivery.acknowledge(req.subscription, list(req.ack_ids))
@@ -385,7 +388,8 @@ class PubSubApi:
     @fresh
     async def seek(self, req, context):
         if self.router is not None and (t := await self.router.spread_subscription(req.subscription, context)):
-            return await spread.everywhere(self.router, t, SEEK, req, context, lambda: self._seek_here(req))
+            await spread.everywhere(self.router, t, SEEK, req, context, lambda: self._seek_here(req))
+            return b""
         if self.router is not None and (owner := await self.router.for_subscription(req.subscription, context)):
             return await self.router.unary(owner, SEEK, req.SerializeToString(), context)
         return await self._seek_here(req)

@@ -88,13 +88,21 @@ def shard_of(ack_id: str) -> int | None:
         return None
 
 
-def by_owner(parts, ack_ids) -> dict:
+def by_owner(parts, ack_ids, shard=shard_of) -> dict:
     """Ack ids grouped by the owner of their shard (None: this node, which also takes those it cannot read)."""
     owner_of = {k: p.owner for p in parts for k in p.shards}
     groups: dict = {}
     for a in ack_ids:
-        groups.setdefault(owner_of.get(shard_of(a)), []).append(a)
+        groups.setdefault(owner_of.get(shard(a)), []).append(a)
     return groups
+
+
+def shard_of_message(message_id: str) -> int | None:
+    """The shard of a message id (its number's low bits), None when it is not one."""
+    try:
+        return int(message_id) & SHARD_MASK
+    except ValueError:
+        return None
 
 
 async def _all(calls) -> list:
@@ -106,27 +114,31 @@ async def _all(calls) -> list:
     return results
 
 
-async def split_acks(router, t, req, ids: list[str], method: str, context, here, seconds=None) -> bytes:
-    """Acknowledge (or ModifyAckDeadline, `seconds`) split by shard: `here(ids)` for this node's share, a
-    forwarded call with the rest of the request for each other owner's."""
+async def split_acks(router, t, req, ids: list[str], method: str, context, here, field: str = "ack_ids",
+                     shard=None) -> list:
+    """Acknowledge (ModifyAckDeadline, a queue's Ack, Bury, Reschedule, Delete: `field` names the ids, `shard`
+    tells an id's shard) split by shard: `here(ids)` for this node's share, a forwarded call with the rest of the
+    request for each other owner's; every answer (bytes from another owner), once all came."""
     calls = []
-    for owner, part in by_owner(router.spread(t), ids).items():
+    for owner, part in by_owner(router.spread(t), ids, shard or shard_of).items():
         if owner is None:
             calls.append(here(part))
             continue
         sub = type(req)()
         sub.CopyFrom(req)
-        del sub.ack_ids[:]
-        sub.ack_ids.extend(part)
+        del getattr(sub, field)[:]
+        getattr(sub, field).extend(part)
         calls.append(router.unary(owner, method, sub.SerializeToString(), context))
-    await _all(calls)
-    return b""
+    return await _all(calls)
 
 
-async def pull(router, t, req, context, here) -> bytes:
-    """A Pull from every shard's owner: `here(max_messages, return_immediately)` serves this node's share."""
+async def pull(router, t, req, context, here, method: str = _PULL, share=None, waits: bool = True) -> bytes:
+    """A Pull from every shard's owner: `here(max_messages, return_immediately)` serves this node's share. (A
+    queue's Take the same: `method`, and `share(max_messages, wait)` its request to each other owner.)"""
     parts = router.spread(t)
     each = max(1, -(-req.max_messages // len(parts))) if req.max_messages > 0 else req.max_messages
+    share = share or (lambda n, wait: _PullRequest(subscription=req.subscription, max_messages=n,
+                                                   return_immediately=not wait))
 
     def asks(wait: bool):
         out = []
@@ -134,13 +146,12 @@ async def pull(router, t, req, context, here) -> bytes:
             if p.owner is None:
                 out.append(asyncio.ensure_future(here(each, not wait)))
                 continue
-            sub = _PullRequest(subscription=req.subscription, max_messages=each, return_immediately=not wait)
-            out.append(asyncio.ensure_future(router.unary(p.owner, _PULL, sub.SerializeToString(), context,
-                                                          waits=True)))
+            out.append(asyncio.ensure_future(router.unary(p.owner, method, share(each, wait).SerializeToString(),
+                                                          context, waits=True)))
         return out
 
     got = await _all(asks(False))
-    if any(got) or req.return_immediately:
+    if any(got) or not waits or req.return_immediately:
         return b"".join(got)
     pending = set(asks(True))
     try:
@@ -242,13 +253,12 @@ def _route_ids(req, owner_of: dict, ups: list[asyncio.Queue], n: int) -> None:
             q.put_nowait(o)
 
 
-async def everywhere(router, t, method: str, req, context, here) -> bytes:
+async def everywhere(router, t, method: str, req, context, here) -> list:
     """A call every owner performs for its own shards (a Seek): `here()` for this node's, the request forwarded to
-    each other owner; answered once all answered (the first failure, if one failed)."""
+    each other owner; every answer once all answered (the first failure, if one failed)."""
     calls = [here() if p.owner is None else router.unary(p.owner, method, req.SerializeToString(), context)
              for p in router.spread(t)]
-    await _all(calls)
-    return b""
+    return await _all(calls)
 
 
 async def _gather(router, t, method: str, req, context, here, parse) -> list:

@@ -322,3 +322,43 @@ def test_a_cursor_of_a_spread_topic_is_made_read_and_moved_at_each_shards_owner(
     assert list(moved.offsets) == list(seen.latest) and moved.backlog == 0
     assert list(call("n1", "GetCursor", ranges_pb.GetCursorRequest(name=name), ranges_pb.Cursor).offsets) == \
         list(seen.latest)
+
+
+def test_the_queue_extension_works_on_every_shard_at_its_owner(spread_nodes, etcd):
+    """Take, Ack, Bury, Kick, Peek and Delete of a spread topic's subscription through any node: each message
+    handled by its shard's owner, the counts summed."""
+    import grpc
+
+    from pigeon.api.proto import pigeon_queue_pb2 as q
+    from pigeon.api.queue_api import SERVICE
+
+    topic, _ = _spanning_topic(owners(etcd.endpoint))
+    (pub1, sub1), (pub2, _), (pub3, _) = (clients_of(spread_nodes[i]) for i in ("n1", "n2", "n3"))
+    pub1.create_topic(name=topic)
+    name = f"{P}/subscriptions/queue"
+    sub1.create_subscription(name=name, topic=topic)
+    ids = [f.result(timeout=30) for pub in (pub1, pub2, pub3) for f in [pub.publish(topic, b"job") for _ in range(30)]]
+
+    def call(node: str, method: str, req, resp):
+        with grpc.insecure_channel(spread_nodes[node].address) as ch:
+            return ch.unary_unary(f"/{SERVICE}/{method}", request_serializer=lambda m: m.SerializeToString(),
+                                  response_deserializer=resp.FromString)(req, timeout=20)
+
+    taken = call("n1", "Take", q.TakeRequest(subscription=name, max_messages=200, lock_seconds=60), q.TakeResponse)
+    assert sorted(_mid(m.message) for m in taken.messages) == sorted(ids)  # every shard's, through one node
+    acks = [m.ack_id for m in taken.messages]
+    assert call("n2", "Ack", q.AckRequest(subscription=name, ack_ids=acks[:40]), q.AckResponse).acked == 40
+    assert call("n3", "Bury", q.BuryRequest(subscription=name, ack_ids=acks[40:60]), q.BuryResponse).buried == 20
+    buried = _mid(taken.messages[45].message)
+    assert call("n2", "Peek", q.PeekRequest(subscription=name, message_id=buried), q.PeekResponse).state == "buried"
+    assert call("n1", "Kick", q.KickRequest(subscription=name), q.KickResponse).kicked == 20
+    rest = [_mid(m.message) for m in taken.messages[40:]]
+    assert call("n3", "Delete", q.DeleteRequest(subscription=name, message_ids=rest), q.DeleteResponse).deleted == 50
+    again = call("n2", "Take", q.TakeRequest(subscription=name, max_messages=200, lock_seconds=60), q.TakeResponse)
+    assert list(again.messages) == []  # acked or deleted, every one
+
+
+def _mid(raw: bytes) -> str:
+    from google.pubsub_v1 import types
+
+    return types.PubsubMessage.pb().FromString(raw).message_id
