@@ -3,7 +3,7 @@ several seeds, each ending in a full check of the history (no acknowledged publi
 undone, per-key order). Prints each run as it ends and a table at the end; exits 1 if any run failed.
 
     python scripts/chaos.py [--scenarios kill-owner,pause-owner] [--seeds 3] [--first-seed 1] [--outage 10]
-                            [--etcd-outage 60] [--dir /tmp/pigeon-chaos]
+                            [--etcd-outage 60] [--dir /tmp/pigeon-chaos] [--topic-layout spread]
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ def main() -> int:
     ap.add_argument("--outage", type=float, default=10.0, help="seconds a node stays down, paused or drained")
     ap.add_argument("--etcd-outage", type=float, default=60.0, help="seconds etcd stays down")
     ap.add_argument("--dir", default=None, help="where the clusters live (default: a temporary directory)")
+    ap.add_argument("--topic-layout", default="together", choices=("together", "spread"),
+                    help="the nodes' topic layout (spread: each topic over every node)")
     args = ap.parse_args()
     console = Console(width=None if sys.stdout.isatty() else 160)
     names = [s.strip() for s in args.scenarios.split(",") if s.strip()]
@@ -49,7 +51,8 @@ def main() -> int:
         t0 = time.monotonic()
         outage = args.etcd_outage if name == "stop-etcd" else args.outage
         try:
-            rep = run(name, seed, root, outage_s=outage, say=lambda m: console.print(f"    {m}"))
+            rep = run(name, seed, root, outage_s=outage, say=lambda m: console.print(f"    {m}"),
+                      layout=args.topic_layout)
         except Exception as e:  # noqa: BLE001 — a run that could not finish is a failed run, reported
             console.print(f"    [red]the run itself failed: {type(e).__name__}: {e}[/red]")
             reports.append((name, seed, None, time.monotonic() - t0))

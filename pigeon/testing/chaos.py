@@ -449,11 +449,13 @@ SCENARIOS = {f.__name__.replace("_", "-"): f for f in (kill_owner, kill_new_owne
 
 
 def run(scenario: str, seed: int, root: str, *, warm_s: float = 4.0, outage_s: float = 10.0,
-        after_s: float = 6.0, drain_s: float = 90.0, say=print) -> Report:
-    """One scenario under one seed; the cluster is started under `root` and stopped at the end."""
+        after_s: float = 6.0, drain_s: float = 90.0, say=print, layout: str = "together") -> Report:
+    """One scenario under one seed; the cluster is started under `root` and stopped at the end. `layout`: the
+    nodes' --topic-layout (spread: each topic over every node; the fault strikes the owner of its first shard,
+    whose bundle is the topic's)."""
     rng = random.Random(seed)
     fault = SCENARIOS[scenario]
-    cluster = Cluster(root, split=scenario.startswith("cut-")).start()
+    cluster = Cluster(root, extra=["--topic-layout", layout], split=scenario.startswith("cut-")).start()
     try:
         topics = [f"{P}/topics/s{seed}-t{i}-{rng.randrange(1 << 30)}" for i in range(2)]
         w = Workload(cluster, rng, topics)
