@@ -204,6 +204,8 @@ class Engine:
     def commit(self, rec: R.Record, owner=None) -> int:
         """Append `rec` to its log and apply it (validated before: applying must not fail), then perform its
         effects. Returns the journal position after it: durable once the journal's durable position reaches it."""
+        if rec.META and rec.TYPE == R.RecordType.TOPIC_PUT and rec.spread:  # (a record format 1 has not)
+            formats.raise_data_dir(self.journal.disk, self.config.data_dir, formats.DATA)
         steps = commit(self.state, self.logs, self.epoch, self._fenced, self.config.bundles, rec, owner, self.owns)
         for _, _, _, effects in steps:  # (performed once every part of a record cut by shard is applied)
             if effects:
@@ -267,10 +269,20 @@ class Engine:
         self.check_open()
         await self.schemas.check_topic_settings(topic)
         await self.transforms.check(topic.message_transforms)
-        rec = commands.create_topic(self.state, topic, self.config.shards_per_topic,
-                                    self.config.topic_layout == "spread")
+        rec = commands.create_topic(self.state, topic, self.config.shards_per_topic, self._spreads())
         await self.change(rec)
         return self.state.topics_by_uid[rec.uid].config
+
+    def _spreads(self) -> bool:
+        """As configured, once every node of the cluster reads spread topics (until then: together)."""
+        if self.config.topic_layout != "spread":
+            return False
+        replicas = self.logs.replicas
+        if replicas is not None and replicas.cluster_format < formats.CLUSTER_SPREAD:
+            log.warning("a new topic is laid out together, not spread: a node of the cluster speaks format %d, "
+                        "older than spread topics (every node must run this release first)", replicas.cluster_format)
+            return False
+        return True
 
     def get_topic(self, name: str):
         return self.state.topic(name).config

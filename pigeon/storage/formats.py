@@ -15,14 +15,21 @@ A change that an older node could not read raises the number here, and keeps rea
 CLUSTER 2: a bundle's Snapshot record in its log carries the message indexes, each batch named by its log address
 (core.bundles), and a log is cut at its latest snapshot while the ledgers of messages still needed are kept; under
 format 1 a snapshot's indexes are empty and a log is cut only at a snapshot no message still needed precedes (an
-older node taking a bundle over reads the messages from the entries after it)."""
+older node taking a bundle over reads the messages from the entries after it).
+
+DATA 2 and CLUSTER 3: topics laid out spread (core.bundles.shard_log) — a TopicPut with its spread bit, a Seek of one
+shard, a subscription image with a seek generation per shard. A directory stays format 1 until a spread topic's
+record is first written to it (`raise_data_dir`): every older release still reads one that never held one; a
+cluster creates spread topics only once every node speaks format 3 (until then, together)."""
 
 from __future__ import annotations
 
 from pigeon.storage.disk import Disk, join
 
-DATA = 1
-CLUSTER = 2
+DATA = 2  # the newest data format this Pigeon reads and writes
+DATA_PLAIN = 1  # what a directory is marked when first written: format 2 only once it holds a spread topic
+CLUSTER = 3
+CLUSTER_SPREAD = 3  # the cluster format from which spread topics are made
 FILE = "FORMAT"
 _PREFIX = "pigeon-data "
 
@@ -52,10 +59,16 @@ def check_data_dir(disk: Disk, data_dir: str) -> int:
 
 
 def mark_data_dir(disk: Disk, data_dir: str) -> None:
-    """Record the format this Pigeon writes, when the directory does not say one yet."""
+    """Record the format of what this Pigeon writes there (DATA_PLAIN), when the directory does not say one yet."""
     path = join(data_dir, FILE)
     if not disk.exists(path):
-        disk.write_durably(path, f"{_PREFIX}{DATA}\n".encode())
+        disk.write_durably(path, f"{_PREFIX}{DATA_PLAIN}\n".encode())
+
+
+def raise_data_dir(disk: Disk, data_dir: str, to: int) -> None:
+    """Mark the directory format `to` (before a record only that format has is written to it), if it is lower."""
+    if data_format(disk, data_dir) < to:
+        disk.write_durably(join(data_dir, FILE), f"{_PREFIX}{to}\n".encode())
 
 
 def cluster_format(announced: list[int]) -> int:

@@ -91,9 +91,19 @@ def _one_error_line(out: subprocess.CompletedProcess, verb: str) -> str:
     return lines[0]
 
 
+@pytest.fixture(scope="module")
+def refusing_server(tmp_path_factory):
+    """One server for the refusals: none of them changes anything on it."""
+    from pigeon.testing.server import ServerProcess
+
+    srv = ServerProcess(str(tmp_path_factory.mktemp("refusals") / "data")).start()
+    yield srv
+    srv.kill()
+
+
 @pytest.mark.parametrize("args,status", REFUSED, ids=[" ".join(a[:2]) for a, _ in REFUSED])
-def test_a_refusal_is_one_line_with_the_status_and_the_servers_message(server, args, status):
-    out = run(server, *args)
+def test_a_refusal_is_one_line_with_the_status_and_the_servers_message(refusing_server, args, status):
+    out = run(refusing_server, *args)
     assert out.returncode == 1, (out.stdout, out.stderr)
     verb = " ".join(args[:2]) if args[0] in ("topics", "subscriptions", "queue") else args[0]
     line = _one_error_line(out, verb)
@@ -165,7 +175,7 @@ def test_a_data_directory_of_a_newer_format_is_refused_before_anything_is_read(t
         deadline = time.monotonic() + 30
         while not (fresh / "FORMAT").exists() and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.05)
-        assert (fresh / "FORMAT").read_text() == f"pigeon-data {formats.DATA}\n"
+        assert (fresh / "FORMAT").read_text() == f"pigeon-data {formats.DATA_PLAIN}\n"
     finally:
         proc.terminate()
         proc.wait(timeout=30)
