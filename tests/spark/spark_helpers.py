@@ -16,13 +16,20 @@ PubsubMessage = types.PubsubMessage.pb()
 
 
 def spark_env() -> None:
-    """Executors run this interpreter; Spark binds and talks on loopback only."""
+    """Executors run this interpreter; Spark binds and talks on loopback only; a Python worker has as long to
+    connect back as a node's export job gives it (the suite runs in two processes on two cores: Spark's 15 s
+    were once not enough for a worker's start, "Python worker failed to connect back")."""
+    from pigeon.spark.export_jobs import socket_timeout_s
+
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+    os.environ.setdefault("SPARK_AUTH_SOCKET_TIMEOUT", str(socket_timeout_s))  # (the Python side of the same)
 
 
 def build_session(master: str = "local[2]", warehouse: str | None = None):
+    from pigeon.spark.export_jobs import socket_timeout_s
+
     spark_env()
     from pyspark.sql import SparkSession
 
@@ -36,6 +43,7 @@ def build_session(master: str = "local[2]", warehouse: str | None = None):
         .config("spark.driver.bindAddress", "127.0.0.1")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.python.worker.reuse", "true")
+        .config("spark.python.authenticate.socketTimeout", f"{socket_timeout_s}s")
     )
     if warehouse:
         b = b.config("spark.sql.warehouse.dir", warehouse)
