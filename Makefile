@@ -56,10 +56,13 @@ $(PROMTOOL):
 	command -v promtool >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
 		--no-install-recommends prometheus; }
 
+# the tests in TEST_WORKERS processes (pytest-xdist; the end-to-end tests mostly wait on servers, etcd and Spark):
+# a file's tests in one process, the Spark tests all in one (tests/conftest.py); TEST_WORKERS=0 runs them in this one
+TEST_WORKERS ?= 2
 test: $(STAMP) $(SPARK_STAMP) $(ETCD_BIN) $(CHROMEDRIVER) $(PROMTOOL)
 	$(BIN)/lint-imports
 	$(COMPILE)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
 
 BENCH_STAMP := $(VENV)/.bench-installed
 $(BENCH_STAMP): pyproject.toml constraints.txt | $(BIN)/python

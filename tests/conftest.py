@@ -1,7 +1,66 @@
 
+import os
+
 import pytest
 
 from pigeon.testing.server import ServerProcess
+
+SPARK_DIR = "tests/spark/"
+SPARK_WORKER = "gw0"  # the worker of a parallel run that runs the Spark tests
+PORTS_PER_WORKER = 16_384  # free_port's span: the ports this many below the kernel's ephemeral range
+
+
+def pytest_configure(config):
+    """In a worker of a parallel run (pytest-xdist), servers start on ports of that worker's own: free_port picks
+    at random among the 16,384 ports below the ephemeral range, and a port one worker picked but its server had
+    not bound yet (or a killed server was about to bind again) could be picked by the other. Worker n takes the
+    span n spans lower (gw0 the usual one, gw1 the one below it, down to port 1024 at most), when the range leaves
+    the last worker some thousands of ports."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if not worker or not count:
+        return
+    from pigeon.ops import local_ports
+
+    low = local_ports.ephemeral_low()
+    if low - PORTS_PER_WORKER * (int(count) - 1) < 1024 + 4096:
+        return
+    top = low - PORTS_PER_WORKER * (int(worker.removeprefix("gw")) % int(count))  # (gw2 replaces a worker that died)
+    local_ports.ephemeral_low = lambda: top  # (free_port reads it at each call)
+
+
+@pytest.hookimpl(optionalhook=True)  # (a hook of pytest-xdist: a run without it has no such hook)
+def pytest_xdist_make_scheduler(config, log):
+    """`make test` runs the suite in two processes (pytest-xdist, `-n 2 --dist loadfile`): each file's tests run in
+    one worker, so a module's server is started once; and the Spark tests count as one file, the first that
+    SPARK_WORKER runs — one JVM and one SparkSession in the run (two local[2] sessions at once would share two
+    cores), and the longest unit of work starts first. The other files go in collection order."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    config.option.loadscopereorder = False  # collection order, not the files with most tests first
+
+    class SparkAsOneFile(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return SPARK_DIR if nodeid.startswith(SPARK_DIR) else super()._split_scope(nodeid)
+
+        def _assign_work_unit(self, node) -> None:
+            """The Spark tests go first to SPARK_WORKER, the one worker that started a JVM for them (another takes
+            them only when nothing else is left, as when that worker died)."""
+            if SPARK_DIR in self.workqueue:
+                if node.gateway.id == SPARK_WORKER:
+                    self.workqueue.move_to_end(SPARK_DIR, last=False)
+                elif len(self.workqueue) > 1:
+                    spark = self.workqueue.pop(SPARK_DIR)
+                    try:
+                        super()._assign_work_unit(node)
+                    finally:
+                        self.workqueue[SPARK_DIR] = spark
+                        self.workqueue.move_to_end(SPARK_DIR, last=False)
+                    return
+            super()._assign_work_unit(node)
+
+    return SparkAsOneFile(config, log)
 
 
 @pytest.fixture
@@ -72,15 +131,21 @@ def three_nodes(etcd, tmp_path):
         n.kill()
 
 
-def pytest_collection_finish(session):
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtestloop(session):
     """Start the Spark tests' JVM before any test runs, when Spark tests are to run. PySpark launches it with a
     fork() of this process (a Popen with a preexec_fn); later in a full run that process holds the threads of
     every gRPC client the e2e tests made, and gRPC then skips its fork handlers ("Other threads are currently
     calling into gRPC") — one full run's launch died before the JVM said its port (JAVA_GATEWAY_EXITED, every
     Spark test in error). Launched now, with no gRPC thread yet, the session's SparkSession reuses it; what the
     JVM prints goes to spark-jvm.log in pytest's base temporary directory. A launch that fails here is left to the
-    Spark fixture, which tries again and reports it."""
-    if not any("spark" in item.path.parts for item in session.items):
+    Spark fixture, which tries again and reports it. In a parallel run each worker's own session decides: with
+    `--dist loadfile` only SPARK_WORKER runs Spark tests (and it has told the controller what it collected, so
+    the others start their tests meanwhile)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker and worker != SPARK_WORKER and session.config.getvalue("dist") == "loadfile":
+        return
+    if not any("spark" in item.path.parts for item in getattr(session, "items", ())):
         return
     try:
         from pyspark import SparkContext
