@@ -333,6 +333,8 @@ class ClusterSim:
         first = self.nodes["n1"]
         for t in self.topics + [self.dead_topic]:
             await first.call(lambda t=t: first.engine.create_topic(types.Topic.pb()(name=t)))
+            if first.engine.state.topic(t).spread != self.spread:  # (every node has joined; the clients route by it)
+                self.fail(f"{t} was laid out {'together' if self.spread else 'spread'}, not as the seed's layout says")
         Sub = types.Subscription.pb()
         subs = [Sub(name=s, topic=self.topics[t], ack_deadline_seconds=10, enable_message_ordering=s.endswith("-ordered"))
                 for s, t in self.subs.items()]
