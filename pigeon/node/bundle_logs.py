@@ -197,6 +197,14 @@ class BundleLogs:
         self.cluster_format = formats.cluster_format([i.format for i in nodes.values()])
         return {n: i for n, i in nodes.items() if i.listening and not i.cut_off}
 
+    async def speaks(self) -> int:
+        """The format every node of the cluster reads now (storage.formats), from the members as etcd holds them
+        (`cluster_format` is as the last choice of members read it: none yet on a node that has opened no
+        ledger)."""
+        nodes = await self.cluster.membership.members()
+        self.cluster_format = formats.cluster_format([i.format for i in nodes.values()])
+        return self.cluster_format
+
     async def answering(self, peers: dict, timeout: float) -> int:
         """How many of `peers` (node → NodeInfo) answer a storage call within `timeout`."""
         answers = await asyncio.gather(*(self.member(n, i.dial).answers(timeout) for n, i in peers.items()))
@@ -321,8 +329,7 @@ class BundleLogs:
         return out, nbytes, loop.time() - t0
 
     async def read_range(self, lg: LedgerInfo, start: int, end: int) -> list[tuple[int, bytes]]:
-        order = sorted(lg.members.items(), key=lambda m: m[0] != self.me)  # this node's own copy first
-        for node, address in order:
+        for node, address in self._read_order(lg):
             try:
                 got = await self.member(node, address).read(lg.id, start, end)
             except Exception as e:  # noqa: BLE001 — another member may have it
@@ -332,6 +339,19 @@ class BundleLogs:
                 return got
         raise RecoveryFailed(f"no member of ledger {lg.id} ({','.join(lg.members)}) answers with entries "
                              f"{start}..{end - 1}")
+
+    def _read_order(self, lg: LedgerInfo) -> list[tuple[str, str]]:
+        """The members a read asks, in turn: this node's own copy first, then those whose session is live (as the
+        view holds the node keys) and that failed no write lately, the others last. A member that neither answers
+        nor refuses (a paused process) holds each read for limits.storage_call_s (10 s) — and a ledger's first
+        member is its writer, the very node whose bundle is being taken over when it stopped: a takeover from a
+        paused owner on a 4-node cluster (the taker not in the ledger) read its log for 10.7–11.4 s."""
+        view = self.cluster.membership.view
+        prefix = M.node_key("")
+        live = {kv.key[len(prefix):] for kv in view.kvs[prefix].values()} if view.live else None
+        suspected = self.suspected()
+        return sorted(lg.members.items(), key=lambda m: (m[0] != self.me, live is not None and m[0] not in live,
+                                                         m[0] in suspected))
 
     # --- rolling to a new ledger -----------------------------------------------------------------------------
     def start_roll(self, ol: OwnedLog) -> None:

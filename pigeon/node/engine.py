@@ -269,18 +269,18 @@ class Engine:
         self.check_open()
         await self.schemas.check_topic_settings(topic)
         await self.transforms.check(topic.message_transforms)
-        rec = commands.create_topic(self.state, topic, self.config.shards_per_topic, self._spreads())
+        rec = commands.create_topic(self.state, topic, self.config.shards_per_topic, await self._spreads())
         await self.change(rec)
         return self.state.topics_by_uid[rec.uid].config
 
-    def _spreads(self) -> bool:
+    async def _spreads(self) -> bool:
         """As configured, once every node of the cluster reads spread topics (until then: together)."""
         if self.config.topic_layout != "spread":
             return False
         replicas = self.logs.replicas
-        if replicas is not None and replicas.cluster_format < formats.CLUSTER_SPREAD:
+        if replicas is not None and (speaks := await replicas.speaks()) < formats.CLUSTER_SPREAD:
             log.warning("a new topic is laid out together, not spread: a node of the cluster speaks format %d, "
-                        "older than spread topics (every node must run this release first)", replicas.cluster_format)
+                        "older than spread topics (every node must run this release first)", speaks)
             return False
         return True
 
