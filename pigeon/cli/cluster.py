@@ -57,8 +57,8 @@ def _with_store(fn):
 @cluster.command("status")
 def status(etcd: str = ETCD, fmt: Format = FORMAT, etcd_ca: Optional[str] = ETCD_CA,
            etcd_cert: Optional[str] = ETCD_CERT, etcd_key: Optional[str] = ETCD_KEY):
-    """The cluster's nodes (up, draining, cut off from their peers, down), how many bundles each owns and how many
-    have no owner."""
+    """The cluster's nodes (up, draining, cut off from their peers, down), how many bundles each owns and the CPU
+    it used lately, how many bundles have no owner and how many the planner placed by load."""
     st = _with_store(lambda meta, members: status_of(meta))(etcd, etcd_ca, etcd_cert, etcd_key)
     if fmt is Format.json:
         print(json.dumps(st, indent=2))
@@ -69,13 +69,14 @@ def status(etcd: str = ETCD, fmt: Format = FORMAT, etcd_ca: Optional[str] = ETCD
         console.print(f"no cluster in the etcd at {etcd} (no node has joined it yet)")
         return
     lg = st["ledgers"]
-    table = Table("node", "address", "zone", "machine", "state", "bundles", "version", "format",
-                  title=f"cluster {st['cluster']}: {st['bundles']} bundles, {st['unowned']} without an owner; "
+    table = Table("node", "address", "zone", "machine", "state", "bundles", "cores", "version", "format",
+                  title=f"cluster {st['cluster']}: {st['bundles']} bundles, {st['unowned']} without an owner, "
+                        f"{len(st['moves'])} placed by load; "
                         f"{lg['total']} ledgers, {lg['open']} open, {lg['under_replicated']} under-replicated; "
                         f"format {st['format']}")
     for r in st["nodes"]:
         table.add_row(r["node"], r["address"], r["zone"] or "-", r["machine"] or "-", r["state"], str(r["bundles"]),
-                      r["version"] or "-", "-" if r["format"] is None else str(r["format"]))
+                      "-" if r["cores"] is None else f"{r['cores']:.2f}", r["version"] or "-", "-" if r["format"] is None else str(r["format"]))
     console.print(table)
 
 

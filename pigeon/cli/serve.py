@@ -52,6 +52,8 @@ OPTIONS = (
     Option("bundles", int, 'hash ranges topics are spread over (fixed per data directory and cluster)'),
     Option("replicas", int, 'cluster: storage nodes that hold each ledger (default 3)'),
     Option("ack_quorum", int, 'cluster: how many of them hold a record before it is answered (default 2, a majority)'),
+    Option("load_balance_s", float, 'cluster: how often the busiest bundles move to the least busy nodes, by measured '
+                                    'load (default 30; 0: never)'),
     Option("workers", int, 'worker processes behind the one port, each owning a share of the topics (default 1; N > 1'
                            ' starts an etcd of their own, or with --etcd joins that cluster as nodes <node id>.w<i>:'
                            ' docs/workers.md)'),

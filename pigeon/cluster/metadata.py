@@ -177,5 +177,15 @@ def usage_key(node_id: str) -> str:
     return f"{USAGE_PREFIX}{node_id}"
 
 
+LOAD_PREFIX = f"{ROOT}/load/"
+
+
+def load_key(node_id: str) -> str:
+    """What each bundle a node owns took lately (entries/s, bytes/s, cores: node.bundle_load), and the node's own
+    CPU: put under its session lease every few seconds, read by the placement planner."""
+    return f"{LOAD_PREFIX}{node_id}"
+
+
+PLACEMENT_KEY = f"{ROOT}/placement"  # the planner's moves laid over the hash (cluster.placement.place); no lease
 CLUSTER_ID_KEY = f"{ROOT}/cluster-id"
 BUNDLES_KEY = f"{ROOT}/bundles"  # the number of bundles, fixed when the cluster is created

@@ -1,6 +1,8 @@
-"""Placement: which node owns each bundle. Owns the rule: bundles are assigned by consistent hashing with bounded
+"""Placement: which node owns each bundle. Owns the rules: bundles are assigned by consistent hashing with bounded
 loads (Mirrokni, Thorup and Zadimoghaddam, "Consistent Hashing with Bounded Loads", 2018) — every node carries at
-most ⌈balance × bundles / nodes⌉ bundles, and a node joining or leaving moves few of them.
+most ⌈balance × bundles / nodes⌉ bundles, and a node joining or leaving moves few of them; over that, the planner's
+moves bound each node's measured *load* (`shed`, `replan`: the fewest bundles move, none while the busiest node is
+within bound), and every node lays the same moves over the same hash (`place`).
 
 Each node stands on a ring at `points` places (a hash of its id and the place's number); each bundle has a place on
 the ring too. Bundles are placed one after another in a fixed order (by their own hash): a bundle goes to the first
@@ -15,6 +17,7 @@ from __future__ import annotations
 import bisect
 import functools
 import hashlib
+import json
 import math
 from collections import Counter
 from typing import Iterable, Mapping
@@ -66,3 +69,94 @@ def moves(before: Mapping[int, str], after: Mapping[int, str]) -> list[int]:
 
 def loads(assignment: Mapping[int, str]) -> Counter:
     return Counter(assignment.values())
+
+
+# --- load (docs/cluster.md, "Scale-out" step 4) ----------------------------------------------------------------
+def place(bundles: int, nodes: Iterable[str], moved: Mapping[int, str] | None = None) -> dict[int, str]:
+    """`assign`, with the planner's moves laid over it: a move to a node among `nodes` stands, one to any other
+    node is ignored (the hash places that bundle). Every node that reads the same members and moves computes the
+    same map (docs/cluster.md, invariant P1)."""
+    live = set(nodes)
+    out = assign(bundles, live)
+    if moved:
+        for b, node in moved.items():
+            if b in out and node in live:
+                out[b] = node
+    return out
+
+
+def node_loads(assignment: Mapping[int, str], load: Mapping[int, float], nodes: Iterable[str]) -> dict[str, float]:
+    """Each node's load: the sum of its bundles' (a node with none carries 0)."""
+    out = {n: 0.0 for n in nodes}
+    for b, n in assignment.items():
+        if n in out:
+            out[n] += load.get(b, 0.0)
+    return out
+
+
+def shed(assignment: Mapping[int, str], load: Mapping[int, float], nodes: Iterable[str], *, balance: float,
+         floor: float, most: int) -> tuple[list[tuple[int, str]], list[int]]:
+    """The moves (bundle, to node) that bring the busiest node toward `balance` × the average load, at most `most`
+    of them, and the bundles too hot for that (each alone above the bound: only a split helps them).
+
+    Nothing moves while the busiest node is within the bound or carries less than `floor`. Each move takes a
+    bundle of the busiest node to the least busy one, the bundle that lowers the busier of the two the most (its
+    load nearest half their gap), and only one that leaves the target below where the source was — so each move
+    lowers the loads, busiest first, and plans made period after period from the same loads settle rather than
+    swap bundles back and forth. Pure and deterministic: ties go by name and number, never by the maps' order."""
+    nodes = sorted(set(nodes))
+    if not nodes:
+        return [], []
+    carried = node_loads(assignment, load, nodes)
+    bound = balance * sum(carried.values()) / len(nodes)
+    hot = sorted(b for b, n in assignment.items() if n in carried and load.get(b, 0.0) > max(bound, floor))
+    where = {b: n for b, n in assignment.items() if n in carried}
+    out: list[tuple[int, str]] = []
+    while len(out) < most:
+        busiest = max(nodes, key=lambda n: (carried[n], n))
+        if carried[busiest] <= bound or carried[busiest] < floor:
+            break
+        idlest = min(nodes, key=lambda n: (carried[n], n))
+        gap = carried[busiest] - carried[idlest]
+        fits = [b for b, n in where.items() if n == busiest and 0.0 < load.get(b, 0.0) < gap]
+        if not fits:
+            break
+        b = min(fits, key=lambda b: (abs(load[b] - gap / 2), b))
+        out.append((b, idlest))
+        where[b] = idlest
+        carried[busiest] -= load[b]
+        carried[idlest] += load[b]
+    return out, hot
+
+
+def replan(bundles: int, nodes: Iterable[str], moved: Mapping[int, str], load: Mapping[int, float], *,
+           balance: float, floor: float, most: int) -> tuple[dict[int, str], list[int]]:
+    """The planner's next moves from the current ones and the bundles' loads: the moves that still stand (to a node
+    among `nodes`, and not where the hash puts the bundle anyway), with `shed`'s laid over them; and the hot
+    bundles. The same moves back when nothing needs to change."""
+    nodes = sorted(set(nodes))
+    base = assign(bundles, nodes) if nodes else {}
+    keep = {b: n for b, n in moved.items() if b in base and n in nodes and base[b] != n}
+    now = {**base, **keep}
+    more, hot = shed(now, load, nodes, balance=balance, floor=floor, most=most)
+    for b, n in more:
+        if base[b] == n:
+            keep.pop(b, None)
+        else:
+            keep[b] = n
+    return keep, hot
+
+
+def encode_moves(moved: Mapping[int, str]) -> bytes:
+    return json.dumps({"moves": {str(b): n for b, n in sorted(moved.items())}}, separators=(",", ":")).encode()
+
+
+def decode_moves(raw: bytes | None) -> dict[int, str]:
+    """The moves a `placement` key holds (none for an absent key, or one this release cannot read: the hash alone
+    then places every bundle — safe, if not balanced)."""
+    if not raw:
+        return {}
+    try:
+        return {int(b): str(n) for b, n in json.loads(raw)["moves"].items()}
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return {}

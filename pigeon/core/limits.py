@@ -184,6 +184,14 @@ member_silence_s = 5.0  # a ledger member that answers none of the entries sent 
 #                        peer takes no entries and refuses none: without this its writer would wait for it forever)
 peer_connect_s = 1.0  # a connection attempt to a peer that takes longer tells nothing
 placement_check_s = 1.0  # a node compares what it owns with placement at least this often
+load_balance_s_default = 30.0  # the placement planner looks at the bundles' loads this often (0: never)
+load_balance = 1.25  # … and moves bundles once the busiest node carries more than this times the average load …
+load_floor_cores = 0.1  # … and at least this much CPU (an idle cluster never shuffles) …
+load_moves_max = 2  # … this many at most a period (a move costs its bundle's callers a takeover's pause)
+load_entry_units = 8  # a bundle's share of its node's CPU is reckoned from its appends: an entry weighs as much …
+load_kib_units = 1  # … as 8 KiB of them (an entry's fixed cost against its bytes' in the loop)
+load_unit_s_max = 0.001  # a unit costs the loop far less: CPU beyond this a unit is the node's own (its start, the
+#                          storage role), not shared out to the few bundles that appended meanwhile
 storage_call_s = 10.0  # one call of a peer's storage service (fence, read, delete)
 etcd_call_s = 5.0  # one etcd call
 append_connect_s = 10.0  # to reach a member's append channel (a cut-off one is never answered)

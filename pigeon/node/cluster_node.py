@@ -26,6 +26,7 @@ import uuid
 from pigeon.cluster import metadata as M
 from pigeon.core import limits
 from pigeon.cluster.quorum import Replication
+from pigeon.node.balancer import Balancer
 from pigeon.node.bundle_logs import BundleLogs
 from pigeon.node import append_channel
 from pigeon.node.ledger_store import LedgerStore
@@ -82,6 +83,7 @@ class ClusterNode:
         self._tasks: list[asyncio.Task] = []
         self._taking: set[int] = set()  # bundles claimed whose takeover runs
         self._checking: set[str] = set()  # peers being checked (check_peer)
+        self.balancer: Balancer | None = None  # placement by load (node.balancer), once joined, unless turned off
 
     @property
     def owned(self) -> dict[int, int]:
@@ -145,6 +147,9 @@ class ClusterNode:
                        asyncio.create_task(self._follow_routes(), name="pigeon-cluster-routes"),
                        asyncio.create_task(self._follow_placement(), name="pigeon-cluster-placement"),
                        asyncio.create_task(self._compact_history(), name="pigeon-etcd-compaction")]
+        if self.config.load_balance_s:
+            self.balancer = Balancer(self, self.host.cpu_time, self.engine.journal.journal)
+            self._tasks.append(asyncio.create_task(self.balancer.run(), name="pigeon-load-balance"))
         log.info("node %s joined cluster %s at %s (zone %s)", self.info.node_id, self.cluster_id, self.info.address,
                  self.info.zone or "-")
         return True
@@ -265,8 +270,8 @@ class ClusterNode:
         """Wake the placement loop whenever a node, a drain mark or an owner changes, and the routes' reader when
         an owner or a node does."""
         routing = (M.owner_key(0)[:-5], M.node_key(""))
-        placing = routing + (M.drain_key(""),)  # (not ledger lists, the metadata log, usage: they change often
-        view = self.membership.view               # under load, and placement reads none of them); the view of
+        placing = routing + (M.drain_key(""), M.PLACEMENT_KEY)  # (not ledger lists, the metadata log, loads: they
+        view = self.membership.view               # change often under load, and placement reads none); the view of
         while True:                               # nodes and owners that placement and routing read is kept here
             try:
                 self.changed.set()

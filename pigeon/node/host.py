@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import os
+import time
 
 
 class DataDirInUse(Exception):
@@ -42,6 +43,10 @@ class OsHost:
         from pigeon.node.journal_writer import JournalWriter
 
         return JournalWriter(directory, policy, segment_bytes, disk or self.disk)
+
+    def cpu_time(self) -> float:
+        """CPU seconds this process has used (every thread): what the load meter (node.bundle_load) shares out."""
+        return time.process_time()
 
     def storage_client(self, address: str, config):
         """A peer's storage service (ledgers), as an owner calls it."""

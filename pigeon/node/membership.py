@@ -14,7 +14,7 @@ import uuid
 from dataclasses import dataclass
 
 from pigeon.cluster import metadata as M
-from pigeon.cluster.placement import assign
+from pigeon.cluster.placement import decode_moves, place
 from pigeon.storage import formats
 
 log = logging.getLogger("pigeon.membership")
@@ -96,7 +96,7 @@ class MetaView:
     from the moment the watch breaks; while not live, readers list from the store itself, and so learn at once
     when it cannot be reached."""
 
-    PREFIXES = (M.node_key(""), M.drain_key(""), M.owner_key(0)[:-5])
+    PREFIXES = (M.node_key(""), M.drain_key(""), M.owner_key(0)[:-5], M.PLACEMENT_KEY)
 
     def __init__(self):
         self.kvs: dict[str, dict[str, M.KV]] = {p: {} for p in self.PREFIXES}
@@ -253,16 +253,25 @@ class Membership:
     async def draining(self) -> set[str]:
         return await self._read(M.drain_key(""), _drained)
 
-    async def placement(self, bundles: int, members: dict[str, NodeInfo] | None = None) -> dict[int, str]:
-        """Who should own each bundle, from the live nodes that listen (a node still starting gets none: nobody
+    async def placeable(self, members: dict[str, NodeInfo] | None = None) -> list[str]:
+        """The nodes placement gives bundles to: live ones that listen (a node still starting gets none: nobody
         could reach it for them, and its peers cannot tell it died — a refused connection proves nothing before it
         listened, so its bundles would wait for its session to run out) and are neither draining nor cut off from
-        their peers (every node computes the same)."""
+        their peers."""
         drained = await self.draining()
         members = await self.members() if members is None else members
-        live = [n for n, i in members.items()
-                if i.listening and not i.draining and not i.cut_off and n not in drained]
-        return assign(bundles, live) if live else {}
+        return sorted(n for n, i in members.items()
+                      if i.listening and not i.draining and not i.cut_off and n not in drained)
+
+    async def moves(self) -> dict[int, str]:
+        """The placement planner's moves (cluster.placement.place), as the `placement` key holds them."""
+        return await self._read(M.PLACEMENT_KEY, _moves)
+
+    async def placement(self, bundles: int, members: dict[str, NodeInfo] | None = None) -> dict[int, str]:
+        """Who should own each bundle: the hash over the placeable nodes with the planner's moves laid over it
+        (every node computes the same)."""
+        live = await self.placeable(members)
+        return place(bundles, live, await self.moves()) if live else {}
 
     async def owners(self) -> dict[int, tuple[str, int]]:
         """bundle → (owner node, epoch) for every bundle that has an owner."""
@@ -303,6 +312,10 @@ class Membership:
         return d["node"], d["epoch"]
 
 
+def _moves(kvs) -> dict[int, str]:
+    return decode_moves(next((kv.value for kv in kvs if kv.key == M.PLACEMENT_KEY), None))
+
+
 def _members(kvs) -> dict[str, NodeInfo]:
     n = len(M.node_key(""))
     return {kv.key[n:]: NodeInfo.decode(kv.key[n:], kv.value) for kv in kvs}
@@ -320,8 +333,8 @@ def _owners(kvs) -> dict[int, tuple[str, int]]:
 
 async def status_of(meta) -> dict:
     """The cluster as `pigeon cluster status` shows it: its id, bundle count, bundles without an owner, each
-    node (up, draining, or down while it still holds owner keys) with how many bundles it owns, who owns each
-    bundle, and the ledgers: how many, how many open, how many under-replicated (a member down, or fewer members
+    node (up, draining, or down while it still holds owner keys) with how many bundles it owns and the CPU it
+    reported last (node.bundle_load), who owns each bundle, the placement planner's moves, and the ledgers: how many, how many open, how many under-replicated (a member down, or fewer members
     than the widest ensemble: opened while nodes were down; repair that copies them is not built yet)."""
     members = Membership(meta, NodeInfo("-", "-"))
     nodes, drained, owners = await members.members(), await members.draining(), await members.owners()
@@ -331,6 +344,9 @@ async def status_of(meta) -> dict:
     held: dict[str, list[int]] = {}
     for b, (node, _) in owners.items():
         held.setdefault(node, []).append(b)
+    from pigeon.node.bundle_load import read_report
+
+    cores = {kv.key[len(M.LOAD_PREFIX):]: read_report(kv.value)[0] for kv in await meta.list(M.LOAD_PREFIX)}
     ledgers = [lg for kv in await meta.list(M.ledgers_key(0)[:-5]) for lg in json.loads(kv.value)]
     widest = max((len(lg["members"]) for lg in ledgers), default=0)
     under = [lg for lg in ledgers if len(lg["members"]) < widest or any(m not in nodes for m in lg["members"])]
@@ -340,11 +356,13 @@ async def status_of(meta) -> dict:
         state = "down" if info is None else "draining" if node in drained else "cut off" if info.cut_off else "up"
         rows.append({"node": node, "address": info.address if info else "", "zone": info.zone if info else "",
                      "machine": info.machine if info else "", "state": state, "bundles": len(held.get(node, [])),
-                     "version": info.version if info else "", "format": info.format if info else None})
+                     "version": info.version if info else "", "format": info.format if info else None,
+                     "cores": round(cores[node], 3) if node in cores else None})
     return {"cluster": cid.value.decode() if cid else "", "bundles": bundles,
             "format": formats.cluster_format([i.format for i in nodes.values()]),
             "unowned": bundles - len(owners), "nodes": rows,
             "owners": {str(b): node for b, (node, _) in sorted(owners.items())},
+            "moves": {str(b): node for b, node in sorted((await members.moves()).items())},
             "ledgers": {"total": len(ledgers), "open": sum(1 for lg in ledgers if lg["end"] is None),
                         "under_replicated": len(under),
                         "under_replicated_first": [{"id": lg["id"], "members": sorted(lg["members"]),

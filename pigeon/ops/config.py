@@ -75,6 +75,7 @@ class Config:
     #                           (the supervisor sets it; the kernel spreads the connections over the workers)
     own_http_port: int = 0  # a worker's HTTP port of its own besides the shared one: /metrics of that worker
     session_ttl_s: int = limits.session_ttl_s_default  # a node silent this long is gone: its bundles move
+    load_balance_s: float = limits.load_balance_s_default  # how often the planner moves bundles by load (0: never)
     replicas: int = 3  # E = Qw: the storage nodes that hold each ledger of a bundle log
     ack_quorum: int = 2  # Qa: how many of them hold a record durably before it is answered
     log_snapshot_entries: int = 20_000  # a bundle log's owner writes its state into the log this often (entries)
@@ -148,6 +149,8 @@ class Config:
         if not 1 <= self.ack_quorum <= self.replicas or 2 * self.ack_quorum <= self.replicas:
             raise ValueError(f"the ack quorum must be a majority of the replicas and at most all of them (got "
                              f"replicas={self.replicas}, ack_quorum={self.ack_quorum})")
+        if self.load_balance_s and not 1.0 <= self.load_balance_s <= 3600.0:
+            raise ValueError("load_balance_s must be 0 (off) or in 1..3600")
         if not limits.session_ttl_s_min <= self.session_ttl_s <= limits.session_ttl_s_max:
             raise ValueError(f"session_ttl_s must be in {limits.session_ttl_s_min}..{limits.session_ttl_s_max}")
         self._check_security()

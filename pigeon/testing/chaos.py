@@ -386,6 +386,33 @@ def drain_owner(cluster, topic, rng, say, outage_s):
     _cli("undrain", name, cluster.etcd.endpoint)
 
 
+def move_by_load(cluster, topic, rng, say, outage_s):
+    """Move the topic's bundle as the load planner does (a move under `placement` in etcd, which every node lays
+    over the hash), and back after a while: the bundle moves twice under load, neither time because a node went."""
+    import asyncio
+
+    from pigeon.cluster import metadata as M
+    from pigeon.cluster.placement import encode_moves
+    from pigeon.core.bundles import bundle_of
+    from pigeon.node.meta_etcd import EtcdMetadata
+
+    async def put(moves):
+        meta = EtcdMetadata(cluster.etcd.endpoint)
+        try:
+            await meta.put(M.PLACEMENT_KEY, encode_moves(moves))
+        finally:
+            await meta.close()
+
+    owner, bundle = cluster.owner_of(topic), bundle_of(topic, BUNDLES)
+    to = rng.choice(sorted(n for n in cluster.nodes if n != owner))
+    say(f"move bundle {bundle} ({topic.rsplit('/', 1)[-1]}) from {owner} to {to} as the load planner would")
+    asyncio.run(put({bundle: to}))
+    time.sleep(outage_s / 2)
+    say(f"and back to {owner}")
+    asyncio.run(put({bundle: owner}))
+    time.sleep(outage_s / 2)
+
+
 def add_node(cluster, topic, rng, say, outage_s):
     name = f"n{len(cluster.nodes) + 1}"
     say(f"add {name} under load")
@@ -444,8 +471,8 @@ def _cli(verb: str, node: str, endpoint: str) -> None:
 
 
 SCENARIOS = {f.__name__.replace("_", "-"): f for f in (kill_owner, kill_new_owner, kill_replica, pause_owner,
-                                                        drain_owner, add_node, stop_etcd, cut_owner,
-                                                        cut_owner_peers)}
+                                                        drain_owner, move_by_load, add_node, stop_etcd,
+                                                        cut_owner, cut_owner_peers)}
 
 
 def run(scenario: str, seed: int, root: str, *, warm_s: float = 4.0, outage_s: float = 10.0,

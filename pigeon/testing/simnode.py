@@ -58,6 +58,11 @@ class SimHost:
         self.node.writers.append(w)
         return w
 
+    def cpu_time(self) -> float:
+        # half a core all the time, on virtual time: the loads the planner sees are shares of it by appends, the
+        # same on every replay of a seed
+        return asyncio.get_running_loop().time() * 0.5
+
     def storage_client(self, address: str, config):
         return SimStorageClient(self.sim.net, self.node.id, address)
 
@@ -116,7 +121,8 @@ class SimNode:
         return Config(data_dir=f"/{self.id}", etcd="sim:2379", node_id=self.id, advertise=self.address,
                       append_port=-1, session_ttl_s=SESSION_TTL_S, bundles=BUNDLES, shards_per_topic=SHARDS,
                       topic_layout="spread" if self.sim.spread else "together",
-                      log_snapshot_entries=self.sim.snapshot_entries, log_snapshot_s=LOG_SNAPSHOT_S)
+                      log_snapshot_entries=self.sim.snapshot_entries, log_snapshot_s=LOG_SNAPSHOT_S,
+                      load_balance_s=0)
 
     def start(self) -> None:
         net = self.sim.net
