@@ -21,7 +21,18 @@ import time
 from rich.console import Console
 from rich.table import Table
 
+from pigeon.testing import fault_rounds
 from pigeon.testing.fault_rounds import ROUND_S, run
+
+
+class _KeptProbes(fault_rounds.Probes):
+    """The run's probes, kept for the rounds that are not kills (run() times only those)."""
+
+    last: "_KeptProbes | None" = None
+
+    def start(self) -> None:
+        _KeptProbes.last = self
+        super().start()
 
 
 def main() -> int:
@@ -38,13 +49,18 @@ def main() -> int:
     os.makedirs(root, exist_ok=True)
     t0 = time.monotonic()
     console.print(f"[bold]{args.rounds} rounds of random faults[/bold], seed {args.seed} ({root})")
+    fault_rounds.Probes = _KeptProbes
     rep = run(args.seed, root, args.rounds, round_s=args.round_s,
               say=lambda m: console.print(f"  [{time.monotonic() - t0:6.0f} s] {m}"))
-    table = Table("round", "fault", "target", "kill → publish through a survivor", title="pigeon fault rounds")
+    table = Table("round", "fault", "target", "kill → publish through a survivor",
+                  "other fault → publish through a survivor", title="pigeon fault rounds")
+    probes = _KeptProbes.last
     for r in rep.rounds:
         slow = r.kill_to_publish is not None and r.kill_to_publish > args.kill_to_publish_max
         took = "-" if r.kill_to_publish is None else f"{r.kill_to_publish:.2f} s"
-        table.add_row(str(r.number), r.kind, r.target, f"[red]{took}[/red]" if slow else took)
+        other = probes.first_after(r.at) if probes is not None and r.kill_to_publish is None else None
+        table.add_row(str(r.number), r.kind, r.target, f"[red]{took}[/red]" if slow else took,
+                      "-" if other is None else f"{other:.2f} s")
     console.print(table)
     slowest = rep.slowest_kill_to_publish
     console.print(f"{rep.published} publishes acknowledged, {rep.delivered} deliveries; lost {len(rep.lost)}, acks "
