@@ -1,7 +1,9 @@
 """A node joining a loaded cluster: on a 3-node cluster (`pigeon bench`'s pigeon-cluster target), the official
 client publishes to 16 topics through all three nodes (and a StreamingPull subscriber per topic consumes) while
 a fourth node is started; print how long from its start until every bundle is served by the node the placement
-gives it to (the new node serving its share), and how many client calls failed meanwhile.
+gives it to (the new node serving its share), and how many client calls failed meanwhile. The time is read two
+ways: the status polls (each a `pigeon cluster status` process: a second or more apart on a loaded machine), and the
+nodes' own logs — when the new node's process started, listened, and took its last bundle over.
 
     python scripts/join_under_load.py                    # 10 s of load first (a backlog in every bundle)
     python scripts/join_under_load.py --warm 30          # a bigger backlog first
@@ -12,7 +14,9 @@ Loopback only, bounded like the benchmark.
 from __future__ import annotations
 
 import argparse
+import datetime
 import os
+import re
 import sys
 import tempfile
 import threading
@@ -70,10 +74,26 @@ class Load:
             s.cancel()
 
 
+_STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) \S+ (.*)$")
+
+
+def log_times(path: str, since: float) -> list[tuple[float, str]]:
+    """(seconds after `since` (a time.time()), message) of each line of a node's log."""
+    out = []
+    with open(path, errors="replace") as f:
+        for line in f:
+            m = _STAMP.match(line)
+            if m:
+                t = datetime.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+                out.append((t - since, m.group(2)))
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--warm", type=float, default=10.0, help="seconds of load before the node joins")
     ap.add_argument("--after", type=float, default=10.0, help="seconds of load after it serves its share")
+    ap.add_argument("--keep", action="store_true", help="keep the nodes' data and logs (the directory is printed)")
     args = ap.parse_args()
     plan = PLANS["cluster"]
     root = tempfile.mkdtemp(prefix="pigeon-join-")
@@ -89,7 +109,7 @@ def main() -> int:
         before = (load.published, load.received)
         print(f"load: {before[0]:,} published, {before[1]:,} received in {args.warm:g} s "
               f"({before[0] - before[1]:,} backlogged), {len(load.failed)} failed")
-        t0 = time.monotonic()
+        t0, wall0 = time.monotonic(), time.time()
         server.nodes["n4"] = server._node("n4", free_port())
         listening = time.monotonic() - t0
         st = server._settle()
@@ -97,6 +117,14 @@ def main() -> int:
         share = sum(1 for n in st["owners"].values() if n == "n4")
         print(f"n4 listening after {listening:.2f} s; every bundle on its placed node (n4 serving {share} of "
               f"{st['bundles']}) {served:.2f} s after its start; {len(load.failed)} client calls failed so far")
+        lines = log_times(server.nodes["n4"].log_path, wall0)
+        joined = next((t for t, m in lines if "joined cluster" in m), None)
+        took = [t for t, m in lines if "took bundle " in m and " over at epoch" in m]
+        gave = [t for n in ("n1", "n2", "n3") for t, m in log_times(server.nodes[n].log_path, wall0)
+                if t > 0 and "gave up" in m and "gave up none" not in m]
+        print(f"from the logs: n4 joined {joined:.2f} s after its start; the others gave bundles up at "
+              + ", ".join(f"{t:.2f}" for t in sorted(gave)) + " s; n4 took its bundles over at "
+              + ", ".join(f"{t:.2f}" for t in took) + " s")
         time.sleep(args.after)
         load.stop()
         print(f"then: {load.published:,} published, {load.received:,} received; {len(load.failed)} failed in all"
@@ -106,7 +134,10 @@ def main() -> int:
         if load is not None:
             load.stop()
         server.stop()
-        server.discard()
+        if args.keep:
+            print(f"kept: {root}")
+        else:
+            server.discard()
 
 
 if __name__ == "__main__":
