@@ -18,6 +18,7 @@ from pigeon.broker import commands
 from pigeon.core import limits, names, wire
 from pigeon.node import hops
 from pigeon.api import errors, spread
+from pigeon.api.access import FORWARDED
 from pigeon.api.errors import abort, translate
 from pigeon.core.errors import InvalidArgument, NotFound
 from pigeon.node.engine import Engine
@@ -254,6 +255,10 @@ class PubSubApi:
                 raise first.refused()
             if not first.subscription:
                 raise InvalidArgument("The first StreamingPullRequest must set subscription.")
+            if not any(k == FORWARDED for k, _ in context.invocation_metadata() or ()):
+                # a client sets flow control in its first request only (Pub/Sub's rule); a merge of a spread
+                # topic's shards (api.spread) steers each owner's share of it by later ones, forwarded
+                request_iterator = _limits_set_once(request_iterator)
             if self.router is not None and (t := await self.router.spread_subscription(first.subscription, context)):
                 async for resp in spread.streaming_pull(self.router, t, first, request_iterator, context):
                     yield resp
@@ -331,6 +336,8 @@ class PubSubApi:
             async for req in request_iterator:
                 if type(req) is errors.Unparsable:
                     raise req.refused()
+                if req.max_outstanding_messages or req.max_outstanding_bytes:  # (a merge's steering: a client's
+                    stream.resize(req.max_outstanding_messages, req.max_outstanding_bytes)  # is refused above)
                 self._stream_requests(stream, req)
         except (asyncio.CancelledError, grpc.RpcError):
             return
@@ -464,3 +471,13 @@ def _responses(rms: list[bytes], props: bytes):
 
 async def _now(value):
     return value
+
+
+async def _limits_set_once(requests):
+    """A client's StreamingPull requests after its first, refused (INVALID_ARGUMENT, ending the stream) once one
+    sets flow control, as Pub/Sub refuses it."""
+    async for req in requests:
+        if type(req) is not errors.Unparsable and (req.max_outstanding_messages or req.max_outstanding_bytes):
+            raise InvalidArgument("max_outstanding_messages and max_outstanding_bytes can only be set on the "
+                                  "initial StreamingPullRequest.")
+        yield req

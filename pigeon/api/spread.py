@@ -8,8 +8,9 @@ over the shards' owners and joined. Owns the rules:
     that waits, it waits on them all and answers with the first that has messages (the others are cancelled: a
     message one of them leased meanwhile comes back after its ack deadline);
   * a StreamingPull is one stream to each owner — this node's own share too, over its own port — with the
-    client's flow control split evenly between them: their responses go down as they come, the client's acks and
-    deadline changes go up to the owner of each id's shard; when one of them ends (its shards moved, its owner
+    client's flow control steered to the owners whose shards deliver (`demand_shares`; the shares add up to the
+    client's limit, though a share shrunk is used up only as the client acks what it holds): their responses go down as they come, the client's acks and deadline changes go up
+    to the owner of each id's shard; when one of them ends (its shards moved, its owner
     died) the client's stream ends with UNAVAILABLE, and the client's reopen finds the owners anew;
   * a subscription starts at the end each shard's owner reports for its own shards."""
 
@@ -21,6 +22,7 @@ from pigeon.api.proto import pigeon_ranges_pb2 as ranges_pb
 from pigeon.api.router import Owner
 from pigeon.broker import commands
 from pigeon.broker.topic import SHARD_MASK
+from pigeon.core import limits
 from pigeon.core.errors import InvalidArgument, Unavailable
 from pigeon.core.pubsub_types import types
 
@@ -174,17 +176,18 @@ async def streaming_pull(router, t, first, requests, context):
     owners = [p.owner or Owner(dial, ()) for p in parts]  # (this node's share: over its own port, served here)
     owner_of = {k: i for i, p in enumerate(parts) for k in p.shards}
     ups: list[asyncio.Queue] = [asyncio.Queue() for _ in parts]
-    for q in ups:
+    limit = (first.max_outstanding_messages, first.max_outstanding_bytes)
+    now = asyncio.get_running_loop().time
+    shares = [demand_shares(x, n, set(range(n))) for x in limit]  # even, until the owners' deliveries say more
+    for i, q in enumerate(ups):
         share = _StreamingPullRequest()
         share.CopyFrom(first)
         del share.ack_ids[:], share.modify_deadline_ack_ids[:], share.modify_deadline_seconds[:]
-        if first.max_outstanding_messages > 0:
-            share.max_outstanding_messages = max(1, first.max_outstanding_messages // n)
-        if first.max_outstanding_bytes > 0:
-            share.max_outstanding_bytes = max(1, first.max_outstanding_bytes // n)
+        share.max_outstanding_messages, share.max_outstanding_bytes = shares[0][i], shares[1][i]
         q.put_nowait(share)
     _route_ids(first, owner_of, ups, n)
     down: asyncio.Queue = asyncio.Queue()
+    last = [now()] * n  # when each owner's stream last delivered
 
     async def client() -> None:
         async for req in requests:
@@ -194,6 +197,19 @@ async def streaming_pull(router, t, first, requests, context):
             if req.stream_ack_deadline_seconds:
                 for q in ups:
                     q.put_nowait(_StreamingPullRequest(stream_ack_deadline_seconds=req.stream_ack_deadline_seconds))
+
+    async def steer() -> None:
+        """Move the client's flow control to the owners whose shards deliver: an owner silent for two turns keeps
+        a floor of it (its first messages go out at once; then it is steered more)."""
+        while True:
+            await asyncio.sleep(limits.merge_steer_s)
+            busy = {i for i in range(n) if now() - last[i] < 2 * limits.merge_steer_s}
+            new = [demand_shares(x, n, busy) for x in limit]
+            for i, q in enumerate(ups):
+                if (new[0][i], new[1][i]) != (shares[0][i], shares[1][i]):
+                    q.put_nowait(_StreamingPullRequest(max_outstanding_messages=new[0][i],
+                                                       max_outstanding_bytes=new[1][i]))
+            shares[:] = new
 
     async def upstream(i: int) -> None:
         q = ups[i]
@@ -206,12 +222,14 @@ async def streaming_pull(router, t, first, requests, context):
         head = await it.__anext__()
         async for resp in router.stream(owners[i], _STREAMING_PULL, head.SerializeToString(), it, context,
                                         watch=parts[i].owner is not None):
+            last[i] = now()
             down.put_nowait(resp)
         raise Unavailable(_ENDED)
 
     tasks = [asyncio.ensure_future(upstream(i)) for i in range(n)]
     reader = asyncio.ensure_future(client())
-    ended = asyncio.ensure_future(_first_failure(tasks))
+    steering = asyncio.ensure_future(steer()) if n > 1 and any(x > 0 for x in limit) else None
+    ended = asyncio.ensure_future(_first_failure([*tasks, reader]))  # (the client's half-close ends nothing)
     try:
         while True:
             got = asyncio.ensure_future(down.get())
@@ -225,8 +243,22 @@ async def streaming_pull(router, t, first, requests, context):
             ended.result()  # raises what ended it
             return
     finally:
-        for task in (*tasks, reader, ended):
-            task.cancel()
+        for task in (*tasks, reader, ended, steering):
+            if task is not None:
+                task.cancel()
+
+
+def demand_shares(limit: int, n: int, busy: set[int]) -> list[int]:
+    """A client's flow-control limit (messages or bytes; 0 or less: none) shared among n owners' streams: evenly
+    while all or none deliver, else a floor (an eighth of an even share, at least 1) to each silent one and the
+    rest evenly to the busy ones. None stays none."""
+    if limit <= 0:
+        return [0] * n
+    if not busy or len(busy) == n:
+        return [max(1, limit // n)] * n
+    floor = max(1, limit // (8 * n))
+    rest = max(1, (limit - floor * (n - len(busy))) // len(busy))
+    return [rest if i in busy else floor for i in range(n)]
 
 
 async def _first_failure(tasks) -> None:

@@ -184,6 +184,8 @@ member_silence_s = 5.0  # a ledger member that answers none of the entries sent 
 #                        peer takes no entries and refuses none: without this its writer would wait for it forever)
 peer_connect_s = 1.0  # a connection attempt to a peer that takes longer tells nothing
 placement_check_s = 1.0  # a node compares what it owns with placement at least this often
+merge_steer_s = 0.25  # a merged StreamingPull of a spread topic moves its client's flow control to the owners whose
+#                       shards deliver this often (api.spread.demand_shares)
 load_balance_s_default = 30.0  # the placement planner looks at the bundles' loads this often (0: never)
 load_balance = 1.25  # … and moves bundles once the busiest node carries more than this times the average load …
 load_floor_cores = 0.1  # … and at least this much CPU (an idle cluster never shuffles) …

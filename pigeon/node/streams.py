@@ -144,6 +144,15 @@ class Stream:
         self.sending_bytes = 0  # … and its size
         self.stall_noted = False  # logged as a client that left a response untaken (once)
 
+    def resize(self, max_messages: int, max_bytes: int) -> None:
+        """New flow-control limits (a merge's steering: api.spread); a limit not given (0) stays as it is."""
+        if max_messages > 0:
+            self.max_messages = max_messages
+        if max_bytes > 0:
+            self.max_bytes = max_bytes
+        if self.waiter is not None and self.room() > 0:
+            _resolve(self.waiter, _WOKEN)
+
     def wake(self) -> None:
         """Something for this stream alone: a response in its outbox, an error, the client's half-close."""
         if self.waiter is not None:

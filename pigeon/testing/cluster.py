@@ -171,3 +171,12 @@ def clients_of(node):
             del os.environ["PUBSUB_EMULATOR_HOST"]
         else:
             os.environ["PUBSUB_EMULATOR_HOST"] = saved
+
+
+def stop_subscriber(future) -> None:
+    """End a subscriber the official client runs (its StreamingPull future) and wait until it has."""
+    future.cancel()
+    try:
+        future.result(timeout=30)
+    except Exception:  # noqa: BLE001 — cancelled, as asked
+        pass

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from pigeon.core.bundles import shard_log
-from pigeon.testing.cluster import clients_of, owners, start_nodes
+from pigeon.testing.cluster import clients_of, owners, start_nodes, stop_subscriber
 
 pytestmark = pytest.mark.e2e
 
@@ -100,11 +100,7 @@ def test_one_topic_is_served_by_every_node_and_consumed_through_any(spread_nodes
     try:
         assert done.wait(60), f"{len(got)} of {len(sent)} streamed"
     finally:
-        future.cancel()
-        try:
-            future.result(timeout=30)
-        except Exception:  # noqa: BLE001 — cancelled
-            pass
+        stop_subscriber(future)
     assert got == {m: d for m, (d, _) in sent.items()}
 
     pulled: dict[str, str] = {}
@@ -178,11 +174,7 @@ def test_an_owner_of_some_shards_killed_mid_stream_loses_nothing(spread_nodes, e
             missing = sent - got
         assert not missing, f"{len(missing)} of {len(sent)} answered publishes never arrived"
     finally:
-        future.cancel()
-        try:
-            future.result(timeout=30)
-        except Exception:  # noqa: BLE001 — cancelled
-            pass
+        stop_subscriber(future)
 
 
 def test_seek_and_snapshots_act_on_every_shard_at_its_owner(spread_nodes, etcd):
@@ -362,3 +354,36 @@ def _mid(raw: bytes) -> str:
     from google.pubsub_v1 import types
 
     return types.PubsubMessage.pb().FromString(raw).message_id
+
+
+def test_a_merged_stream_gives_its_flow_control_to_the_owners_that_deliver(spread_nodes, etcd):
+    """A client's flow control is shared among the owners' streams by demand: with every message in one shard,
+    that shard's owner gets nearly all of it (split evenly, it would send a third and wait for acks)."""
+    from google.cloud import pubsub_v1
+
+    topic, shard_owners = _spanning_topic(owners(etcd.endpoint))
+    holder = shard_owners[0]  # keyless publishes through it are stored by its own shards: one owner has them all
+    pub = clients_of(spread_nodes[holder])[0]
+    sub = clients_of(spread_nodes[next(n for n in ("n1", "n2", "n3") if n != holder)])[1]
+    pub.create_topic(name=topic)
+    name = f"{P}/subscriptions/steered"
+    sub.create_subscription(name=name, topic=topic, ack_deadline_seconds=60)
+    for f in [pub.publish(topic, f"s{i}".encode()) for i in range(60)]:
+        assert shard_owners[int(f.result(timeout=30)) & 63] == holder
+
+    held: list = []  # never acked: each stays outstanding
+    lock = threading.Lock()
+
+    def callback(msg) -> None:
+        with lock:
+            held.append(msg)
+
+    future = sub.subscribe(name, callback, flow_control=pubsub_v1.types.FlowControl(max_messages=30))
+    try:
+        deadline = time.monotonic() + 20
+        while len(held) < 24 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert len(held) >= 24, f"{len(held)} of 30 outstanding: the owner with the messages got no more than " \
+                                "its even share"
+    finally:
+        stop_subscriber(future)

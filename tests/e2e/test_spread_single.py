@@ -9,6 +9,7 @@ import threading
 
 import pytest
 
+from pigeon.testing.cluster import stop_subscriber
 from pigeon.testing.server import ServerProcess
 
 pytestmark = pytest.mark.e2e
@@ -46,11 +47,7 @@ def _stream(sub, name: str, want: int) -> dict[str, str]:
     try:
         assert done.wait(30), f"{len(got)} of {want}"
     finally:
-        future.cancel()
-        try:
-            future.result(timeout=30)
-        except Exception:  # noqa: BLE001 — cancelled
-            pass
+        stop_subscriber(future)
     return got
 
 

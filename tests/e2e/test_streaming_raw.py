@@ -144,3 +144,21 @@ def test_stream_on_missing_subscription_is_not_found(clients):
         assert isinstance(s.error, gexc.NotFound), s.error
     finally:
         s.close()
+
+
+def test_flow_control_set_again_after_the_first_request_ends_the_stream_invalid(clients):
+    """Pub/Sub sets a stream's flow control by its first request only, and aborts a stream whose later request
+    sets it; the limits it had before stand until then (the stream serves as asked)."""
+    pub, sub = clients
+    topic, subscription = _setup(pub, sub, "reflow")
+    raw_publish(pub, topic, [{"data": f"r{i}".encode()} for i in range(6)])
+    s = RawStream(sub, {"subscription": subscription, "stream_ack_deadline_seconds": 60,
+                        "max_outstanding_messages": 2, "client_id": "raw-reflow"})
+    try:
+        assert len(s.take(6, timeout=1.5)) == 2
+        s.send(max_outstanding_messages=10)
+        s.reader.join(timeout=10)
+        assert isinstance(s.error, gexc.InvalidArgument), s.error
+        assert "initial StreamingPullRequest" in str(s.error)
+    finally:
+        s.close()
