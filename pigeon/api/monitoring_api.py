@@ -65,11 +65,18 @@ class MonitoringApi:
         return self.cluster.info.node_id if self.cluster is not None else ""
 
     async def _cluster_page(self, method: str, req, rows: list, response_cls, field: str) -> bytes:
-        """This node's rows and the other nodes', as one page (the first `size` names of their union)."""
+        """This node's rows and the other nodes', as one page (the first `size` names of their union); the rows
+        of one name (a spread topic's, or its subscription's: each owner speaks for its shards) added up."""
         _, _, size = self._page(req)
         for other in await self._others(method, req, response_cls):
             rows.extend(getattr(other, field))
-        rows = sorted(rows, key=lambda r: r.name)[:size]
+        by_name: dict[str, object] = {}
+        for r in rows:
+            if r.name in by_name:
+                _add(by_name[r.name], r)
+            else:
+                by_name[r.name] = r
+        rows = sorted(by_name.values(), key=lambda r: r.name)[:size]
         token = rows[-1].name if len(rows) == size else ""
         return response_cls(**{field: rows}, next_page_token=token).SerializeToString()
 
@@ -117,6 +124,23 @@ class MonitoringApi:
             owners={int(b): n for b, n in st["owners"].items()},
             ledgers=m.LedgerSummary(total=lg["total"], open=lg["open"], under_replicated=lg["under_replicated"]),
             answered_by=self.cluster.info.node_id).SerializeToString()
+
+
+_LATEST = {"subscriptions", "oldest_unacked_message_age_seconds"}  # of several owners' rows: the largest
+_SAME = {"name", "topic", "dead_letter_topic", "export", "export_state"}  # the same in every owner's row
+
+
+def _add(into, row) -> None:
+    """Add one owner's figures of a name to another's (a count sums; an age or the subscription count is the
+    largest; the owners are listed)."""
+    for f in row.DESCRIPTOR.fields:
+        name = f.name
+        if name == "node":
+            into.node = ",".join(sorted(filter(None, {*into.node.split(","), row.node})))
+        elif name in _LATEST:
+            setattr(into, name, max(getattr(into, name), getattr(row, name)))
+        elif name not in _SAME:
+            setattr(into, name, getattr(into, name) + getattr(row, name))
 
 
 def handlers(engine, cluster=None, router=None, exports=None) -> list[grpc.GenericRpcHandler]:

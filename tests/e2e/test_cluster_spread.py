@@ -387,3 +387,35 @@ def test_a_merged_stream_gives_its_flow_control_to_the_owners_that_deliver(sprea
                                 "its even share"
     finally:
         stop_subscriber(future)
+
+
+def test_the_figures_of_a_spread_topic_add_every_owners_shards_up(spread_nodes, etcd):
+    """pigeon.v1.Monitoring (the console's figures) through any node: one row for a spread topic and for its
+    subscription, holding every shard's messages, whichever nodes own them."""
+    import grpc
+
+    from pigeon.api.proto import pigeon_monitoring_pb2 as m
+
+    topic, shard_owners = _spanning_topic(owners(etcd.endpoint))
+    clients = {i: clients_of(spread_nodes[i]) for i in ("n1", "n2", "n3")}
+    clients["n1"][0].create_topic(name=topic)
+    name = f"{P}/subscriptions/figures"
+    clients["n1"][1].create_subscription(name=name, topic=topic)
+    sent = 0
+    for node, n in (("n1", 4), ("n2", 5), ("n3", 6)):  # keyless: each stored by a shard of the node that took it
+        for f in [clients[node][0].publish(topic, b"x") for _ in range(n)]:
+            f.result(timeout=30)
+        sent += n
+
+    with grpc.insecure_channel(spread_nodes["n2"].address) as ch:
+        call = lambda method, req, resp: ch.unary_unary(  # noqa: E731
+            f"/pigeon.v1.Monitoring/{method}", request_serializer=lambda r: r.SerializeToString(),
+            response_deserializer=resp.FromString)(req, timeout=30)
+        subs = [s for s in call("ListSubscriptionStats", m.ListStatsRequest(project=P),
+                                m.ListSubscriptionStatsResponse).subscriptions if s.name == name]
+        assert len(subs) == 1, "a row per owner instead of one for the subscription"
+        assert subs[0].num_undelivered_messages == sent and subs[0].topic == topic
+        assert set(subs[0].node.split(",")) == set(shard_owners)
+        topics = [t for t in call("ListTopicStats", m.ListStatsRequest(project=P),
+                                  m.ListTopicStatsResponse).topics if t.name == topic]
+        assert len(topics) == 1 and topics[0].messages == sent and topics[0].subscriptions == 1
