@@ -1,14 +1,25 @@
 """Publish → deliver latency through a 3-node cluster at a given rate, with each node's CPU while it ran: the
 benchmark's latency workload (open loop, one message per durable publish, a StreamingPull consumer acking) against
-`pigeon bench`'s pigeon-cluster target, the topic's owner named.
+`pigeon bench`'s pigeon-cluster target, the topic's owner named. With `--single`, the single node (`pigeon bench`'s
+pigeon target) runs in the same sitting, and each cluster figure is also given against it; with `--layout spread`
+the nodes make spread topics (`--topic-layout spread`: the publish is stored in a shard of the node that took it).
+Every target of a round runs on a fresh server, one after the other; `--rounds` alternates them.
 
     python scripts/cluster_latency.py --rate 300 --rate 1000 [--seconds 6]
+    python scripts/cluster_latency.py --single --layout together --layout spread --rounds 2 --seconds 10
+
+`--hops DIR` starts every server with its hop timestamps on (pigeon.node.hops) and prints, for the node that took
+the publishes, where a message's time went inside it: publish → answered (the Publish handler to its answer:
+commit, the node's fdatasync and, in a cluster, the members' quorum) and woken → sending (a stream woken for a
+message to its response handed to gRPC: in a cluster, the Deliver record's quorum, docs/cluster.md invariant O3).
 """
 
 from __future__ import annotations
 
 import argparse
+import glob
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -17,7 +28,14 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from pigeon.bench import workloads as w  # noqa: E402
 from pigeon.bench.cluster import PigeonClusterServer  # noqa: E402
+from pigeon.bench.peers import PigeonServer  # noqa: E402
 from pigeon.bench.plan import PLANS  # noqa: E402
+from pigeon.bench.procs import wait_quiet  # noqa: E402
+
+
+class SpreadClusterServer(PigeonClusterServer):
+    name = "pigeon-cluster-spread"
+    node_args = ("--topic-layout", "spread")
 
 
 def _tree(pid: int) -> list[int]:
@@ -40,30 +58,127 @@ def cpu_seconds(pid: int) -> float:
     return total
 
 
+def _pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(len(xs) * q))]
+
+
+def _last_before(starts: list[int], ends: list[int], skip: int = 200) -> list[float]:
+    """µs from each of `ends` (after the first `skip`) back to the last of `starts` at or before it."""
+    out, j = [], 0
+    for e in ends[skip:]:
+        while j + 1 < len(starts) and starts[j + 1] <= e:
+            j += 1
+        if starts and starts[j] <= e:
+            out.append((e - starts[j]) / 1e3)
+    return out
+
+
+def hop_steps(path: str) -> dict[str, list[float]]:
+    """Steps (µs) inside one node from its hop file: the k-th `publish` with the k-th `committed` and `answered`
+    (publishes are committed and answered in order, give or take a few), each `sending` with the last `woken`
+    before it, each `synced` with the last `syncing` before it (a node has two journals, its own and its ledger
+    store's: both are counted)."""
+    hops: dict[str, list[int]] = {}
+    with open(path) as f:
+        for line in f:
+            t, hop = line.split()
+            hops.setdefault(hop, []).append(int(t))
+    for xs in hops.values():
+        xs.sort()
+    out: dict[str, list[float]] = {}
+    pub, com, ans = hops.get("publish", []), hops.get("committed", []), hops.get("answered", [])
+    if pub and len(pub) == len(com) == len(ans):
+        out["publish → committed"] = [(c - p) / 1e3 for p, c in zip(pub[200:], com[200:])]
+        out["committed → answered"] = [(a - c) / 1e3 for c, a in zip(com[200:], ans[200:])]
+        out["publish → answered"] = [(a - p) / 1e3 for p, a in zip(pub[200:], ans[200:])]
+    out["woken → sending"] = _last_before(hops.get("woken", []), hops.get("sending", []))
+    out["fdatasync"] = _last_before(hops.get("syncing", []), hops.get("synced", []))
+    return {k: v for k, v in out.items() if v}
+
+
+def run_one(kind: str, rate: int, seconds: float, hops_dir: str | None) -> dict:
+    plan = PLANS["quick"].scaled(latency_s=seconds, latency_runs=1, latency_rate=rate)
+    cls = {"single": PigeonServer, "together": PigeonClusterServer, "spread": SpreadClusterServer}[kind]
+    if hops_dir:
+        os.environ["PIGEON_HOPS"] = os.path.join(hops_dir, f"{kind}-{time.monotonic_ns()}-%p.hops")
+    server = cls(tempfile.mkdtemp(prefix="pigeon-cluster-latency-"), plan)
+    try:
+        server.start()
+    finally:
+        os.environ.pop("PIGEON_HOPS", None)
+    try:
+        if kind == "single":
+            owner, pids = "pigeon", {"pigeon": server.main().pid}
+        else:
+            owner = server.owner_of(server.driver.topic("latency"))
+            pids = {n: d.pid for n, d in server.nodes.items()}
+        procs = {n: _tree(p) for n, p in pids.items()}
+        before, t0 = {n: cpu_seconds(p) for n, p in pids.items()}, time.monotonic()
+        r = w.latency(server.driver, plan, "latency", lambda f, done: None)
+        dt = time.monotonic() - t0
+        r["cpu"] = {n: 100 * (cpu_seconds(p) - before[n]) / dt for n, p in pids.items()}
+        r["owner"], r["seconds_run"] = owner, dt
+    finally:
+        server.stop()
+        server.discard()
+    if hops_dir:
+        files = {n: [f for p in ps for f in glob.glob(os.path.join(hops_dir, f"{kind}-*-{p}.hops"))]
+                 for n, ps in procs.items()}
+        r["steps"] = hop_steps(files[owner][0]) if files[owner] else {}
+        member = next((n for n in sorted(files) if n != owner and files[n]), None)
+        if member is not None:  # a member's own fdatasyncs (its ledger store's journal)
+            r["steps"]["a member's fdatasync"] = hop_steps(files[member][0]).get("fdatasync", [])
+    return r
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rate", type=int, action="append", help="messages per second (repeat for several runs)")
     ap.add_argument("--seconds", type=float, default=6.0)
+    ap.add_argument("--single", action="store_true", help="the single node too, in the same sitting")
+    ap.add_argument("--layout", action="append", choices=("together", "spread"),
+                    help="the cluster nodes' topic layout (repeat for both; default together)")
+    ap.add_argument("--rounds", type=int, default=1, help="times each target runs, alternating")
+    ap.add_argument("--hops", metavar="DIR", help="hop timestamps on; their files go here")
+    ap.add_argument("--quiet-wait", type=float, default=0.0, metavar="S",
+                    help="before each target, wait up to S seconds for other programs to go quiet")
     args = ap.parse_args()
+    kinds = (["single"] if args.single else []) + (args.layout or ["together"])
+    if args.hops:
+        os.makedirs(args.hops, exist_ok=True)
+    results: dict[tuple[int, str], list[dict]] = {}
     for rate in args.rate or [1000]:
-        plan = PLANS["quick"].scaled(latency_s=args.seconds, latency_runs=1, latency_rate=rate)
-        server = PigeonClusterServer(tempfile.mkdtemp(prefix="pigeon-cluster-latency-"), plan)
-        server.start()
-        try:
-            owner = server.owner_of(server.driver.topic("latency"))
-            pids = {n: d.pid for n, d in server.nodes.items()}
-            before, t0 = {n: cpu_seconds(p) for n, p in pids.items()}, time.monotonic()
-            r = w.latency(server.driver, plan, "latency", lambda f, done: None)
-            dt = time.monotonic() - t0
-            share = ", ".join(f"{n}{' (owner)' if n == owner else ''} {100 * (cpu_seconds(p) - before[n]) / dt:.0f} %"
-                              for n, p in pids.items())
-            print(f"{rate} msg/s: p50 {r['p50_ms']} ms, p99 {r['p99_ms']} ms, publish answered p50 "
-                  f"{r.get('ack_p50_ms')} ms; received {r['received']} of {r['sent']} (failed: {r.get('failed_why') or 0}); slowest fdatasync of the "
-                  f"disk probe {r.get('disk_probe_max_ms')} ms; CPU over {dt:.1f} s (setup included): {share}",
-                  flush=True)
-        finally:
-            server.stop()
-            server.discard()
+        for rnd in range(args.rounds):
+            for kind in kinds:
+                quiet = wait_quiet(args.quiet_wait) if args.quiet_wait else None
+                load = open("/proc/loadavg").read().split()[0] + (
+                    f", others {quiet['other_pct']:.0f} % of the machine after {quiet['waited_s']} s" if quiet else "")
+                r = run_one(kind, rate, args.seconds, args.hops)
+                results.setdefault((rate, kind), []).append(r)
+                cpu = ", ".join(f"{n}{' (owner)' if n == r['owner'] else ''} {c:.0f} %" for n, c in r["cpu"].items())
+                steps = "; ".join(f"{k} p50 {_pct(v, 0.5) / 1e3:.2f} ms p99 {_pct(v, 0.99) / 1e3:.2f} ms"
+                                  for k, v in r.get("steps", {}).items() if v)
+                r.pop("steps", None)
+                print(f"round {rnd + 1} {kind} {rate} msg/s (load {load}): p50 {r['p50_ms']} ms, p99 {r['p99_ms']} ms, "
+                      f"publish answered p50 {r.get('ack_p50_ms')} ms; received {r['received']} of {r['sent']} "
+                      f"(failed: {r.get('failed_why') or 0}); slowest fdatasync of the disk probe "
+                      f"{r.get('disk_probe_max_ms')} ms; CPU over {r['seconds_run']:.1f} s: {cpu}"
+                      + (f"; inside the node that took the publishes: {steps}" if steps else ""), flush=True)
+    print()
+    print("| rate | target | p50 ms (each round) | p99 ms (each round) | publish answered p50 ms | p50 / single's "
+          "(each round) |")
+    print("|---|---|---|---|---|---|")
+    for rate in args.rate or [1000]:
+        for kind in kinds:
+            rs = results[(rate, kind)]
+            single = results.get((rate, "single"))
+            ratio = " / ".join(f"{r['p50_ms'] / s['p50_ms']:.2f}×" for r, s in zip(rs, single)) \
+                if single and kind != "single" else "-"
+            print(f"| {rate} | {kind} | {statistics.median(r['p50_ms'] for r in rs):.2f} "
+                  f"({' / '.join(str(r['p50_ms']) for r in rs)}) | "
+                  f"{statistics.median(r['p99_ms'] for r in rs):.2f} ({' / '.join(str(r['p99_ms']) for r in rs)}) | "
+                  f"{' / '.join(str(r.get('ack_p50_ms')) for r in rs)} | {ratio} |")
     return 0
 
 
