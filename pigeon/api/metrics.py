@@ -222,6 +222,19 @@ class NodeCollector(Collector):
             yield taken
             ready, _ = self.cluster.ready()
             yield GaugeMetricFamily("pigeon_cluster_ready", "1 while joined with etcd answering", value=int(ready))
+            balancer = self.cluster.balancer
+            if balancer is not None:  # (placement by load: node.balancer)
+                load = GaugeMetricFamily("pigeon_cluster_bundle_load_cores", "Each owned bundle's share of this "
+                                         "node's CPU, as the load planner reads it (smoothed)", labels=["bundle"])
+                for log_id, (_, _, cores) in sorted(balancer.meter.rates.items()):
+                    if log_id - 1 in self.cluster.owned:
+                        load.add_metric([str(log_id - 1)], cores)
+                yield load
+                yield GaugeMetricFamily("pigeon_cluster_node_load_cores", "This process's CPU, as the load planner "
+                                        "reads it (smoothed)", value=balancer.meter.cores)
+                yield GaugeMetricFamily("pigeon_cluster_hot_bundles", "Bundles each busier than a node's share, as "
+                                        "the planner found them last (only a split would help them; the planner "
+                                        "only)", value=len(balancer.hot))
 
 
 class SecurityCollector(Collector):

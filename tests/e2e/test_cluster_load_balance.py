@@ -23,7 +23,7 @@ BUNDLES = 16
 
 @pytest.fixture
 def balancing_nodes(etcd, tmp_path):
-    started = start_nodes(str(tmp_path), etcd.endpoint, env={"PIGEON_LOAD_BALANCE_S": "2"})
+    started = start_nodes(str(tmp_path), etcd.endpoint, env={"PIGEON_LOAD_BALANCE_S": "2"}, http=True)
     yield started
     for n in started.values():
         n.kill()
@@ -101,6 +101,12 @@ def test_a_busy_node_gives_a_bundle_to_an_idle_one_under_load(balancing_nodes, e
         for th in threads:
             th.join(timeout=90)
     assert moved.keys() & hot, f"no busy bundle moved off {busy} within 60 s (moves: {moved})"
+    from tests.e2e.test_metrics import scrape
+
+    m = scrape(balancing_nodes[busy].http)  # what the planner read, in the busy node's metrics
+    assert m[("pigeon_cluster_node_load_cores", ())] > 0
+    assert any(v > 0 for (name, labels), v in m.items() if name == "pigeon_cluster_bundle_load_cores"), \
+        "no bundle of the busy node shows a load"
     went = {b: moved[b] for b in moved.keys() & hot}
     assert all(n in others for n in went.values())
     now = settled_owners(etcd.endpoint, BUNDLES)
