@@ -145,7 +145,7 @@ class ClusterSim:
                 raise _Refused("moved")
             return await fn(node)
 
-        async with asyncio.timeout(CALL_S):  # (a client's deadline; no task of its own, as wait_for would make)
+        async with simloop.deadline(CALL_S):  # (a client's deadline; no task of its own, as wait_for would make)
             return await entry.call(lambda: at(entry))
 
     def log_for(self, topic: str, key: str = "", shard: int = 0) -> int:

@@ -15,9 +15,25 @@ class _Asks:
     asked = seen = told = syncs = synced_ns = end = 0
 
 
+class _NoThread:
+    """The writer's condition variable with no thread to guard against or wake (the base class takes it at every
+    append, fence and flush)."""
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        pass
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+    def notify(self) -> None:
+        pass
+
+
 class SimJournalWriter(JournalWriter):
     def __init__(self, directory: str, policy, segment_bytes: int, disk, latency):
         super().__init__(directory, FsyncPolicy(policy), segment_bytes, disk)
+        self._cv = _NoThread()
         self.latency = latency  # () → seconds a group commit takes
         self._cursor = None
         self._commit_timer: asyncio.TimerHandle | None = None

@@ -20,6 +20,7 @@ import contextvars
 import heapq
 import selectors
 from asyncio import events
+from collections import deque
 
 _CANCELLED_MIN = 100  # cancelled timers kept in the heap before a purge is considered (asyncio's own threshold)
 
@@ -215,3 +216,53 @@ def run(main, start: float = 1_000.0):
             except Stuck:
                 pass
         loop.close()
+
+
+class deadline:
+    """`async with deadline(s)` is `async with asyncio.timeout(s)` for the simulated network and clients, which
+    set one at every call: the task is cancelled once `s` passes and the block raises TimeoutError (a cancel from
+    elsewhere stays a cancel) — one timer, without asyncio.Timeout's states and rescheduling."""
+    __slots__ = ("_delay", "_task", "_timer", "_fired", "_cancelling")
+
+    def __init__(self, seconds: float):
+        self._delay = seconds
+
+    async def __aenter__(self) -> "deadline":
+        task = self._task = asyncio.current_task()
+        self._cancelling, self._fired = task.cancelling(), False
+        self._timer = task.get_loop().call_later(self._delay, self._fire)
+        return self
+
+    def _fire(self) -> None:
+        self._fired = True
+        self._task.cancel()
+
+    async def __aexit__(self, exc_type, exc, tb) -> None:
+        self._timer.cancel()
+        if self._fired and self._task.uncancel() <= self._cancelling and exc_type is asyncio.CancelledError:
+            raise TimeoutError from exc
+
+
+class Channel:
+    """asyncio.Queue's `put_nowait` and `get` for one reader, without its count of unfinished items and the Event
+    behind it: the simulated streams pass every message through two. Items come out in order; a reader woken by
+    a put resumes on the loop's next iteration, as a Queue's does."""
+    __slots__ = ("_items", "_waiter")
+
+    def __init__(self):
+        self._items: deque = deque()
+        self._waiter: asyncio.Future | None = None
+
+    def put_nowait(self, item) -> None:
+        self._items.append(item)
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def get(self):
+        while not self._items:
+            self._waiter = asyncio.get_running_loop().create_future()
+            await self._waiter
+        return self._items.popleft()

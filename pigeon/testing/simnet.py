@@ -26,7 +26,7 @@ from pigeon.node.append_channel import serve_appends
 from pigeon.node.meta_local import LocalMetadata
 from pigeon.node.proto import pigeon_storage_pb2 as pb
 from pigeon.node.replication import AppendStream
-from pigeon.testing.simloop import sleep
+from pigeon.testing.simloop import Channel, deadline, sleep
 
 
 
@@ -77,7 +77,7 @@ class SimNet:
         if dst in self.down or self.generation.get(dst, 0) != gen:
             raise rpc_error(grpc.StatusCode.UNAVAILABLE, f"{dst} went away")
         try:  # (the caller's deadline holds while the member works: one that crashes meanwhile never answers)
-            async with asyncio.timeout(limits.storage_call_s):  # (no task of its own, as wait_for would make)
+            async with deadline(limits.storage_call_s):  # (no task of its own, as wait_for would make)
                 out = await fn()
         except TimeoutError:
             raise rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded") from None
@@ -122,7 +122,7 @@ class SimStorageClient:
         async def nothing():
             return True
         try:
-            async with asyncio.timeout(timeout):
+            async with deadline(timeout):
                 return await self.net.call(self.src, self.dst, nothing)
         except (grpc.aio.AioRpcError, TimeoutError):
             return False
@@ -143,9 +143,9 @@ class SimAppendStream(AppendStream):
     def _open(self, client: SimStorageClient) -> None:
         self.client = client
         net, dst = client.net, client.dst
-        self._answers: asyncio.Queue = asyncio.Queue()
+        self._answers = Channel()
         self.call = self  # (AppendStream.close cancels its call)
-        self._inbox: asyncio.Queue = asyncio.Queue()  # requests as they reach the member
+        self._inbox = Channel()  # requests as they reach the member
         self._last = {"up": 0.0, "down": 0.0}  # when the latest message each way arrives: a stream keeps order
         self._gen = net.generation.get(dst, 0)
         self._tasks = [asyncio.get_running_loop().create_task(self._carry()),
@@ -155,7 +155,7 @@ class SimAppendStream(AppendStream):
         net, dst = self.client.net, self.client.dst
         return dst not in net.down and net.generation.get(dst, 0) == self._gen
 
-    def _send(self, way: str, queue: asyncio.Queue, item) -> None:
+    def _send(self, way: str, queue: Channel, item) -> None:
         """`item` into `queue` after the link's delay, never before what went the same way before it (one HTTP/2
         stream delivers in order: a member that got entries out of order would refuse them as gaps)."""
         loop = asyncio.get_running_loop()
