@@ -57,6 +57,9 @@ CALL_S = 5.0  # a client's deadline for one call
 FAULT_RATE = 0.2  # the share of steps that begin with a fault
 GC_THRESHOLDS = (20_000, 20, 20)  # the collector's, in a run of seeds (Python's default: 700, 10, 10)
 ROLLS_MAX = 20  # more new ledgers of one log than this within one step of the workload is a roll storm
+DRAIN_PAUSE_S = 0.2  # between the drain's rounds of pulls while they bring messages …
+DRAIN_PAUSE_MAX_S = 3.2  # … doubling up to this while they bring none (waiting out leases and backoff)
+SETTLE_PAUSE_S, SETTLE_PAUSE_MAX_S = 1.0, 8.0  # the same, while waiting for the journals to drop what no log keeps
 _PublishRequest, _PubsubMessage = types.PublishRequest.pb(), types.PubsubMessage.pb()
 _PullResponse = types.PullResponse.pb()
 
@@ -73,6 +76,8 @@ class History:
     seq: dict[str, int] = field(default_factory=dict)  # data → its place in its key
     delivered: dict[str, set[str]] = field(default_factory=dict)  # sub → message ids delivered
     first: dict[str, list[str]] = field(default_factory=dict)  # sub → data in order of first delivery
+    firsts: dict[str, set[str]] = field(default_factory=dict)  # sub → the data in `first`
+    received: int = 0  # messages that pulls returned, on every subscription
     acked: dict[str, dict[str, float]] = field(default_factory=dict)  # sub → message id → when its ack returned
     dead: set[str] = field(default_factory=set)  # data delivered on the dead-letter topic's subscription
     publish_failed: int = 0
@@ -162,6 +167,7 @@ class ClusterSim:
         rms = await self._routed(self.log_for(topic, shard=shard),
                                  lambda node: node.engine.delivery.pull(sub, max_messages, True))
         got = _PullResponse.FromString(b"".join(rms)).received_messages
+        self.h.received += len(got)
         return got, lambda ms: self._by_shard(topic, ms, settle)
 
     async def _by_shard(self, topic: str, got, settle) -> None:
@@ -263,10 +269,11 @@ class ClusterSim:
                 self.fail(f"{sub}: {m.message.data.decode()} (id {mid}) delivered by a pull sent "
                           f"{sent - acked[mid]:.3f} s after its ack returned OK")
             h.delivered.setdefault(sub, set()).add(mid)
-            d = m.message.data.decode()
-            first = h.first.setdefault(sub, [])
-            if sub.endswith("-ordered") and d not in set(first):
-                first.append(d)
+            if sub.endswith("-ordered"):
+                d, firsts = m.message.data.decode(), h.firsts.setdefault(sub, set())
+                if d not in firsts:
+                    firsts.add(d)
+                    h.first.setdefault(sub, []).append(d)
         if not got or self.rng.random() < 0.1:  # sometimes the consumer dies before acking
             return
         try:
@@ -392,13 +399,22 @@ class ClusterSim:
         what no log keeps."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + 4 * LOG_SNAPSHOT_S + limits.stray_check_s
+        pause = SETTLE_PAUSE_S
         while not self.space_reclaimed():
             if loop.time() > deadline:
                 self.fail(f"waited for every member's journal to drop what no log keeps; {self._describe()}; "
                           f"segments {self._segments()}")
+            received = self.h.received
             await asyncio.gather(*(self.consume(s) for s in set(self.subs) - set(self.poison) - {self.dead_sub}),
                                  *(self.nack_all(s) for s in self.poison), self.consume_dead())
-            await asyncio.sleep(1.0)
+            pause = self._pause(received, pause, SETTLE_PAUSE_S, SETTLE_PAUSE_MAX_S)
+            await asyncio.sleep(min(pause, max(deadline - loop.time(), 0.0) + 0.05))
+
+    def _pause(self, received: int, pause: float, least: float, most: float) -> float:
+        """The pause before a client's next round of pulls: the least while the last round brought messages, else
+        twice the last (up to `most`) — nothing comes again before a lease or a backoff runs out, and an empty
+        round costs the cluster as much as a full one."""
+        return least if self.h.received > received else min(2 * pause, most)
 
     def _segments(self) -> dict[str, tuple[int, int]]:
         return {n.id: (len(n.store.writer.journal.starts), len(n.engine.journal.journal.starts))
@@ -422,15 +438,19 @@ class ClusterSim:
         await self.until(self.all_owned, 60, "every bundle to have an owner")
 
     async def drain(self) -> None:
-        deadline = asyncio.get_running_loop().time() + 120
-        while asyncio.get_running_loop().time() < deadline:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 120
+        pause = DRAIN_PAUSE_S
+        while loop.time() < deadline:
             missing = self._missing()
             if not missing:
                 return
             subs = {s for s, _ in missing}
+            received = self.h.received
             await asyncio.gather(*(self.consume(s) for s in subs - set(self.poison) - {self.dead_sub}),
                                  *(self.nack_all(s) for s in subs & set(self.poison)), self.consume_dead())
-            await asyncio.sleep(0.2)
+            pause = self._pause(received, pause, DRAIN_PAUSE_S, DRAIN_PAUSE_MAX_S)
+            await asyncio.sleep(min(pause, max(deadline - loop.time(), 0.0) + 0.05))
 
     def _missing(self) -> list[tuple[str, str]]:
         by_topic: dict[int, list[tuple[str, str]]] = {}
