@@ -27,12 +27,15 @@ def _quiet():
     logging.disable(logging.NOTSET)
 
 
-def _first_failure(seeds=range(1, 41), steps: int = 100) -> str:
+def _first_failure(seeds=range(1, 41), steps: int = 100, naming: str = "") -> str:
+    """The first failure among `seeds` (whose text says `naming`: a broken rule may show first as another failure,
+    and the test is that the check made for it bites)."""
     for seed in seeds:
         try:
             run_seed(seed, steps)
         except SimFailure as e:
-            return str(e)
+            if naming in str(e):
+                return str(e)
     pytest.fail("no seed noticed the broken rule")
 
 
@@ -116,8 +119,8 @@ def test_it_notices_a_delivery_handed_out_before_its_lease_is_replicated(monkeyp
         return None
 
     monkeypatch.setattr(engine.Engine, "recorded", at_once)
-    found = _first_failure(range(60, 100))  # (a stale owner's delivery needs a pause at the right moment)
-    assert "after its ack returned OK" in found, found
+    # (a stale owner's delivery needs a pause at the right moment; a seed may first lose a key's later messages)
+    _first_failure(range(60, 100), naming="after its ack returned OK")
 
 
 def test_an_idle_owner_cut_off_from_its_peers_steps_down():
