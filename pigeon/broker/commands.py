@@ -61,7 +61,7 @@ def update_topic(state: BrokerState, topic, mask) -> R.TopicPut:
     t = state.topic(topic.name)
     merged = resources.apply_mask(t.config, topic, mask, resources.TOPIC_MUTABLE, "topic")
     resources.check_topic(merged)
-    return R.TopicPut(t.uid, len(t.shards), merged.SerializeToString(deterministic=True), t.spread)
+    return R.TopicPut(t.uid, len(t.shards), merged.SerializeToString(deterministic=True), t.layout_spread)
 
 
 def merged_topic(state: BrokerState, topic, mask):

@@ -23,7 +23,8 @@ def meta_records(state: BrokerState) -> list[R.Record]:
     out: list[R.Record] = []
 
     def topic_and_subs(t: TopicState) -> None:
-        out.append(R.TopicPut(t.uid, len(t.shards), t.config.SerializeToString(deterministic=True), t.spread))
+        out.append(R.TopicPut(t.uid, len(t.shards), t.config.SerializeToString(deterministic=True), t.layout_spread))
+        out.extend(R.ShardHome(t.uid, k, log) for k, log in sorted(t.homes.items()))
         for uid in sorted(t.subscriptions):
             out.append(_sub_record(state.subs_by_uid[uid]))
         if t.deleted:
@@ -63,6 +64,7 @@ def images(state: BrokerState):
         idem = t.idempotency.export()
         if idem:
             yield CK.IdempotencyImage(t.uid, idem)
+        yield from (t.away[k] for k in sorted(t.away))  # (pairs handed out, not homed elsewhere yet)
     for s in sorted(state.subs_by_uid.values(), key=lambda s: s.uid):
         yield sub_image(s)
 
@@ -90,31 +92,47 @@ def bundle_snapshot(state: BrokerState, log: int, bundles: int,
     """The record that recreates this bundle's data state when applied — its message indexes too, with each batch
     named by its log address (`addresses` turns the index's positions into those: docs/cluster.md, "Scale-out"), so
     the messages before the snapshot are read from the ledgers that hold them. Without `indexes` (cluster format 1)
-    the shard indexes are left empty: the log after the snapshot must hold every message still needed."""
+    the shard indexes are left empty: the log after the snapshot must hold every message still needed. A pair
+    handed out of the log and not homed elsewhere yet comes with its ShardOut (its image in it): a new owner of the
+    log refuses its records, and can finish the hand-over, from the snapshot alone."""
     out = []
     for t, shards in _bundle(state, log, bundles):
-        whole = len(shards) == len(t.shards)
-        ours = (lambda n: True) if whole else (lambda n: n & SHARD_MASK in shards)  # noqa: E731
-        for shard, ix in enumerate(t.shards):
-            if shard not in shards:
-                continue
-            if not indexes:
-                out.append(CK.ShardImage(t.uid, shard, ix.next, b"", b"", b"", b""))
-                continue
-            nxt, base, pos, ms, keys = ix.export()
-            if addresses is not None and len(ix.pos):
-                pos = addresses(ix.pos).tobytes()
-            out.append(CK.ShardImage(t.uid, shard, nxt, base, pos, ms, keys))
-        if t.schedule.count:
-            seconds = t.schedule.export(None if whole else ours)
-            if seconds:
-                out.append(CK.ScheduleImage(t.uid, seconds))
-        idem = [e for e in t.idempotency.export() if ours(int(e[1]))]
-        if idem:
-            out.append(CK.IdempotencyImage(t.uid, idem))
-        for uid in sorted(t.subscriptions):
-            out.append(sub_image(state.subs_by_uid[uid], None if whole else shards))
+        out.extend(_pair_images(state, t, shards, addresses, indexes))
+        out.extend(t.away[k] for k in sorted(shards) if k in t.away)
     return R.Snapshot(log, bundles, CK.encode_images(out))
+
+
+def pair_images(state: BrokerState, t: TopicState, shard: int,
+                addresses: Callable[[array], array] | None = None) -> bytes:
+    """One (topic, shard) pair's state as a ShardOut carries it: as a bundle snapshot holds it (docs/cluster.md,
+    "Scale-out" 4.3)."""
+    return CK.encode_images(_pair_images(state, t, {shard}, addresses, True))
+
+
+def _pair_images(state: BrokerState, t: TopicState, shards: set[int], addresses, indexes: bool) -> list:
+    whole = len(shards) == len(t.shards)
+    ours = (lambda n: True) if whole else (lambda n: n & SHARD_MASK in shards)  # noqa: E731
+    out = []
+    for shard, ix in enumerate(t.shards):
+        if shard not in shards:
+            continue
+        if not indexes:
+            out.append(CK.ShardImage(t.uid, shard, ix.next, b"", b"", b"", b""))
+            continue
+        nxt, base, pos, ms, keys = ix.export()
+        if addresses is not None and len(ix.pos):
+            pos = addresses(ix.pos).tobytes()
+        out.append(CK.ShardImage(t.uid, shard, nxt, base, pos, ms, keys))
+    if t.schedule.count:
+        seconds = t.schedule.export(None if whole else ours)
+        if seconds:
+            out.append(CK.ScheduleImage(t.uid, seconds))
+    idem = [e for e in t.idempotency.export() if ours(int(e[1]))]
+    if idem:
+        out.append(CK.IdempotencyImage(t.uid, idem))
+    for uid in sorted(t.subscriptions):
+        out.append(sub_image(state.subs_by_uid[uid], None if whole else shards))
+    return out
 
 
 def bundle_need(state: BrokerState, log: int, bundles: int, address: Callable[[int], int] = lambda a: a) -> int:

@@ -24,8 +24,8 @@ from pigeon.core.pubsub_types import types
 
 from pigeon.core import limits, names, rawproto
 from pigeon.core.bundles import LOG_ADDRESS, META_LOG, bundle_log, shard_log
-from pigeon.core.errors import LimitExceeded, NotFound
-from pigeon.broker import iam, resources, restore, shard_split
+from pigeon.core.errors import LimitExceeded, NotFound, Unavailable
+from pigeon.broker import iam, log_state, resources, restore, shard_split
 from pigeon.broker.restore import Contradiction
 from pigeon.broker.resources import Policy, Schema, Snapshot, Subscription, Topic
 from pigeon.broker.subscription import SubscriptionState
@@ -41,11 +41,16 @@ _APPLY = {
     R.RecordType.MODACK: "_modack", R.RecordType.SEEK: "_seek", R.RecordType.TRIM: "_trim",
     R.RecordType.PARK: "_park", R.RecordType.KICK: "_kick", R.RecordType.UPDATE: "_update",
     R.RecordType.RESET: "_reset", R.RecordType.SNAPSHOT: "_snapshot",
+    R.RecordType.SHARD_OUT: "_shard_out", R.RecordType.SHARD_IN: "_shard_in", R.RecordType.SHARD_HOME: "_shard_home",
     R.RecordType.TOPIC_PUT: "_topic_put", R.RecordType.TOPIC_DEL: "_topic_del", R.RecordType.SUB_PUT: "_sub_put",
     R.RecordType.SUB_DEL: "_sub_del", R.RecordType.SNAP_PUT: "_snap_put", R.RecordType.SNAP_DEL: "_snap_del",
     R.RecordType.SCHEMA_PUT: "_schema_put", R.RecordType.SCHEMA_DEL: "_schema_del",
     R.RecordType.SCHEMA_REVDEL: "_schema_revdel", R.RecordType.POLICY_PUT: "_policy_put",
 }
+
+
+_OWN_LOG = frozenset((R.RecordType.RESET, R.RecordType.SNAPSHOT, R.RecordType.SHARD_OUT, R.RecordType.SHARD_IN))
+# (records that name the log they go to)
 
 
 @dataclass(frozen=True)
@@ -137,7 +142,7 @@ class BrokerState:
         log."""
         if rec.META:
             return META_LOG
-        if rec.TYPE == R.RecordType.RESET or rec.TYPE == R.RecordType.SNAPSHOT:
+        if rec.TYPE in _OWN_LOG:
             return rec.log
         if rec.TYPE == R.RecordType.PUBLISH:
             owner = self.topics_by_uid[rec.topic]
@@ -149,6 +154,8 @@ class BrokerState:
         if topic is not None and topic.spread:
             shards = shard_split.shards_of(rec)
             assert shards is not None and len(shards) == 1, f"a {rec.TYPE.name} of a spread topic names one shard"
+            if topic.away and shards[0] in topic.away:
+                raise Unavailable("A shard of the topic is moving to another node; retry.")
             logs = self.shard_logs(topic, bundles)
             owner.log_id = tuple(logs)  # (what the node waits on for its records: each shard's log it writes)
             return logs[shards[0]]
@@ -160,7 +167,7 @@ class BrokerState:
     def split(self, rec: R.Record) -> list[R.Record]:
         """`rec` as the records to commit: one a shard for a data record of a spread topic that names several
         (broker.shard_split), `rec` itself otherwise."""
-        if rec.META or rec.TYPE in (R.RecordType.PUBLISH, R.RecordType.RESET, R.RecordType.SNAPSHOT):
+        if rec.META or rec.TYPE == R.RecordType.PUBLISH or rec.TYPE in _OWN_LOG:
             return [rec]
         s = self.subs_by_uid.get(rec.sub)
         if s is None or s.topic is None or not s.topic.spread:
@@ -172,7 +179,8 @@ class BrokerState:
         """The log of each shard of `t`."""
         logs = t.shard_logs
         if logs is None:
-            logs = t.shard_logs = [shard_log(t.name, k, bundles, t.spread) for k in range(len(t.shards))]
+            logs = t.shard_logs = [t.homes.get(k) or shard_log(t.name, k, bundles, t.layout_spread)
+                                   for k in range(len(t.shards))]
         return logs
 
     def shards_in(self, t: TopicState, log: int, bundles: int) -> set[int]:
@@ -336,21 +344,6 @@ class BrokerState:
         s.kick(rec.nums)
         return [(WAKE, s.uid)]
 
-    def _reset(self, rec: R.Reset):
-        """The node's copy of a bundle log starts over (it takes the bundle over and reads the log back from its
-        ledgers): the shards of the log — every shard of its together topics, one of a spread topic — and their
-        part of their subscriptions go back to their state as created. Those subscriptions' dispatch stays off
-        until `resume_log`, after the log was applied again."""
-        effects = []
-        for t, shards in self.log_shards(rec.log, rec.bundles):
-            t.clear_data(shards)
-            for uid in t.subscriptions:
-                s = self.subs_by_uid[uid]
-                s.clear_data(shards)
-                s.dispatching = False
-                effects.append((WAKE_ALL, uid))
-        return effects or None
-
     def log_shards(self, log: int, bundles: int) -> list[tuple[TopicState, set[int]]]:
         """(topic, its shards in `log`) for each topic with a shard there."""
         out = []
@@ -360,24 +353,9 @@ class BrokerState:
                 out.append((t, shards))
         return out
 
-    def _snapshot(self, rec: R.Snapshot):
-        """A bundle's data state as its owner wrote it into the log (`bundle_snapshot`): the bundle is reset, then
-        loaded, message indexes too: their batches are named by log addresses (core.bundles), read from the ledgers
-        that hold them. (A snapshot of an earlier release has empty indexes: the log after it held every message
-        still needed, its owner cut the log only where that was so.)"""
-        effects = self._reset(R.Reset(rec.log, rec.bundles))
-        for image in CK.decode_images(rec.images):
-            if isinstance(image, CK.SubImage):
-                s = self.subs_by_uid.get(image.uid)
-                if s is None:
-                    continue  # deleted since (the metadata log runs ahead of this one)
-                t = s.topic
-            else:
-                t = self.topics_by_uid.get(image.topic)
-                if t is None:
-                    continue
-            self.restore(image, None if t is None else self.shards_in(t, rec.log, rec.bundles))
-        return effects
+    # --- a log's state replaced (Reset, Snapshot) or a pair's moved (ShardOut, ShardIn, ShardHome): broker.log_state
+    _reset, _snapshot = log_state.reset, log_state.snapshot
+    _shard_out, _shard_in, _shard_home = log_state.shard_out, log_state.shard_in, log_state.shard_home
 
     def resume_log(self, log: int, bundles: int, now: float) -> None:
         """After a bundle log was applied again from its start (`_reset`): everything in it is durable, and its
@@ -590,5 +568,9 @@ class BrokerState:
     # --- checkpoints and bundle snapshots (broker.images writes what broker.restore loads) ------------------
     def restore(self, image, shards: set[int] | None = None) -> None:
         """Load one image of a checkpoint (after its meta records were applied), or of a bundle snapshot: then
-        only its part of `shards` (those of the log). Raises Contradiction."""
+        only its part of `shards` (those of the log); a pair handed out and not homed elsewhere yet comes as its
+        ShardOut. Raises Contradiction."""
+        if isinstance(image, R.ShardOut):
+            self._shard_out(image)
+            return
         restore.load(self, image, shards)

@@ -193,7 +193,10 @@ class TopicState:
         self.uid = uid
         self.name = name
         self.config = config
-        self.spread = spread  # each shard in a bundle of its own (core.bundles.shard_log), fixed at creation
+        self.layout_spread = spread  # each shard in a bundle of its own (core.bundles.shard_log), fixed at creation
+        self.homes: dict[int, int] = {}  # shard → its log, for a shard handed over (ShardHome: docs/cluster.md 4.3)
+        self.away: dict = {}  # shard → its ShardOut: handed out of this log, not homed elsewhere yet (refused here)
+        self.spread = spread  # its records go to several logs (cut by shard): spread, or a shard handed over
         self.shards = [ShardIndex() for _ in range(shard_count)]
         self.subscriptions: set[int] = set()
         self.deleted = False
@@ -206,6 +209,14 @@ class TopicState:
         self.publish_requests = 0  # statistics since start (Cloud Monitoring's topic send_request_count, …)
         self.published = 0
         self.published_bytes = 0
+
+    def home(self, shard: int, log: int) -> None:
+        """Shard `shard`'s records go to `log` from now on (a ShardHome)."""
+        self.homes[shard] = log
+        self.away.pop(shard, None)
+        self.spread = True
+        self.shard_logs = None
+        self.log_id = None
 
     def clear_data(self, shards: set[int] | None = None) -> None:
         """Back to no messages in `shards` (all by default: their logs are applied again from the start);

@@ -29,7 +29,8 @@ class NodeLogs:
     def append(self, log_id: int, epoch: int, rtype: int, parts: list) -> tuple[int, int]:
         """Append an entry: (its offset in its log, its journal position)."""
         offset, at = self.journal.append(log_id, epoch, rtype, parts)
-        if self.replicas is not None and log_id != META_LOG and rtype < R.RecordType.RESET:  # (Reset, Snapshot:
+        if self.replicas is not None and log_id != META_LOG and (rtype < R.RecordType.RESET or  # (Reset, Snapshot:
+                                                                  rtype > R.RecordType.SNAPSHOT):
             self._latest[log_id] = self.replicas.append(  # the node's own copy starting over, not log entries)
                 log_id, rtype, b"".join(parts), (log_id, offset, at, self.journal.tail))
         return offset, at

@@ -11,6 +11,7 @@ end record, with a wrong count or any failed CRC is broken as a whole (recovery 
 | SCHEDULE 34    | topic u32 · seconds u32 · per second: second i64 · entries u32 · entries u64[] |
 | IDEMPOTENCY 35 | topic u32 · count u32 · per key: key str · message id str · publish ms i64 |
 | SUB 36         | uid u32 · ack state (as SEEK) · leases u32 · (num u64 · deadline f64 · version u32 · key i64)[] · counts u32 · (num u64 · deliveries u32)[] · parked u32 · (num u64 · at i64)[] · updates u32 · (num u64 · bytes u32 · bytes)[] · seek generation u32 [· shards u32 · generation u32[]: when shards differ] |
+| SHARD_OUT 12   | a pair handed out of its log and not homed elsewhere yet: the record itself (storage.records) |
 | END 37         | records before it u64 |
 """
 
@@ -95,6 +96,8 @@ def encode(header: Header, meta: list[records.Record], images) -> list[bytes]:
 
 
 def _encode_image(i) -> bytes:
+    if isinstance(i, records.ShardOut):  # a pair handed out, not homed elsewhere yet (docs/cluster.md 4.3)
+        return record.encode_parts(i.TYPE, i.parts())
     if isinstance(i, ShardImage):
         n = len(i.base) // 8
         assert len(i.pos) == len(i.ms) == len(i.keys) == len(i.base)
@@ -182,6 +185,8 @@ def decode(buf) -> tuple[Header, list[records.Record], list]:
 
 
 def _decode_image(rtype: int, payload):
+    if rtype == records.RecordType.SHARD_OUT:
+        return records.ShardOut.decode(payload)
     r = PayloadReader(payload)
     if rtype == SHARD:
         topic, shard, nxt, n = r.take(_SHARD)

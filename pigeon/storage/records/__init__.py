@@ -22,6 +22,8 @@ with CATALOGUE and `decode`.
 | PARK 7          | bundle | sub u32 · activate ms i64 (-1: bury) · nums u64[] |
 | KICK 8          | bundle | sub u32 · nums u64[] |
 | UPDATE 9        | bundle | sub u32 · num u64 · the new PubsubMessage bytes |
+| SHARD_OUT 12    | bundle | topic u32 · shard u16 · log u32 · to log u32 · now f64 · the pair's images (checkpoint framing) |
+| SHARD_IN 13     | bundle | topic u32 · shard u16 · log u32 · from log u32 · now f64 · the pair's images |
 | TOPIC_PUT 16    | meta   | uid u32 · shards u16 · Topic bytes |
 | TOPIC_DEL 17    | meta   | uid u32 |
 | SUB_PUT 18      | meta   | uid u32 · topic uid u32 (0: none) · start count u16 · start offsets u64[] · Subscription bytes |
@@ -32,6 +34,7 @@ with CATALOGUE and `decode`.
 | SCHEMA_DEL 23   | meta   | name str |
 | SCHEMA_REVDEL 24| meta   | name str · revision id str |
 | POLICY_PUT 25   | meta   | resource str · Policy bytes |
+| SHARD_HOME 26   | meta   | topic u32 · shard u16 · log u32 (the pair's home from now on) |
 """
 
 from __future__ import annotations
@@ -41,19 +44,19 @@ import struct
 from pigeon.storage.record import Malformed  # a payload that does not decode as its type says
 from pigeon.storage.records.base import (PayloadReader, Record, RecordType, ack_state_parts, encode_str,
                                          read_ack_state)
-from pigeon.storage.records.data import (Ack, Deliver, Kick, Modack, Park, Publish, Reset, Seek, Snapshot, Trim,
-                                         Update)
-from pigeon.storage.records.meta import (PolicyPut, SchemaDel, SchemaPut, SchemaRevDel, SnapDel, SnapPut, SubDel,
-                                         SubPut, TopicDel, TopicPut)
+from pigeon.storage.records.data import (Ack, Deliver, Kick, Modack, Park, Publish, Reset, Seek, ShardIn, ShardOut,
+                                         Snapshot, Trim, Update)
+from pigeon.storage.records.meta import (PolicyPut, SchemaDel, SchemaPut, SchemaRevDel, ShardHome, SnapDel, SnapPut,
+                                         SubDel, SubPut, TopicDel, TopicPut)
 
 __all__ = ["Malformed", "PayloadReader", "Record", "RecordType", "ack_state_parts", "encode_str", "read_ack_state",
-           "Ack", "Deliver", "Kick", "Modack", "Park", "Publish", "Reset", "Seek", "Snapshot", "Trim", "Update",
-           "PolicyPut", "SchemaDel", "SchemaPut", "SchemaRevDel", "SnapDel", "SnapPut", "SubDel", "SubPut", "TopicDel",
-           "TopicPut", "CATALOGUE", "decode"]
+           "Ack", "Deliver", "Kick", "Modack", "Park", "Publish", "Reset", "Seek", "ShardIn", "ShardOut", "Snapshot",
+           "Trim", "Update", "PolicyPut", "SchemaDel", "SchemaPut", "SchemaRevDel", "ShardHome", "SnapDel", "SnapPut",
+           "SubDel", "SubPut", "TopicDel", "TopicPut", "CATALOGUE", "decode"]
 
 CATALOGUE: dict[int, type[Record]] = {cls.TYPE: cls for cls in (
-    Publish, Ack, Deliver, Modack, Seek, Trim, Park, Kick, Update, Reset, Snapshot, TopicPut, TopicDel, SubPut, SubDel, SnapPut,
-    SnapDel, SchemaPut, SchemaDel, SchemaRevDel, PolicyPut)}
+    Publish, Ack, Deliver, Modack, Seek, Trim, Park, Kick, Update, Reset, Snapshot, ShardOut, ShardIn, TopicPut, TopicDel,
+    SubPut, SubDel, SnapPut, SnapDel, SchemaPut, SchemaDel, SchemaRevDel, PolicyPut, ShardHome)}
 assert len(CATALOGUE) == len(RecordType)
 
 

@@ -25,6 +25,8 @@ class RecordType(enum.IntEnum):
     UPDATE = 9
     RESET = 10
     SNAPSHOT = 11
+    SHARD_OUT = 12
+    SHARD_IN = 13
     TOPIC_PUT = 16
     TOPIC_DEL = 17
     SUB_PUT = 18
@@ -35,6 +37,7 @@ class RecordType(enum.IntEnum):
     SCHEMA_DEL = 23
     SCHEMA_REVDEL = 24
     POLICY_PUT = 25
+    SHARD_HOME = 26
 
 
 U16 = struct.Struct("<H")

@@ -304,6 +304,55 @@ class Snapshot(Record):
         return cls(log, bundles, bytes(r.rest()))
 
 
+_HANDOVER = struct.Struct("<IHIId")
+
+
+class _Handover(Record):
+    """The layout ShardOut and ShardIn share: topic, shard, this log, the other log, now, then the pair's images."""
+
+    __slots__ = ()
+
+    def parts(self) -> list[bytes]:
+        return [_HANDOVER.pack(*(getattr(self, f) for f in self.__slots__[:5])), self.images]
+
+    @classmethod
+    def decode(cls, payload):
+        r = PayloadReader(payload)
+        return cls(*r.take(_HANDOVER), bytes(r.rest()))
+
+
+@dataclass(slots=True)
+class ShardOut(_Handover):
+    """A (topic, shard) pair leaves this log (`log`) for log `to` (docs/cluster.md, "Scale-out" 4.3): `images` is
+    the pair's state here (framed checkpoint images, as a Snapshot's: its index with batches named by log address,
+    each subscription's part), which the new home loads from a `ShardIn`. Applied, the pair's state goes from this
+    log's and its records are refused here until the metadata log homes it in `to` (`ShardHome`). The image rides
+    in the record so that whoever owns this log next can finish the hand-over from the log alone."""
+
+    TYPE: ClassVar = RecordType.SHARD_OUT
+    topic: int
+    shard: int
+    log: int
+    to: int
+    now: float
+    images: bytes
+
+
+@dataclass(slots=True)
+class ShardIn(_Handover):
+    """A (topic, shard) pair arrives in this log (`log`) from log `source`, with the state it had there (`images`,
+    from its `ShardOut`): applied, the pair's state here is that state. A pair this log holds already (a hand-over
+    finished twice, after a crash) changes nothing."""
+
+    TYPE: ClassVar = RecordType.SHARD_IN
+    topic: int
+    shard: int
+    log: int
+    source: int
+    now: float
+    images: bytes
+
+
 _UPDATE = struct.Struct("<IQ")
 
 

@@ -38,6 +38,29 @@ class TopicPut(Record):
 
 
 _SPREAD = 1 << 15
+_SHARD_HOME = struct.Struct("<IHI")
+
+
+@dataclass(slots=True)
+class ShardHome(Record):
+    """A (topic, shard) pair's records go to log `log` from now on (docs/cluster.md, "Scale-out" 4.3): written
+    once the pair's `ShardIn` is durable there; routing and `BrokerState.log_of` read it."""
+
+    TYPE: ClassVar = RecordType.SHARD_HOME
+    META: ClassVar = True
+    topic: int
+    shard: int
+    log: int
+
+    def parts(self) -> list[bytes]:
+        return [_SHARD_HOME.pack(self.topic, self.shard, self.log)]
+
+    @classmethod
+    def decode(cls, payload) -> "ShardHome":
+        r = PayloadReader(payload)
+        out = cls(*r.take(_SHARD_HOME))
+        r.done()
+        return out
 
 
 def _uid_record(rtype: RecordType, doc: str):

@@ -1,0 +1,134 @@
+"""A (topic, shard) pair handed to another log (docs/cluster.md, "Scale-out" 4.3), in the pure core: invariant H1 —
+at most one log takes the pair's records at a time, and the state its new home starts from is the state its old
+home ended with — and the records' codec. The orchestration between owners is not built yet; these check the
+state machine it will drive."""
+
+from __future__ import annotations
+
+from pigeon.broker import images
+from pigeon.broker.resources import Subscription, Topic
+from pigeon.broker.state import BrokerState
+from pigeon.core.bundles import META_LOG, bundle_log
+from pigeon.core.errors import Unavailable
+from pigeon.storage import checkpoint as CK
+from pigeon.storage import records as R
+from pigeon.testing.shard_check import shard_view
+
+import pytest
+
+BUNDLES = 16
+T, S = "projects/p/topics/hot", "projects/p/subscriptions/s"
+SHARDS, MOVED = 4, 1
+HOME = bundle_log(T, BUNDLES)  # the together topic's one log
+NEW = 1 + (HOME % BUNDLES)  # another bundle's log
+
+
+def num(offset: int, shard: int) -> int:
+    return offset << 6 | shard
+
+
+def meta() -> list[R.Record]:
+    return [R.TopicPut(1, SHARDS, Topic(name=T).SerializeToString()),
+            R.SubPut(2, 1, Subscription(name=S, topic=T, ack_deadline_seconds=10).SerializeToString(), [0] * SHARDS)]
+
+
+def fresh() -> BrokerState:
+    st = BrokerState()
+    st.dispatch_off()
+    for rec in meta():
+        st.apply(rec)
+    return st
+
+
+def before() -> list[R.Record]:
+    """Data records of every shard: publishes, a delivery with leases, acks, a nack."""
+    out = [R.Publish(1, k, 0, 1000 + k, 5, 0, b"") for k in range(SHARDS)]
+    out.append(R.Deliver(2, 50.0, [num(o, k) for k in range(SHARDS) for o in range(3)], None, None, None))
+    out.append(R.Ack(2, [num(0, k) for k in range(SHARDS)] + [num(2, MOVED)]))
+    out.append(R.Modack(2, 20.0, 0, [num(1, 0)], [0]))
+    return out
+
+
+def after() -> list[R.Record]:
+    return [R.Publish(1, MOVED, 5, 2000, 2, 0, b""), R.Publish(1, 0, 5, 2000, 1, 0, b""),
+            R.Deliver(2, 60.0, [num(3, MOVED), num(5, MOVED), num(3, 0)], None, None, None),
+            R.Ack(2, [num(1, MOVED), num(3, MOVED), num(3, 0)])]
+
+
+def apply_cut(states: dict[int, BrokerState], whole: BrokerState, rec: R.Record, at: int) -> None:
+    """Apply `rec` as a node does: cut by shard, each part to the state of the log `whole` names for it."""
+    for part in whole.split(rec):
+        log = whole.log_of(part, BUNDLES)
+        states.setdefault(log, fresh()).apply(part, at)
+
+
+def test_a_pair_handed_over_carries_its_state_whole_and_only_one_log_takes_its_records():
+    whole, reference = fresh(), fresh()  # `reference` never hands anything over
+    for at, rec in enumerate(before(), start=100):
+        whole.apply(rec, at)
+        reference.apply(rec, at)
+    logs = {HOME: whole}
+
+    out = R.ShardOut(1, MOVED, HOME, NEW, 30.0, images.pair_images(whole, whole.topics_by_uid[1], MOVED))
+    whole.apply(out)
+    with pytest.raises(Unavailable):  # between ShardOut and ShardHome: no log takes the pair's records (H1)
+        whole.log_of(R.Publish(1, MOVED, 5, 2000, 1, 0, b""), BUNDLES)
+    assert whole.log_of(R.Publish(1, 0, 5, 2000, 1, 0, b""), BUNDLES) == HOME  # the others' stay
+    snap = images.bundle_snapshot(whole, HOME, BUNDLES)  # a new owner of the old home meanwhile: still refused,
+    restarted = fresh()                                   # and it holds the image to finish the hand-over with
+    restarted.apply(snap)
+    assert list(restarted.topics_by_uid[1].away) == [MOVED]
+    assert restarted.topics_by_uid[1].away[MOVED].images == out.images
+    with pytest.raises(Unavailable):
+        restarted.log_of(R.Ack(2, [num(1, MOVED)]), BUNDLES)
+
+    new_home = logs[NEW] = fresh()
+    new_home.apply(R.ShardIn(1, MOVED, NEW, HOME, 30.0, out.images))
+    home = R.ShardHome(1, MOVED, NEW)
+    for st in (whole, new_home):
+        st.apply(home)
+    assert whole.log_of(R.Publish(1, MOVED, 5, 2000, 1, 0, b""), BUNDLES) == NEW
+    assert [whole.log_of(p, BUNDLES) for p in whole.split(R.Ack(2, [num(1, 0), num(1, MOVED)]))] == [HOME, NEW]
+
+    for at, rec in enumerate(after(), start=200):
+        reference.apply(rec, at)
+        apply_cut(logs, whole, rec, at)
+    assert shard_view(logs[NEW], 1, MOVED) == shard_view(reference, 1, MOVED), "the pair's state did not move whole"
+    for k in set(range(SHARDS)) - {MOVED}:
+        assert shard_view(logs[HOME], 1, k) == shard_view(reference, 1, k)
+    assert shard_view(logs[HOME], 1, MOVED)["index"][0] == 0, "the old home kept the pair's messages"
+
+
+def test_a_shard_in_applied_twice_changes_nothing():
+    st = fresh()
+    for at, rec in enumerate(before(), start=100):
+        st.apply(rec, at)
+    image = images.pair_images(st, st.topics_by_uid[1], MOVED)
+    new_home = fresh()
+    new_home.apply(R.ShardIn(1, MOVED, NEW, HOME, 30.0, image))
+    once = shard_view(new_home, 1, MOVED)
+    new_home.apply(R.ShardIn(1, MOVED, NEW, HOME, 30.0, image))
+    assert shard_view(new_home, 1, MOVED) == once == shard_view(st, 1, MOVED)
+
+
+def test_homes_and_pending_hand_outs_survive_a_checkpoint():
+    st = fresh()
+    for at, rec in enumerate(before(), start=100):
+        st.apply(rec, at)
+    st.apply(R.ShardHome(1, 2, NEW))
+    st.apply(R.ShardOut(1, MOVED, HOME, NEW, 30.0, images.pair_images(st, st.topics_by_uid[1], MOVED)))
+    again = BrokerState()
+    for rec in images.meta_records(st):
+        again.apply(rec)
+    for image in CK.decode_images(CK.encode_images(list(images.images(st)))):
+        again.restore(image)
+    t = again.topics_by_uid[1]
+    assert t.homes == {2: NEW} and list(t.away) == [MOVED] and not t.layout_spread
+    assert again.shard_logs(t, BUNDLES) == [HOME, HOME, NEW, HOME]
+
+
+def test_the_hand_over_records_round_trip():
+    for rec in (R.ShardOut(7, 3, 4, 9, 12.5, b"\x01image"), R.ShardIn(7, 3, 9, 4, 12.5, b"\x01image"),
+                R.ShardHome(7, 3, 9)):
+        assert R.decode(rec.TYPE, b"".join(rec.parts())) == rec
+    assert R.ShardHome(7, 3, 9).META and BrokerState().log_of(R.ShardHome(7, 3, 9), BUNDLES) == META_LOG
