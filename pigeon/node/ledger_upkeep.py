@@ -8,7 +8,9 @@ node.bundle_logs: what to cut and where to copy is pigeon.cluster.ledgers'. Owns
     and appending it (the record lands right after every record the state applied), and each snapshot starts a
     ledger, so the ledgers before a cut leave the list whole;
   * a log is cut at its latest confirmed snapshot (a takeover reads from there on), keeping every ledger from the
-    oldest message still needed on, by the owner-guarded change of its ledger list; the members of the ledgers
+    oldest message still needed on — as the log holds it: what the state shows acked is needed until the acks'
+    records are in the log (a takeover that loses them needs the messages again) — by the owner-guarded change of
+    its ledger list; the members of the ledgers
     cut off are then told to delete them (best effort: one that cannot be reached deletes them when it next
     compares the ledgers it holds with their lists: `collect_strays`);
   * repair: a closed ledger short of members that are up gets a new member only after every entry was copied
@@ -23,6 +25,7 @@ import logging
 from pigeon.broker import images
 from pigeon.cluster import metadata as M
 from pigeon.core import limits
+from pigeon.core.errors import Unavailable
 from pigeon.cluster.ledgers import LEDGER_SEQ_BITS, LedgerInfo, cut_at, repair_target
 from pigeon.cluster.quorum import ensemble_size
 from pigeon.node.bundle_logs import BundleLogs, Conflict, Lost, OwnedLog
@@ -113,6 +116,14 @@ class LedgerUpkeep:
         engine = self.bundles.cluster.engine
         need = images.bundle_need(engine.state, ol.log_id, self.bundles.cluster.config.bundles,
                                   lambda a: self.bundles.reads.log_offset(ol, a))
+        # the state may hold acks (dead letters acked, say) whose records are not in the log yet: through an etcd
+        # outage no next ledger opens, and a takeover then reads the log without them — its subscriptions need
+        # those messages again. So nothing is cut for `need` before every record it reflects is durable.
+        try:
+            await engine.durable(log_id=ol.log_id)
+        except Unavailable as e:  # (the log moved meanwhile)
+            log.info("cutting log %d: %s", ol.log_id, e.message)
+            return False
         usable = [o for o, indexed in ol.snapshots if indexed or o <= need]  # (one of cluster format 1 names no
         if not usable:                                                   # message: the entries after it must)
             return False

@@ -241,3 +241,12 @@ def test_a_node_whose_rejoin_fails_tries_again(monkeypatch):
         await sim.until(lambda: sim.all_owned() and n1.cluster.owned, 30, "n1 to own bundles again")
 
     simloop.run(go())
+
+
+def test_a_log_is_cut_only_for_acks_the_log_holds():
+    """Seed 1358 found an owner that cut its log for acks (of dead letters) whose records were not in the log yet —
+    through an etcd outage no next ledger could open — and then lost the bundle: the next owner read the log without
+    those acks, and every try to dead-letter the messages again failed for good ("Log 1 holds no closed ledger with
+    entry 93"), their ledgers pinning every member's journal. A cut now waits until the log holds what the state
+    it read shows. (A seed is a replay of timing: a change elsewhere may move this one off the case.)"""
+    run_seed(1358, 100)
