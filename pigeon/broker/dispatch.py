@@ -100,7 +100,7 @@ class Dispatch:
             return True
         if self.topic is not None:
             for s, ix in zip(self.shards, self.topic.shards):
-                if s.cursor < ix.durable:
+                if s.cursor < ix.visible:
                     return True
         return False
 
@@ -239,7 +239,7 @@ class Dispatch:
         if self.topic is not None and len(out) < max_messages:
             if self.ordered or self.topic.schedule.count:
                 for shard_no, (s, ix) in enumerate(zip(self.shards, self.topic.shards)):
-                    if s.cursor < ix.durable:
+                    if s.cursor < ix.visible:
                         self._take_ordered_shard(shard_no, s, ix, picks, max_messages, per_key_max)
                         if len(out) >= max_messages:
                             break
@@ -268,10 +268,10 @@ class Dispatch:
         while len(out) < max_messages:
             first = None
             for shard_no, (s, ix) in enumerate(zip(shards, ixs)):
-                if s.cursor < ix.durable:
+                if s.cursor < ix.visible:
                     pos, end = ix.batch_around(s.cursor)
                     if first is None or pos < first[0]:
-                        first = (pos, shard_no, min(end, ix.durable))
+                        first = (pos, shard_no, min(end, ix.visible))
             if first is None:
                 return
             _, shard_no, end = first
@@ -310,15 +310,15 @@ class Dispatch:
         out = picks.out
         while late and late[0][0] <= now_ms and len(out) < max_messages:
             num = late[0][1]
-            if num >> _BITS >= shards[num & SHARD_MASK].durable:
-                break  # not on disk yet
+            if num >> _BITS >= shards[num & SHARD_MASK].visible:
+                break  # not visible yet
             heapq.heappop(late)
             self._take_one(num, picks)
         if len(out) >= max_messages:
             return
         for _, num, mark in self.topic.schedule.walk(self.sched_mark, now_ms):
-            if num >> _BITS >= shards[num & SHARD_MASK].durable:
-                return  # not on disk yet: the walk resumes here
+            if num >> _BITS >= shards[num & SHARD_MASK].visible:
+                return  # not visible yet: the walk resumes here
             self.sched_mark = mark
             self._take_one(num, picks)
             if len(out) >= max_messages:
@@ -342,7 +342,7 @@ class Dispatch:
         them out); keyless ones go out freely; with ordering, a key that is idle starts a batch and a busy
         key parks the range in its `pending` queue (no scanning later: ready keys are queued when their
         batch ends)."""
-        end = ix.durable
+        end = ix.visible
         cursor = s.cursor
         i = bisect.bisect_right(ix.base, cursor) - 1
         out = picks.out

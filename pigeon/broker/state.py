@@ -362,7 +362,7 @@ class BrokerState:
         subscriptions dispatch again."""
         for t, shards in self.log_shards(log, bundles):
             for k in shards:
-                t.shards[k].durable = t.shards[k].next
+                t.shards[k].durable = t.shards[k].visible = t.shards[k].next
             for uid in t.subscriptions:
                 self.subs_by_uid[uid].rebuild(now)
 
@@ -555,7 +555,7 @@ class BrokerState:
         """Everything applied so far came from a log read back from disk: it is durable (visible)."""
         for t in self.topics_by_uid.values():
             for ix in t.shards:
-                ix.durable = ix.next
+                ix.durable = ix.visible = ix.next
 
     def rebuild(self, now: float) -> None:
         """After applying a log tail: every subscription dispatches again."""

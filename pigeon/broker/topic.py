@@ -1,5 +1,6 @@
 """Topic shards as compact indexes. Owns the rule: offsets are dense and monotonic per shard, and a
-message is visible to subscribers only once it is durable (offset < shard.durable).
+message is visible to subscribers only once it is durable (offset < shard.visible, which is shard.durable but in a
+replicated log: see ShardIndex).
 
 No per-message Python object: a shard keeps four arrays with one entry per published *batch*
 (base offset, WAL position of the batch's record, publish time in ms, ordering-key hash). A batch is
@@ -42,11 +43,15 @@ def split_msgnum(num: int) -> tuple[int, int]:
 
 
 class ShardIndex:
-    __slots__ = ("next", "durable", "base", "pos", "ms", "keys", "bytes")
+    __slots__ = ("next", "durable", "visible", "base", "pos", "ms", "keys", "bytes")
 
     def __init__(self, start: int = 0):
         self.next = start  # next offset to assign
-        self.durable = start  # offsets below are on disk
+        self.durable = start  # offsets below are on disk (in a cluster: held by the log's ack quorum)
+        # offsets below may be handed out (dispatch reads this mark, nothing else): `durable`, or — for a log
+        # whose deliveries go out only once their Deliver record is replicated — every batch committed, since that
+        # record, later in the same log, is replicated only after the batch is (node.delivery.show_when_durable)
+        self.visible = start
         self.base = array("q")  # first offset of each batch
         self.pos = array("q")  # WAL position of each batch's record
         self.ms = array("q")  # publish time of each batch (ms, non-decreasing)
@@ -114,7 +119,7 @@ class ShardIndex:
 
     @classmethod
     def restore(cls, next_offset: int, base: bytes, pos: bytes, ms: bytes, keys: bytes) -> "ShardIndex":
-        s = cls(next_offset)
+        s = cls(next_offset)  # (durable and visible: what an image holds was durable when it was written)
         s.base.frombytes(base)
         s.pos.frombytes(pos)
         s.ms.frombytes(ms)

@@ -98,6 +98,47 @@ class Delivery:
             self.executor.ack_latency.delivered(s.uid, picks.out[0][0], now)
         return picks.out, msgs
 
+    def show_when_durable(self, t, rec: R.Publish, end: int) -> int:
+        """Show the batch to the topic's subscriptions the moment it is durable (in a cluster: held by the
+        ensemble too) — driven by the durability callbacks, never by the publisher's coroutine, so a publisher
+        that goes away meanwhile (a deadline, a disconnect) does not hide it. The callbacks run before the
+        publisher's own wait resumes: a waiting subscriber's delivery goes one step ahead of the answer, the
+        part of end-to-end latency the server owns. A batch somebody waits for is kept in the reader's cache
+        now, so that delivery neither reads nor parses the record back; one nobody waits for costs no memory."""
+        ex = self.executor
+        log_id = t.log_id if not t.spread else ex.state.shard_logs(t, ex.config.bundles)[rec.shard]
+        early = ex.logs.recording(log_id) is not None
+        if early or any(sig.waiting for uid in t.subscriptions if (sig := ex.signals.get(uid)) is not None):
+            pos = t.shards[rec.shard].pos[-1]  # apply has just indexed the batch
+            ex.reader.remember_published(pos, rec.request, rec.publish_ms, end - pos)
+        if early:
+            # a replicated log: a delivery goes out only once its Deliver record is held by Qa members, and that
+            # record, later in the same log, is held only after this batch is — so the batch may be handed out
+            # now, and a message waits for one quorum round trip, not two (the reader serves it from the cache;
+            # dropped from it, a read of the journal waits until the batch is durable there)
+            self._visible(t, rec)
+        # (a failed replication raises in the publisher's wait: the log's next owner shows the batch)
+        ex.logs.on_durable(end, log_id, lambda: self._show(t, rec))
+        return log_id
+
+    def _show(self, t, rec: R.Publish) -> None:
+        """The batch is durable: its messages may be handed out (`_visible`)."""
+        ix = t.shards[rec.shard]
+        ix.durable = max(ix.durable, rec.base + rec.count)
+        self._visible(t, rec)
+
+    def _visible(self, t, rec: R.Publish) -> None:
+        """The batch's messages may be handed out: wake one waiter of each subscription."""
+        ex = self.executor
+        ix = t.shards[rec.shard]
+        end = rec.base + rec.count
+        if ix.visible < end:
+            ix.visible = end
+            for uid in t.subscriptions:
+                sig = ex.signals.get(uid)
+                if sig is not None:
+                    sig.notify()
+
     async def read(self, s: SubscriptionState, nums: list[int]) -> list[tuple[bytes, bytes]]:
         """(stored message bytes, message id/publish time tail) as this subscription delivers them: a message
         updated in place through the queue extensions reads as updated."""

@@ -479,7 +479,7 @@ class Engine:
             end = self.commit(rec)
             if hops.ON:
                 hops.mark("committed")
-            log_id = self._show_when_durable(t, rec, end)
+            log_id = self.delivery.show_when_durable(t, rec, end)
             await self.durable(end, log_id)
         self.publish_latency.observe(time.perf_counter() - t0)
         t.publish_requests += 1
@@ -488,32 +488,6 @@ class Engine:
         if ordering_key:
             self.hot_keys.published(t.name, ordering_key, rec.count)
         return commands.publish_answer(t, plan)
-
-    def _show_when_durable(self, t, rec: R.Publish, end: int) -> int:
-        """Show the batch to the topic's subscriptions the moment it is durable (in a cluster: held by the
-        ensemble too) — driven by the durability callbacks, never by the publisher's coroutine, so a publisher
-        that goes away meanwhile (a deadline, a disconnect) does not hide it. The callbacks run before the
-        publisher's own wait resumes: a waiting subscriber's delivery goes one step ahead of the answer, the
-        part of end-to-end latency the server owns. A batch somebody waits for is kept in the reader's cache
-        now, so that delivery neither reads nor parses the record back; one nobody waits for costs no memory."""
-        if any(sig.waiting for uid in t.subscriptions if (sig := self.signals.get(uid)) is not None):
-            pos = t.shards[rec.shard].pos[-1]  # apply has just indexed the batch
-            self.reader.remember_published(pos, rec.request, rec.publish_ms, end - pos)
-        # (a failed replication raises in the publisher's wait: the log's next owner shows the batch)
-        log_id = t.log_id if not t.spread else self.state.shard_logs(t, self.config.bundles)[rec.shard]
-        self.logs.on_durable(end, log_id, lambda: self._show(t, rec))
-        return log_id
-
-    def _show(self, t, rec: R.Publish) -> None:
-        """The batch is durable: its messages may be handed out; wake one waiter of each subscription."""
-        ix = t.shards[rec.shard]
-        end = rec.base + rec.count
-        if ix.durable < end:
-            ix.durable = end
-            for uid in t.subscriptions:
-                sig = self.signals.get(uid)
-                if sig is not None:
-                    sig.notify()
 
     def subscription_statistics(self, chunk: int = 2000):
         """Every subscription's statistics, `chunk` at a time (a generator: the metrics endpoint spreads the pass

@@ -107,8 +107,8 @@ class MessageReader:
                 if go is not None:
                     go()
             return b
-        if pos >= LOG_ADDRESS:
-            raise NotCached(pos)
+        if pos >= LOG_ADDRESS or pos >= self.journal.durable:  # (a batch handed out as it was committed, in a
+            raise NotCached(pos)                                # replicated log, and dropped from the cache since)
         self.disk_reads += 1
         self.journal.read_ahead(pos)
         size = record.size_from_prefix(self.journal.read(pos, record.PREFIX_BYTES))
@@ -127,7 +127,11 @@ class MessageReader:
         return b
 
     async def fetch(self, address: int) -> None:
-        """Have the batch at log `address` read into the cache (from the ledger that holds it)."""
+        """Have the batch at log `address` read into the cache (from the ledger that holds it) — or, at a journal
+        position, wait until the journal is durable past it (then `batch` reads it there)."""
+        if address < LOG_ADDRESS:
+            await self.journal.wait_durable(address + 1)
+            return
         if self.fetcher is None:
             raise Unavailable("A message of this node's log is not held here; retry.")
         self.fetched_batches += 1

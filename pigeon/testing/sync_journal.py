@@ -42,6 +42,11 @@ class SyncJournal:
     def append(self, log_id: int, epoch: int, rtype: int, parts: list[bytes]) -> tuple[int, int]:
         return self.journal.append(log_id, epoch, rtype, parts)
 
+    @property
+    def durable(self) -> int:
+        """The journal position up to which records are durable (what a reader may read back)."""
+        return self.journal.durable
+
     def read(self, pos: int, n: int) -> bytes:
         return self.journal.read(pos, n)
 
