@@ -102,7 +102,7 @@ sim: $(STAMP)
 # SEEDS=N CLUSTER_STEPS=M; a failure prints its seed and the command that replays it.
 CLUSTER_STEPS ?= 100
 sim-cluster: $(STAMP)
-	PYTHONHASHSEED=0 $(BIN)/python -m pigeon.testing.simcluster --seeds $(SEEDS) --steps $(CLUSTER_STEPS)
+	PYTHONHASHSEED=0 $(BIN)/python -m pigeon.testing.simcluster_main --seeds $(SEEDS) --steps $(CLUSTER_STEPS)
 
 # Hostile input, long: every gRPC method with FUZZ_EXAMPLES random, garbled and mutated requests (make test runs
 # 12 each); prints the calls made and the status codes seen per method. Then the REST API from its OpenAPI

@@ -433,7 +433,7 @@ class ClusterNode:
                     claimed.append((b, epoch))
         if claimed:
             await self.read_routes()  # this node is taking them over (the router answers UNAVAILABLE meanwhile)
-        taken = [b for b, ok in zip([b for b, _ in claimed], await self._take(claimed)) if ok]
+        taken = [b for b, ok in zip([b for b, _ in claimed], await self._take(claimed)) if ok] if claimed else []
         await self.logs.widen()
         self.upkeep.start_repair()
         self.upkeep.compact()

@@ -20,6 +20,7 @@ BUNDLES = 4
 SHARDS = 2  # a topic's shards (spread topics: each in a bundle of its own)
 WALL0 = 1_800_000_000.0  # the nodes' wall clocks start here (plus their skew)
 SESSION_TTL_S = 3
+LOAD_BALANCE_S = 15  # the load planner's period (virtual seconds): it moves bundles a few times a seed
 LOG_SNAPSHOT_S = 30  # a quiet log moves to a new ledger this often (the journals drop what it kept)
 
 _TASKS_PRUNE_MIN = 64  # a life's task registry drops its ended tasks when it grew by this many (or doubled)
@@ -59,9 +60,9 @@ class SimHost:
         return w
 
     def cpu_time(self) -> float:
-        # half a core all the time, on virtual time: the loads the planner sees are shares of it by appends, the
+        # a core all the time, on virtual time: the loads the planner sees are shares of it by appends, the
         # same on every replay of a seed
-        return asyncio.get_running_loop().time() * 0.5
+        return asyncio.get_running_loop().time()
 
     def storage_client(self, address: str, config):
         return SimStorageClient(self.sim.net, self.node.id, address)
@@ -122,7 +123,7 @@ class SimNode:
                       append_port=-1, session_ttl_s=SESSION_TTL_S, bundles=BUNDLES, shards_per_topic=SHARDS,
                       topic_layout="spread" if self.sim.spread else "together",
                       log_snapshot_entries=self.sim.snapshot_entries, log_snapshot_s=LOG_SNAPSHOT_S,
-                      load_balance_s=0)
+                      load_balance_s=LOAD_BALANCE_S)
 
     def start(self) -> None:
         net = self.sim.net
