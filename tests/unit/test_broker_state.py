@@ -91,7 +91,7 @@ def test_sub_put_attaches_to_topic_and_starts_at_the_end():
     r.apply(topic_put(1, TOPICS[0]))
     t = r.topic(TOPICS[0])
     t.shards[0].append(3, 0, 0)
-    t.shards[0].durable = 3
+    t.shards[0].durable = t.shards[0].visible = 3
     r.apply(new_sub(r, 2, SUBS[0], 1, TOPICS[0]))
     s = r.sub(SUBS[0])
     assert s.topic is t and 2 in t.subscriptions

@@ -82,7 +82,7 @@ class SubscriptionMachine(RuleBasedStateMachine):
         for sh in range(shards):
             if pre[sh]:
                 self.log_batch(sh, pre[sh], 0)
-                self.topic.shards[sh].durable = self.topic.shards[sh].next
+                self.topic.shards[sh].durable = self.topic.shards[sh].visible = self.topic.shards[sh].next
         config = Subscription(name="projects/p/subscriptions/s", topic="projects/p/topics/t", ack_deadline_seconds=10)
         self.record(R.SubPut(2, 1, config.SerializeToString(), self.topic.backlog_end()))
         self.sub = self.state.subs_by_uid[2]
@@ -231,13 +231,13 @@ class SubscriptionMachine(RuleBasedStateMachine):
         ix = self.topic.shards[shard]
         self.log_batch(shard, count, int(self.now * 1000))
         if durable:
-            ix.durable = ix.next
+            ix.durable = ix.visible = ix.next
         self.last_take = None
 
     @rule(shard=st.integers(0, 2))
     def make_durable(self, shard):
         ix = self.topic.shards[shard % self.n]
-        ix.durable = ix.next
+        ix.durable = ix.visible = ix.next
         self.last_take = None
 
     @rule(max_messages=st.integers(1, 6), deadline_s=st.sampled_from([1.0, 10.0, 60.0]), owner=st.integers(0, 2),
@@ -478,7 +478,7 @@ def _sub(shards=1, published=(0,), deadline=10):
     for sh, count in enumerate(published):
         if count:
             t.shards[sh].append(count, 0, 0)
-            t.shards[sh].durable = t.shards[sh].next
+            t.shards[sh].durable = t.shards[sh].visible = t.shards[sh].next
     return t, s
 
 
@@ -487,9 +487,9 @@ def test_message_is_not_visible_until_durable():
     t.shards[0].append(3, 0, 0)
     assert take(s, 10, 0.0, 10) == []
     assert not s.has_ready(0.0)
-    t.shards[0].durable = 2
+    t.shards[0].durable = t.shards[0].visible = 2
     assert take(s, 10, 0.0, 10) == [(num(0, 0), 1), (num(1, 0), 1)]
-    t.shards[0].durable = 3
+    t.shards[0].durable = t.shards[0].visible = 3
     assert take(s, 10, 0.0, 10) == [(num(2, 0), 1)]
 
 
@@ -562,7 +562,7 @@ def test_leases_of_a_closed_stream_run_out_into_redelivery():
                                                                            enable_message_ordering=True))
     t.shards[0].append(2, 0, 0)
     t.shards[0].append(1, 1, 0, key=7)  # an ordering key's message
-    t.shards[0].durable = t.shards[0].next
+    t.shards[0].durable = t.shards[0].visible = t.shards[0].next
     stream = Owner("stream")
     taken = take(s, 10, 0.0, 10, stream)
     assert sorted(taken) == [(num(0, 0), 1), (num(1, 0), 1), (num(2, 0), 1)]
@@ -628,7 +628,7 @@ def test_rebuild_keeps_an_ordered_keys_locked_batch_outstanding():
     t = TopicState(1, "projects/p/topics/t", None, 1)
     s = SubscriptionState(2, "projects/p/subscriptions/s", t, Subscription(enable_message_ordering=True))
     t.shards[0].append(2, 0, 0, key=7)
-    t.shards[0].durable = 2
+    t.shards[0].durable = t.shards[0].visible = 2
     assert take(s, 1, 0.0, 10) == [(num(0, 0), 1)]
     s.dispatching = False
     s.rebuild(1.0)
@@ -653,7 +653,7 @@ def test_new_messages_go_out_in_log_order_across_shards():
     for pos, sh in enumerate([2, 0, 1, 0, 2]):  # publish batches of 2, in this order
         t.shards[sh].append(2, pos, 0)
     for ix in t.shards:
-        ix.durable = ix.next
+        ix.durable = ix.visible = ix.next
     order = [(num(0, 2), num(1, 2)), (num(0, 0), num(1, 0)), (num(0, 1), num(1, 1)), (num(2, 0), num(3, 0)),
              (num(2, 2), num(3, 2))]
     assert [n for n, _ in take(s, 3, 0.0, 10)] == [*order[0], order[1][0]]  # a batch is left midway at the limit
@@ -687,7 +687,7 @@ def test_a_keys_resend_keeps_members_acked_meanwhile_even_past_the_floor():
     t = TopicState(1, "projects/p/topics/t", None, 1)
     s = SubscriptionState(2, "projects/p/subscriptions/s", t, Subscription(enable_message_ordering=True))
     t.shards[0].append(6, 0, 0, key=7)  # messages 0..5 of one key
-    t.shards[0].durable = 6
+    t.shards[0].durable = t.shards[0].visible = 6
     assert take(s, 10, 0.0, 10) == [(num(i, 0), 1) for i in range(6)]
     s.ack([num(1, 0)])
     assert modify_deadline(s, num(0, 0), 1, 0, 0.0)  # a nack of 0: 0..5 go back, 1 acked among them

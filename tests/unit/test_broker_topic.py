@@ -56,7 +56,7 @@ class ShardIndexMachine(RuleBasedStateMachine):
         assert back.next == back.durable == self.next
         assert (list(back.base), list(back.pos), list(back.ms), list(back.keys)) == (
             list(self.ix.base), list(self.ix.pos), list(self.ix.ms), list(self.ix.keys))
-        back.durable = self.ix.durable
+        back.durable, back.visible = self.ix.durable, self.ix.visible
         self.ix = back
 
     @invariant()
