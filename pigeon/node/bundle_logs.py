@@ -303,9 +303,9 @@ class BundleLogs:
         ol.writer = self._writer(ol, new)
         self.logs[log_id] = ol  # served from now on
         self.taken += 1
-        log.info("took bundle %d over at epoch %d: %d entries (%.1f MB) from %d in %d ledger(s) read in %.2f s, "
-                 "applied and its state durable in %.2f s; ledger %d on %s", bundle_of_log(log_id), epoch,
-                 len(entries), nbytes / 1e6, start, len(ledgers), read_s, loop.time() - t_apply, new.id,
+        log.info("took bundle %d over at epoch %d: %d entries (%.1f MB) from %d to %d in %d ledger(s) read in "
+                 "%.2f s, applied and its state durable in %.2f s; ledger %d on %s", bundle_of_log(log_id), epoch,
+                 len(entries), nbytes / 1e6, start, first, len(ledgers), read_s, loop.time() - t_apply, new.id,
                  ",".join(new.members))
 
     async def _read_log(self, ledgers: list[LedgerInfo]) -> tuple[list[tuple[int, bytes]], int, float]:
