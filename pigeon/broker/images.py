@@ -24,7 +24,7 @@ def meta_records(state: BrokerState) -> list[R.Record]:
 
     def topic_and_subs(t: TopicState) -> None:
         out.append(R.TopicPut(t.uid, len(t.shards), t.config.SerializeToString(deterministic=True), t.layout_spread))
-        out.extend(R.ShardHome(t.uid, k, log) for k, log in sorted(t.homes.items()))
+        out.extend(R.ShardHome(t.uid, k, log, t.gens[k]) for k, log in sorted(t.homes.items()))
         for uid in sorted(t.subscriptions):
             out.append(_sub_record(state.subs_by_uid[uid]))
         if t.deleted:
@@ -94,9 +94,11 @@ def bundle_snapshot(state: BrokerState, log: int, bundles: int,
     the messages before the snapshot are read from the ledgers that hold them. Without `indexes` (cluster format 1)
     the shard indexes are left empty: the log after the snapshot must hold every message still needed. A pair
     handed out of the log and not homed elsewhere yet comes with its ShardOut (its image in it): a new owner of the
-    log refuses its records, and can finish the hand-over, from the snapshot alone."""
+    log refuses its records, and can finish the hand-over, from the snapshot alone; one handed in comes with its
+    ShardHome, so that a node whose metadata log is behind loads it too."""
     out = []
     for t, shards in _bundle(state, log, bundles):
+        out.extend(R.ShardHome(t.uid, k, log, t.gens[k]) for k in sorted(shards) if t.homes.get(k) == log)
         out.extend(_pair_images(state, t, shards, addresses, indexes))
         out.extend(t.away[k] for k in sorted(shards) if k in t.away)
     return R.Snapshot(log, bundles, CK.encode_images(out))

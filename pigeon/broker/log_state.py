@@ -3,15 +3,21 @@ copy of a log starts over, from nothing or from the state its owner wrote into i
 ShardHome (docs/cluster.md, "Scale-out" 4.3) change broker state. Owns invariant H1 on the state's side — a pair
 handed out of a log is refused there (`BrokerState.log_of` raises Unavailable) until the metadata log homes it
 elsewhere, and the state its new home loads is the image its old home wrote (as a snapshot of one shard loads:
-invariant T3). Pure; the functions are BrokerState's `apply` handlers."""
+invariant T3), and a log read back by a new owner applies only the records of its pairs' present stays there
+(`apply_in_log`). Pure; the functions are BrokerState's `apply` handlers."""
 
 from __future__ import annotations
 
+from pigeon.broker import shard_split
 from pigeon.broker.restore import Contradiction
+from pigeon.core.bundles import META_LOG
+from pigeon.core.errors import Unavailable
 from pigeon.storage import checkpoint as CK
 from pigeon.storage import records as R
 
 WAKE_ALL = "wake_all"  # (broker.state's effect: every waiter of the subscription looks again)
+OWN_LOG = frozenset((R.RecordType.RESET, R.RecordType.SNAPSHOT, R.RecordType.SHARD_OUT, R.RecordType.SHARD_IN))
+# (records that name the log they go to)
 
 
 def reset(state, rec: R.Reset):
@@ -20,8 +26,11 @@ def reset(state, rec: R.Reset):
     part of their subscriptions go back to their state as created. Those subscriptions' dispatch stays off
     until `resume_log`, after the log was applied again."""
     effects = []
+    state.log_eras[rec.log] = {}
     for t, shards in state.log_shards(rec.log, rec.bundles):
         t.clear_data(shards)
+        for k in shards & t.away.keys():  # (its ShardOut is read again with the log, if the log still holds it)
+            del t.away[k]
         for uid in t.subscriptions:
             s = state.subs_by_uid[uid]
             s.clear_data(shards)
@@ -35,9 +44,17 @@ def snapshot(state, rec: R.Snapshot):
     loaded, message indexes too: their batches are named by log addresses (core.bundles), read from the ledgers
     that hold them. (A snapshot of an earlier release has empty indexes: the log after it held every message
     still needed, its owner cut the log only where that was so.) A pair handed out and not homed elsewhere yet
-    comes as its ShardOut."""
+    comes as its ShardOut; one handed in by a hand-over comes with its ShardHome, applied first, so that a node
+    whose metadata log has not homed it yet loads it too."""
+    images = CK.decode_images(rec.images)
+    for image in images:
+        if isinstance(image, R.ShardHome) and image.topic in state.topics_by_uid:  # (else deleted since)
+            shard_home(state, image)
     effects = reset(state, R.Reset(rec.log, rec.bundles))
-    for image in CK.decode_images(rec.images):
+    state.log_eras[rec.log] = {(i.topic, i.shard): i.gen for i in images if isinstance(i, R.ShardHome)}
+    for image in images:
+        if isinstance(image, R.ShardHome):
+            continue
         if isinstance(image, CK.SubImage):
             s = state.subs_by_uid.get(image.uid)
             if s is None:
@@ -53,9 +70,10 @@ def snapshot(state, rec: R.Snapshot):
 
 def shard_out(state, rec: R.ShardOut):
     """The pair leaves this log: its state goes from here (its records are refused until it is homed
-    elsewhere), and the record is kept — with the pair's image — until then, for a bundle snapshot to carry."""
+    elsewhere), and the record is kept — with the pair's image — until then, for a bundle snapshot to carry. A
+    ShardOut of a hand-over this state has seen homed already (read again with its log) changes nothing."""
     t = state.topics_by_uid.get(rec.topic)
-    if t is None or t.deleted:
+    if t is None or t.gens.get(rec.shard, 0) >= rec.gen:
         return None
     t.away[rec.shard] = rec
     t.spread = True
@@ -64,32 +82,71 @@ def shard_out(state, rec: R.ShardOut):
 
 
 def shard_in(state, rec: R.ShardIn):
-    """The pair arrives with the state it had in its old home: loaded as a snapshot of one shard loads. Applied
-    twice (a hand-over finished again after a crash), the second changes nothing: the same image loads again."""
+    """The pair arrives with the state it had in its old home, loaded as a snapshot of one shard loads, and its
+    records go to this log from now on — on this node at once (its old home refuses them since its ShardOut:
+    invariant H1), on the others once the metadata log's ShardHome reaches them. A ShardIn of a hand-over this
+    state has seen superseded changes nothing; one of the pair's latest hand-over loads the image — read back
+    with its log after a reset, before any of the pair's records in the log (its owner commits it again only
+    while the pair is not homed here: `node.handover`)."""
+    state.log_eras.setdefault(rec.log, {})[(rec.topic, rec.shard)] = rec.gen
     t = state.topics_by_uid.get(rec.topic)
-    if t is None or t.deleted:
+    if t is None or t.gens.get(rec.shard, 0) > rec.gen:
         return None
     effects = _drop_pair(state, t, rec.shard, None)
     for image in CK.decode_images(rec.images):
         if isinstance(image, CK.SubImage) and state.subs_by_uid.get(image.uid) is None:
             continue  # deleted since
         state.restore(image, {rec.shard})
+    _homed(state, t, rec.shard, rec.log, rec.gen)
     _rebuild(state, t, rec.now)
     return effects
 
 
 def shard_home(state, rec: R.ShardHome):
-    """The pair's records go to `rec.log` from now on (every node applies it in the metadata log's order)."""
+    """The pair's records go to `rec.log` from now on (every node applies it in the metadata log's order). One of
+    a hand-over this state has applied already, or seen superseded, changes nothing."""
     t = state.topics_by_uid.get(rec.topic)
     if t is None:
         raise Contradiction(f"a home for shard {rec.shard} of topic {rec.topic}, which does not exist")
     if rec.shard >= len(t.shards):
         raise Contradiction(f"a home for shard {rec.shard} of topic {rec.topic}, which has {len(t.shards)}")
-    t.home(rec.shard, rec.log)
+    if t.gens.get(rec.shard, 0) < rec.gen:
+        _homed(state, t, rec.shard, rec.log, rec.gen)
+    return None
+
+
+def _homed(state, t, shard: int, log: int, gen: int) -> None:
+    out = t.away.get(shard)
+    t.home(shard, log, gen)
+    if out is not None and out.gen > gen:  # (a later hand-over's ShardOut is pending still)
+        t.away[shard] = out
     state.spread = True
     for uid in t.subscriptions:
         state.subs_by_uid[uid].log_id = None
-    return None
+
+
+def apply_in_log(state, rec: R.Record, log: int, bundles: int, at: int = 0):
+    """Apply a record read back from bundle log `log` (a takeover): the parts of a pair this state knows is
+    no longer the log's — handed over since (invariant H1: the log holds the pair's records only from before
+    its ShardOut) — are left out, so that they touch neither the pair's state another log of this node holds
+    nor a state that would be dispatched from. Effects as `apply`'s."""
+    if not state.spread or rec.TYPE in OWN_LOG:
+        return state.apply(rec, at)
+    effects = []
+    eras = state.log_eras.get(log, {})
+    for part in state.split(rec):
+        try:
+            if state.log_of(part, bundles) not in (log, META_LOG):
+                continue
+        except Unavailable:  # (handed out of another log, not homed yet: not this log's either)
+            continue
+        t = state.topics_by_uid.get(part.topic) if part.TYPE == R.RecordType.PUBLISH else \
+            getattr(state.subs_by_uid.get(part.sub), "topic", None)
+        shards = shard_split.shards_of(part) if t is not None and t.gens else None
+        if shards and eras.get((t.uid, shards[0]), 0) != t.gens.get(shards[0], 0):
+            continue  # (of an earlier stay of the pair in this log: the hand-over since brought its state)
+        effects.extend(state.apply(part, at) or ())
+    return effects or None
 
 
 def _drop_pair(state, t, shard: int, now: float | None):

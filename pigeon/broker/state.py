@@ -49,8 +49,7 @@ _APPLY = {
 }
 
 
-_OWN_LOG = frozenset((R.RecordType.RESET, R.RecordType.SNAPSHOT, R.RecordType.SHARD_OUT, R.RecordType.SHARD_IN))
-# (records that name the log they go to)
+_OWN_LOG = log_state.OWN_LOG  # (records that name the log they go to)
 
 
 @dataclass(frozen=True)
@@ -106,6 +105,8 @@ class BrokerState:
         self.census: Counter = Counter()  # (project, kind) → how many it holds; (None, None) → the server's total
         self.dispatching = True  # off while a log tail is applied (recovery, a replica): see dispatch_off
         self.spread = False  # a spread topic was created: records are cut by shard (`split`) before they commit
+        self.log_eras: dict[int, dict[tuple[int, int], int]] = {}  # log → (topic, shard) → the hand-over whose
+        # records the log holds now (its latest ShardIn of the pair read; none: the pair's first home's records)
 
     # --- look-ups ------------------------------------------------------------------------------
     def topic(self, name: str) -> TopicState:
@@ -356,6 +357,7 @@ class BrokerState:
     # --- a log's state replaced (Reset, Snapshot) or a pair's moved (ShardOut, ShardIn, ShardHome): broker.log_state
     _reset, _snapshot = log_state.reset, log_state.snapshot
     _shard_out, _shard_in, _shard_home = log_state.shard_out, log_state.shard_in, log_state.shard_home
+    apply_in_log = log_state.apply_in_log
 
     def resume_log(self, log: int, bundles: int, now: float) -> None:
         """After a bundle log was applied again from its start (`_reset`): everything in it is durable, and its
@@ -572,5 +574,8 @@ class BrokerState:
         ShardOut. Raises Contradiction."""
         if isinstance(image, R.ShardOut):
             self._shard_out(image)
+            return
+        if isinstance(image, R.ShardHome):
+            self._shard_home(image)
             return
         restore.load(self, image, shards)

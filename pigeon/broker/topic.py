@@ -201,6 +201,7 @@ class TopicState:
         self.layout_spread = spread  # each shard in a bundle of its own (core.bundles.shard_log), fixed at creation
         self.homes: dict[int, int] = {}  # shard → its log, for a shard handed over (ShardHome: docs/cluster.md 4.3)
         self.away: dict = {}  # shard → its ShardOut: handed out of this log, not homed elsewhere yet (refused here)
+        self.gens: dict[int, int] = {}  # shard → the number of its latest hand-over this state applied (homes)
         self.spread = spread  # its records go to several logs (cut by shard): spread, or a shard handed over
         self.shards = [ShardIndex() for _ in range(shard_count)]
         self.subscriptions: set[int] = set()
@@ -215,9 +216,10 @@ class TopicState:
         self.published = 0
         self.published_bytes = 0
 
-    def home(self, shard: int, log: int) -> None:
-        """Shard `shard`'s records go to `log` from now on (a ShardHome)."""
+    def home(self, shard: int, log: int, gen: int) -> None:
+        """Shard `shard`'s records go to `log` from its `gen`-th hand-over on (a ShardIn, a ShardHome)."""
         self.homes[shard] = log
+        self.gens[shard] = gen
         self.away.pop(shard, None)
         self.spread = True
         self.shard_logs = None

@@ -392,12 +392,12 @@ class Engine:
             effects = self.state.apply(R.Reset(log_id, bundles))
             entries = itertools.chain([head] if head is not None else [], entries)
             offset = first
-        apply, topics = self.state.apply, self.state.topics_by_uid
+        apply, topics = self.state.apply_in_log, self.state.topics_by_uid
         for rtype, body in entries:
             if rtype != R.RecordType.SNAPSHOT:  # (the state a later one describes is the one these entries built)
                 rec = R.decode(rtype, body)
                 if rtype != R.RecordType.PUBLISH or rec.topic in topics:  # (else its topic was deleted since)
-                    apply(rec, log_address(log_id, offset))
+                    apply(rec, log_id, bundles, log_address(log_id, offset))
             offset += 1
         if effects:
             self._perform(effects)

@@ -12,6 +12,7 @@ end record, with a wrong count or any failed CRC is broken as a whole (recovery 
 | IDEMPOTENCY 35 | topic u32 · count u32 · per key: key str · message id str · publish ms i64 |
 | SUB 36         | uid u32 · ack state (as SEEK) · leases u32 · (num u64 · deadline f64 · version u32 · key i64)[] · counts u32 · (num u64 · deliveries u32)[] · parked u32 · (num u64 · at i64)[] · updates u32 · (num u64 · bytes u32 · bytes)[] · seek generation u32 [· shards u32 · generation u32[]: when shards differ] |
 | SHARD_OUT 12   | a pair handed out of its log and not homed elsewhere yet: the record itself (storage.records) |
+| SHARD_HOME 26  | in a bundle snapshot, a pair homed in its log by a hand-over: the record itself |
 | END 37         | records before it u64 |
 """
 
@@ -96,8 +97,8 @@ def encode(header: Header, meta: list[records.Record], images) -> list[bytes]:
 
 
 def _encode_image(i) -> bytes:
-    if isinstance(i, records.ShardOut):  # a pair handed out, not homed elsewhere yet (docs/cluster.md 4.3)
-        return record.encode_parts(i.TYPE, i.parts())
+    if isinstance(i, (records.ShardOut, records.ShardHome)):  # a pair handed out and not homed elsewhere yet, or
+        return record.encode_parts(i.TYPE, i.parts())          # handed in (docs/cluster.md 4.3)
     if isinstance(i, ShardImage):
         n = len(i.base) // 8
         assert len(i.pos) == len(i.ms) == len(i.keys) == len(i.base)
@@ -187,6 +188,8 @@ def decode(buf) -> tuple[Header, list[records.Record], list]:
 def _decode_image(rtype: int, payload):
     if rtype == records.RecordType.SHARD_OUT:
         return records.ShardOut.decode(payload)
+    if rtype == records.RecordType.SHARD_HOME:
+        return records.ShardHome.decode(payload)
     r = PayloadReader(payload)
     if rtype == SHARD:
         topic, shard, nxt, n = r.take(_SHARD)

@@ -16,7 +16,7 @@ that meet ENOSPC cut back and kept, checkpoints skipped) and frees again. After 
     path), and the log reaches at least as far as it was durable;
   * at the end: once every lease and backoff ran out, everything unacked and not parked is delivered; and the
     shards of every log read the same when their logs are applied alone, or loaded from a snapshot beside
-    another log's (testing.shard_check: half the topics are spread, a log a shard).
+    another log's, or handed over to another log mid-way (testing.shard_check: half the topics are spread).
 
 A failure raises SimFailure naming the seed; `python -m pigeon.testing.simulator --seed N` replays it, `--seeds N`
 runs many (what `make sim SEEDS=N` does)."""
@@ -106,8 +106,10 @@ class Simulator:
                 op()
                 self.check_states()
             self.final_drain()
-            for problem in shard_check.check_history([(rec, at) for rec, at, _ in self.history], BUNDLES):
-                self.fail(f"shards are not independent (invariant T3): {problem}")
+            history = [(rec, at) for rec, at, _ in self.history]
+            for problem in (shard_check.check_history(history, BUNDLES)
+                            + shard_check.check_handover(history, BUNDLES, random.Random(self.seed))):
+                self.fail(f"shards are not independent (invariants T3; H1, S2 across hand-overs): {problem}")
         except SimFailure:
             raise
         except Exception as e:  # noqa: BLE001 — any crash of the code under test is a finding

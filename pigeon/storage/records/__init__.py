@@ -22,8 +22,8 @@ with CATALOGUE and `decode`.
 | PARK 7          | bundle | sub u32 · activate ms i64 (-1: bury) · nums u64[] |
 | KICK 8          | bundle | sub u32 · nums u64[] |
 | UPDATE 9        | bundle | sub u32 · num u64 · the new PubsubMessage bytes |
-| SHARD_OUT 12    | bundle | topic u32 · shard u16 · log u32 · to log u32 · now f64 · the pair's images (checkpoint framing) |
-| SHARD_IN 13     | bundle | topic u32 · shard u16 · log u32 · from log u32 · now f64 · the pair's images |
+| SHARD_OUT 12    | bundle | topic u32 · shard u16 · log u32 · to log u32 · gen u32 · now f64 · the pair's images (checkpoint framing) |
+| SHARD_IN 13     | bundle | topic u32 · shard u16 · log u32 · from log u32 · gen u32 · now f64 · the pair's images |
 | TOPIC_PUT 16    | meta   | uid u32 · shards u16 · Topic bytes |
 | TOPIC_DEL 17    | meta   | uid u32 |
 | SUB_PUT 18      | meta   | uid u32 · topic uid u32 (0: none) · start count u16 · start offsets u64[] · Subscription bytes |
@@ -34,7 +34,7 @@ with CATALOGUE and `decode`.
 | SCHEMA_DEL 23   | meta   | name str |
 | SCHEMA_REVDEL 24| meta   | name str · revision id str |
 | POLICY_PUT 25   | meta   | resource str · Policy bytes |
-| SHARD_HOME 26   | meta   | topic u32 · shard u16 · log u32 (the pair's home from now on) |
+| SHARD_HOME 26   | meta   | topic u32 · shard u16 · log u32 · gen u32 (the pair's home from its gen-th hand-over on) |
 """
 
 from __future__ import annotations

@@ -304,16 +304,17 @@ class Snapshot(Record):
         return cls(log, bundles, bytes(r.rest()))
 
 
-_HANDOVER = struct.Struct("<IHIId")
+_HANDOVER = struct.Struct("<IHIIId")
 
 
 class _Handover(Record):
-    """The layout ShardOut and ShardIn share: topic, shard, this log, the other log, now, then the pair's images."""
+    """The layout ShardOut and ShardIn share: topic, shard, this log, the other log, the hand-over's number among
+    the pair's (`gen`, 1 the first), now, then the pair's images."""
 
     __slots__ = ()
 
     def parts(self) -> list[bytes]:
-        return [_HANDOVER.pack(*(getattr(self, f) for f in self.__slots__[:5])), self.images]
+        return [_HANDOVER.pack(*(getattr(self, f) for f in self.__slots__[:6])), self.images]
 
     @classmethod
     def decode(cls, payload):
@@ -334,6 +335,7 @@ class ShardOut(_Handover):
     shard: int
     log: int
     to: int
+    gen: int
     now: float
     images: bytes
 
@@ -349,6 +351,7 @@ class ShardIn(_Handover):
     shard: int
     log: int
     source: int
+    gen: int
     now: float
     images: bytes
 

@@ -38,22 +38,24 @@ class TopicPut(Record):
 
 
 _SPREAD = 1 << 15
-_SHARD_HOME = struct.Struct("<IHI")
+_SHARD_HOME = struct.Struct("<IHII")
 
 
 @dataclass(slots=True)
 class ShardHome(Record):
     """A (topic, shard) pair's records go to log `log` from now on (docs/cluster.md, "Scale-out" 4.3): written
-    once the pair's `ShardIn` is durable there; routing and `BrokerState.log_of` read it."""
+    once the pair's `ShardIn` is durable there; routing and `BrokerState.log_of` read it. `gen` numbers the
+    pair's hand-overs (1 the first): a record of an earlier one changes nothing, applied late or again."""
 
     TYPE: ClassVar = RecordType.SHARD_HOME
     META: ClassVar = True
     topic: int
     shard: int
     log: int
+    gen: int
 
     def parts(self) -> list[bytes]:
-        return [_SHARD_HOME.pack(self.topic, self.shard, self.log)]
+        return [_SHARD_HOME.pack(self.topic, self.shard, self.log, self.gen)]
 
     @classmethod
     def decode(cls, payload) -> "ShardHome":
