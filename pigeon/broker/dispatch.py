@@ -5,7 +5,8 @@ redelivery queue, backoff, lease deadlines as they run out, ordering keys' batch
 - dead-lettering: a message already delivered max_delivery_attempts times is not handed out again but
   taken out for the dead-letter topic;
 - ordering (broker.ordering): per key, publish order and at most one outstanding batch; a failed message
-  sends every later message of its batch back with it, acked or not; keys are independent.
+  sends every later message of its batch back with it, acked or not (a nack at once; after an expiry, a later
+  one whose lease the client extended when that lease ends: `_fail`); keys are independent.
 
 `Dispatch` is the half of SubscriptionState that moves this state (broker.subscription holds the durable half and
 the record-applying methods): `take` chooses and leases nothing — the executor logs the picks as a Deliver record
@@ -121,9 +122,9 @@ class Dispatch:
 
     # --- leases ending (dispatch) ---------------------------------------------------------------
     def expire(self, now: float) -> int:
-        """Leases that ran out end as failures (redelivery after backoff). Time decides this, not a record: a
-        later Deliver record carries the next version explicitly, so applying the log without these expiries
-        leads to the same durable state."""
+        """Leases that ran out end as failures (redelivery after backoff), each at its own deadline and no
+        other lease with it (`_fail`). Time decides this, not a record: a later Deliver record carries the next
+        version explicitly, so applying the log without these expiries leads to the same durable state."""
         heap, leases = self._heap, self.leases
         n = 0
         while heap and heap[0][0] <= now:
@@ -148,14 +149,22 @@ class Dispatch:
         return n
 
     def _fail(self, num: int, lease: Lease, now: float) -> None:
-        """A nack or an expired lease: the message goes back, after the retry backoff. A keyed message takes the
-        later members of its key's outstanding batch back with it — the only leased later messages of its key,
-        which is how the rule reads without the dispatch state (recovery, a replica)."""
+        """A nack or an expired lease: the message goes back, after the retry backoff. A keyed message sends the
+        later members of its key's outstanding batch back with it, acked or not.
+
+        Only a nack — a record, with its time — ends their leases with its own: the leased later messages of
+        its key, which is how the rule reads without the dispatch state (recovery, a replica). A lease that ran
+        out by `now` (an expiry, or a nack of a lease `expire` has not seen yet) ends alone, and a later member
+        whose lease still runs (the client extended it) keeps it until its own deadline, ack or nack; the batch
+        goes out again once none of it is leased. Time then ends a lease at its own deadline only, which is all
+        a replay can know: it cannot tell whether an Ack record (it carries no time) came before or after an
+        earlier member's deadline."""
         self._end_lease(num, lease)
         self.versions[num] = lease[1]
         key = lease[3]
+        nack = lease[0] > now  # (else it ran out: an expiry)
         if not self.dispatching:
-            if key:
+            if key and nack:
                 for m in [m for m, other in self.leases.items() if other[3] == key and m > num]:  # same key: same shard
                     other = self.leases[m]
                     self._end_lease(m, other)
@@ -170,17 +179,19 @@ class Dispatch:
                 heapq.heappush(self._delayed, (now + wait, self._seq, [num], 0))
             return
         ks = self.keys[key]
-        # this message and every later one of its batch go back, acked or not
+        # this message and every later one of its batch go back, acked or not (those still leased after an
+        # expiry once their leases end: they stay in the batch until then, so a nack of one finds its place)
         i = ks.batch.index(num)
         back = ks.batch[i:]
-        del ks.batch[i:]
         ks.live.discard(num)
-        for m in back[1:]:
-            other = self.leases.get(m)
-            if other is not None:
-                self._end_lease(m, other)
-                self.versions[m] = other[1]
-                ks.live.discard(m)
+        if nack:
+            del ks.batch[i:]
+            for m in back[1:]:
+                other = self.leases.get(m)
+                if other is not None:
+                    self._end_lease(m, other)
+                    self.versions[m] = other[1]
+                    ks.live.discard(m)
         ks.redo = sorted(set(ks.redo).union(back))
         wait = self.backoff_s(lease[1])
         if wait > 0 and not ks.delayed:
@@ -206,6 +217,33 @@ class Dispatch:
         if ks is not None:
             ks.live.discard(num)
             self._key_settled(key, ks)
+
+    def _derive_redo(self) -> None:
+        """For the dispatch state derived from the durable state (`_derive_dispatch`, once each key got its
+        leased messages as its batch): a key with leased messages may have unacked ones before them, neither
+        leased nor parked — members of its batch whose leases ran out while a later member's ran on (the client
+        extended it: see `_fail`). They go out again before anything later of the key, as the start of its redo
+        list: found in the topic's index between the shard's floor and the key's last leased message (a key is
+        one shard's)."""
+        ends: dict[int, int] = {}  # shard → the offset after the last leased message of a key in it
+        for ks in self.keys.values():
+            last = ks.batch[-1]
+            shard = last & SHARD_MASK
+            ends[shard] = max(ends.get(shard, 0), (last >> _BITS) + 1)
+        for shard, end in ends.items():
+            ix, acked = self.topic.shards[shard], self.shards[shard]
+            floor = acked.floor
+            i = max(0, bisect.bisect_right(ix.base, floor) - 1)
+            while i < len(ix.base) and ix.base[i] < end:
+                ks = self.keys.get(ix.keys[i])
+                if ks is not None and ks.batch[-1] & SHARD_MASK == shard:
+                    top = ks.batch[-1] >> _BITS
+                    for o in range(max(ix.base[i], floor), min(ix.batch_end(i), top)):
+                        num = (o << _BITS) | shard
+                        if not acked.is_acked(o) and num not in self.leases and num not in self.parked:
+                            ks.redo.append(num)
+                i += 1
+
     # --- choosing what to hand out (dispatch) ---------------------------------------------------
     def take(self, max_messages: int, now: float, per_key_max: int = 0) -> Picks:
         """Choose up to `max_messages` messages: redeliveries first, then ready keys, then new messages in log
@@ -451,7 +489,7 @@ class Dispatch:
         oldest waiting one), largest first — a hot key shows here before it shows as latency."""
         rows = []
         for key, ks in self.keys.items():
-            waiting = len(ks.live) + len(ks.redo) + sum(hi - lo for _, lo, hi in ks.pending)
+            waiting = len(ks.live.union(ks.redo)) + sum(hi - lo for _, lo, hi in ks.pending)
             firsts = [n for n in list(ks.live) + ks.redo] + [(lo << _BITS) | sh for sh, lo, _ in ks.pending]
             oldest = min(firsts, key=lambda n: n >> _BITS, default=None)
             ms = 0

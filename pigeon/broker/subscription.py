@@ -302,7 +302,9 @@ class SubscriptionState(Dispatch):
         """Apply a Modack record: extend (or, with 0, release: a nack) the leases of (num, version) pairs. A
         version of 0 matches any delivery; a stale version or an unknown message is ignored, and so is an
         extension of a lease that ran out by `now` — whether `expire` has seen it yet or not, so that applying
-        the log decides as the live path did. Returns how many applied."""
+        the log decides as the live path did; a nack of such a lease ends it alone, as its expiry does, while a
+        nack of a running one takes the later leased members of its key's batch with it (`_fail`). Returns how
+        many applied."""
         leases = self.leases
         applied = []
         for num, version in items:
@@ -477,8 +479,9 @@ class SubscriptionState(Dispatch):
         """Derive the dispatch state from the durable state (after recovery, or when taking a subscription over)
         and start dispatching. Every cursor goes back to its floor: what is unacked and not locked goes out again
         (with its delivery count); locked messages stay locked until their deadline, and an ordering key with
-        locked messages has them as its outstanding batch, so nothing later of the key goes out before they end.
-        Changes no durable state (only records do)."""
+        locked messages has them as its outstanding batch, so nothing later of the key goes out before they end
+        — and what of the key is unacked and unlocked before them (it ran out while they ran on) goes out again
+        first once they end. Changes no durable state (only records do)."""
         self._clear_dispatch()
         self.dispatching = True
         self._derive_dispatch()
@@ -498,6 +501,8 @@ class SubscriptionState(Dispatch):
                 ks.batch.append(num)
             elif num not in self.kept:  # (a kept one lies below the floor: the walk never reaches it)
                 self.ahead.add(num)  # the walk from the floor must not hand it out again
+        if self.keys and self.topic is not None:
+            self._derive_redo()
         by_deadline: dict[float, list[int]] = {}
         for num, lease in self.leases.items():
             by_deadline.setdefault(lease[0], []).append(num)
