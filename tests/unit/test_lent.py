@@ -1,0 +1,131 @@
+"""Invariant S1 across logs (docs/cluster.md, "Scale-out" 4.3 step 4): a pair handed over names its older batches
+in the logs it came from, so a log's own need counts its own batches only (broker.images.bundle_need), each other
+log keeps what the pairs handed out of it still name (broker.images.lent_map, the `lent/` keys of
+node.ledger_upkeep), and a batch of a log this node does not own is read from that log's ledgers — of its open
+ledger only what is durable on a quorum (node.log_reads)."""
+
+from __future__ import annotations
+
+from array import array
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pigeon.broker import images
+from pigeon.broker.resources import Subscription, Topic
+from pigeon.broker.state import BrokerState
+from pigeon.cluster import metadata as M
+from pigeon.core.bundles import LOG_ADDRESS, bundle_log, log_address, split_log_address
+from pigeon.storage import records as R
+
+# log ids alike in their low byte (1, 257, 65537) or not: an address's log is its bits 40-61, three bytes
+LOGS = [1, 2, 257, 65537, (1 << 21) - 1]
+
+
+@st.composite
+def indexes(draw):
+    """(a log, an index of a pair of it): the batches of the logs the pair stayed in before, in turn (a log may
+    come again, this one too), then its present stay — log addresses of earlier owners, then journal positions —
+    and a prefix trimmed off (acks)."""
+    own = draw(st.sampled_from(LOGS))
+    stays = draw(st.lists(st.tuples(st.sampled_from(LOGS), st.integers(0, 70)), max_size=6))
+    stays.append((own, draw(st.integers(0, 70))))
+    pos, next_offset = [], {}
+    for log, n in stays:
+        offset = next_offset.get(log, 0)
+        for gap in draw(st.lists(st.integers(1, 1 << 30), min_size=n, max_size=n)):
+            offset += gap
+            pos.append(log_address(log, offset))
+        next_offset[log] = offset + 1
+    pos += sorted(draw(st.lists(st.integers(0, LOG_ADDRESS - 1), max_size=20)))
+    return own, array("q", pos[draw(st.integers(0, len(pos))):])
+
+
+def _naive(own: int, pos: array) -> tuple[int, dict[int, tuple[int, int]]]:
+    first = next((i for i, a in enumerate(pos) if a < LOG_ADDRESS or split_log_address(a)[0] == own), len(pos))
+    spans: dict[int, tuple[int, int]] = {}
+    for a in pos:
+        if a >= LOG_ADDRESS and split_log_address(a)[0] != own:
+            log, offset = split_log_address(a)
+            low, high = spans.get(log, (offset, offset))
+            spans[log] = (min(low, offset), max(high, offset))
+    return first, spans
+
+
+@settings(max_examples=300, deadline=None)
+@given(indexes())
+def test_an_index_names_its_own_log_from_its_first_own_batch_and_each_other_log_from_its_lowest(case):
+    own, pos = case
+    first, spans = _naive(own, pos)
+    assert images.own_first(pos, own) == first
+    assert images.foreign_spans(pos, own) == spans
+
+
+def test_the_runs_of_a_long_index_are_found_whole():
+    pos = array("q", [log_address(257, o) for o in range(0, 200_000, 2)] + [log_address(1, 7)] +
+                [log_address(257, 10**6 + o) for o in range(50_000)] + [log_address(65537, 3)] + list(range(10)))
+    assert images.own_first(pos, 2) == len(pos) - 10
+    assert images.foreign_spans(pos, 2) == {257: (0, 10**6 + 49_999), 1: (7, 7), 65537: (3, 3)}
+    assert images.own_first(pos, 257) == 0 and images.foreign_spans(pos, 257) == {1: (7, 7), 65537: (3, 3)}
+
+
+# --- a pair handed over, in broker state ----------------------------------------------------------------------
+BUNDLES = 16
+T, S = "projects/p/topics/hot", "projects/p/subscriptions/s"
+SHARDS, MOVED = 4, 1
+HOME = bundle_log(T, BUNDLES)  # the together topic's one log
+NEW = 1 + (HOME % BUNDLES)  # another bundle's log
+
+
+def num(offset: int, shard: int) -> int:
+    return offset << 6 | shard
+
+
+def fresh() -> BrokerState:
+    st_ = BrokerState()
+    st_.dispatch_off()
+    st_.apply(R.TopicPut(1, SHARDS, Topic(name=T).SerializeToString()))
+    st_.apply(R.SubPut(2, 1, Subscription(name=S, topic=T, ack_deadline_seconds=10).SerializeToString(),
+                       [0] * SHARDS))
+    return st_
+
+
+def handed_over() -> tuple[BrokerState, BrokerState]:
+    """(HOME's owner's state, NEW's owner's): shard MOVED published at HOME offsets 100, 104, 108 (the others at
+    101..), handed to NEW, then published twice at NEW (journal positions 5000, 6000)."""
+    old = fresh()
+    for i in range(3):
+        for k in range(SHARDS):
+            old.apply(R.Publish(1, k, 2 * i, 1000 + i, 2, 0, b""), log_address(HOME, 100 + 4 * i + (k - MOVED) % 4))
+    out = R.ShardOut(1, MOVED, HOME, NEW, 1, 30.0,
+                     images.pair_images(old, old.topics_by_uid[1], MOVED))
+    old.apply(out)
+    new = fresh()
+    new.apply(R.ShardIn(1, MOVED, NEW, HOME, 1, 30.0, out.images))
+    new.apply(R.Publish(1, MOVED, 6, 2000, 1, 0, b""), 5000)
+    new.apply(R.Publish(1, MOVED, 7, 2001, 1, 0, b""), 6000)
+    return old, new
+
+
+def test_a_log_needs_its_own_batches_and_lends_the_others():
+    old, new = handed_over()
+    assert images.bundle_need(old, HOME, BUNDLES, lambda a: split_log_address(a)[1]) == 101, \
+        "the pair handed out is not HOME's own need any more"
+    assert images.lent_map(old, HOME, BUNDLES) == {}
+    assert images.bundle_need(new, NEW, BUNDLES) == 5000, "only NEW's own batches: not HOME's offsets"
+    assert images.lent_map(new, NEW, BUNDLES) == {HOME: {(1, MOVED): 100}}
+    assert images.named_top(new, NEW, BUNDLES, HOME) == 108 and images.named_top(new, NEW, BUNDLES, 3) == -1
+    new.apply(R.Ack(2, [num(o, MOVED) for o in range(4)]))
+    new.trim_indexes(0.0)  # the first two batches acked: they go
+    assert images.lent_map(new, NEW, BUNDLES) == {HOME: {(1, MOVED): 108}}
+    new.apply(R.Ack(2, [num(o, MOVED) for o in range(4, 7)]))
+    new.trim_indexes(0.0)
+    assert images.lent_map(new, NEW, BUNDLES) == {}, "nothing of HOME named any more"
+    assert images.bundle_need(new, NEW, BUNDLES) == 6000
+
+
+def test_lent_keys_name_their_log_and_pair():
+    key = M.lent_key(HOME, 12, 3)
+    assert key.startswith(M.lent_prefix(HOME)) and key.startswith(M.LENT_PREFIX)
+    assert M.split_lent_key(key) == (HOME, 12, 3) and M.split_lent_key(M.ledgers_key(HOME)) is None
+    assert not M.lent_key(1, 1, 0).startswith(M.lent_prefix(10))
