@@ -6,8 +6,12 @@ ledger only what is durable on a quorum (node.log_reads)."""
 
 from __future__ import annotations
 
+import asyncio
 from array import array
+from types import SimpleNamespace
 
+import pytest
+from google.pubsub_v1 import types
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -15,7 +19,12 @@ from pigeon.broker import images
 from pigeon.broker.resources import Subscription, Topic
 from pigeon.broker.state import BrokerState
 from pigeon.cluster import metadata as M
+from pigeon.cluster.ledgers import LedgerInfo
 from pigeon.core.bundles import LOG_ADDRESS, bundle_log, log_address, split_log_address
+from pigeon.node.bundle_logs import OwnedLog
+from pigeon.node.log_reads import LogReads
+from pigeon.node.meta_local import LocalMetadata
+from pigeon.node.reader import MessageReader, NotCached
 from pigeon.storage import records as R
 
 # log ids alike in their low byte (1, 257, 65537) or not: an address's log is its bits 40-61, three bytes
@@ -129,3 +138,73 @@ def test_lent_keys_name_their_log_and_pair():
     assert key.startswith(M.lent_prefix(HOME)) and key.startswith(M.LENT_PREFIX)
     assert M.split_lent_key(key) == (HOME, 12, 3) and M.split_lent_key(M.ledgers_key(HOME)) is None
     assert not M.lent_key(1, 1, 0).startswith(M.lent_prefix(10))
+
+
+# --- a batch of a log not owned here -----------------------------------------------------------------------------
+def _node(state: BrokerState, owned: list[int], meta: LocalMetadata | None = None):
+    async def durable(end=None, log_id=None):
+        return None
+
+    async def catch_up():
+        return None
+    engine = SimpleNamespace(state=state, reader=MessageReader(None, 1 << 24), durable=durable,
+                             meta_log=SimpleNamespace(catch_up=catch_up))
+    cluster = SimpleNamespace(engine=engine, config=SimpleNamespace(bundles=BUNDLES))
+    logs = {log: OwnedLog(log, 1, LedgerInfo(log << 20, 1, {"n1": "a"}, 0), next_offset=500) for log in owned}
+    bundles = SimpleNamespace(cluster=cluster, logs=logs, meta=meta or LocalMetadata(), cluster_format=3)
+    bundles.reads = LogReads(bundles)
+    return bundles
+
+
+_Request, _Message = types.PublishRequest.pb(), types.PubsubMessage.pb()
+
+
+def _entry(i: int) -> tuple[int, bytes]:
+    request = _Request(topic=T, messages=[_Message(data=b"m%d" % i)]).SerializeToString()
+    return R.RecordType.PUBLISH, b"".join(R.Publish(1, MOVED, i, 1000 + i, 1, 0, request).parts())
+
+
+def test_a_batch_of_a_foreign_log_is_read_from_its_ledgers_and_of_an_open_one_only_what_is_durable():
+    async def go():
+        _, new = handed_over()
+        y = _node(new, [NEW])
+        closed = LedgerInfo(HOME << 20, 1, {"n2": "a", "n3": "b"}, 0, 104)
+        open_ = LedgerInfo(HOME << 20 | 1, 1, {"n2": "a", "n3": "b"}, 104)
+        lists = {HOME: [closed]}
+        held = {closed.id: [_entry(i) for i in range(104)], open_.id: [_entry(i) for i in range(104, 130)]}
+        asked: list[tuple[int, int, int]] = []
+        listed, moved = [], set()
+
+        async def read_ledgers(log_id):
+            listed.append(log_id)
+            return None, [lg.copy() for lg in lists[log_id]]
+
+        async def read_range(lg, start, end):
+            asked.append((lg.id, start, end))
+            if moved & set(lg.members):
+                raise ConnectionError("no member answers")
+            return held[lg.id][start:end]  # (a member's durable prefix)
+        y.read_ledgers, y.read_range = read_ledgers, read_range
+        reader = y.cluster.engine.reader
+        await y.reads.fetch(log_address(HOME, 100))
+        assert reader.cached(log_address(HOME, 100)) and asked[0][:2] == (closed.id, 100)
+        assert asked[0][2] == 104, "not past the closed ledger"
+        # the batch at 108 is in a ledger the list read first did not have: read again, open now
+        lists[HOME] = [closed, open_]
+        await y.reads.fetch(log_address(HOME, 108))
+        assert asked[-1] == (open_.id, 4, 5), "of the open ledger, up to the highest batch an index here names"
+        assert reader.cached(log_address(HOME, 108)) and not reader.cached(log_address(HOME, 109))
+        messages = reader.batch(log_address(HOME, 108))[0]
+        assert len(messages) == 1 and b"m108" in messages[0]
+        with pytest.raises(NotCached):  # (an entry past what is durable is not cached)
+            reader.batch(log_address(HOME, 109))
+        # a copy moved by a repair: the read fails, and the next one reads the list again first
+        moved.add("n2")
+        lists[HOME] = [LedgerInfo(closed.id, 1, {"n4": "d", "n3": "b"}, 0, 104), open_]
+        before = len(listed)
+        with pytest.raises(ConnectionError):
+            await y.reads.fetch(log_address(HOME, 50))
+        assert len(listed) == before, "the list as read"
+        await y.reads.fetch(log_address(HOME, 50))  # (n2 still gone: from the list read again)
+        assert len(listed) == before + 1 and reader.cached(log_address(HOME, 50))
+    asyncio.run(go())
