@@ -22,6 +22,7 @@ from pigeon.cluster import metadata as M
 from pigeon.cluster.ledgers import LedgerInfo
 from pigeon.core.bundles import LOG_ADDRESS, bundle_log, log_address, split_log_address
 from pigeon.node.bundle_logs import OwnedLog
+from pigeon.node.ledger_upkeep import LedgerUpkeep, lend, unlend
 from pigeon.node.log_reads import LogReads
 from pigeon.node.meta_local import LocalMetadata
 from pigeon.node.reader import MessageReader, NotCached
@@ -207,4 +208,85 @@ def test_a_batch_of_a_foreign_log_is_read_from_its_ledgers_and_of_an_open_one_on
         assert len(listed) == before, "the list as read"
         await y.reads.fetch(log_address(HOME, 50))  # (n2 still gone: from the list read again)
         assert len(listed) == before + 1 and reader.cached(log_address(HOME, 50))
+    asyncio.run(go())
+
+
+# --- the owners' side: lent keys kept, a log cut short of them -------------------------------------------------
+async def _lent(meta: LocalMetadata) -> dict[str, int]:
+    return {kv.key: int(kv.value) for kv in await meta.list(M.LENT_PREFIX)}
+
+
+def test_a_hand_over_lends_the_old_log_and_the_new_owner_keeps_the_key():
+    async def go():
+        old, new = handed_over()
+        meta = LocalMetadata()
+        key = M.lent_key(HOME, 1, MOVED)
+        # before the ShardOut: the old owner lends what the pair names of its log, and keeps the key meanwhile
+        before = fresh()
+        for i in range(3):
+            before.apply(R.Publish(1, MOVED, 2 * i, 1000 + i, 2, 0, b""), log_address(HOME, 100 + 4 * i))
+        x = _node(before, [HOME], meta)
+        upkeep = LedgerUpkeep(x)
+        assert not upkeep.lent_about(), "no pair handed over: etcd is not asked"
+        assert await lend(x, HOME, 1, MOVED) == 100
+        assert upkeep.lent_about()
+        assert await upkeep._lent_low(x.logs[HOME]) == (100, 100), "a hand-over under way: its key counts"
+        unlend(x, HOME, 1, MOVED)
+        assert await upkeep._lent_low(x.logs[HOME]) == (None, 100), "no hand-over after all: the key goes"
+        assert await _lent(meta) == {}
+        assert await lend(x, HOME, 1, MOVED) == 100
+        # the new owner: the key rises with the acks, and goes once the pair names nothing of HOME
+        y = _node(new, [NEW], meta)
+        assert await LedgerUpkeep(y).keep_lent() == (0, 0) and await _lent(meta) == {key: 100}
+        new.apply(R.Ack(2, [num(o, MOVED) for o in range(4)]))
+        new.trim_indexes(0.0)
+        assert await LedgerUpkeep(y).keep_lent() == (1, 0) and await _lent(meta) == {key: 108}
+        # a stale pass (a state from before those acks) writes nothing lower: the values only rise
+        _, stale = handed_over()
+        assert await LedgerUpkeep(_node(stale, [NEW], meta)).keep_lent() == (0, 0)
+        assert await _lent(meta) == {key: 108}
+        new.apply(R.Ack(2, [num(o, MOVED) for o in range(4, 7)]))
+        new.trim_indexes(0.0)
+        assert await LedgerUpkeep(y).keep_lent() == (0, 1) and await _lent(meta) == {}
+        # the old owner, the ShardOut in its state: the pair is not its any more, nor its mark
+        await meta.put(key, b"100")
+        x.cluster.engine.state = old
+        assert await LedgerUpkeep(x).keep_lent() == (0, 0) and not x.reads.lending
+    asyncio.run(go())
+
+
+def test_a_cut_keeps_the_ledgers_a_pair_handed_out_still_names():
+    async def go():
+        old, _ = handed_over()
+        meta = LocalMetadata()
+        x = _node(old, [HOME], meta)
+        ol = x.logs[HOME]
+        lists = {HOME: [LedgerInfo(HOME << 20 | i, 1, {"n1": "a"}, 100 * i, 100 * i + 100) for i in range(5)]}
+        ol.ledgers = [lg.copy() for lg in lists[HOME]]
+        ol.snapshots = [(450, True)]
+
+        async def read_ledgers(log_id):
+            return None, [lg.copy() for lg in lists[log_id]]
+
+        async def put_ledgers(log_id, epoch, kv, ledgers):
+            lists[log_id] = ledgers
+            ol.ledgers = ledgers
+        x.read_ledgers, x.put_ledgers = read_ledgers, put_ledgers
+        upkeep = LedgerUpkeep(x)
+
+        async def deleted(ledgers):
+            return None
+        upkeep._delete = deleted
+        await meta.put(M.lent_key(HOME, 1, MOVED), b"50")
+        await meta.put(M.lent_key(HOME, 77, 0), b"0")  # a topic gone for good (deleted, no subscription left)
+        old.next_uid = max(old.next_uid, 78)
+        assert await upkeep.cut(ol), "the reading point moves on"
+        assert [lg.first for lg in lists[HOME]] == [0, 100, 200, 300, 400], "from the pair's 50 on (own need: 101)"
+        assert lists[HOME][-1].start == 450
+        assert await _lent(meta) == {M.lent_key(HOME, 1, MOVED): 50}, "the gone topic's key deleted"
+        await meta.put(M.lent_key(HOME, 1, MOVED), b"350")
+        old.apply(R.Ack(2, [num(o, k) for k in range(SHARDS) for o in range(6)]))
+        old.trim_indexes(0.0)
+        assert await upkeep.cut(ol)
+        assert [lg.first for lg in lists[HOME]] == [300, 400]
     asyncio.run(go())
