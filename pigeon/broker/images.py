@@ -6,12 +6,14 @@ from, but for message indexes a snapshot leaves out (the log after it holds ever
 
 from __future__ import annotations
 
+import sys
 from array import array
 from typing import Callable
 
 from pigeon.broker.state import BrokerState
 from pigeon.broker.subscription import SubscriptionState
 from pigeon.broker.topic import SHARD_MASK, TopicState
+from pigeon.core.bundles import LOG_ADDRESS, split_log_address
 from pigeon.storage import checkpoint as CK
 from pigeon.storage import records as R
 
@@ -139,10 +141,98 @@ def _pair_images(state: BrokerState, t: TopicState, shards: set[int], addresses,
 
 def bundle_need(state: BrokerState, log: int, bundles: int, address: Callable[[int], int] = lambda a: a) -> int:
     """The lowest address (`address` of the index's position) of a message index batch of the bundle still kept (a
-    huge number when none is): nothing stored before it holds a message the bundle still needs."""
+    huge number when none is): nothing stored before it holds a message the bundle still needs. Only the log's own
+    batches count: a pair handed over into the log names its older batches by log addresses of the logs it came
+    from (those logs keep them for it: `lent_map`), and an address of another log is no offset of this one."""
     need = 1 << 63
     for t, shards in _bundle(state, log, bundles):
         for ix in (t.shards[k] for k in shards):
-            if len(ix.pos):
-                need = min(need, address(ix.pos[0]))
+            i = own_first(ix.pos, log)
+            if i < len(ix.pos):
+                need = min(need, address(ix.pos[i]))
     return need
+
+
+def lent_map(state: BrokerState, log: int, bundles: int) -> dict[int, dict[tuple[int, int], int]]:
+    """{another log: {(topic uid, shard): the lowest offset of it that pair's index names}} for the pairs of log
+    `log`: what their indexes need of the logs they were handed over from (docs/cluster.md, "Scale-out" 4.3 step
+    4; the owner of `log` keeps it as `lent/` keys, the owner of each other log keeps its ledgers from there)."""
+    out: dict[int, dict[tuple[int, int], int]] = {}
+    for t, shards in _bundle(state, log, bundles):
+        for k in sorted(shards):
+            for other, (low, _) in foreign_spans(t.shards[k].pos, log).items():
+                out.setdefault(other, {})[(t.uid, k)] = low
+    return out
+
+
+def named_top(state: BrokerState, log: int, bundles: int, other: int) -> int:
+    """The highest offset of log `other` an index of a pair of log `log` names (-1 when none does)."""
+    top = -1
+    for t, shards in _bundle(state, log, bundles):
+        for k in shards:
+            span = foreign_spans(t.shards[k].pos, log).get(other)
+            if span is not None:
+                top = max(top, span[1])
+    return top
+
+
+# An index's positions, in publish order, are the pair's stays one after the other: the batches of each log it was
+# handed over from, named by log addresses (a log it came back to is its own again: its earlier stay's batches are
+# its own log's addresses), then those of its present stay — log addresses of its log (from its owners before this
+# one), then this owner's journal positions, the last. Each stay's batches ascend (a log's offsets only grow), so
+# a log's first batch in the index is the lowest of it the index names. The stays are found run by run: a run is
+# the positions whose bits 40–63 (bit 62 and the log id) are equal, found a byte column at a time by `lstrip`, in C
+# (a backlog handed over may be millions of batches: a Python step each would hold the loop for a second).
+
+
+def _runs(pos: array, log: int):
+    """(first index, end index, log) of each run of `pos` — `log` for this owner's journal positions, the last run
+    (where the scan stops)."""
+    i, n, columns = 0, len(pos), None
+    while i < n:
+        if pos[i] < LOG_ADDRESS:
+            yield i, n, log
+            return
+        columns = columns or _top_bytes(pos)
+        end = _run_end(columns, i)
+        yield i, end, split_log_address(pos[i])[0]
+        i = end
+
+
+def _top_bytes(pos: array) -> list[bytes]:
+    """Bits 40–63 of every position, as three strings of a byte each."""
+    raw = pos.tobytes()
+    return [raw[j::8] for j in ((5, 6, 7) if sys.byteorder == "little" else (2, 1, 0))]
+
+
+def _run_end(columns: list[bytes], i: int) -> int:
+    """The end of the run from `i`: where one of the columns first differs from its byte at `i`."""
+    end = len(columns[0])
+    for column in columns:
+        rest = column[i:]
+        end = min(end, i + len(rest) - len(rest.lstrip(rest[:1])))
+    return end
+
+
+def own_first(pos: array, log: int) -> int:
+    """The index of the first position of `pos` naming a batch of log `log` itself — a journal position, or one of
+    its log addresses — (len(pos) when none does): the positions before it name batches of other logs only."""
+    i, n, columns = 0, len(pos), None
+    while i < n:
+        if pos[i] < LOG_ADDRESS or split_log_address(pos[i])[0] == log:
+            return i
+        columns = columns or _top_bytes(pos)
+        i = _run_end(columns, i)
+    return n
+
+
+def foreign_spans(pos: array, log: int) -> dict[int, tuple[int, int]]:
+    """{another log: (the lowest, the highest offset of it `pos` names)} — the logs other than `log` whose batches
+    an index of a pair of `log` names."""
+    out: dict[int, tuple[int, int]] = {}
+    for i, end, of in _runs(pos, log):
+        if of != log:
+            low, high = split_log_address(pos[i])[1], split_log_address(pos[end - 1])[1]
+            had = out.get(of)
+            out[of] = (low, high) if had is None else (min(had[0], low), max(had[1], high))
+    return out

@@ -162,6 +162,30 @@ def ledgers_key(log: int) -> str:
     return f"{ROOT}/ledgers/{log:05d}"
 
 
+LENT_PREFIX = f"{ROOT}/lent/"
+
+
+def lent_prefix(log: int) -> str:
+    """The `lent_key`s of the pairs that name batches of log `log` (its owner keeps its ledgers for them)."""
+    return f"{LENT_PREFIX}{log:05d}/"
+
+
+def lent_key(log: int, topic_uid: int, shard: int) -> str:
+    """The lowest offset of log `log` the index of pair (topic, shard) still names, once the pair left the log
+    (docs/cluster.md, "Scale-out" 4.3 step 4), in decimal: put before the pair's ShardOut by the log's owner, then
+    raised or deleted by the owner of the log the pair is in; no lease (it outlives owners)."""
+    return f"{lent_prefix(log)}{topic_uid}.{shard}"
+
+
+def split_lent_key(key: str) -> tuple[int, int, int] | None:
+    """(log, topic uid, shard) of a `lent_key` (None for any other key)."""
+    if not key.startswith(LENT_PREFIX):
+        return None
+    log, _, pair = key[len(LENT_PREFIX):].partition("/")
+    uid, _, shard = pair.partition(".")
+    return (int(log), int(uid), int(shard)) if log.isdigit() and uid.isdigit() and shard.isdigit() else None
+
+
 def drain_key(node_id: str) -> str:
     """A node an operator drains (`pigeon cluster drain`): placement leaves it out; no lease, so it stays
     through the node's restarts until `pigeon cluster undrain`."""

@@ -10,9 +10,16 @@ node.bundle_logs: what to cut and where to copy is pigeon.cluster.ledgers'. Owns
   * a log is cut at its latest confirmed snapshot (a takeover reads from there on), keeping every ledger from the
     oldest message still needed on — as the log holds it: what the state shows acked is needed until the acks'
     records are in the log (a takeover that loses them needs the messages again) — by the owner-guarded change of
-    its ledger list; the members of the ledgers
+    its ledger list — and every ledger from the lowest offset a pair handed over out of the log still names
+    (its `lent/` keys: invariant S1 across logs, docs/cluster.md "Scale-out" 4.3 step 4); the members of the ledgers
     cut off are then told to delete them (best effort: one that cannot be reached deletes them when it next
     compares the ledgers it holds with their lists: `collect_strays`);
+  * lent keys: a hand-over writes the pair's `lent/<its old log>/<pair>` before its ShardOut (`lend`); every few
+    seconds the owner of each log writes the lowest offset each of its pairs names of every other log where that
+    rose, and deletes the keys of its pairs that name that log no more — both only once the state it read them
+    from is durable, and each by compare-and-swap on the key as read; a cut deletes the keys of its log that name
+    nothing needed (a topic gone for good; a pair in the log again, no hand-over out of it under way); and while
+    no hand-over can have happened (`lent_about`) none of this asks etcd anything;
   * repair: a closed ledger short of members that are up gets a new member only after every entry was copied
     there — a copy whose stream ends before the last entry was answered has failed — and a failed change of the
     list while the owner key is still ours is read again, never taken for a lost bundle."""
@@ -32,8 +39,11 @@ from pigeon.node.bundle_logs import BundleLogs, Conflict, Lost, OwnedLog
 from pigeon.node.ledger_store import FENCE_EPOCH
 from pigeon.node.log_reads import Unnamed
 from pigeon.node.replication import RecoveryFailed
+from pigeon.storage import formats
 
 log = logging.getLogger("pigeon.ledgers")
+
+LENT_CHECK_S = 5.0  # how often an owner brings the `lent/` keys of its pairs up to date
 
 
 class LedgerUpkeep:
@@ -44,9 +54,11 @@ class LedgerUpkeep:
         self._clean: tuple | None = None  # (what a pass depends on, when) at the last pass that found nothing short
         self._strays: asyncio.Task | None = None
         self._strays_next = 0.0  # (the loop's time) the next look for ledgers no list names
+        self._lent: asyncio.Task | None = None
+        self._lent_next = 0.0  # (the loop's time) the next pass over the `lent/` keys
 
     def close(self) -> None:
-        for task in (self._repairing, self._strays):
+        for task in (self._repairing, self._strays, self._lent):
             if task is not None:
                 task.cancel()
 
@@ -74,6 +86,7 @@ class LedgerUpkeep:
             if ol.snapshots and (ol.trimming is None or ol.trimming.done()):
                 ol.trimming = asyncio.get_running_loop().create_task(self._cut_logged(ol),
                                                                      name=f"pigeon-cut-{ol.log_id}")
+        self._start_lent()
 
     def _snapshot(self, ol: OwnedLog) -> None:
         """Append the bundle's state to its log. No await between reading the state and appending: the record
@@ -111,8 +124,9 @@ class LedgerUpkeep:
 
     async def cut(self, ol: OwnedLog) -> bool:
         """Move where a takeover reads the log from to its latest confirmed snapshot, and drop the ledgers that end
-        before both it and the oldest message batch the bundle's index still keeps, by the owner-guarded
-        transaction. Whether the list changed."""
+        before both it and the oldest message batch the bundle's index still keeps — and the lowest one a pair
+        handed over out of the log still names (its `lent/` keys) —, by the owner-guarded transaction. Whether the
+        list changed."""
         engine = self.bundles.cluster.engine
         need = images.bundle_need(engine.state, ol.log_id, self.bundles.cluster.config.bundles,
                                   lambda a: self.bundles.reads.log_offset(ol, a))
@@ -131,9 +145,25 @@ class LedgerUpkeep:
         plan = cut_at(ol.ledgers, at, need)
         if plan is None or (at == ol.start and not plan[1]):
             return False
+        # the keys are read after `need` was: a pair's key is put before its ShardOut, so a pair `need` left out
+        # (handed out) has its key in by then; and `need` is taken again with them, in the same step: a pair that
+        # came back to the log meanwhile (its key no longer counted) counts there
+        lent = None
+        if self.lent_about():
+            lent, again = await self._lent_low(ol)
+            need = min(need, again)
+            try:
+                await engine.durable(log_id=ol.log_id)
+            except Unavailable as e:
+                log.info("cutting log %d: %s", ol.log_id, e.message)
+                return False
         kv, ledgers = await self.bundles.read_ledgers(ol.log_id)
+        # (a key below the list's first ledger pins what is left: it names nothing a cut could keep any more,
+        # and must not stop the reading point from moving on)
+        if lent is not None and ledgers:
+            need = min(need, max(lent, ledgers[0].first))
         plan = cut_at(ledgers, at, need)
-        if plan is None:
+        if plan is None or (at == ol.start and not plan[1]):
             return False
         keep, dropped = plan
         await self.bundles.put_ledgers(ol.log_id, ol.epoch, kv, keep)
@@ -146,6 +176,135 @@ class LedgerUpkeep:
                      keep[0].first, len(dropped))
         await self._delete(dropped)
         return True
+
+    def lent_about(self) -> bool:
+        """Whether `lent/` keys may be about: from the cluster format after spread topics' on (hand-overs come with
+        a format of their own), and before it when this node's state shows a pair handed over (a topic's hand-over
+        numbers, a ShardOut pending) or it lent one itself. (A cluster that never hands a pair over asks etcd for
+        nothing more than it did.)"""
+        return (self.bundles.cluster_format > formats.CLUSTER_SPREAD or bool(self.bundles.reads.lending) or
+                any(t.gens or t.away for t in self.bundles.cluster.engine.state.topics_by_uid.values()))
+
+    async def _lent_low(self, ol: OwnedLog) -> tuple[int | None, int]:
+        """(the lowest offset of the log a pair handed over out of it still names — its `lent/` keys; None when
+        none does —, the log's own need, taken right after the keys were read). A key that names nothing needed is
+        deleted: one of a topic gone for good (deleted, and its subscriptions too: no message of it is read again),
+        and one of a pair in this log now — back, or never gone (a hand-over given up) — with no hand-over out of
+        it under way (`lend`): the need taken with the keys counts what it names here. That last only once the
+        metadata log is caught up: one behind would show a pair homed elsewhere since as still here."""
+        b = self.bundles
+        state, bundles, meta_log = b.cluster.engine.state, b.cluster.config.bundles, b.cluster.engine.meta_log
+        kvs = await b.meta.list(M.lent_prefix(ol.log_id))
+        keys = [(kv, M.split_lent_key(kv.key)) for kv in kvs]
+        if meta_log is not None and any(key is not None and self._here(key) for _, key in keys):
+            await meta_log.catch_up()
+        need = images.bundle_need(state, ol.log_id, bundles, lambda a: b.reads.log_offset(ol, a))
+        low, stale = None, []
+        for kv, key in keys:
+            if key is None:
+                continue
+            if (key[1] < state.next_uid and key[1] not in state.topics_by_uid) or \
+                    (meta_log is not None and self._here(key)):
+                stale.append(kv)
+                continue
+            value = _lent_value(kv)
+            low = value if low is None else min(low, value)
+        for kv in stale:
+            if (await b.meta.txn([M.unchanged_since(kv)], [M.Delete(kv.key)]))[0]:
+                log.info("log %d: lent key %s deleted (it names nothing needed)", ol.log_id, kv.key)
+        return low, need
+
+    def _here(self, key: tuple[int, int, int]) -> bool:
+        """Whether the pair of lent key `key` is in the key's log now, with no hand-over out of it under way."""
+        state = self.bundles.cluster.engine.state
+        log_id, uid, shard = key
+        t = state.topics_by_uid.get(uid)
+        return (t is not None and shard < len(t.shards) and shard not in t.away
+                and key not in self.bundles.reads.lending
+                and state.shard_logs(t, self.bundles.cluster.config.bundles)[shard] == log_id)
+
+    # --- lent keys (docs/cluster.md, "Scale-out" 4.3 step 4) ----------------------------------------------------
+    def _start_lent(self) -> None:
+        loop = asyncio.get_running_loop()
+        if not self.bundles.logs or (self._lent is not None and not self._lent.done()) or \
+                loop.time() < self._lent_next:
+            return
+        self._lent_next = loop.time() + LENT_CHECK_S
+        if self.lent_about():
+            self._lent = loop.create_task(self._keep_lent_logged(), name="pigeon-lent")
+
+    async def _keep_lent_logged(self) -> None:
+        try:
+            await self.keep_lent()
+        except asyncio.CancelledError:
+            raise
+        except (M.StoreUnavailable, Unavailable) as e:  # the next pass tries again
+            log.info("keeping lent keys: %s", e)
+        except Exception:  # noqa: BLE001 — the next pass tries again
+            log.exception("keeping lent keys failed")
+
+    async def keep_lent(self) -> tuple[int, int]:
+        """Bring the `lent/` keys of the pairs of the logs this node owns up to date: for each other log a pair's
+        index names batches of, its key holds the lowest offset of them it names — written where that rose (or the
+        key is missing) — and the key of a pair that names no batch of that log any more is deleted. (The key of a
+        pair for the log it is in is the cut's to delete: `_lent_low`.) Nothing is asked of etcd while no pair here
+        was ever handed over. (keys written, keys deleted)
+
+        No owner guard is needed: what is written or deleted is read from a state whose records are durable in its
+        log (awaited first: a takeover that loses records would name more), and a pair's index only ever names
+        fewer batches of a log it left as acks trim it — it gets batches of another log only with a new image (a
+        ShardIn, a snapshot read back), a new index object, which is checked for before each change. So a stale
+        owner — one whose log was taken over, whose state ends at an earlier record — writes an offset no higher
+        than its successor would, and deletes a key only when its successor names nothing there either; and every
+        change is a compare-and-swap on the key as read, so none lands over a `lend` made meanwhile."""
+        b = self.bundles
+        engine, bundles = b.cluster.engine, b.cluster.config.bundles
+        state = engine.state
+        held: dict[tuple[int, int], tuple[int, object]] = {}  # pair → (the owned log it is in, its index)
+        want: dict[tuple[int, int, int], int] = {}  # (other log, topic uid, shard) → the lowest offset named
+        moved = False  # (a pair here was handed over once: a key of it may be there)
+        for ol in list(b.logs.values()):
+            if ol.released:
+                continue
+            for t, shards in state.log_shards(ol.log_id, bundles):
+                held.update(((t.uid, k), (ol.log_id, t.shards[k])) for k in shards if k not in t.away)
+                moved = moved or any(t.gens.get(k, 0) for k in shards)
+            for other, pairs in images.lent_map(state, ol.log_id, bundles).items():
+                want.update(((other, uid, k), low) for (uid, k), low in pairs.items())
+        b.reads.lending = {m for m in b.reads.lending if held.get(m[1:], (None,))[0] == m[0]}  # (handed out now)
+        if not moved and not want:
+            return 0, 0
+        for log_id in {at for at, _ in held.values()}:
+            try:
+                await engine.durable(log_id=log_id)
+            except Unavailable:  # (the log moved meanwhile: its next owner sees to its pairs)
+                held = {p: h for p, h in held.items() if h[0] != log_id}
+        have = {key: kv for kv in await b.meta.list(M.LENT_PREFIX) if (key := M.split_lent_key(kv.key)) is not None}
+        written = deleted = 0
+        for key, low in want.items():
+            kv, pair = have.get(key), key[1:]
+            if pair not in held or (kv is not None and _lent_value(kv) >= low) or not self._still(pair, held[pair]):
+                continue
+            k = M.lent_key(*key)
+            ok, _ = await b.meta.txn([M.unchanged_since(kv) if kv else M.absent(k)], [M.Put(k, str(low).encode())])
+            written += ok
+        for key, kv in have.items():
+            pair = key[1:]
+            if pair not in held or key in want or key[0] == held[pair][0] or not self._still(pair, held[pair]):
+                continue
+            ok, _ = await b.meta.txn([M.unchanged_since(kv)], [M.Delete(kv.key)])
+            deleted += ok
+        if written or deleted:
+            log.info("lent keys: %d written, %d deleted", written, deleted)
+        return written, deleted
+
+    def _still(self, pair: tuple[int, int], held: tuple[int, object]) -> bool:
+        """Whether the pair is in that owned log still, with that index (no image loaded over it since)."""
+        log_id, ix = held
+        t = self.bundles.cluster.engine.state.topics_by_uid.get(pair[0])
+        bundles = self.bundles.cluster.config.bundles
+        return (t is not None and t.shards[pair[1]] is ix and pair[1] not in t.away and log_id in self.bundles.logs
+                and self.bundles.cluster.engine.state.shard_logs(t, bundles)[pair[1]] == log_id)
 
     async def _delete(self, ledgers: list[LedgerInfo]) -> None:
         """Tell the members of ledgers no list names any more to delete them. A member that cannot be reached
@@ -286,6 +445,51 @@ class LedgerUpkeep:
                                  "answered")
         finally:
             stream.close()
+
+
+async def lend(bundles: BundleLogs, source_log: int, topic_uid: int, shard: int,
+               lowest_offset: int | None = None) -> int:
+    """Keep the ledgers of `source_log` (a log this node owns) that pair (topic_uid, shard) names, for its hand-over
+    out of the log (docs/cluster.md, "Scale-out" 4.3 step 4): puts its key `lent/<source_log>/<topic_uid>.<shard>`.
+    Await it before the ShardOut is committed — and call `unlend` should that ShardOut then not be appended after
+    all. The offset written: `lowest_offset`, or (None) the lowest offset of the log the pair's index names now —
+    the log's next offset when it names none: all it is published from now on lies after — so the image of the
+    ShardOut, made later, names none below it. The key stays while the hand-over is under way (a cut keeps it
+    until the state has the ShardOut), then the pair's new owner raises it as acks trim the pair's index, and
+    deletes it once it names nothing of the log. The offset written; Unavailable when the log is not this node's
+    (any more) or the pair not in it, M.StoreUnavailable when etcd did not answer (then hand nothing over)."""
+    ol = bundles.logs.get(source_log)
+    if ol is None or ol.released:
+        raise Unavailable(f"Log {source_log} is not this node's; retry.")
+    if lowest_offset is None:
+        state = bundles.cluster.engine.state
+        t = state.topics_by_uid.get(topic_uid)
+        if t is None or shard not in state.shards_in(t, source_log, bundles.cluster.config.bundles):
+            raise Unavailable(f"Shard {shard} of topic {topic_uid} is not in log {source_log}; retry.")
+        pos = t.shards[shard].pos
+        i = images.own_first(pos, source_log)
+        lowest_offset = bundles.reads.log_offset(ol, pos[i]) if i < len(pos) else ol.next_offset
+    mark = (source_log, topic_uid, shard)
+    bundles.reads.lending.add(mark)
+    try:
+        await bundles.meta.put(M.lent_key(source_log, topic_uid, shard), str(lowest_offset).encode())
+    except BaseException:
+        bundles.reads.lending.discard(mark)  # (the key the put may have made anyway goes at the next pass)
+        raise
+    return lowest_offset
+
+
+def unlend(bundles: BundleLogs, source_log: int, topic_uid: int, shard: int) -> None:
+    """The hand-over `lend` was called for appends no ShardOut after all: the key goes at the log's next cut."""
+    bundles.reads.lending.discard((source_log, topic_uid, shard))
+
+
+def _lent_value(kv: M.KV) -> int:
+    """The offset a `lent/` key holds (0 — keep everything — should it not read as one)."""
+    try:
+        return int(kv.value)
+    except ValueError:
+        return 0
 
 
 def _holds_entries(ol: OwnedLog) -> bool:
