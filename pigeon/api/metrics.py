@@ -207,6 +207,8 @@ class NodeCollector(Collector):
             yield CounterMetricFamily("pigeon_cluster_takeovers", "Bundles taken over", value=logs.taken)
             yield CounterMetricFamily("pigeon_cluster_ledger_rolls", "Ledgers closed to open the next",
                                       value=logs.rolls)
+            yield CounterMetricFamily("pigeon_cluster_shard_handovers", "Shards this node handed to another "
+                                      "bundle's log (finished: homed there)", value=self.cluster.handovers.done)
             yield GaugeMetricFamily("pigeon_cluster_under_replicated_ledgers", "Closed ledgers of the logs this "
                                     "node owns with fewer members up than E (at the last repair pass)",
                                     value=self.cluster.upkeep.under_replicated)

@@ -127,7 +127,7 @@ RULES: dict[str, Rule] = {
                                                     response="pigeon.v1.ListSubscriptionStatsResponse")),
     M + "GetClusterStatus": _r(Need("resourcemanager.projects.getIamPolicy", "", "admin")),
     # pigeon.v1.Storage: node to node only
-    **{ST + m: _r(Need("", "", "node")) for m in ("Append", "Fence", "Read", "Delete")},
+    **{ST + m: _r(Need("", "", "node")) for m in ("Append", "Fence", "Read", "Delete", "ShardIn")},
 }
 
 

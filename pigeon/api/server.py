@@ -69,7 +69,7 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
             return
         router = Router(engine, cluster)
         engine.publish_through(router.publish_at_owner)  # dead letters to a topic another node owns
-        storage = storage_api.handlers(cluster.store)  # pigeon.v1.Storage (node to node)
+        storage = storage_api.handlers(cluster.store, cluster.handovers)  # pigeon.v1.Storage (node to node)
     server = _grpc_server(reuse_port=config.reuse_port)
     api = PubSubApi(engine, router)
     exports = api.exports = ExportSupervisor(config, engine)  # export subscriptions' state, and (once started) runs

@@ -3,7 +3,8 @@
 and answered, in order, once durable — so the entries in flight on a stream share group commits, and the
 answers of requests made durable by one group commit go back as one (an answer covers every entry before its
 index). Its requests are read in place (pigeon.node.append_wire), not parsed into messages; the pipeline is
-pigeon.node.append_channel's, which also serves it without gRPC."""
+pigeon.node.append_channel's, which also serves it without gRPC. ShardIn is the owner role's, beside: a pair
+handed to a log this node owns (node.handover)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from pigeon.node.proto import pigeon_storage_pb2 as pb
 from pigeon.core import limits
 from pigeon.node.append_channel import serve_appends
 from pigeon.node.ledger_store import LedgerStore
+from pigeon.storage import records as R
 
 SERVICE = "pigeon.v1.Storage"
 
@@ -29,8 +31,9 @@ def _fitting(entries: list) -> list:
 
 
 class StorageApi:
-    def __init__(self, store: LedgerStore):
+    def __init__(self, store: LedgerStore, handovers=None):
         self.store = store
+        self.handovers = handovers  # node.handover.HandOvers
 
     async def append(self, request_iterator, context):
         try:
@@ -55,9 +58,14 @@ class StorageApi:
         removed = await self.store.delete(list(req.ledgers))
         return pb.DeleteLedgersResponse(segments_removed=removed).SerializeToString()
 
+    @translate
+    async def shard_in(self, req, context):
+        await self.handovers.accept(R.ShardOut.decode(req.shard_out))
+        return pb.ShardInResponse().SerializeToString()
 
-def handlers(store: LedgerStore) -> list[grpc.GenericRpcHandler]:
-    api = StorageApi(store)
+
+def handlers(store: LedgerStore, handovers=None) -> list[grpc.GenericRpcHandler]:
+    api = StorageApi(store, handovers)
     return [grpc.method_handlers_generic_handler(SERVICE, {
         # requests are read by append_wire (views into the bytes as they came), not parsed into messages
         "Append": grpc.stream_stream_rpc_method_handler(api.append, request_deserializer=None,
@@ -65,4 +73,5 @@ def handlers(store: LedgerStore) -> list[grpc.GenericRpcHandler]:
         "Fence": errors.unary(api.fence, pb.FenceRequest),
         "Read": errors.unary(api.read, pb.ReadRequest),
         "Delete": errors.unary(api.delete, pb.DeleteLedgersRequest),
+        "ShardIn": errors.unary(api.shard_in, pb.ShardInRequest),
     })]

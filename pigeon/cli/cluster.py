@@ -1,4 +1,4 @@
-"""`pigeon cluster status | drain | undrain | upgrade-check`: operate a cluster through its coordination store (etcd), which
+"""`pigeon cluster status | drain | undrain | move-shard | upgrade-check`: operate a cluster through its coordination store (etcd), which
 every node watches — so these work while any node is down, and a drain takes effect wherever placement is
 computed. They reach etcd as a node does (pigeon.ops.etcd_access): --etcd-ca, --etcd-cert and --etcd-key (or
 PIGEON_ETCD_CA, PIGEON_ETCD_CERT, PIGEON_ETCD_KEY, as `pigeon serve` reads them) for an etcd that takes TLS."""
@@ -71,7 +71,8 @@ def status(etcd: str = ETCD, fmt: Format = FORMAT, etcd_ca: Optional[str] = ETCD
     lg = st["ledgers"]
     table = Table("node", "address", "zone", "machine", "state", "bundles", "cores", "version", "format",
                   title=f"cluster {st['cluster']}: {st['bundles']} bundles, {st['unowned']} without an owner, "
-                        f"{len(st['moves'])} placed by load; "
+                        f"{len(st['moves'])} placed by load, "
+                        f"{sum(len(s) for s in st['homes'].values())} shards moved to other bundles; "
                         f"{lg['total']} ledgers, {lg['open']} open, {lg['under_replicated']} under-replicated; "
                         f"format {st['format']}")
     for r in st["nodes"]:
@@ -139,3 +140,32 @@ def undrain(node: str = typer.Argument(..., help="the node's id"), etcd: str = E
     """Let NODE own bundles again: it takes its share back."""
     _with_store(_mark(node, False))(etcd, etcd_ca, etcd_cert, etcd_key)
     console.print(f"{node} takes bundles again")
+
+
+@cluster.command("move-shard")
+def move_shard(topic: str = typer.Argument(..., help="the topic's full name (projects/P/topics/T)"),
+               shard: int = typer.Option(..., "--shard", help="which of its shards (0 the first)"),
+               bundle: int = typer.Option(..., "--bundle", help="the bundle it should be in (0 the first)"),
+               etcd: str = ETCD, etcd_ca: Optional[str] = ETCD_CA, etcd_cert: Optional[str] = ETCD_CERT,
+               etcd_key: Optional[str] = ETCD_KEY):
+    """Hand SHARD of TOPIC over to BUNDLE's log: its messages, cursors and leases go on there, served by the
+    bundle's owner — the way to spread a hot bundle's topics, or one hot topic's shards, over more owners. The
+    shard's owner does it (a pause of a takeover's length for the shard's calls, which clients retry)."""
+    from pigeon.cluster.placement import decode_homes, encode_homes
+
+    async def go(meta, members):
+        held = await meta.get(M.BUNDLES_KEY)
+        if held is not None and not 0 <= bundle < int(held.value):
+            typer.echo(f"pigeon: the cluster has bundles 0..{int(held.value) - 1}", err=True)
+            raise typer.Exit(2)
+        while True:
+            kv = await meta.get(M.HOMES_KEY)
+            homes = decode_homes(kv.value if kv else None)
+            homes.setdefault(topic, {})[shard] = bundle
+            ok, _ = await meta.txn([M.unchanged_since(kv) if kv else M.absent(M.HOMES_KEY)],
+                                   [M.Put(M.HOMES_KEY, encode_homes(homes))])
+            if ok:
+                return
+
+    _with_store(go)(etcd, etcd_ca, etcd_cert, etcd_key)
+    console.print(f"shard {shard} of {topic} goes to bundle {bundle} (see the owners' logs, `pigeon cluster status`)")

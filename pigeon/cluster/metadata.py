@@ -211,5 +211,6 @@ def load_key(node_id: str) -> str:
 
 
 PLACEMENT_KEY = f"{ROOT}/placement"  # the planner's moves laid over the hash (cluster.placement.place); no lease
+HOMES_KEY = f"{ROOT}/homes"  # the bundle each (topic, shard) pair named there should be in (node.handover); no lease
 CLUSTER_ID_KEY = f"{ROOT}/cluster-id"
 BUNDLES_KEY = f"{ROOT}/bundles"  # the number of bundles, fixed when the cluster is created

@@ -147,8 +147,50 @@ def replan(bundles: int, nodes: Iterable[str], moved: Mapping[int, str], load: M
     return keep, hot
 
 
-def encode_moves(moved: Mapping[int, str]) -> bytes:
-    return json.dumps({"moves": {str(b): n for b, n in sorted(moved.items())}}, separators=(",", ":")).encode()
+def split(shards: Iterable[int], carried: Mapping[str, float], owner_of: Mapping[int, str], source: int
+          ) -> dict[int, int]:
+    """A hot bundle's split (docs/cluster.md, "Scale-out" 4.3): of the shards a busy topic has in bundle `source`,
+    the upper half (rounded up: the lower ones stay) each to a bundle of another node — the least busy nodes
+    first, in turn, each node's lowest bundle — as {shard: bundle}. Nothing for a topic with one shard there (only
+    more shards would help it) or a cluster of one node. Pure and deterministic."""
+    shards = sorted(set(shards))
+    me = owner_of.get(source)
+    nodes = sorted({n for n in owner_of.values() if n != me}, key=lambda n: (carried.get(n, 0.0), n))
+    if len(shards) < 2 or not nodes:
+        return {}
+    lowest = {n: min(b for b, o in owner_of.items() if o == n) for n in nodes}
+    return {k: lowest[nodes[i % len(nodes)]] for i, k in enumerate(shards[len(shards) // 2:])}
+
+
+def encode_moves(moved: Mapping[int, str], hot: Iterable[int] = ()) -> bytes:
+    """The `placement` key: the moves, and the bundles the planner found too hot to move (their owners split them:
+    node.balancer)."""
+    return json.dumps({"moves": {str(b): n for b, n in sorted(moved.items())}, "hot": sorted(hot)},
+                      separators=(",", ":")).encode()
+
+
+def decode_hot(raw: bytes | None) -> list[int]:
+    """The hot bundles a `placement` key names (none for an absent or unreadable key)."""
+    try:
+        return sorted(int(b) for b in json.loads(raw)["hot"]) if raw else []
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return []
+
+
+def encode_homes(homes: Mapping[str, Mapping[int, int]]) -> bytes:
+    """The `homes` key: topic name → {shard: the bundle it should be in}."""
+    return json.dumps({"pairs": {t: {str(k): b for k, b in sorted(s.items())} for t, s in sorted(homes.items()) if s}},
+                      separators=(",", ":")).encode()
+
+
+def decode_homes(raw: bytes | None) -> dict[str, dict[int, int]]:
+    """What a `homes` key asks for (nothing for an absent key, or one this release cannot read)."""
+    if not raw:
+        return {}
+    try:
+        return {str(t): {int(k): int(b) for k, b in s.items()} for t, s in json.loads(raw)["pairs"].items()}
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return {}
 
 
 def decode_moves(raw: bytes | None) -> dict[int, str]:

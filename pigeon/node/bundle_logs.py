@@ -245,12 +245,17 @@ class BundleLogs:
             raise Unavailable(str(e)) from None
         return LedgerInfo(lid, epoch, {n: members[n].dial for n in chosen}, first)
 
-    def member(self, node: str, address: str):
-        if node == self.me:
-            return self._local
+    def client(self, address: str):
+        """The storage client of the node dialled at `address` (one a node, kept)."""
         c = self._clients.get(address)
         if c is None:
             c = self._clients[address] = self.cluster.host.storage_client(address, self.cluster.config)
+        return c
+
+    def member(self, node: str, address: str):
+        if node == self.me:
+            return self._local
+        c = self.client(address)
         c.append_at = self._append_at.get(node, "")  # (a restarted member announces a new one: the roll that its
         return c                                     # old one's failure causes reads the membership again)
 
@@ -303,6 +308,7 @@ class BundleLogs:
         ol.writer = self._writer(ol, new)
         self.logs[log_id] = ol  # served from now on
         self.taken += 1
+        self.cluster.handovers.resume(log_id)  # (a pair handed out of the log and not homed yet: finish it)
         log.info("took bundle %d over at epoch %d: %d entries (%.1f MB) from %d to %d in %d ledger(s) read in "
                  "%.2f s, applied and its state durable in %.2f s; ledger %d on %s", bundle_of_log(log_id), epoch,
                  len(entries), nbytes / 1e6, start, first, len(ledgers), read_s, loop.time() - t_apply, new.id,

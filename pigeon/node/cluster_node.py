@@ -28,6 +28,7 @@ from pigeon.core import limits
 from pigeon.cluster.quorum import Replication
 from pigeon.node.balancer import Balancer
 from pigeon.node.bundle_logs import BundleLogs
+from pigeon.node.handover import HandOvers
 from pigeon.node import append_channel
 from pigeon.node.ledger_store import LedgerStore
 from pigeon.node.ledger_upkeep import LedgerUpkeep
@@ -74,6 +75,7 @@ class ClusterNode:
         self.meta_log = MetaLog(self.meta, engine)
         self.logs = BundleLogs(self, Replication(config.replicas, config.replicas, config.ack_quorum))
         self.upkeep = LedgerUpkeep(self.logs)
+        self.handovers = HandOvers(self)  # (topic, shard) pairs handed between bundle logs (docs/cluster.md 4.3)
         self.routes: dict[int, str] = {}  # bundle → where its owner is dialled (NodeInfo.dial), as last read
         self._routes_event = asyncio.Event()  # set (and replaced) whenever `routes` changes
         self._routes_stale = asyncio.Event()  # an owner or a node changed: read the routes again
@@ -251,6 +253,7 @@ class ClusterNode:
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.handovers.close()
         try:
             await self.membership.leave()  # its owner keys go with its session: the others take them at once
         except M.StoreUnavailable as e:
@@ -270,7 +273,7 @@ class ClusterNode:
         """Wake the placement loop whenever a node, a drain mark or an owner changes, and the routes' reader when
         an owner or a node does."""
         routing = (M.owner_key(0)[:-5], M.node_key(""))
-        placing = routing + (M.drain_key(""), M.PLACEMENT_KEY)  # (not ledger lists, the metadata log, loads: they
+        placing = routing + (M.drain_key(""), M.PLACEMENT_KEY, M.HOMES_KEY)  # (not ledger lists, the metadata log, loads: they
         view = self.membership.view               # change often under load, and placement reads none); the view of
         while True:                               # nodes and owners that placement and routing read is kept here
             try:
@@ -342,6 +345,7 @@ class ClusterNode:
                 if self.membership.lost.is_set():
                     await self._rejoin()
                 await self.rebalance(await self._check_cut_off())
+                self.handovers.follow(await self.membership.homes())
                 if unavailable:
                     log.info("etcd answers again")
                 unavailable = self.etcd_down = False
@@ -447,9 +451,12 @@ class ClusterNode:
 
 
     async def _take(self, claimed: list[tuple[int, int]]) -> list[bool]:
-        """Take the claimed bundles over (fence, recover, rebuild, open), all at once."""
+        """Take the claimed bundles over (fence, recover, rebuild, open), all at once — once this node's metadata
+        log holds every change made before: a log read back with a pair's ShardHome not applied yet would take
+        the pair for its own (invariant H1)."""
         self._taking.update(b for b, _ in claimed)
         try:
+            await self.meta_log.catch_up()
             return await asyncio.gather(*(self.logs.take(b, e) for b, e in claimed))
         finally:
             self._taking.difference_update(b for b, _ in claimed)

@@ -111,26 +111,28 @@ class Delivery:
         if early or any(sig.waiting for uid in t.subscriptions if (sig := ex.signals.get(uid)) is not None):
             pos = t.shards[rec.shard].pos[-1]  # apply has just indexed the batch
             ex.reader.remember_published(pos, rec.request, rec.publish_ms, end - pos)
+        ix = t.shards[rec.shard]
         if early:
             # a replicated log: a delivery goes out only once its Deliver record is held by Qa members, and that
             # record, later in the same log, is held only after this batch is — so the batch may be handed out
             # now, and a message waits for one quorum round trip, not two (the reader serves it from the cache;
             # dropped from it, a read of the journal waits until the batch is durable there)
-            self._visible(t, rec)
+            self._visible(t, ix, rec)
         # (a failed replication raises in the publisher's wait: the log's next owner shows the batch)
-        ex.logs.on_durable(end, log_id, lambda: self._show(t, rec))
+        ex.logs.on_durable(end, log_id, lambda: self._show(t, ix, rec))
         return log_id
 
-    def _show(self, t, rec: R.Publish) -> None:
+    def _show(self, t, ix, rec: R.Publish) -> None:
         """The batch is durable: its messages may be handed out (`_visible`)."""
-        ix = t.shards[rec.shard]
         ix.durable = max(ix.durable, rec.base + rec.count)
-        self._visible(t, rec)
+        self._visible(t, ix, rec)
 
-    def _visible(self, t, rec: R.Publish) -> None:
-        """The batch's messages may be handed out: wake one waiter of each subscription."""
+    def _visible(self, t, ix, rec: R.Publish) -> None:
+        """The batch's messages may be handed out: wake one waiter of each subscription. Not once the shard's
+        index was replaced meanwhile (its log reset, the shard handed over): the new one says what it holds."""
+        if t.shards[rec.shard] is not ix:
+            return
         ex = self.executor
-        ix = t.shards[rec.shard]
         end = rec.base + rec.count
         if ix.visible < end:
             ix.visible = end

@@ -45,6 +45,7 @@ from pigeon.storage import records as R
 log = logging.getLogger("pigeon.engine")
 
 SHUTTING_DOWN = "The server is shutting down; retry on another connection."
+_HANDOVER = frozenset((R.RecordType.SHARD_OUT, R.RecordType.SHARD_IN, R.RecordType.SHARD_HOME))
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,7 +206,9 @@ class Engine:
         """Append `rec` to its log and apply it (validated before: applying must not fail), then perform its
         effects. Returns the journal position after it: durable once the journal's durable position reaches it."""
         if rec.META and rec.TYPE == R.RecordType.TOPIC_PUT and rec.spread:  # (a record format 1 has not)
-            formats.raise_data_dir(self.journal.disk, self.config.data_dir, formats.DATA)
+            formats.raise_data_dir(self.journal.disk, self.config.data_dir, formats.DATA_SPREAD)
+        elif rec.TYPE in _HANDOVER:  # (records formats 1 and 2 have not)
+            formats.raise_data_dir(self.journal.disk, self.config.data_dir, formats.DATA_HANDOVER)
         steps = commit(self.state, self.logs, self.epoch, self._fenced, self.config.bundles, rec, owner, self.owns)
         for _, _, _, effects in steps:  # (performed once every part of a record cut by shard is applied)
             if effects:
@@ -369,8 +372,10 @@ class Engine:
         return s
 
     def owned_shards(self, t) -> list[int]:
-        """The shards of topic `t` whose logs this node owns (every one on a single node)."""
-        return [k for k, log in enumerate(self.state.shard_logs(t, self.config.bundles)) if self.owns(log)]
+        """The shards of topic `t` whose logs this node owns (every one on a single node), but one being handed
+        to another log (refused here until it is homed there)."""
+        return [k for k, log in enumerate(self.state.shard_logs(t, self.config.bundles))
+                if self.owns(log) and k not in t.away]
 
     # --- a cluster node's bundles ----------------------------------------------------------------
     async def load_log(self, log_id: int, entries, first: int) -> None:

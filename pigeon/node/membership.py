@@ -14,7 +14,7 @@ import uuid
 from dataclasses import dataclass
 
 from pigeon.cluster import metadata as M
-from pigeon.cluster.placement import decode_moves, place
+from pigeon.cluster.placement import decode_homes, decode_moves, place
 from pigeon.storage import formats
 
 log = logging.getLogger("pigeon.membership")
@@ -96,7 +96,7 @@ class MetaView:
     from the moment the watch breaks; while not live, readers list from the store itself, and so learn at once
     when it cannot be reached."""
 
-    PREFIXES = (M.node_key(""), M.drain_key(""), M.owner_key(0)[:-5], M.PLACEMENT_KEY)
+    PREFIXES = (M.node_key(""), M.drain_key(""), M.owner_key(0)[:-5], M.PLACEMENT_KEY, M.HOMES_KEY)
 
     def __init__(self):
         self.kvs: dict[str, dict[str, M.KV]] = {p: {} for p in self.PREFIXES}
@@ -267,6 +267,10 @@ class Membership:
         """The placement planner's moves (cluster.placement.place), as the `placement` key holds them."""
         return await self._read(M.PLACEMENT_KEY, _moves)
 
+    async def homes(self) -> dict[str, dict[int, int]]:
+        """The bundle each (topic, shard) pair named under the `homes` key should be in (node.handover)."""
+        return await self._read(M.HOMES_KEY, _homes)
+
     async def placement(self, bundles: int, members: dict[str, NodeInfo] | None = None) -> dict[int, str]:
         """Who should own each bundle: the hash over the placeable nodes with the planner's moves laid over it
         (every node computes the same)."""
@@ -312,6 +316,10 @@ class Membership:
         return d["node"], d["epoch"]
 
 
+def _homes(kvs) -> dict[str, dict[int, int]]:
+    return decode_homes(next((kv.value for kv in kvs if kv.key == M.HOMES_KEY), None))
+
+
 def _moves(kvs) -> dict[int, str]:
     return decode_moves(next((kv.value for kv in kvs if kv.key == M.PLACEMENT_KEY), None))
 
@@ -334,7 +342,9 @@ def _owners(kvs) -> dict[int, tuple[str, int]]:
 async def status_of(meta) -> dict:
     """The cluster as `pigeon cluster status` shows it: its id, bundle count, bundles without an owner, each
     node (up, draining, or down while it still holds owner keys) with how many bundles it owns and the CPU it
-    reported last (node.bundle_load), who owns each bundle, the placement planner's moves, and the ledgers: how many, how many open, how many under-replicated (a member down, or fewer members
+    reported last (node.bundle_load), who owns each bundle, the placement planner's moves, the shards asked to
+    move to other bundles (`pigeon cluster move-shard`), and the ledgers: how many, how many open, how many
+    under-replicated (a member down, or fewer members
     than the widest ensemble: opened while nodes were down; repair that copies them is not built yet)."""
     members = Membership(meta, NodeInfo("-", "-"))
     nodes, drained, owners = await members.members(), await members.draining(), await members.owners()
@@ -363,6 +373,7 @@ async def status_of(meta) -> dict:
             "unowned": bundles - len(owners), "nodes": rows,
             "owners": {str(b): node for b, (node, _) in sorted(owners.items())},
             "moves": {str(b): node for b, node in sorted((await members.moves()).items())},
+            "homes": {t: {str(k): b for k, b in sorted(s.items())} for t, s in sorted((await members.homes()).items())},
             "ledgers": {"total": len(ledgers), "open": sum(1 for lg in ledgers if lg["end"] is None),
                         "under_replicated": len(under),
                         "under_replicated_first": [{"id": lg["id"], "members": sorted(lg["members"]),

@@ -57,6 +57,9 @@ class StorageClient:
         self._delete = self.channel.unary_unary("/pigeon.v1.Storage/Delete",
                                                 request_serializer=pb.DeleteLedgersRequest.SerializeToString,
                                                 response_deserializer=pb.DeleteLedgersResponse.FromString)
+        self._shard_in = self.channel.unary_unary("/pigeon.v1.Storage/ShardIn",
+                                                  request_serializer=pb.ShardInRequest.SerializeToString,
+                                                  response_deserializer=pb.ShardInResponse.FromString)
 
     def open_append(self, channel: bool = False) -> "AppendStream":
         """An Append stream to the member; `channel`: over its append channel when it has one (a ledger's
@@ -69,6 +72,10 @@ class StorageClient:
     async def read(self, ledger: int, start: int, end: int) -> list[tuple[int, bytes]]:
         r = await self._read(pb.ReadRequest(ledger=ledger, start=start, end=end), timeout=limits.storage_call_s)
         return list(zip(r.types, r.entries))
+
+    async def shard_in(self, shard_out: bytes) -> None:
+        """Ask the member, as the owner of the log a pair is handed to, to take it in (node.handover)."""
+        await self._shard_in(pb.ShardInRequest(shard_out=shard_out), timeout=limits.storage_call_s)
 
     async def answers(self, timeout: float) -> bool:
         """Whether the member answers a call within `timeout` (an empty read: it costs the member nothing)."""

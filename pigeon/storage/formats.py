@@ -20,16 +20,25 @@ older node taking a bundle over reads the messages from the entries after it).
 DATA 2 and CLUSTER 3: topics laid out spread (core.bundles.shard_log) — a TopicPut with its spread bit, a Seek of one
 shard, a subscription image with a seek generation per shard. A directory stays format 1 until a spread topic's
 record is first written to it (`raise_data_dir`): every older release still reads one that never held one; a
-cluster creates spread topics only once every node speaks format 3 (until then, together)."""
+cluster creates spread topics only once every node speaks format 3 (until then, together).
+
+DATA 3 and CLUSTER 4: a (topic, shard) pair handed from one bundle log to another (docs/cluster.md, "Scale-out"
+4.3) — the records ShardOut and ShardIn in bundle logs, ShardHome in the metadata log and in checkpoints and
+bundle snapshots, the peer call pigeon.v1.Storage/ShardIn, the `homes` key. A directory is raised to 3 before one
+of the records is first written to it; a cluster hands nothing over (neither an operator's `move-shard` nor a
+hot bundle's split) until every node speaks format 4."""
 
 from __future__ import annotations
 
 from pigeon.storage.disk import Disk, join
 
-DATA = 2  # the newest data format this Pigeon reads and writes
-DATA_PLAIN = 1  # what a directory is marked when first written: format 2 only once it holds a spread topic
-CLUSTER = 3
+DATA = 3  # the newest data format this Pigeon reads and writes
+DATA_PLAIN = 1  # what a directory is marked when first written: format 2 only once it holds a spread topic …
+DATA_SPREAD = 2
+DATA_HANDOVER = 3  # … and 3 once it holds a hand-over's record
+CLUSTER = 4
 CLUSTER_SPREAD = 3  # the cluster format from which spread topics are made
+CLUSTER_HANDOVER = 4  # … and shards are handed between bundle logs
 FILE = "FORMAT"
 _PREFIX = "pigeon-data "
 

@@ -413,6 +413,38 @@ def move_by_load(cluster, topic, rng, say, outage_s):
     time.sleep(outage_s / 2)
 
 
+def split_bundle(cluster, topic, rng, say, outage_s):
+    """Split the topic's bundle as an operator splits a hot one (`pigeon cluster move-shard`): three of its four
+    shards, one each, to bundles other nodes own; kill -9 the node one of them went to, start it again; then
+    hand that shard back. Under load: the keys of the moved shards go on in order at their new homes."""
+    by_node = owners(cluster.etcd.endpoint)
+    home, first = bundle_of(topic, BUNDLES), cluster.owner_of(topic)
+    others = sorted(n for n in cluster.nodes if n != first)
+    moved = []
+    for k in (1, 2, 3):
+        node = others[(k - 1) % len(others)]
+        bundle = rng.choice(sorted(b for b, n in by_node.items() if n == node))
+        say(f"move shard {k} of {topic.rsplit('/', 1)[-1]} from bundle {home} ({first}) to bundle {bundle} ({node})")
+        _move_shard(topic, k, bundle, cluster.etcd.endpoint)
+        moved.append((k, node))
+    time.sleep(outage_s / 3)
+    k, node = rng.choice(moved)
+    say(f"kill -9 {node}, the new owner of shard {k}")
+    cluster.nodes[node].kill()
+    time.sleep(outage_s / 3)
+    say(f"start {node} again; move shard {k} back to bundle {home}")
+    cluster.nodes[node].start()
+    _move_shard(topic, k, home, cluster.etcd.endpoint)
+    time.sleep(outage_s / 3)
+
+
+def _move_shard(topic: str, shard: int, bundle: int, endpoint: str) -> None:
+    out = subprocess.run([sys.executable, "-m", "pigeon", "cluster", "move-shard", topic, "--shard", str(shard),
+                          "--bundle", str(bundle), "--etcd", endpoint], capture_output=True, text=True, timeout=60)
+    if out.returncode != 0:
+        raise RuntimeError(f"pigeon cluster move-shard: {out.stderr.strip()}")
+
+
 def add_node(cluster, topic, rng, say, outage_s):
     name = f"n{len(cluster.nodes) + 1}"
     say(f"add {name} under load")
@@ -471,8 +503,8 @@ def _cli(verb: str, node: str, endpoint: str) -> None:
 
 
 SCENARIOS = {f.__name__.replace("_", "-"): f for f in (kill_owner, kill_new_owner, kill_replica, pause_owner,
-                                                        drain_owner, move_by_load, add_node, stop_etcd,
-                                                        cut_owner, cut_owner_peers)}
+                                                        drain_owner, move_by_load, split_bundle, add_node,
+                                                        stop_etcd, cut_owner, cut_owner_peers)}
 
 
 def run(scenario: str, seed: int, root: str, *, warm_s: float = 4.0, outage_s: float = 10.0,

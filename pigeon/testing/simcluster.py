@@ -10,7 +10,7 @@ call reaching a node that does not own the bundle is forwarded to the owner its 
 one topic also has a subscription whose consumer nacks every message, so that each goes, past its delivery
 attempts, to a dead-letter topic — published there by the source's owner at the dead-letter topic's owner.
 The faults, chosen by the seed between steps: a node crashes (its unsynced writes are lost; it starts again on its
-disk later), a node is cut off from its peers and the metadata store (clients still reach it), the metadata store
+disk later), a shard of a topic is asked into another bundle (its owner hands it over), a node is cut off from its peers and the metadata store (clients still reach it), the metadata store
 goes down, links heal; nodes run with skewed clocks. At the end every fault is healed, every node started, and the
 clients drain the subscriptions. Checked:
 
@@ -35,7 +35,9 @@ import crc32c
 from google.pubsub_v1 import types
 
 from pigeon.broker import images
+from pigeon.cluster import metadata as M
 from pigeon.cluster.ledgers import LedgerInfo
+from pigeon.cluster.placement import decode_homes, encode_homes
 from pigeon.core import limits
 from pigeon.core.bundles import shard_log
 from pigeon.core.errors import PigeonError, Unavailable
@@ -48,6 +50,7 @@ P = "projects/simc"
 KEYS = ["k1", "k2", "k3"]
 CALL_S = 5.0  # a client's deadline for one call
 FAULT_RATE = 0.2  # the share of steps that begin with a fault
+MOVE_RATE = 0.15  # the share of faults that are a shard asked into another bundle
 GC_THRESHOLDS = (20_000, 20, 20)  # the collector's, in a run of seeds (Python's default: 700, 10, 10)
 ROLLS_MAX = 20  # more new ledgers of one log than this within one step of the workload is a roll storm
 DRAIN_PAUSE_S = 0.2  # between the drain's rounds of pulls while they bring messages …
@@ -147,16 +150,28 @@ class ClusterSim:
             return await entry.call(lambda: at(entry))
 
     def log_for(self, topic: str, key: str = "", shard: int = 0) -> int:
-        """The log a call about `topic` goes to: its bundle's; spread, its key's shard's (or `shard`'s)."""
+        """The log a call about `topic` goes to: its bundle's; spread, or a shard handed to another log (the load
+        planner splits hot bundles), its key's shard's (or `shard`'s) — as a node's metadata says it now."""
         if key:
             shard = crc32c.crc32c(key.encode()) % SHARDS
-        return shard_log(topic, shard, BUNDLES, self.spread)
+        t = self._view().topics.get(topic)
+        return shard_log(topic, shard, BUNDLES, self.spread) if t is None else \
+            self._view().shard_logs(t, BUNDLES)[shard]
+
+    def _view(self):
+        """The broker state of the first node up: its metadata log names each shard's log (nodes agree, once it
+        has reached them; a call routed by an older view is refused and tried again, as a client's is)."""
+        return next((n.engine.state for n in self.nodes.values() if n.up), next(iter(self.nodes.values())).engine.state)
+
+    def _spread(self, topic: str) -> bool:
+        t = self._view().topics.get(topic)
+        return self.spread or (t is not None and t.spread)
 
     async def _pull_and_ack(self, sub: str, topic: str, max_messages: int, settle):
         """A Pull through a random node — spread, from one shard's owner, which serves the shards it owns — and
         `settle(node, ack ids)` of what came, each ack id sent to its shard's owner (as api.spread splits them).
         (response, whether every settle call went through)"""
-        shard = self.rng.randrange(SHARDS) if self.spread else 0
+        shard = self.rng.randrange(SHARDS) if self._spread(topic) else 0
         rms = await self._routed(self.log_for(topic, shard=shard),
                                  lambda node: node.engine.delivery.pull(sub, max_messages, True))
         got = _PullResponse.FromString(b"".join(rms)).received_messages
@@ -280,6 +295,10 @@ class ClusterSim:
     # --- faults ------------------------------------------------------------------------------------------
     async def fault(self) -> None:
         r = self.rng.random()
+        if r < MOVE_RATE:
+            await self.move_shard()
+            return
+        r = (r - MOVE_RATE) / (1 - MOVE_RATE)
         up = [n for n in self.nodes.values() if n.up]
         down = [n for n in self.nodes.values() if not n.up]
         now = asyncio.get_running_loop().time()
@@ -312,6 +331,20 @@ class ClusterSim:
         elif self.net.meta_down:
             self.faults.append(f"{now:.1f} metadata store back")
             self.set_meta_down(False)
+
+    async def move_shard(self) -> None:
+        """An operator's `pigeon cluster move-shard`: a shard of a topic asked into another bundle (`homes`), which
+        its owner hands it over to — again and again as the seed goes, on, or back."""
+        if self.net.meta_down:
+            return
+        topic = self.rng.choice(self.topics + [self.dead_topic])
+        shard, bundle = self.rng.randrange(SHARDS), self.rng.randrange(BUNDLES)
+        now = asyncio.get_running_loop().time()
+        self.faults.append(f"{now:.1f} move shard {shard} of {topic.rsplit('/', 1)[-1]} to bundle {bundle}")
+        held = await self.meta.get(M.HOMES_KEY)
+        homes = decode_homes(held.value if held else None)
+        homes.setdefault(topic, {})[shard] = bundle
+        await self.meta.put(M.HOMES_KEY, encode_homes(homes))
 
     def set_meta_down(self, down: bool) -> None:
         self.net.meta_down = down

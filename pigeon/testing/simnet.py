@@ -130,6 +130,12 @@ class SimStorageClient:
     async def delete(self, ledgers: list[int]) -> int:
         return await self.net.call(self.src, self.dst, lambda: self._store().delete(ledgers))
 
+    async def shard_in(self, shard_out: bytes) -> None:
+        from pigeon.storage import records as R
+
+        out = R.ShardOut.decode(shard_out)
+        await self.net.call(self.src, self.dst, lambda: self.net.nodes[self.dst].cluster.handovers.accept(out))
+
     async def close(self) -> None:
         pass
 

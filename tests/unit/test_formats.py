@@ -43,7 +43,7 @@ def test_a_directory_becomes_format_2_when_it_first_holds_a_spread_topic(tmp_pat
         return (tmp_path / layout / "FORMAT").read_text()
 
     assert asyncio.run(go("together")) == f"pigeon-data {formats.DATA_PLAIN}\n"
-    assert asyncio.run(go("spread")) == f"pigeon-data {formats.DATA}\n" == "pigeon-data 2\n"
+    assert asyncio.run(go("spread")) == f"pigeon-data {formats.DATA_SPREAD}\n" == "pigeon-data 2\n"
 
 
 def test_a_cluster_speaks_the_format_of_its_oldest_member():

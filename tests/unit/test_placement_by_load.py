@@ -10,6 +10,7 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pigeon.cluster import placement
 from pigeon.cluster.placement import (assign, decode_moves, encode_moves, node_loads, place, replan, shed)
 from pigeon.core import limits
 from pigeon.node.bundle_load import LoadMeter, read_report
@@ -189,3 +190,33 @@ def test_a_merged_streams_flow_control_follows_the_owners_that_deliver():
             shares = demand_shares(limit, 4, busy)
             assert min(shares) >= 1 and (sum(shares) <= limit or limit < 8)
     assert demand_shares(0, 3, {0}) == [0, 0, 0]  # no limit stays none
+
+
+def test_a_hot_bundle_splits_half_its_busiest_topics_shards_over_the_least_busy_other_nodes():
+    owner_of = {0: "a", 1: "b", 2: "c", 3: "a", 4: "b", 5: "c"}
+    carried = {"a": 1.5, "b": 0.4, "c": 0.1}
+    assert placement.split([0, 1, 2, 3], carried, owner_of, 0) == {2: 2, 3: 1}  # c then b, each its lowest bundle
+    assert placement.split([5, 1, 3], carried, owner_of, 3) == {3: 2, 5: 1}  # the upper half, rounded up
+    assert placement.split([2], carried, owner_of, 0) == {}, "one shard there: only more shards would help"
+    assert placement.split([0, 1], carried, {0: "a", 3: "a"}, 0) == {}, "no other node"
+    again = placement.split([0, 1, 2, 3], dict(reversed(list(carried.items()))), dict(reversed(owner_of.items())), 0)
+    assert again == {2: 2, 3: 1}, "not the maps' order"
+
+
+@given(st.dictionaries(st.integers(0, 15), st.sampled_from("abcd"), min_size=1),
+       st.dictionaries(st.sampled_from("abcd"), st.floats(0, 4)), st.lists(st.integers(0, 63), unique=True))
+def test_a_split_moves_some_shards_off_the_hot_bundles_node_and_keeps_the_lower_half(owner_of, carried, shards):
+    source = min(owner_of)
+    plan = placement.split(shards, carried, owner_of, source)
+    others = {n for n in owner_of.values() if n != owner_of[source]}
+    if len(shards) < 2 or not others:
+        assert plan == {}
+        return
+    assert sorted(plan) == sorted(shards)[len(shards) // 2:]
+    assert all(owner_of[b] in others for b in plan.values())
+
+
+def test_the_placement_key_carries_the_hot_bundles_and_an_older_one_reads_as_none():
+    raw = placement.encode_moves({3: "b"}, [7, 2])
+    assert placement.decode_moves(raw) == {3: "b"} and placement.decode_hot(raw) == [2, 7]
+    assert placement.decode_hot(b'{"moves":{"3":"b"}}') == [] and placement.decode_hot(None) == []

@@ -169,3 +169,13 @@ def test_a_replayed_log_leaves_out_the_records_of_a_pair_handed_over_since():
     assert not node.topics_by_uid[1].away and node.shard_logs(node.topics_by_uid[1], BUNDLES)[MOVED] == NEW
     for k in set(range(SHARDS)) - {MOVED}:
         assert shard_view(node, 1, k) == shard_view(st, 1, k)
+
+
+def test_the_homes_key_round_trips_and_an_unreadable_one_asks_for_nothing():
+    from pigeon.cluster.placement import decode_homes, encode_homes
+
+    homes = {T: {1: 9, 3: 2}, "projects/p/topics/other": {0: 0}}
+    assert decode_homes(encode_homes(homes)) == homes
+    assert decode_homes(encode_homes({T: {}})) == {}
+    for raw in (None, b"", b"{", b'{"pairs": [1]}', b'{"pairs": {"t": {"x": 1}}}'):
+        assert decode_homes(raw) == {}

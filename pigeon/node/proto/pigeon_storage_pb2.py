@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n&pigeon/node/proto/pigeon_storage.proto\x12\tpigeon.v1\"\x84\x01\n\rAppendRequest\x12\x0e\n\x06ledger\x18\x01 \x01(\x04\x12\r\n\x05\x65poch\x18\x02 \x01(\r\x12\r\n\x05index\x18\x03 \x01(\x04\x12\x0c\n\x04type\x18\x04 \x01(\r\x12\r\n\x05\x65ntry\x18\x05 \x01(\x0c\x12\x12\n\nmore_types\x18\x06 \x03(\r\x12\x14\n\x0cmore_entries\x18\x07 \x03(\x0c\">\n\x0e\x41ppendResponse\x12\x0e\n\x06ledger\x18\x01 \x01(\x04\x12\r\n\x05index\x18\x02 \x01(\x04\x12\r\n\x05\x65rror\x18\x03 \x01(\t\"\x1e\n\x0c\x46\x65nceRequest\x12\x0e\n\x06ledger\x18\x01 \x01(\x04\"\x1d\n\rFenceResponse\x12\x0c\n\x04held\x18\x01 \x01(\x04\"9\n\x0bReadRequest\x12\x0e\n\x06ledger\x18\x01 \x01(\x04\x12\r\n\x05start\x18\x02 \x01(\x04\x12\x0b\n\x03\x65nd\x18\x03 \x01(\x04\".\n\x0cReadResponse\x12\x0f\n\x07\x65ntries\x18\x01 \x03(\x0c\x12\r\n\x05types\x18\x02 \x03(\r\"\'\n\x14\x44\x65leteLedgersRequest\x12\x0f\n\x07ledgers\x18\x01 \x03(\x04\"1\n\x15\x44\x65leteLedgersResponse\x12\x18\n\x10segments_removed\x18\x01 \x01(\x04\x32\x8e\x02\n\x07Storage\x12\x41\n\x06\x41ppend\x12\x18.pigeon.v1.AppendRequest\x1a\x19.pigeon.v1.AppendResponse(\x01\x30\x01\x12:\n\x05\x46\x65nce\x12\x17.pigeon.v1.FenceRequest\x1a\x18.pigeon.v1.FenceResponse\x12\x37\n\x04Read\x12\x16.pigeon.v1.ReadRequest\x1a\x17.pigeon.v1.ReadResponse\x12K\n\x06\x44\x65lete\x12\x1f.pigeon.v1.DeleteLedgersRequest\x1a .pigeon.v1.DeleteLedgersResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n&pigeon/node/proto/pigeon_storage.proto\x12\tpigeon.v1\"\x84\x01\n\rAppendRequest\x12\x0e\n\x06ledger\x18\x01 \x01(\x04\x12\r\n\x05\x65poch\x18\x02 \x01(\r\x12\r\n\x05index\x18\x03 \x01(\x04\x12\x0c\n\x04type\x18\x04 \x01(\r\x12\r\n\x05\x65ntry\x18\x05 \x01(\x0c\x12\x12\n\nmore_types\x18\x06 \x03(\r\x12\x14\n\x0cmore_entries\x18\x07 \x03(\x0c\">\n\x0e\x41ppendResponse\x12\x0e\n\x06ledger\x18\x01 \x01(\x04\x12\r\n\x05index\x18\x02 \x01(\x04\x12\r\n\x05\x65rror\x18\x03 \x01(\t\"\x1e\n\x0c\x46\x65nceRequest\x12\x0e\n\x06ledger\x18\x01 \x01(\x04\"\x1d\n\rFenceResponse\x12\x0c\n\x04held\x18\x01 \x01(\x04\"9\n\x0bReadRequest\x12\x0e\n\x06ledger\x18\x01 \x01(\x04\x12\r\n\x05start\x18\x02 \x01(\x04\x12\x0b\n\x03\x65nd\x18\x03 \x01(\x04\".\n\x0cReadResponse\x12\x0f\n\x07\x65ntries\x18\x01 \x03(\x0c\x12\r\n\x05types\x18\x02 \x03(\r\"\'\n\x14\x44\x65leteLedgersRequest\x12\x0f\n\x07ledgers\x18\x01 \x03(\x04\"1\n\x15\x44\x65leteLedgersResponse\x12\x18\n\x10segments_removed\x18\x01 \x01(\x04\"#\n\x0eShardInRequest\x12\x11\n\tshard_out\x18\x01 \x01(\x0c\"\x11\n\x0fShardInResponse2\xd0\x02\n\x07Storage\x12\x41\n\x06\x41ppend\x12\x18.pigeon.v1.AppendRequest\x1a\x19.pigeon.v1.AppendResponse(\x01\x30\x01\x12:\n\x05\x46\x65nce\x12\x17.pigeon.v1.FenceRequest\x1a\x18.pigeon.v1.FenceResponse\x12\x37\n\x04Read\x12\x16.pigeon.v1.ReadRequest\x1a\x17.pigeon.v1.ReadResponse\x12K\n\x06\x44\x65lete\x12\x1f.pigeon.v1.DeleteLedgersRequest\x1a .pigeon.v1.DeleteLedgersResponse\x12@\n\x07ShardIn\x12\x19.pigeon.v1.ShardInRequest\x1a\x1a.pigeon.v1.ShardInResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -47,6 +47,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DELETELEDGERSREQUEST']._serialized_end=461
   _globals['_DELETELEDGERSRESPONSE']._serialized_start=463
   _globals['_DELETELEDGERSRESPONSE']._serialized_end=512
-  _globals['_STORAGE']._serialized_start=515
-  _globals['_STORAGE']._serialized_end=785
+  _globals['_SHARDINREQUEST']._serialized_start=514
+  _globals['_SHARDINREQUEST']._serialized_end=549
+  _globals['_SHARDINRESPONSE']._serialized_start=551
+  _globals['_SHARDINRESPONSE']._serialized_end=568
+  _globals['_STORAGE']._serialized_start=571
+  _globals['_STORAGE']._serialized_end=907
 # @@protoc_insertion_point(module_scope)
