@@ -35,6 +35,12 @@ class HandOvers:
         self._asked: dict[tuple[int, int], asyncio.Task] = {}  # (topic, shard) → a hand-over `homes` asked for
         self.done = 0  # hand-overs this node finished (steps 2–3), for the metrics
 
+    def _serves(self, log_id: int) -> bool:
+        """Whether this node serves `log_id` now: taken over, a ledger open (not the engine's `owns`, which says
+        yes to every log until the node has joined: a node restarted under its old address would take a pair
+        into a log it does not own, in its own journal alone)."""
+        return self.cluster.logs.serving(log_id)
+
     # --- the old home's side ---------------------------------------------------------------------------------
     async def hand_over(self, topic: str, shard: int, to_log: int) -> int:
         """Hand shard `shard` of `topic` from its log (this node's) to bundle log `to_log`; answers once every
@@ -57,7 +63,7 @@ class HandOvers:
         src = engine.state.shard_logs(t, bundles)[shard]
         if src == to_log:
             raise FailedPrecondition(f"Shard {shard} of {topic} is in log {to_log} already.")
-        if not engine.owns(src):
+        if not self._serves(src):
             raise Unavailable(f"Shard {shard} of {topic} is not this node's (its log {src} is another's); retry "
                               "at its owner.")
         uid = t.uid
@@ -81,7 +87,7 @@ class HandOvers:
         t = engine.state.topics.get(topic)
         ol = self.cluster.logs.logs.get(src)
         if t is None or t.uid != uid or shard in t.away or engine.state.shard_logs(t, engine.config.bundles)[shard] \
-                != src or ol is None or not engine.owns(src):
+                != src or ol is None or not self._serves(src):
             raise Unavailable(f"Shard {shard} of {topic} changed meanwhile; retry.")
         try:
             image = images.pair_images(engine.state, t, shard,
@@ -107,7 +113,7 @@ class HandOvers:
             for shard, bundle in shards.items():
                 key = (t.uid, shard)
                 if not 0 <= shard < len(t.shards) or not 0 <= bundle < bundles or shard in t.away \
-                        or logs[shard] == bundle + 1 or not engine.owns(logs[shard]) or key in self._asked:
+                        or logs[shard] == bundle + 1 or not self._serves(logs[shard]) or key in self._asked:
                     continue
                 task = asyncio.get_running_loop().create_task(self._asked_for(name, shard, bundle + 1),
                                                               name=f"pigeon-handover-{t.uid}.{shard}")
@@ -144,7 +150,7 @@ class HandOvers:
         while True:
             t = engine.state.topics_by_uid.get(out.topic)
             pending = None if t is None else t.away.get(out.shard)
-            if pending is None or pending.gen != out.gen or not engine.owns(out.log):
+            if pending is None or pending.gen != out.gen or not self._serves(out.log):
                 return  # (homed meanwhile, through the metadata log; or B is another node's now)
             try:
                 await self._shard_in(out)
@@ -163,7 +169,7 @@ class HandOvers:
             await asyncio.sleep(limits.ledger_retry_s)
 
     async def _shard_in(self, out: R.ShardOut) -> None:
-        if self.engine.owns(out.to):
+        if self._serves(out.to):
             await self.accept(out)
             return
         address = self.cluster.address_of(out.to)
@@ -178,7 +184,7 @@ class HandOvers:
         pair has had here since — and answer once the log holds it."""
         engine = self.engine
         engine.check_open()
-        if not engine.owns(out.to):
+        if not self._serves(out.to):
             raise Unavailable(f"Log {out.to} is not this node's; retry.")
         t = engine.state.topics_by_uid.get(out.topic)
         if t is None or t.gens.get(out.shard, 0) >= out.gen:

@@ -411,10 +411,13 @@ class ClusterSim:
     def lists_short(self) -> bool:
         """Every log that keeps no message lists at most a few ledgers more than a snapshot is written at: an idle
         log moved again and again gets a snapshot and is cut too, its list does not grow with every takeover. (A
-        log with messages not yet acknowledged keeps their ledgers.)"""
+        log with messages not yet acknowledged keeps their ledgers, and so does one whose messages a shard handed
+        to another log still holds unacknowledged.)"""
+        lent = {source for n in self.nodes.values() for log_id in n.cluster.logs.logs
+                for source in images.lent_map(n.engine.state, log_id, BUNDLES)}
         for n in self.nodes.values():
             for log_id, ol in n.cluster.logs.logs.items():
-                if images.bundle_need(n.engine.state, log_id, BUNDLES) < 1 << 63:
+                if log_id in lent or images.bundle_need(n.engine.state, log_id, BUNDLES) < 1 << 63:
                     continue
                 if len(ol.ledgers) > limits.log_ledgers_snapshot + 2:
                     return False
