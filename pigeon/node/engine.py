@@ -426,6 +426,15 @@ class Engine:
                 st.wake()
         self.logs.moved(log_id)
 
+    def shard_moved(self, t) -> None:
+        """A shard of topic `t` was handed from this node's log to another's (node.handover): the topic's streams
+        here end with UNAVAILABLE, so that their clients reconnect and are served every shard from its owner."""
+        gone = Unavailable("A shard of the topic moved to another node; reconnect.")
+        for st in self.streams:
+            if st.sub.topic is t:
+                st.error = gone
+                st.wake()
+
     def forget_log(self, log_id: int) -> None:
         """A bundle given up, its records in flight answered: its data state goes (the new owner has it), so
         this node neither holds it in memory nor keeps journal segments for its message indexes — a Reset in

@@ -155,6 +155,7 @@ class HandOvers:
             try:
                 await self._shard_in(out)
                 await engine.change(R.ShardHome(out.topic, out.shard, out.to, out.gen))
+                engine.shard_moved(t)
                 self.done += 1
                 log.info("shard %d of %s is homed in log %d (hand-over %d)", out.shard, t.name, out.to, out.gen)
                 return

@@ -178,3 +178,52 @@ def test_a_hot_bundles_busiest_topic_is_split_over_other_nodes_under_load(etcd, 
     finally:
         for n in nodes.values():
             n.kill()
+
+
+def test_a_streaming_subscriber_gets_every_message_of_a_shard_handed_over_under_it(etcd, tmp_path):
+    """The official client's StreamingPull through n3 while n1 hands a shard to n2: its stream ends (UNAVAILABLE),
+    the client reopens it, and the reopened stream brings every shard's messages — the moved one's from its new
+    owner, the old backlog read from the old log's ledgers."""
+    nodes = start_nodes(str(tmp_path), etcd.endpoint, http=True)
+    try:
+        owner_of = settled_owners(etcd.endpoint, BUNDLES)
+        topic = topic_owned_by(owner_of, "n1", f"{P}/topics/streamed")
+        to_bundle = min(b for b, n in owner_of.items() if n == "n2")
+        pub, sub = clients_of(nodes["n3"])
+        pub.create_topic(name=topic)
+        name = f"{P}/subscriptions/streamed"
+        sub.create_subscription(name=name, topic=topic, ack_deadline_seconds=30)
+        before = {pub.publish(topic, f"before-{i}".encode()).result(timeout=30) for i in range(300)}
+
+        got: set[str] = set()
+        lock = threading.Lock()
+
+        def received(message) -> None:
+            with lock:
+                got.add(message.message_id)
+            message.ack()
+
+        future = sub.subscribe(name, received)
+        try:
+            publishing = _Publishing(pub, topic, b"streamed", batch=50, threads=1)
+            try:
+                time.sleep(0.5)
+                cli = subprocess.run([sys.executable, "-m", "pigeon", "cluster", "move-shard", topic, "--shard", "2",
+                                      "--bundle", str(to_bundle), "--etcd", etcd.endpoint],
+                                     capture_output=True, text=True, timeout=60)
+                assert cli.returncode == 0, cli.stderr
+                assert _log_line(str(tmp_path / "n1.log"), rf"shard 2 of {re.escape(topic)} is homed in log", 60)
+                time.sleep(1.0)
+            finally:
+                sent, failures = publishing.stop()
+            assert not failures, f"publishes failed while the shard moved: {failures[:3]}"
+            want = before | sent
+            deadline = time.monotonic() + 90
+            while time.monotonic() < deadline and not want <= got:
+                time.sleep(0.2)
+        finally:
+            future.cancel()
+        assert want <= got, f"{len(want - got)} published messages never reached the streaming subscriber"
+    finally:
+        for n in nodes.values():
+            n.kill()
