@@ -188,7 +188,10 @@ class HandOvers:
         if not self._serves(out.to):
             raise Unavailable(f"Log {out.to} is not this node's; retry.")
         t = engine.state.topics_by_uid.get(out.topic)
-        if t is None or t.gens.get(out.shard, 0) >= out.gen:
+        if t is None:
+            return
+        if t.gens.get(out.shard, 0) >= out.gen:  # (committed before — by a call that may still wait for it: this
+            await engine.durable(log_id=out.to)  # answer too waits until the log holds it)
             return
         engine.commit(R.ShardIn(out.topic, out.shard, out.to, out.log, out.gen, engine.clock.now(), out.images))
         await engine.durable(log_id=out.to)

@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from pigeon.broker.state import BrokerState
+from pigeon.broker.topic import SHARD_MASK
+from pigeon.storage import records as R
 
 
 class Stream:
@@ -56,6 +58,20 @@ class Oracle:
                 else:
                     self.durable_acks[uid].update(nums)
         self.pending_acks = keep
+
+
+    def seeks_cut(self, seeks, history, tail: int, recovered: BrokerState) -> None:
+        """A crash cut the journal at `tail` through a seek of a spread topic, committed one record a shard
+        (`seeks`: (start, end, sub uid); `history`: (record, position, end)): the client was not answered, and
+        the parts that survived took effect — the acks they undid on their shards were undone by the seek."""
+        for start, end, uid in seeks:
+            if start < tail < end and uid in recovered.subs_by_uid:
+                kept = {rec.shard for rec, at, e in history if start <= at and e <= tail
+                        and rec.TYPE == R.RecordType.SEEK and rec.sub == uid}
+                s = recovered.subs_by_uid[uid]
+                self.durable_acks[uid] = {n for n in self.durable_acks[uid] if n & SHARD_MASK not in kept
+                                          or s.is_acked(n)}
+        seeks.clear()
 
 
 def summary(st: BrokerState, now: float) -> dict:

@@ -7,19 +7,16 @@ bit flipped in a closed segment, clock jumps, a disk that fills up (publishes re
 that meet ENOSPC cut back and kept, checkpoints skipped) and frees again. After every step it checks:
 
   * no publish acknowledged as durable is lost, and every stored message reads back as published;
-  * no ack acknowledged as durable is undone;
-  * per ordering key, a message goes out only after every earlier one of its key is acked (or goes out before
-    it in the same batch);
-  * delivery counts never pass a dead-letter policy's maximum; a message taken out for dead-lettering has
-    reached it;
+  * no ack acknowledged as durable is undone (but by a seek: one a crash cut keeps the shards' parts it wrote);
+  * per ordering key, a message goes out only after every earlier one of its key is acked (or in its batch);
+  * delivery counts never pass a dead-letter policy's maximum; one taken out for dead-lettering has reached it;
   * after a crash, the recovered state is what replaying the surviving log gives (recovery equals the live
     path), and the log reaches at least as far as it was durable;
   * at the end: once every lease and backoff ran out, everything unacked and not parked is delivered; and the
     shards of every log read the same when their logs are applied alone, or loaded from a snapshot beside
     another log's, or handed over to another log mid-way (testing.shard_check: half the topics are spread).
 
-A failure raises SimFailure naming the seed; `python -m pigeon.testing.simulator --seed N` replays it, `--seeds N`
-runs many (what `make sim SEEDS=N` does)."""
+A failure raises SimFailure naming the seed; `python -m pigeon.testing.simulator --seed N` replays it (`make sim`)."""
 
 from __future__ import annotations
 
@@ -84,6 +81,7 @@ class Simulator:
         self.oracle = Oracle()
         self.held: dict[int, dict[int, str]] = {}  # sub uid → {num: ack id} a client holds
         self.before_seek: dict[int, list[str]] = {}  # sub uid → ack ids a client held when it last sought
+        self.seeks: list[tuple[int, int, int]] = []  # (start, end, sub uid) of the seeks since the last crash
         self.streams: list[Stream] = [Stream(), Stream()]
         self.idem_keys: list[str] = []
         self.step_no = 0
@@ -296,11 +294,12 @@ class Simulator:
             return
         s = self.rng.choice(subs)
         snaps = [n for n, sn in self.state.snapshots.items() if sn.topic_uid == s.topic.uid]
-        if snaps and self.rng.random() < 0.5:
-            rec = commands.seek(self.state, s.name, None, self.rng.choice(snaps))
-        else:
-            rec = commands.seek(self.state, s.name, int((self.clock.now() - self.rng.randint(0, 60)) * 1000), None)
+        to_snap = bool(snaps) and self.rng.random() < 0.5
+        rec = commands.seek(self.state, s.name, None if to_snap else int((self.clock.now() - self.rng.randint(0, 60))
+                                                                         * 1000), self.rng.choice(snaps) if to_snap else None)
+        start = self.sj.journal.tail
         self.commit_record(rec)
+        self.seeks.append((start, self.sj.journal.tail, s.uid))
         self.before_seek[s.uid] = list(self.held[s.uid].values())  # the client may still ack these, late
         self.held[s.uid] = {}
         self.oracle.pending_acks.append((self.sj.journal.tail, s.uid, None))  # None: a seek, once durable
@@ -498,6 +497,7 @@ class Simulator:
                 s = recovered.subs_by_uid.get(uid)
                 o.durable_acks[uid] = {n for n in o.durable_acks[uid] if s is not None and s.is_acked(n)}
         o.msgs = {k: m for k, m in o.msgs.items() if m.end <= tail}
+        o.seeks_cut(self.seeks, self.history, tail, recovered)  # (and forgets them)
         o.pending_acks = [p for p in o.pending_acks if p[0] <= tail]
         self.commit()  # what survived is durable now: pending answers that made it count
         self.check_durability()
