@@ -48,8 +48,9 @@ def snapshot(state, rec: R.Snapshot):
     whose metadata log has not homed it yet loads it too."""
     images = CK.decode_images(rec.images)
     for image in images:
-        if isinstance(image, R.ShardHome) and image.topic in state.topics_by_uid:  # (else deleted since)
-            shard_home(state, image)
+        t = state.topics_by_uid.get(image.topic) if isinstance(image, R.ShardHome) else None
+        if t is not None and t.gens.get(image.shard, 0) < image.gen:  # (the reset below clears the pair)
+            _homed(state, t, image.shard, image.log, image.gen)
     effects = reset(state, R.Reset(rec.log, rec.bundles))
     state.log_eras[rec.log] = {(i.topic, i.shard): i.gen for i in images if isinstance(i, R.ShardHome)}
     for image in images:
@@ -104,15 +105,22 @@ def shard_in(state, rec: R.ShardIn):
 
 def shard_home(state, rec: R.ShardHome):
     """The pair's records go to `rec.log` from now on (every node applies it in the metadata log's order). One of
-    a hand-over this state has applied already, or seen superseded, changes nothing."""
+    a hand-over this state has applied already, or seen superseded, changes nothing. Applied where the ShardIn
+    was not, it drops what the state holds of the pair: nothing on a node that owns neither log; the pair as of
+    before its ShardOut on one that owned the old home and lost it without learning of the ShardOut (its log was
+    another's by then) — left, that copy would be dispatched from, and no later reset of the old log would clear
+    it (the pair is not that log's any more)."""
     t = state.topics_by_uid.get(rec.topic)
     if t is None:
         raise Contradiction(f"a home for shard {rec.shard} of topic {rec.topic}, which does not exist")
     if rec.shard >= len(t.shards):
         raise Contradiction(f"a home for shard {rec.shard} of topic {rec.topic}, which has {len(t.shards)}")
-    if t.gens.get(rec.shard, 0) < rec.gen:
-        _homed(state, t, rec.shard, rec.log, rec.gen)
-    return None
+    if t.gens.get(rec.shard, 0) >= rec.gen:
+        return None
+    effects = _drop_pair(state, t, rec.shard, None)
+    _homed(state, t, rec.shard, rec.log, rec.gen)
+    _rebuild(state, t, rec.now)
+    return effects
 
 
 def _homed(state, t, shard: int, log: int, gen: int) -> None:

@@ -70,9 +70,8 @@ class HandOvers:
         await lend(self.cluster.logs, src, uid, shard)  # B keeps the ledgers the pair names (S1 across logs)
         try:
             out = self._shard_out(topic, uid, shard, src, to_log)
-        except BaseException:
+        finally:  # (committed, the pair is away from B: its key is kept for it from then on, the mark not needed)
             unlend(self.cluster.logs, src, uid, shard)
-            raise
         await engine.durable(log_id=src)
         log.info("shard %d of %s leaves log %d for log %d (hand-over %d, %d bytes of state)", shard, topic, src,
                  to_log, out.gen, len(out.images))
@@ -154,7 +153,7 @@ class HandOvers:
                 return  # (homed meanwhile, through the metadata log; or B is another node's now)
             try:
                 await self._shard_in(out)
-                await engine.change(R.ShardHome(out.topic, out.shard, out.to, out.gen))
+                await engine.change(R.ShardHome(out.topic, out.shard, out.to, out.gen, engine.clock.now()))
                 engine.shard_moved(t)
                 self.done += 1
                 log.info("shard %d of %s is homed in log %d (hand-over %d)", out.shard, t.name, out.to, out.gen)

@@ -246,9 +246,10 @@ class LedgerUpkeep:
     async def keep_lent(self) -> tuple[int, int]:
         """Bring the `lent/` keys of the pairs of the logs this node owns up to date: for each other log a pair's
         index names batches of, its key holds the lowest offset of them it names — written where that rose (or the
-        key is missing) — and the key of a pair that names no batch of that log any more is deleted. (The key of a
-        pair for the log it is in is the cut's to delete: `_lent_low`.) Nothing is asked of etcd while no pair here
-        was ever handed over. (keys written, keys deleted)
+        key is missing) — and the key of a pair that names no batch of that log any more is deleted, the key for
+        the log it is in too (its own batches are that log's need) unless a hand-over out of it is under way
+        (`lend` marks it). Nothing is asked of etcd while no pair here was ever handed over. (keys written, keys
+        deleted)
 
         No owner guard is needed: what is written or deleted is read from a state whose records are durable in its
         log (awaited first: a takeover that loses records would name more), and a pair's index only ever names
@@ -290,7 +291,9 @@ class LedgerUpkeep:
             written += ok
         for key, kv in have.items():
             pair = key[1:]
-            if pair not in held or key in want or key[0] == held[pair][0] or not self._still(pair, held[pair]):
+            # (a key for the log the pair is in goes too — of an earlier stay, or of a hand-over that never went
+            # out — but while a hand-over out of it is under way: `lend` marks it until its ShardOut is committed)
+            if pair not in held or key in want or not self._still(pair, held[pair]) or key in b.reads.lending:
                 continue
             ok, _ = await b.meta.txn([M.unchanged_since(kv)], [M.Delete(kv.key)])
             deleted += ok
@@ -480,7 +483,8 @@ async def lend(bundles: BundleLogs, source_log: int, topic_uid: int, shard: int,
 
 
 def unlend(bundles: BundleLogs, source_log: int, topic_uid: int, shard: int) -> None:
-    """The hand-over `lend` was called for appends no ShardOut after all: the key goes at the log's next cut."""
+    """The hand-over `lend` was called for has committed its ShardOut (the pair is away from the log: its key is
+    kept for it by whoever holds it now), or will append none (the key goes at the log owner's next lent pass)."""
     bundles.reads.lending.discard((source_log, topic_uid, shard))
 
 

@@ -179,3 +179,24 @@ def test_the_homes_key_round_trips_and_an_unreadable_one_asks_for_nothing():
     assert decode_homes(encode_homes({T: {}})) == {}
     for raw in (None, b"", b"{", b'{"pairs": [1]}', b'{"pairs": {"t": {"x": 1}}}'):
         assert decode_homes(raw) == {}
+
+
+def test_a_shard_home_drops_the_copy_a_stale_owner_of_the_old_home_still_holds():
+    """A node that owned the old home and lost it before the ShardOut was committed (its log was taken over)
+    keeps the pair as it was; the ShardHome it applies later drops that copy — no reset of the old log would
+    (the pair is not the old log's any more), and left there it would be dispatched from."""
+    stale = fresh()
+    for at, rec in enumerate(before(), start=100):
+        stale.apply(rec, at)
+    assert shard_view(stale, 1, MOVED)["index"][0] > 0
+    stale.apply(R.ShardHome(1, MOVED, NEW, 1, 40.0))
+    assert shard_view(stale, 1, MOVED) == shard_view(fresh(), 1, MOVED)
+    stale.apply(R.Reset(HOME, BUNDLES))  # (its forget of the old home, later: the others go, as ever)
+    assert all(shard_view(stale, 1, k)["index"][0] == 0 for k in range(SHARDS))
+    new_home = fresh()  # where the ShardIn was applied first, the same ShardHome changes nothing
+    new_home.apply(R.ShardIn(1, MOVED, NEW, HOME, 1, 30.0, images.pair_images(fresh(), fresh().topics_by_uid[1],
+                                                                                MOVED)))
+    new_home.apply(R.Publish(1, MOVED, 0, 3000, 2, 0, b""), 500)
+    held = shard_view(new_home, 1, MOVED)
+    new_home.apply(R.ShardHome(1, MOVED, NEW, 1, 40.0))
+    assert shard_view(new_home, 1, MOVED) == held

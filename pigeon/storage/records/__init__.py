@@ -34,7 +34,7 @@ with CATALOGUE and `decode`.
 | SCHEMA_DEL 23   | meta   | name str |
 | SCHEMA_REVDEL 24| meta   | name str · revision id str |
 | POLICY_PUT 25   | meta   | resource str · Policy bytes |
-| SHARD_HOME 26   | meta   | topic u32 · shard u16 · log u32 · gen u32 (the pair's home from its gen-th hand-over on) |
+| SHARD_HOME 26   | meta   | topic u32 · shard u16 · log u32 · gen u32 · now f64 (the pair's home from its gen-th hand-over on) |
 """
 
 from __future__ import annotations

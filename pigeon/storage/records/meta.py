@@ -38,7 +38,7 @@ class TopicPut(Record):
 
 
 _SPREAD = 1 << 15
-_SHARD_HOME = struct.Struct("<IHII")
+_SHARD_HOME = struct.Struct("<IHIId")
 
 
 @dataclass(slots=True)
@@ -53,9 +53,10 @@ class ShardHome(Record):
     shard: int
     log: int
     gen: int
+    now: float = 0.0  # when it was committed (a node that drops a stale copy of the pair derives dispatch anew)
 
     def parts(self) -> list[bytes]:
-        return [_SHARD_HOME.pack(self.topic, self.shard, self.log, self.gen)]
+        return [_SHARD_HOME.pack(self.topic, self.shard, self.log, self.gen, self.now)]
 
     @classmethod
     def decode(cls, payload) -> "ShardHome":
