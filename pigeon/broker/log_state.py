@@ -29,8 +29,8 @@ def reset(state, rec: R.Reset):
     state.log_eras[rec.log] = {}
     for t, shards in state.log_shards(rec.log, rec.bundles):
         t.clear_data(shards)
-        for k in shards & t.away.keys():  # (its ShardOut is read again with the log, if the log still holds it)
-            del t.away[k]
+        for k in [k for k in shards & t.away.keys() if t.away[k].log == rec.log]:  # (its ShardOut is read again
+            del t.away[k]                                                           # with the log, if it holds it)
         for uid in t.subscriptions:
             s = state.subs_by_uid[uid]
             s.clear_data(shards)
@@ -98,7 +98,7 @@ def shard_in(state, rec: R.ShardIn):
         if isinstance(image, CK.SubImage) and state.subs_by_uid.get(image.uid) is None:
             continue  # deleted since
         state.restore(image, {rec.shard})
-    _homed(state, t, rec.shard, rec.log, rec.gen)
+    _homed(state, t, rec.shard, rec.log, rec.gen, until_home=True)
     _rebuild(state, t, rec.now)
     return effects
 
@@ -115,6 +115,9 @@ def shard_home(state, rec: R.ShardHome):
         raise Contradiction(f"a home for shard {rec.shard} of topic {rec.topic}, which does not exist")
     if rec.shard >= len(t.shards):
         raise Contradiction(f"a home for shard {rec.shard} of topic {rec.topic}, which has {len(t.shards)}")
+    out = t.away.get(rec.shard)
+    if out is not None and out.gen <= rec.gen:  # (that hand-over is homed: a ShardIn here kept it pending till now)
+        del t.away[rec.shard]
     if t.gens.get(rec.shard, 0) >= rec.gen:
         return None
     effects = _drop_pair(state, t, rec.shard, None)
@@ -123,10 +126,14 @@ def shard_home(state, rec: R.ShardHome):
     return effects
 
 
-def _homed(state, t, shard: int, log: int, gen: int) -> None:
+def _homed(state, t, shard: int, log: int, gen: int, until_home: bool = False) -> None:
+    """The pair's records go to `log` from its `gen`-th hand-over on. A ShardOut this state holds of a later
+    hand-over stays pending; so does the ShardOut of this one when a ShardIn homes it (`until_home`: on a node
+    that owns both logs, the pair is refused until the metadata log's ShardHome — which the old home's owner
+    waits for, and commits again after a failure, as long as the ShardOut is pending)."""
     out = t.away.get(shard)
     t.home(shard, log, gen)
-    if out is not None and out.gen > gen:  # (a later hand-over's ShardOut is pending still)
+    if out is not None and (out.gen > gen or until_home and out.gen == gen):
         t.away[shard] = out
     state.spread = True
     for uid in t.subscriptions:

@@ -200,3 +200,23 @@ def test_a_shard_home_drops_the_copy_a_stale_owner_of_the_old_home_still_holds()
     held = shard_view(new_home, 1, MOVED)
     new_home.apply(R.ShardHome(1, MOVED, NEW, 1, 40.0))
     assert shard_view(new_home, 1, MOVED) == held
+
+
+def test_on_a_node_owning_both_logs_the_pair_waits_for_its_shard_home():
+    """The old home's owner owns the new home too: its own ShardIn loads the pair but leaves the hand-over pending
+    (the pair refused, `finish` still driving it) until the metadata log's ShardHome; losing the new home meanwhile
+    (a reset of it) keeps it pending; the ShardHome ends it."""
+    node = fresh()
+    for at, rec in enumerate(before(), start=100):
+        node.apply(rec, at)
+    out = R.ShardOut(1, MOVED, HOME, NEW, 1, 30.0, images.pair_images(node, node.topics_by_uid[1], MOVED))
+    node.apply(out)
+    node.apply(R.ShardIn(1, MOVED, NEW, HOME, 1, 30.0, out.images))
+    t = node.topics_by_uid[1]
+    assert t.away[MOVED] == out and node.shard_logs(t, BUNDLES)[MOVED] == NEW
+    with pytest.raises(Unavailable):
+        node.log_of(R.Publish(1, MOVED, 5, 2000, 1, 0, b""), BUNDLES)
+    node.apply(R.Reset(NEW, BUNDLES))  # it lost the new home before the ShardHome was committed
+    assert t.away[MOVED] == out, "the hand-over out of the old home is still to finish"
+    node.apply(R.ShardHome(1, MOVED, NEW, 1, 40.0))
+    assert not t.away and node.log_of(R.Publish(1, MOVED, 5, 2000, 1, 0, b""), BUNDLES) == NEW
