@@ -18,7 +18,7 @@ from operator import itemgetter
 from pigeon.broker import commands
 from pigeon.broker.subscription import SubscriptionState
 from pigeon.core import limits
-from pigeon.core.errors import AckIdFailure, FailedPrecondition, InvalidArgument, NotFound, PigeonError
+from pigeon.core.errors import AckIdFailure, FailedPrecondition, InvalidArgument, NotFound, PigeonError, Unavailable
 from pigeon.node import hops
 from pigeon.node.reader import NotCached
 from pigeon.node.streams import Signal, Stream
@@ -66,7 +66,7 @@ class Delivery:
                     return []
             if len(out) < len(picks.out):  # the rest did not fit: given back before anything is leased
                 s.untake(picks, len(out))
-        self.executor.commit(picks.record(s.uid, now + deadline_s), owner)
+        self._commit_picks(s, picks, now + deadline_s, owner)
         if out:
             self.executor.ack_latency.delivered(s.uid, picks.out[0][0], now)
         if owner is not None and out:  # nothing ran since the commit: every leased message is the stream's
@@ -76,6 +76,15 @@ class Delivery:
                 held = [(n, size) for (n, _), size in zip(picks.out, sizes) if s.leases.get(n, (0, 0, None))[2] is owner]
                 owner.hold([n for n, _ in held], [size for _, size in held])
         return out
+
+    def _commit_picks(self, s: SubscriptionState, picks, deadline: float, owner) -> None:
+        """Log the picks' Deliver record — or, refused (a shard of the topic moved: its part is another log's, or
+        being handed over), give every pick back untaken, so that the messages go out again from their owner."""
+        try:
+            self.executor.commit(picks.record(s.uid, deadline), owner)
+        except Unavailable:
+            s.untake(picks, 0)
+            raise
 
     def lease(self, s: SubscriptionState, max_messages: int, deadline_s: float, owner=None, per_key_max: int = 0):
         """Lock up to `max_messages` messages for `owner` (a push worker); messages past their delivery attempts
@@ -93,7 +102,7 @@ class Delivery:
                 self._fetch(s, e.address)
                 if not picks:
                     return [], []
-        self.executor.commit(picks.record(s.uid, now + deadline_s), owner)
+        self._commit_picks(s, picks, now + deadline_s, owner)
         if picks.out:
             self.executor.ack_latency.delivered(s.uid, picks.out[0][0], now)
         return picks.out, msgs

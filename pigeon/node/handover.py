@@ -189,8 +189,13 @@ class HandOvers:
         t = engine.state.topics_by_uid.get(out.topic)
         if t is None:
             return
-        if t.gens.get(out.shard, 0) >= out.gen:  # (committed before — by a call that may still wait for it: this
-            await engine.durable(log_id=out.to)  # answer too waits until the log holds it)
+        # in the log already — as this node committed it (a call that may still wait for it: this answer waits
+        # too) or read it back — or superseded by a later hand-over. The log's content decides, not the pair's
+        # home in the state: a ShardIn applied here that never became durable (the log was lost before) homed
+        # the pair all the same, and a reset of the log does not undo that
+        if engine.state.log_eras.get(out.to, {}).get((out.topic, out.shard), 0) >= out.gen \
+                or t.gens.get(out.shard, 0) > out.gen:
+            await engine.durable(log_id=out.to)
             return
         engine.commit(R.ShardIn(out.topic, out.shard, out.to, out.log, out.gen, engine.clock.now(), out.images))
         await engine.durable(log_id=out.to)
