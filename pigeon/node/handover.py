@@ -1,11 +1,13 @@
 """A (topic, shard) pair handed from one bundle log to another, performed (docs/cluster.md, "Scale-out" 4.3; the
 records' rules are broker.log_state's). Owns the steps and their order on a cluster node:
 
-  1. the old home's owner commits `ShardOut(P, L, gen, image)` to its log B — built and committed with no await
-     between, so the image is the pair's state at that point of B — and waits until B holds it (Qa members);
+  1. the old home's owner lends B's ledgers to the pair (`lend`), commits `ShardOut(P, L, gen, image)` to its
+     log B — built and committed with no await between, so the image is the pair's state at that point of B —
+     and waits until B holds it (Qa members);
   2. it asks the new home L's owner to commit `ShardIn` (`accept`, over the storage service's peer call), which
-     commits it only while its state does not home P in L at that hand-over already, and answers once L holds it;
-  3. it commits `ShardHome(P, L, gen)` to the metadata log: every node routes P's calls to L from then on.
+     commits it only while L does not hold that hand-over's ShardIn already, and answers once L holds it;
+  3. it commits `ShardHome(P, L, gen)` to the metadata log: every node routes P's calls to L from then on — and
+     ends the topic's streams it holds, so that their clients reopen onto every shard's owner.
 
 Steps 2–3 are `finish`: retried until done, and redone by whoever owns B next (`resume`, after a takeover) from
 the ShardOut it reads back — the image rides in the record. Until step 3 reaches a node, P's calls go to B's
