@@ -230,7 +230,7 @@ def _walk(buf: np.ndarray, begins: np.ndarray, ends: np.ndarray):
 
 
 def _walk_compiled(buf: np.ndarray, begins: np.ndarray, ends: np.ndarray):
-    """`_walk` by pigeon.spark._decode: the same columns, from the Arrow buffers it fills (two passes over the
+    """`_walk` by pigeon.spark._decode: the same columns, from the Arrow buffers it fills (one pass over the
     bytes, no Python object per message)."""
     if len(buf) + len(_LEAD) + len(_PAD) >= 1 << 31:  # as _walk: 32-bit offsets
         raise _Malformed("more bytes than 32-bit offsets address")
@@ -248,10 +248,16 @@ WALKERS = {"numpy": _walk, "compiled": _walk_compiled}  # (tests hold them side 
 
 
 def message_ids(topic_uid: int, offset_bits: int, shard_bits: int, shard: int, offsets: np.ndarray) -> pa.Array:
+    """The ids of the messages at `offsets` (consecutive) of a shard: decimal strings, by the compiled part where
+    it is built (a third of the time of Arrow's cast, which builds the strings one append at a time)."""
     base = topic_uid << (offset_bits + shard_bits)
-    if len(offsets) == 0:
+    n = len(offsets)
+    if n == 0:
         return pa.array([], pa.string())
     if base + (int(offsets[-1]) << shard_bits) + shard < (1 << 63):
+        if COMPILED:
+            values, value_offsets = _decode.message_ids(base, shard_bits, shard, int(offsets[0]), n)
+            return _binary(values, value_offsets, n, pa.string())
         return pa.array((offsets << shard_bits) + (base + shard)).cast(pa.string())
     return pa.array([str(base + (int(o) << shard_bits) + shard) for o in offsets], pa.string())
 

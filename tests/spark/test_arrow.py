@@ -212,3 +212,32 @@ def test_compiled_and_numpy_batches_are_identical(monkeypatch):
         monkeypatch.setattr(arrow, "COMPILED", compiled)
         batches[compiled] = arrow.to_record_batch(r, 3)
     assert batches[True].equals(batches[False])
+
+
+@pytest.mark.parametrize("topic_uid,offset_bits,shard_bits,shard,start,n", [
+    (5, 40, 6, 3, 7, 500),
+    (0, 40, 0, 0, 0, 1200),  # 0, 1, … : the digit count grows at 10, 100 and 1000
+    (1, 30, 0, 0, 5, 0),  # no ids
+    (0, 40, 20, (1 << 20) - 1, 999_990, 40),  # a step of 2^20: carries over several digits
+    (3, 50, 10, 1023, (1 << 50) - 30, 30),  # the largest offsets of a shard
+    ((1 << 3) - 1, 54, 6, 63, (1 << 54) - 5, 5),  # at and past 2^63: the exact Python path
+])
+def test_message_ids_are_the_decimal_ids(monkeypatch, topic_uid, offset_bits, shard_bits, shard, start, n):
+    offsets = np.arange(start, start + n, dtype=np.uint64 if start + n >= 1 << 63 else np.int64)
+    want = [str((((topic_uid << offset_bits) | (start + i)) << shard_bits) | shard) for i in range(n)]
+    for compiled in (True, False):
+        if compiled and arrow._decode is None:
+            continue
+        monkeypatch.setattr(arrow, "COMPILED", compiled)
+        got = arrow.message_ids(topic_uid, offset_bits, shard_bits, shard, offsets)
+        assert got.type == arrow.pa.string() and got.to_pylist() == want, compiled
+
+
+def test_compiled_walker_grows_its_room_for_entries():
+    """More entries than the compiled walker first makes room for (4 a message), ending a message or inside one."""
+    many = [Msg(data=b"d", attributes={f"k{j}": f"v{j}" for j in range(k)}).SerializeToString() for k in (60, 5, 1)]
+    assert_walkers_agree(many)
+    assert_walkers_agree([Msg(data=b"d").SerializeToString()] * 3 + many)
+    five = Msg(attributes={f"a{j}": "b" for j in range(5)}).SerializeToString()
+    assert_walkers_agree([five] * 16)  # 80 entries: exactly the first room (4 × 16 + 16)
+    assert_walkers_agree([five] * 17)  # 85: one message past it
