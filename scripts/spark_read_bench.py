@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -75,9 +76,13 @@ def cpu_by_part(servers: list[int]) -> dict[str, dict[int, float]]:
     return parts
 
 
-def cpu_used(before: dict, after: dict) -> str:
+def cpu_parts(before: dict, after: dict) -> dict[str, float]:
     """What each part used between two `cpu_by_part` readings (a process that ended in between is not counted)."""
-    return ", ".join(f"{k} {sum(v - before[k].get(p, 0.0) for p, v in after[k].items()):.2f}" for k in after)
+    return {k: sum(v - before[k].get(p, 0.0) for p, v in after[k].items()) for k in after}
+
+
+def cpu_used(before: dict, after: dict) -> str:
+    return ", ".join(f"{k} {v:.2f}" for k, v in cpu_parts(before, after).items())
 
 
 def start_cluster(root: str, nodes: int, stack: list) -> tuple[str, dict[str, ServerProcess]]:
@@ -171,6 +176,7 @@ def main() -> None:
         spark = (SparkSession.builder.master(a.master).config("spark.ui.enabled", "false")
                  .config("spark.sql.shuffle.partitions", "2").config("spark.driver.host", "127.0.0.1")
                  .config("spark.driver.bindAddress", "127.0.0.1").config("spark.python.worker.reuse", "true")
+                 .config("spark.ui.showConsoleProgress", "false")
                  .getOrCreate())
         spark.sparkContext.setLogLevel("ERROR")
         import pigeon.spark
@@ -178,13 +184,22 @@ def main() -> None:
         pigeon.spark.register(spark)
         df = spark.read.format("pigeon").option("endpoint", endpoint).option("topic", topic).load()
         servers = [p.proc.pid for p in stack if isinstance(p, ServerProcess)]
+        runs = []  # (rows/s, CPU s by part)
         for i in range(a.repeat):
             before = cpu_by_part(servers)
             t0 = time.perf_counter()
             df.write.format("noop").mode("overwrite").save()
             dt = time.perf_counter() - t0
+            after = cpu_by_part(servers)
+            runs.append((a.messages / dt, cpu_parts(before, after)))
             print(f"spark {a.master} read → noop (run {i + 1}): {a.messages:,} rows in {dt:.2f}s = "
-                  f"{a.messages / dt:,.0f} rows/s; CPU s: {cpu_used(before, cpu_by_part(servers))}")
+                  f"{a.messages / dt:,.0f} rows/s; CPU s: {cpu_used(before, after)}")
+        if len(runs) > 1:  # the first run warms the JVM up (several CPU seconds of JIT compilation)
+            rates, parts = [r for r, _ in runs[1:]], [p for _, p in runs[1:]]
+            per_m = {k: statistics.median(p[k] for p in parts) * 1e6 / a.messages for k in parts[0]}
+            print(f"spark runs 2-{len(runs)}: best {max(rates):,.0f} rows/s, median {statistics.median(rates):,.0f}; "
+                  f"median CPU s per 1M rows: " + ", ".join(f"{k} {v:.2f}" for k, v in per_m.items()) +
+                  f", total {sum(per_m.values()):.2f}; load average {os.getloadavg()[0]:.1f}")
         t0 = time.perf_counter()
         n = df.count()
         dt = time.perf_counter() - t0
