@@ -2,7 +2,8 @@
 deadline changes, the dead-letter topic). Owns the rules of the node's side of delivery: a pull waits for messages
 until shortly before its deadline and answers empty rather than late; a stream takes messages only within its flow
 control, and one waiter woken for a subscription passes the wake-up on while more is ready; a delivery's messages
-go out only once its lease is recorded (in a cluster, replicated: Executor.recorded); a message whose batch must
+go out only once its lease is recorded (in a cluster: replicated, or at once on the owner's lease:
+Executor.recorded); a message whose batch must
 first be read from another node (node.reader.NotCached) is given back untaken, fetched in the background, and its
 subscription's waiters woken once it is here — a take never waits; an ack is answered once durable, a stream's ack
 with the next group commit (exactly-once: once durable). The choices are the broker's
@@ -116,18 +117,12 @@ class Delivery:
         now, so that delivery neither reads nor parses the record back; one nobody waits for costs no memory."""
         ex = self.executor
         log_id = t.log_id if not t.spread else ex.state.shard_logs(t, ex.config.bundles)[rec.shard]
-        early = ex.logs.recording(log_id) is not None
-        if early or any(sig.waiting for uid in t.subscriptions if (sig := ex.signals.get(uid)) is not None):
+        if any(sig.waiting for uid in t.subscriptions if (sig := ex.signals.get(uid)) is not None):
             pos = t.shards[rec.shard].pos[-1]  # apply has just indexed the batch
             ex.reader.remember_published(pos, rec.request, rec.publish_ms, end - pos)
         ix = t.shards[rec.shard]
-        if early:
-            # a replicated log: a delivery goes out only once its Deliver record is held by Qa members, and that
-            # record, later in the same log, is held only after this batch is — so the batch may be handed out
-            # now, and a message waits for one quorum round trip, not two (the reader serves it from the cache;
-            # dropped from it, a read of the journal waits until the batch is durable there)
-            self._visible(t, ix, rec)
-        # (a failed replication raises in the publisher's wait: the log's next owner shows the batch)
+        # (a failed replication raises in the publisher's wait: the log's next owner shows the batch; in a cluster
+        # the batch's confirmation renews the owner's lease first, so its delivery goes out without another wait)
         ex.logs.on_durable(end, log_id, lambda: self._show(t, ix, rec))
         return log_id
 

@@ -168,7 +168,7 @@ class HandOvers:
             except Exception as e:  # noqa: BLE001 — a peer's gRPC error: its owner is moving, or down
                 log.info("handing shard %d of topic %d to log %d: %s; trying again", out.shard, out.topic, out.to,
                          e)
-            await asyncio.sleep(limits.ledger_retry_s)
+            await asyncio.sleep(limits.handover_retry_s)
 
     async def _shard_in(self, out: R.ShardOut) -> None:
         if self._serves(out.to):

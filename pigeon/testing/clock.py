@@ -10,6 +10,9 @@ class SimClock:
     def now(self) -> float:
         return self._now
 
+    def monotonic(self) -> float:
+        return self._now
+
     def advance(self, seconds: float) -> float:
         assert seconds >= 0
         self._now += seconds
