@@ -464,9 +464,14 @@ class Dispatch:
         ks.batch = batch
         self._key_settled(key, ks)
 
-    def untake(self, picks: Picks, keep: int) -> None:
+    def untake(self, picks: Picks, keep: int, dead: bool = False) -> None:
         """Give back the picks after the first `keep` before they are leased (they did not fit in a response):
-        they go back to the front of the queue with their delivery count unchanged."""
+        they go back to the front of the queue with their delivery count unchanged — with `dead`, the ones taken
+        out for dead-lettering too (their Deliver record was refused: nothing else would ever hand them out)."""
+        if dead:
+            for num, _ in reversed(picks.dead):  # (unkeyed, as when their dead-letter lease runs out)
+                self.redeliver.appendleft(num)
+            picks.dead.clear()
         rest = picks.out[keep:]
         keys = picks.keys[keep:] if picks.keys is not None else None
         del picks.out[keep:]

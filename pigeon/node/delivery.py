@@ -84,7 +84,7 @@ class Delivery:
         try:
             self.executor.commit(picks.record(s.uid, deadline), owner)
         except Unavailable:
-            s.untake(picks, 0)
+            s.untake(picks, 0, dead=True)
             raise
 
     def lease(self, s: SubscriptionState, max_messages: int, deadline_s: float, owner=None, per_key_max: int = 0):

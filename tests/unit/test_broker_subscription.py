@@ -528,6 +528,27 @@ def test_untake_keeps_the_delivery_version():
     assert take(s, 2, 0.0, 10) == [(0, 2)]
 
 
+def test_untake_of_a_refused_delivery_gives_back_its_dead_letters_too():
+    """A Deliver record refused (the shard moved meanwhile) gives every pick back — also a message taken out for
+    the dead-letter topic, which nothing else would ever hand out again (it is in no queue until it is leased)."""
+    t = TopicState(1, "projects/p/topics/t", None, 1)
+    s = SubscriptionState(2, "projects/p/subscriptions/s", t, Subscription(
+        ack_deadline_seconds=10, dead_letter_policy=types.DeadLetterPolicy.pb()(
+            dead_letter_topic="projects/p/topics/dead", max_delivery_attempts=5)))
+    s.dead_letter_open = True
+    t.shards[0].append(1, 0, 0)
+    t.shards[0].durable = t.shards[0].visible = 1
+    for i in range(5):  # delivered and given back (nacked) up to the attempts allowed
+        assert take(s, 1, float(i), 10) == [(0, i + 1)]
+        modify_deadline(s, 0, i + 1, 0, float(i))
+    picks = s.take(1, 10.0)
+    assert picks.out == [] and picks.dead == [(0, 5)]
+    s.untake(picks, 0, dead=True)  # its Deliver record refused
+    assert not picks and 0 not in s.leases
+    again = s.take(1, 10.0)
+    assert again.dead == [(0, 5)], "the message taken out for dead-lettering was lost from the queue"
+
+
 def test_lease_deadline_entries_are_invisible_to_the_collector():
     """A stream's deadline keeps a minute of entries (one per batch handed out or extended); they hold numbers
     only, so the collector stops tracking them and its full passes, which pause the event loop, skip them."""
