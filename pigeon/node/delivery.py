@@ -117,12 +117,19 @@ class Delivery:
         now, so that delivery neither reads nor parses the record back; one nobody waits for costs no memory."""
         ex = self.executor
         log_id = t.log_id if not t.spread else ex.state.shard_logs(t, ex.config.bundles)[rec.shard]
-        if any(sig.waiting for uid in t.subscriptions if (sig := ex.signals.get(uid)) is not None):
+        early = ex.logs.replicas is not None
+        if early or any(sig.waiting for uid in t.subscriptions if (sig := ex.signals.get(uid)) is not None):
             pos = t.shards[rec.shard].pos[-1]  # apply has just indexed the batch
             ex.reader.remember_published(pos, rec.request, rec.publish_ms, end - pos)
         ix = t.shards[rec.shard]
-        # (a failed replication raises in the publisher's wait: the log's next owner shows the batch; in a cluster
-        # the batch's confirmation renews the owner's lease first, so its delivery goes out without another wait)
+        if early:
+            # a replicated log: a delivery that may hold a batch not yet confirmed goes out only once its own
+            # Deliver record is held by Qa members, and that record, later in the same log, is held only after
+            # the batch is — so the batch may be handed out now, its delivery's work done during its publish's
+            # round trip (the reader serves it from the cache; dropped from it, a read of the journal waits
+            # until the batch is durable there)
+            self._visible(t, ix, rec)
+        # (a failed replication raises in the publisher's wait: the log's next owner shows the batch)
         ex.logs.on_durable(end, log_id, lambda: self._show(t, ix, rec))
         return log_id
 
@@ -209,7 +216,7 @@ class Delivery:
             out = self.deliver(s, max_messages, limits.response_bytes_max, None, s.ack_deadline_s)
             if out:
                 self._pass_on(s)
-                await self.executor.recorded(s.log_id)
+                await self.executor.recorded(s)
                 if s.transforms:  # subscription transforms (node.transforms): those filtered out are acked
                     out = await self.executor.transforms.deliver(self, s, out)
                 if out:
@@ -309,7 +316,7 @@ class Delivery:
         if not out:
             return None
         self._pass_on(s)
-        recording = self.executor.logs.recording(s.log_id)
+        recording = self.executor.logs.recording(s.log_id, s.topic is not None and s.topic.unconfirmed())
         if recording is None:
             return out
         stream.unsent.append((out, recording))

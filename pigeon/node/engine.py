@@ -243,15 +243,15 @@ class Engine:
         from there."""
         await self.logs.durable(end, log_id, publish)
 
-    async def recorded(self, log_id: int) -> None:
-        """Until a delivery of `log_id` may go out (invariant O3, docs/cluster.md): on one node at once; in a
-        cluster at once while this node's lease on the log runs — an append of its own made less than the lease
-        ago was confirmed by Qa members, so no new owner can have answered an ack yet — and else once every record
-        committed so far to it is held by Qa members (Unavailable when the log moved meanwhile): an owner that lost
-        its bundle without knowing it yet (paused, cut off) cannot have its Deliver record confirmed (the new owner
-        fenced the ledger), so it hands out nothing, not even a message the new owner has seen acknowledged
-        since."""
-        await self.logs.replicated(log_id)
+    async def recorded(self, s) -> None:
+        """Until a delivery of subscription `s` may go out (invariant O3, docs/cluster.md): on one node at once; in
+        a cluster at once while this node's lease on the log runs — an append of its own made less than the lease
+        ago was confirmed by Qa members, so no new owner can have answered an ack yet — unless a batch of the
+        topic is shown before its publish is confirmed; else once every record committed so far to the log is held
+        by Qa members (Unavailable when the log moved meanwhile): an owner that lost its bundle without knowing it
+        yet (paused, cut off) cannot have its Deliver record confirmed (the new owner fenced the ledger), so it
+        hands out nothing, not even a message the new owner has seen acknowledged since."""
+        await self.logs.replicated(s.log_id, s.topic is not None and s.topic.unconfirmed())
 
     async def change(self, *recs: R.Record) -> None:
         """Commit administrative records and answer once they are durable; one log line per change."""

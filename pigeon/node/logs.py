@@ -99,18 +99,18 @@ class NodeLogs:
         if not publish and log_id is not None and self._taken:
             await self._settled(log_id)
 
-    async def replicated(self, log_id: int | tuple) -> None:
-        """Until a delivery of `log_id` may go out: at once on a lease or for a log not replicated, else once
-        everything appended so far to it is held by Qa members."""
-        replicated = self.recording(log_id)
+    async def replicated(self, log_id: int | tuple, unconfirmed: bool = False) -> None:
+        """Until a delivery of `log_id` may go out: `recording`'s wait."""
+        replicated = self.recording(log_id, unconfirmed)
         if replicated is not None:
             await asyncio.shield(replicated)
 
-    def recording(self, log_id: int | tuple) -> asyncio.Future | None:
+    def recording(self, log_id: int | tuple, unconfirmed: bool = False) -> asyncio.Future | None:
         """What a delivery of `log_id` waits for, as a future to await (shielded) or look at later: None when the
-        log is not replicated or this node's lease on it runs, else the replication of its latest entry (the
-        delivery's Deliver record: confirmed, it renews the lease)."""
-        if self.replicas is None or self.leased(log_id):
+        log is not replicated, or this node's lease on it runs and the delivery holds no batch whose publish is
+        `unconfirmed` yet; else the replication of the log's latest entry — the delivery's Deliver record, held by
+        members only after every batch before it (and, confirmed, it renews the lease)."""
+        if self.replicas is None or (not unconfirmed and self.leased(log_id)):
             return None
         return self._replication(log_id)
 

@@ -31,8 +31,10 @@ def test_topics_subscriptions_publish_pull_and_queue_verbs(server):
     assert "projects/cli/topics/cli-topic" in pigeon(server, "topics", "list")
     assert "cli-sub" in pigeon(server, "subscriptions", "list")
     mid = pigeon(server, "publish", "cli-topic", "hello", "-A", "k=v").strip()
-    due = time.monotonic() + DELAY_S  # (each command is a process start: seconds apiece on a loaded machine)
     later = pigeon(server, "publish", "cli-topic", "later", "--delay", f"{DELAY_S}s").strip()
+    # (each command is a process start: seconds apiece on a loaded machine; the server dated the activation before
+    # the command returned, so it is due by now + DELAY_S)
+    due = time.monotonic() + DELAY_S
     (got,) = json.loads(pigeon(server, "pull", "cli-sub", "--ack", "--format", "json"))["receivedMessages"]
     assert (got["message"]["messageId"], got["message"]["attributes"]) == (mid, {"k": "v"})
     assert base64.b64decode(got["message"]["data"]) == b"hello"  # as the REST API spells it
