@@ -210,8 +210,8 @@ def test_it_notices_a_log_rolling_in_a_storm(monkeypatch):
     milliseconds. Without the pause before trying such a member again, a seed finds the storm."""
     monkeypatch.setattr(limits, "ledger_retry_s", 0.0)
     # (a seed runs long here: every retry comes at once; the seeds that meet such a member move as the code's
-    # timing does — these found it last)
-    found = _first_failure([49, 41, 37, 38, *range(1, 25)])
+    # timing does — these found it last, under any hash seed)
+    found = _first_failure([59, 71, 49, 41, *range(1, 25)])
     assert "roll storm" in found, found
 
 
