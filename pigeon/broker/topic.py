@@ -253,11 +253,6 @@ class TopicState:
         """A message's id is this | its message number (offset << shard_bits | shard)."""
         return self.uid << (limits.topic_offset_bits + limits.shard_bits)
 
-    def unconfirmed(self) -> bool:
-        """Whether a batch of it is visible before it is durable (a cluster shows a batch at commit: a delivery
-        that may hold it goes out only once its own Deliver record, later in the log, is confirmed)."""
-        return any(ix.visible > ix.durable for ix in self.shards)
-
     def backlog_end(self) -> list[int]:
         return [s.next for s in self.shards]
 

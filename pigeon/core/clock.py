@@ -10,7 +10,3 @@ class Clock(typing.Protocol):
     def now(self) -> float:
         """Seconds since the Unix epoch."""
         ...
-
-    def monotonic(self) -> float:
-        """Seconds on a clock that never steps: intervals (an owner's lease), never dates."""
-        ...

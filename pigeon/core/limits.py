@@ -214,10 +214,6 @@ fetch_retry_s = 0.5  # after a failed read of a batch from its ledger, before de
 ledger_retry_s = 0.5  # between attempts of a takeover or a roll that could not finish (etcd or members unreachable)
 handover_retry_s = 0.5  # between attempts of a shard's hand-over whose new home has no owner or does not answer
 release_wait_s_max = 5.0  # how long a bundle given up waits for its records in flight to be confirmed
-owner_lease_s = 1.0  # an owner hands a delivery out before its Deliver record is replicated while an append it made
-#                     less than this ago (shortened by clock_rate_error) was confirmed by Qa members; a node that
-#                     takes a log over answers no ack of it before this long after its fence (docs/cluster.md, O3)
-clock_rate_error = 0.01  # two nodes' monotonic clocks run at rates at most this far apart (NTP slews ≤ 0.0005)
 quota_share_floor = 0.25  # a node's part of a quota is at least this share of an equal part (its first calls pass)
 # a peer or an etcd member that was down is dialled again at most this long after it is back (gRPC's own backoff
 # grows to 120 s, and a channel waiting to dial again fails every call at once with the last error it saw)
@@ -237,7 +233,6 @@ admin_quota_window_s = 60.0  # admin operations are metered over this window
 quota_refusal_hold_s_max = 1.0  # a call refused by a quota is answered when its retry hint is due, at most this late
 assert 0 < reconnect_s_min <= reconnect_s_max < session_ttl_s_min
 assert log_read_first_entries <= log_read_entries_max
-assert 0 <= clock_rate_error < 0.1 and 0 < owner_lease_s < session_ttl_s_min
 assert fetch_bytes * fetch_ahead * 2 <= read_cache_bytes_max  # a range read ahead is not dropped before it is read
 assert reserved_write_bytes_max <= segment_reserve_bytes <= segment_bytes_max
 assert lazy_write_s <= lazy_flush_s

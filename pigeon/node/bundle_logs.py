@@ -294,7 +294,6 @@ class BundleLogs:
             last = ledgers[-1]
             members = {n: self.member(n, a) for n, a in last.members.items()}
             ledgers = recovered(ledgers, await recover_ledger(last.id, members, self._replication_of(last)))
-        self.cluster.engine.logs.taken(log_id)  # fenced: acks wait out a former owner's lease (node.logs)
         entries, nbytes, read_s = await self._read_log(ledgers)
         first = next_first(ledgers)
         new = await self._new_ledger(log_id, epoch, next_seq(ledgers), first)

@@ -2,8 +2,7 @@
 deadline changes, the dead-letter topic). Owns the rules of the node's side of delivery: a pull waits for messages
 until shortly before its deadline and answers empty rather than late; a stream takes messages only within its flow
 control, and one waiter woken for a subscription passes the wake-up on while more is ready; a delivery's messages
-go out only once its lease is recorded (in a cluster: replicated, or at once on the owner's lease:
-Executor.recorded); a message whose batch must
+go out only once its lease is recorded (in a cluster, replicated: Executor.recorded); a message whose batch must
 first be read from another node (node.reader.NotCached) is given back untaken, fetched in the background, and its
 subscription's waiters woken once it is here — a take never waits; an ack is answered once durable, a stream's ack
 with the next group commit (exactly-once: once durable). The choices are the broker's
@@ -117,17 +116,16 @@ class Delivery:
         now, so that delivery neither reads nor parses the record back; one nobody waits for costs no memory."""
         ex = self.executor
         log_id = t.log_id if not t.spread else ex.state.shard_logs(t, ex.config.bundles)[rec.shard]
-        early = ex.logs.replicas is not None
+        early = ex.logs.recording(log_id) is not None
         if early or any(sig.waiting for uid in t.subscriptions if (sig := ex.signals.get(uid)) is not None):
             pos = t.shards[rec.shard].pos[-1]  # apply has just indexed the batch
             ex.reader.remember_published(pos, rec.request, rec.publish_ms, end - pos)
         ix = t.shards[rec.shard]
         if early:
-            # a replicated log: a delivery that may hold a batch not yet confirmed goes out only once its own
-            # Deliver record is held by Qa members, and that record, later in the same log, is held only after
-            # the batch is — so the batch may be handed out now, its delivery's work done during its publish's
-            # round trip (the reader serves it from the cache; dropped from it, a read of the journal waits
-            # until the batch is durable there)
+            # a replicated log: a delivery goes out only once its Deliver record is held by Qa members, and that
+            # record, later in the same log, is held only after this batch is — so the batch may be handed out
+            # now, and a message waits for one quorum round trip, not two (the reader serves it from the cache;
+            # dropped from it, a read of the journal waits until the batch is durable there)
             self._visible(t, ix, rec)
         # (a failed replication raises in the publisher's wait: the log's next owner shows the batch)
         ex.logs.on_durable(end, log_id, lambda: self._show(t, ix, rec))
@@ -216,7 +214,7 @@ class Delivery:
             out = self.deliver(s, max_messages, limits.response_bytes_max, None, s.ack_deadline_s)
             if out:
                 self._pass_on(s)
-                await self.executor.recorded(s)
+                await self.executor.recorded(s.log_id)
                 if s.transforms:  # subscription transforms (node.transforms): those filtered out are acked
                     out = await self.executor.transforms.deliver(self, s, out)
                 if out:
@@ -316,7 +314,7 @@ class Delivery:
         if not out:
             return None
         self._pass_on(s)
-        recording = self.executor.logs.recording(s.log_id, s.topic is not None and s.topic.unconfirmed())
+        recording = self.executor.logs.recording(s.log_id)
         if recording is None:
             return out
         stream.unsent.append((out, recording))

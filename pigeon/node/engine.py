@@ -72,7 +72,7 @@ class Engine:
         self.ack_latency = AckLatency()  # sampled, from delivery to ack
         self.hot_keys = HotKeys()  # the ordering keys published most, per topic
         self.journal = self.host.journal(os.path.join(config.data_dir, "wal"), config.fsync, config.segment_bytes)
-        self.logs = NodeLogs(self.journal, self.clock)  # what commit appends to (in a cluster: replicated)
+        self.logs = NodeLogs(self.journal)  # what commit appends to (in a cluster: replicated)
         self.reader = MessageReader(self.journal, limits.read_cache_bytes_max)
         self.epoch = 0  # this process's epoch: it fences every log it writes at it
         self.signals: dict[int, Signal] = {}
@@ -235,23 +235,20 @@ class Engine:
                 if sig is not None:
                     self.delivery.arm(self.state.subs_by_uid[uid], sig)
 
-    async def durable(self, end: int | None = None, log_id: int | None = None, publish: bool = False) -> None:
+    async def durable(self, end: int | None = None, log_id: int | None = None) -> None:
         """Until everything committed so far (or up to journal position `end`) is durable — and in a cluster,
         everything committed so far to `log_id` is held by Qa members of its ensemble (Unavailable when the log
-        moved meanwhile), and, unless it is a `publish` that waits, no former owner of the log can still hand out
-        a delivery on its lease (node.logs). The owner's own journal must have it too: its reader serves messages
-        from there."""
-        await self.logs.durable(end, log_id, publish)
+        moved meanwhile). The owner's own journal must have it too: its reader serves messages from there."""
+        await self.logs.durable(end, log_id)
 
-    async def recorded(self, s) -> None:
-        """Until a delivery of subscription `s` may go out (invariant O3, docs/cluster.md): on one node at once; in
-        a cluster at once while this node's lease on the log runs — an append of its own made less than the lease
-        ago was confirmed by Qa members, so no new owner can have answered an ack yet — unless a batch of the
-        topic is shown before its publish is confirmed; else once every record committed so far to the log is held
-        by Qa members (Unavailable when the log moved meanwhile): an owner that lost its bundle without knowing it
-        yet (paused, cut off) cannot have its Deliver record confirmed (the new owner fenced the ledger), so it
-        hands out nothing, not even a message the new owner has seen acknowledged since."""
-        await self.logs.replicated(s.log_id, s.topic is not None and s.topic.unconfirmed())
+    async def recorded(self, log_id: int) -> None:
+        """In a cluster, until every record committed so far to `log_id` is held by Qa members of its ensemble
+        (Unavailable when the log moved meanwhile); on one node at once. A delivery waits for it before its messages
+        go out: the lease it takes is then in the log every later owner of the bundle reads, before any ack of those
+        messages — and an owner that lost its bundle without knowing it yet (paused, cut off) cannot have its Deliver
+        record confirmed (the new owner fenced the ledger), so it hands out nothing, not even a message the new
+        owner has seen acknowledged since."""
+        await self.logs.replicated(log_id)
 
     async def change(self, *recs: R.Record) -> None:
         """Commit administrative records and answer once they are durable; one log line per change."""
@@ -489,7 +486,7 @@ class Engine:
                                       int(self.clock.now() * 1000), self.config.idempotency_window_s, check, among)
         rec = plan.record
         if rec is None:
-            await self.durable(log_id=t.log_id, publish=True)  # the originals may still be on their way to disk
+            await self.durable(log_id=t.log_id)  # the originals may still be on their way to disk (and members)
             return commands.publish_answer(t, plan)
         t0 = time.perf_counter()
         with self.admission.publishing(len(rec.request)):
@@ -497,7 +494,7 @@ class Engine:
             if hops.ON:
                 hops.mark("committed")
             log_id = self.delivery.show_when_durable(t, rec, end)
-            await self.durable(end, log_id, publish=True)
+            await self.durable(end, log_id)
         self.publish_latency.observe(time.perf_counter() - t0)
         t.publish_requests += 1
         t.published += rec.count

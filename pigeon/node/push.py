@@ -307,7 +307,7 @@ class PushWorker:
     async def _deliver(self, s, num: int, version: int, raw: bytes) -> None:
         loop = asyncio.get_running_loop()
         try:
-            await self.engine.recorded(s)  # (in a cluster: the lease replicated before the message goes out)
+            await self.engine.recorded(s.log_id)  # (in a cluster: the lease replicated before the message goes out)
             if s.transforms:  # the subscription's message transforms: one filtered out is acked unsent
                 raw = await self.engine.transforms.push_message(s, raw)
             failure = None if raw is None else raw if isinstance(raw, Failure) else await self._post(s, version, raw)

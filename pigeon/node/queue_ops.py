@@ -24,7 +24,7 @@ class QueueOps:
         s.last_activity = self.engine.clock.now()
         out = self.engine.delivery.deliver(s, max_messages, limits.response_bytes_max, None, lock_s or s.ack_deadline_s)
         if out:
-            await self.engine.recorded(s)  # (in a cluster: the locks replicated before they go out)
+            await self.engine.recorded(s.log_id)  # (in a cluster: the locks replicated before they go out)
             if s.transforms:  # the subscription's message transforms, as on any delivery (node.transforms)
                 out = await self.engine.transforms.deliver(self.engine.delivery, s, out)
         return out

@@ -17,10 +17,6 @@ class WallClock:
     def now(self) -> float:
         return time.time()
 
-    def monotonic(self) -> float:
-        """Seconds on a clock that never steps (intervals: leases)."""
-        return time.monotonic()
-
 
 class Signal:
     """Wakes the coroutines waiting for one subscription's messages (streams, pulls, a push worker).

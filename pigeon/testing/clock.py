@@ -10,9 +10,6 @@ class SimClock:
     def now(self) -> float:
         return self._now
 
-    def monotonic(self) -> float:
-        return self._now
-
     def advance(self, seconds: float) -> float:
         assert seconds >= 0
         self._now += seconds

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import contextvars
 
-from pigeon.core import limits
 from pigeon.node.cluster_node import ClusterNode
 from pigeon.node.engine import Engine
 from pigeon.ops.config import Config
@@ -30,18 +29,13 @@ NODE: contextvars.ContextVar = contextvars.ContextVar("pigeon_sim_node", default
 
 
 class NodeClock:
-    """A node's clocks: the wall clock, virtual time skewed by up to half a second; the monotonic one running at a
-    rate of its own, within limits.clock_rate_error of every other node's (the owners' leases count on that)."""
+    """A node's wall clock: virtual time, skewed."""
 
     def __init__(self, skew: float):
         self.skew = skew
-        self.rate = 1.0 + skew * 0.9 * limits.clock_rate_error  # (skew in ±0.5: rates at most 0.9 ε apart)
 
     def now(self) -> float:
         return WALL0 + asyncio.get_running_loop().time() + self.skew
-
-    def monotonic(self) -> float:
-        return asyncio.get_running_loop().time() * self.rate
 
 
 class _Lock:

@@ -12,10 +12,9 @@ import pytest
 
 from pigeon.cluster.quorum import Replication
 from pigeon.core import limits
-from pigeon.core.errors import PigeonError
-from pigeon.node import engine, ledger_store, logs, replication
+from pigeon.node import engine, ledger_store, replication
 from pigeon.testing import simloop
-from pigeon.testing.simcluster import ClusterSim, SimFailure, _PullResponse, run_seed
+from pigeon.testing.simcluster import ClusterSim, SimFailure, run_seed
 
 SEEDS = 40
 STEPS = 60
@@ -124,62 +123,6 @@ def test_it_notices_a_delivery_handed_out_before_its_lease_is_replicated(monkeyp
     _first_failure(range(20, 160), naming="after its ack returned OK")
 
 
-def _stale_owner_hands_out_an_acked_message(seed: int = 2) -> list[str]:
-    """An owner cut off from the metadata store only keeps its clients and its members, so its appends are
-    confirmed — its lease runs — until the new owner fences the log. The moment the new owner serves the bundle, a
-    message is pulled and acknowledged through it, and a Pull is sent to the old owner. What the old owner hands
-    out of the acknowledged messages (its state never saw those acks)."""
-    sim = ClusterSim(seed, steps=0, snapshot_entries=1 << 40)
-    sub = f"{sim.topics[0].replace('/topics/', '/subscriptions/')}-plain"
-
-    async def go():
-        await sim.start_workload()
-        for _ in range(5):
-            await sim.publish(0)
-        old = sim.owner_of(0)
-        log_id = sim.log_for(sim.topics[0])
-        sim.net.meta_cut.add(old.id)
-        loop = asyncio.get_running_loop()
-        give_up = loop.time() + 30
-        new = None
-        while new is None and loop.time() < give_up:
-            await sim.publish(0, via=old)  # its appends confirmed by the members: its lease runs
-            await asyncio.sleep(0.01)
-            new = next((n for n in sim.nodes.values() if n is not old and n.up and n.ready and n.engine.owns(log_id)),
-                       None)
-        assert new is not None, f"seed {seed}: nobody took the old owner's bundle over"
-        assert old.engine.owns(log_id), f"seed {seed}: the old owner stepped down before the takeover: no stale owner"
-        got = await new.call(lambda: new.engine.delivery.pull(sub, 100, False))
-        ids = [m.ack_id for m in _PullResponse.FromString(b"".join(got)).received_messages]
-        acked = {m.message.message_id for m in _PullResponse.FromString(b"".join(got)).received_messages}
-        assert ids, f"seed {seed}: the new owner had nothing to hand out"
-        await new.call(lambda: new.engine.delivery.acknowledge(sub, ids))
-        try:
-            async with simloop.deadline(5.0):  # (a client's deadline: a fenced owner's Deliver record waits for ever)
-                again = await old.call(lambda: old.engine.delivery.pull(sub, 100, True))
-        except (PigeonError, TimeoutError):
-            return []
-        return [m.message.message_id for m in _PullResponse.FromString(b"".join(again)).received_messages
-                if m.message.message_id in acked]
-
-    return simloop.run(go())
-
-
-def test_an_owner_whose_lease_runs_hands_out_nothing_acked_since_the_takeover():
-    """Invariant O3 with leases (docs/cluster.md): the new owner answers the ack only once the old owner's lease
-    has run out, so the old owner's Pull, sent after that answer, must wait for its Deliver record — which the
-    fenced members refuse."""
-    assert _stale_owner_hands_out_an_acked_message() == []
-
-
-def test_it_notices_a_new_owner_that_answers_acks_within_the_old_owners_lease(monkeypatch):
-    async def at_once(self, log_id):
-        return None
-
-    monkeypatch.setattr(logs.NodeLogs, "_settled", at_once)
-    assert _stale_owner_hands_out_an_acked_message(), "the old owner's lease let nothing acked through: no check"
-
-
 def test_an_idle_owner_cut_off_from_its_peers_steps_down():
     """With nothing to write, an owner hears nothing from its peers and learns it is cut off only by asking: it
     must step down all the same, or its bundles stay unserved for as long as the cut lasts."""
@@ -210,8 +153,8 @@ def test_it_notices_a_log_rolling_in_a_storm(monkeypatch):
     milliseconds. Without the pause before trying such a member again, a seed finds the storm."""
     monkeypatch.setattr(limits, "ledger_retry_s", 0.0)
     # (a seed runs long here: every retry comes at once; the seeds that meet such a member move as the code's
-    # timing does — these found it last, under any hash seed)
-    found = _first_failure([59, 71, 49, 41, *range(1, 25)])
+    # timing does — these found it last)
+    found = _first_failure([41, 37, 38, *range(1, 25)])
     assert "roll storm" in found, found
 
 
