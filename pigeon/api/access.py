@@ -35,6 +35,7 @@ log = logging.getLogger("pigeon.access")
 PRINCIPAL = "x-pigeon-principal"
 SHARED, CLIENTS, PEERS = "shared", "clients", "peers"  # the listener a call came on (see the module's docstring)
 FORWARDED = "x-pigeon-forwarded"  # (api.router's marker)
+REGION = "x-pigeon-region"  # (api.router's marker of a call from another region's node)
 CALLER: contextvars.ContextVar[str | None] = contextvars.ContextVar("pigeon_caller", default=None)
 
 

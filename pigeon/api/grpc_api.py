@@ -18,7 +18,7 @@ from pigeon.broker import commands
 from pigeon.core import limits, names, wire
 from pigeon.node import hops
 from pigeon.api import errors, spread
-from pigeon.api.access import FORWARDED
+from pigeon.api.access import FORWARDED, REGION
 from pigeon.api.errors import abort, translate
 from pigeon.core.errors import InvalidArgument, NotFound
 from pigeon.node.engine import Engine
@@ -255,9 +255,9 @@ class PubSubApi:
                 raise first.refused()
             if not first.subscription:
                 raise InvalidArgument("The first StreamingPullRequest must set subscription.")
-            if not any(k == FORWARDED for k, _ in context.invocation_metadata() or ()):
+            if not any(k in (FORWARDED, REGION) for k, _ in context.invocation_metadata() or ()):
                 # a client sets flow control in its first request only (Pub/Sub's rule); a merge of a spread
-                # topic's shards (api.spread) steers each owner's share of it by later ones, forwarded
+                # topic's shards (api.spread) steers each owner's (or region's) share of it by later ones
                 request_iterator = _limits_set_once(request_iterator)
             if self.router is not None and (t := await self.router.spread_subscription(first.subscription, context)):
                 async for resp in spread.streaming_pull(self.router, t, first, request_iterator, context):

@@ -11,12 +11,16 @@ details) passed back as it came — so a client may use any node. Owns the rules
     bundle's owner is no longer the node it went to: a paused or cut-off owner would otherwise hold it until
     its own deadline, long after the bundle moved (the client's retry reaches the new owner);
   * on a secured cluster a forwarded call goes over mutual TLS with this node's certificate and carries the
-    caller's verified principal, never its credential (api.access believes it only from a node)."""
+    caller's verified principal, never its credential (api.access believes it only from a node);
+  * in a deployment of regions (docs/regions.md) the shards another region stores are that region's part of a
+    topic: a call about them goes to one of its gateways, marked as from another region, and a node that takes
+    such a call serves its own region's shards only (so a call crosses regions at most once)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 from typing import NamedTuple
 
@@ -27,6 +31,7 @@ from pigeon.core.pubsub_types import types
 from pigeon.api.errors import Relayed
 from pigeon.core import limits
 from pigeon.core.bundles import META_LOG, bundle_log
+from pigeon.core.regions import is_region_log, slot_of_log
 from pigeon.core.errors import Unavailable, Unimplemented
 from pigeon.node.engine import SHUTTING_DOWN
 from pigeon.ops import tls
@@ -34,14 +39,18 @@ from pigeon.ops import tls
 log = logging.getLogger("pigeon.router")
 
 FORWARDED = "x-pigeon-forwarded"
+REGION = access.REGION  # a call from another region's node: about this region's shards only
+_FROM_REGION: contextvars.ContextVar[bool] = contextvars.ContextVar("pigeon_from_region", default=False)
 _MOVED = "The topic's bundle moved to another node; retry."
 
 
 class Owner(NamedTuple):
     """Where a call goes: the owner's address, and the logs it owns that the call is about (a spread topic's
-    shards' that it owns, or one bundle's)."""
+    shards' that it owns, or one bundle's) — or a gateway of another region, for the shards that region stores
+    (its address "" while none is known: a call to it fails)."""
     address: str
     log_ids: tuple[int, ...]
+    gateway: bool = False
 
     def moved(self, cluster) -> bool:
         """Whether the routes name another owner of one of its logs now."""
@@ -99,12 +108,20 @@ class Router:
         return next((p.owner for p in self.spread(t) if shard in p.shards), None)
 
     def spread(self, topic) -> list[Part] | None:
-        """The owners of a spread topic's shards (this node's share first), or None for a topic together in one
-        bundle. Unavailable while a shard has no owner (moving)."""
+        """The owners of a spread topic's shards (this node's share first, other regions' gateways last), or None
+        for a topic together in one bundle. Unavailable while a shard of this region has no owner (moving). A call
+        from another region sees this region's shards only."""
         if topic is None or not topic.spread:
             return None
-        groups: dict[str | None, tuple[list[int], list[int]]] = {}
+        groups: dict[str | int | None, tuple[list[int], list[int]]] = {}
+        here_only = _FROM_REGION.get()
         for k, log in enumerate(self.engine.state.shard_logs(topic, self.engine.config.bundles)):
+            if is_region_log(log):
+                if not here_only and self.cluster.region_held(log):
+                    shards, logs = groups.setdefault(slot_of_log(log), ([], []))
+                    shards.append(k)
+                    logs.append(log)
+                continue
             address = None
             if not self.engine.owns(log):
                 address = self.cluster.address_of(log)
@@ -113,13 +130,25 @@ class Router:
             shards, logs = groups.setdefault(address, ([], []))
             shards.append(k)
             logs.append(log)
-        return sorted((Part(None if a is None else Owner(a, tuple(logs)), tuple(shards))
-                       for a, (shards, logs) in groups.items()), key=lambda p: p.owner is not None)
+        return sorted((Part(self._owner_of_group(a, tuple(logs)), tuple(shards)) for a, (shards, logs) in groups.items()),
+                      key=lambda p: 0 if p.owner is None else 2 if p.owner.gateway else 1)
+
+    def _owner_of_group(self, key, logs: tuple[int, ...]) -> Owner | None:
+        if isinstance(key, int):  # another region's slot: one of its gateways
+            return Owner(self.cluster.address_of(logs[0]) or "", logs, gateway=True)
+        return None if key is None else Owner(key, logs)
+
+    @staticmethod
+    def _take_region_mark(context) -> None:
+        """A call another region's node sent: from now on, in this call, a topic's parts are this region's."""
+        if any(k == REGION for k, _ in (context.invocation_metadata() or ())):
+            _FROM_REGION.set(True)
 
     async def spread_topic(self, name: str, context):
         """The spread topic `name` when this call must be split over its shards' owners; None to route as
         always (a topic together in one bundle, or a call another node forwarded here: this node's share). A
         topic not known here yet is looked for in the cluster's metadata first: its layout decides the route."""
+        self._take_region_mark(context)
         if name not in self.engine.state.topics and self.engine.meta_log is not None:
             await self.engine.meta_log.catch_up()
         t = self.engine.state.topics.get(name)
@@ -127,6 +156,7 @@ class Router:
 
     async def spread_subscription(self, name: str, context):
         """`spread_topic` for a subscription's topic."""
+        self._take_region_mark(context)
         state = self.engine.state
         if name not in state.subs and self.engine.meta_log is not None:
             await self.engine.meta_log.catch_up()
@@ -187,13 +217,15 @@ class Router:
                 ("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)])
         return ch
 
-    def _metadata(self, context):
-        """The call's metadata for the owner, marked forwarded. On a secured node the caller's credential stays
-        here: its verified principal travels instead, believed only from a node (api.access)."""
+    def _metadata(self, context, owner: Owner | None = None):
+        """The call's metadata for the owner, marked forwarded (to another region's gateway: marked from another
+        region). On a secured node the caller's credential stays here: its verified principal travels instead,
+        believed only from a node (api.access)."""
         caller = access.CALLER.get()
         drop = (access.PRINCIPAL, "authorization") if caller is not None else ()
+        mark = REGION if owner is not None and owner.gateway else FORWARDED
         md = tuple((k, v) for k, v in (context.invocation_metadata() or ()) if not k.startswith("grpc-")
-                   and k not in drop) + ((FORWARDED, self.cluster.info.node_id),)
+                   and k not in drop) + ((mark, self.cluster.info.node_id),)
         return md + ((access.PRINCIPAL, caller),) if caller is not None else md
 
     def peer_metadata(self) -> tuple:
@@ -212,7 +244,7 @@ class Router:
         self.forwarded += 1
         left = context.time_remaining()
         timeout = left if waits else min(left or limits.forward_s_max, limits.forward_s_max)
-        pending = call(request, timeout=timeout, metadata=self._metadata(context) + extra)
+        pending = call(request, timeout=timeout, metadata=self._metadata(context, owner) + extra)
         try:
             if not waits:
                 return await pending
@@ -231,6 +263,7 @@ class Router:
             return next(p.owner for p in parts if shard in p.shards)
         if parts[0].owner is None:
             return None
+        parts = [p for p in parts if not p.owner.gateway]  # (stored in this region: docs/regions.md)
         self._turn += 1
         return parts[self._turn % len(parts)].owner
 
@@ -267,7 +300,7 @@ class Router:
         call = self.channel(owner.address).stream_stream(method, request_serializer=_same,
                                                           response_deserializer=_same)
         self.forwarded += 1
-        it = call(up(), metadata=self._metadata(context))
+        it = call(up(), metadata=self._metadata(context, owner))
         try:
             async with self._cut_when_moved(owner, it) if watch else contextlib.nullcontext():
                 async for resp in it:

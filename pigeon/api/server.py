@@ -36,7 +36,18 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
         served = security.ServedCertificate(config) if config.tls_cert else None
     except (OSError, ValueError) as e:
         raise SystemExit(f"pigeon: cannot serve TLS with --tls-cert/--tls-key/--tls-client-ca: {e}")
-    engine = Engine(config)
+    region = None
+    if config.region:  # (its slot first: a region's shards are its data — docs/regions.md)
+        from pigeon.node import regions
+        from pigeon.node.disk import OsDisk
+
+        try:
+            region = await regions.resolve(config, OsDisk(), stop)
+        except regions.RegionRefused as e:
+            raise SystemExit(f"pigeon: {e}")
+        if region is None:
+            return
+    engine = Engine(config, region=region)
     try:
         await engine.start()
     except (DataDirInUse, NewerFormat) as e:

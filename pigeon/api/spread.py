@@ -12,11 +12,15 @@ over the shards' owners and joined. Owns the rules:
     client's limit, though a share shrunk is used up only as the client acks what it holds): their responses go down as they come, the client's acks and deadline changes go up
     to the owner of each id's shard; when one of them ends (its shards moved, its owner
     died) the client's stream ends with UNAVAILABLE, and the client's reopen finds the owners anew;
-  * a subscription starts at the end each shard's owner reports for its own shards."""
+  * a subscription starts at the end each shard's owner reports for its own shards;
+  * another region's shards are one more part, served through a gateway of that region (docs/regions.md): a
+    Pull takes nothing from a region that does not answer, and a StreamingPull's stream to one that ends is
+    opened again, with backoff, while the others go on — a region cut off delays its own messages only."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 
 from pigeon.api.proto import pigeon_ranges_pb2 as ranges_pb
 from pigeon.api.router import Owner
@@ -35,6 +39,8 @@ _STREAMING_PULL = "/google.pubsub.v1.Subscriber/StreamingPull"
 _LATEST = "/pigeon.v1.Ranges/LatestOffsets"
 _GET_CURSOR = "/pigeon.v1.Ranges/GetCursor"
 _ENDED = "A shard of the subscription's topic moved to another node; reconnect."
+
+log = logging.getLogger("pigeon.router")
 
 
 SHARD = "x-pigeon-shard"  # a forwarded publish's shard, chosen by the node that took it (its idempotency keys')
@@ -148,8 +154,9 @@ async def pull(router, t, req, context, here, method: str = _PULL, share=None, w
             if p.owner is None:
                 out.append(asyncio.ensure_future(here(each, not wait)))
                 continue
-            out.append(asyncio.ensure_future(router.unary(p.owner, method, share(each, wait).SerializeToString(),
-                                                          context, waits=True)))
+            call = router.unary(p.owner, method, share(each, wait).SerializeToString(), context, waits=True) \
+                if p.owner.address else _now(b"")
+            out.append(asyncio.ensure_future(_or_nothing(call) if p.owner.gateway else call))
         return out
 
     got = await _all(asks(False))
@@ -211,22 +218,54 @@ async def streaming_pull(router, t, first, requests, context):
                                                        max_outstanding_bytes=new[1][i]))
             shares[:] = new
 
+    async def reqs(q: asyncio.Queue):
+        while (r := await q.get()) is not None:
+            yield r
+
     async def upstream(i: int) -> None:
-        q = ups[i]
-
-        async def reqs():
-            while (r := await q.get()) is not None:
-                yield r
-
-        it = reqs()
+        it = reqs(ups[i])
         head = await it.__anext__()
+        if owners[i].gateway:
+            return await across(i, head.SerializeToString())
         async for resp in router.stream(owners[i], _STREAMING_PULL, head.SerializeToString(), it, context,
                                         watch=parts[i].owner is not None):
             last[i] = now()
             down.put_nowait(resp)
         raise Unavailable(_ENDED)
 
-    tasks = [asyncio.ensure_future(upstream(i)) for i in range(n)]
+    async def across(i: int, head: bytes) -> None:
+        """Another region's share: opened again whenever it ends (what its stream had leased comes again after
+        its ack deadline), at limits.region_reopen_s apart at first, up to limits.region_reopen_s_max."""
+        delay, logs = limits.region_reopen_s, owners[i].log_ids
+        while True:
+            owner = Owner(router.cluster.address_of(logs[0]) or "", logs, gateway=True)
+            why = "no gateway of the region is known"
+            if owner.address:
+                try:
+                    async for resp in router.stream(owner, _STREAMING_PULL, head, reqs(ups[i]), context, watch=False):
+                        last[i] = now()
+                        delay = limits.region_reopen_s
+                        down.put_nowait(resp)
+                    why = "its stream ended"
+                except Exception as e:  # noqa: BLE001 — any end of another region's stream: opened again
+                    why = str(e) or type(e).__name__
+            log.info("a stream of %s from another region (%s): %s; opened again in %.1f s", first.subscription,
+                     owner.address or "-", why, delay)
+            await asyncio.sleep(delay)
+            delay = min(limits.region_reopen_s_max, delay * 2)
+
+    async def regions_change() -> None:
+        """A region that comes to hold its slot has shards of the topic to serve: the client's stream ends (it
+        reopens over every region's)."""
+        gateways = router.cluster.gateways
+        if gateways is None:
+            return await asyncio.get_running_loop().create_future()  # (never)
+        held = set(gateways.held)
+        while gateways.held == held:
+            await gateways.changed.wait()
+        raise Unavailable(_ENDED)
+
+    tasks = [asyncio.ensure_future(upstream(i)) for i in range(n)] + [asyncio.ensure_future(regions_change())]
     reader = asyncio.ensure_future(client())
     steering = asyncio.ensure_future(steer()) if n > 1 and any(x > 0 for x in limit) else None
     ended = asyncio.ensure_future(_first_failure([*tasks, reader]))  # (the client's half-close ends nothing)
@@ -259,6 +298,15 @@ def demand_shares(limit: int, n: int, busy: set[int]) -> list[int]:
     floor = max(1, limit // (8 * n))
     rest = max(1, (limit - floor * (n - len(busy))) // len(busy))
     return [rest if i in busy else floor for i in range(n)]
+
+
+async def _or_nothing(call) -> bytes:
+    """Another region's answer to a Pull, or nothing when it does not answer (it is cut off: its messages wait)."""
+    try:
+        return await call
+    except Exception as e:  # noqa: BLE001
+        log.info("a pull from another region: %s", e)
+        return b""
 
 
 async def _first_failure(tasks) -> None:
@@ -295,7 +343,8 @@ async def everywhere(router, t, method: str, req, context, here) -> list:
 
 async def _gather(router, t, method: str, req, context, here, parse) -> list:
     """Each owner's answer to `req` (`here()` for this node's; `parse` of the bytes of another's), as one list
-    of what it says of each shard — its own shards' entries taken from each."""
+    of what it says of each shard — its own shards' entries taken from each. A shard no part names (a region slot
+    no region holds; another region's, in a call from there) is as this node has it: empty."""
     parts = router.spread(t)
     calls = [here() if p.owner is None else router.unary(p.owner, method, req.SerializeToString(), context)
              for p in parts]
@@ -304,6 +353,9 @@ async def _gather(router, t, method: str, req, context, here, parse) -> list:
         per_shard = parse(got)
         for k in p.shards:
             out[k] = per_shard[k]
+    if any(x is None for x in out):
+        mine = parse(await here())
+        out = [x if x is not None else mine[k] for k, x in enumerate(out)]
     return out
 
 

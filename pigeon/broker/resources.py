@@ -127,8 +127,8 @@ _WHY = {
     "kms_key_name": "message data is not encrypted with a customer-managed key; leave it unset.",
     "ingestion_data_source_settings": "Pigeon does not ingest from external sources (Kinesis, Cloud Storage, "
                                       "Event Hubs, MSK, Confluent Cloud, Azure); publish to the topic instead.",
-    "message_storage_policy": "a server (or cluster) stores every message where it runs; there are no regions to "
-                              "allow or enforce.",
+    "message_storage_policy": "a message is stored in the region of the node that took its publish (a server or "
+                              "a cluster is one region); allowing or enforcing regions is not built yet.",
     "tags": "there are no Resource Manager tags to bind.",
     "bigtable_config": "no Bigtable export runs; use a pull or push subscription.",
 }

@@ -24,6 +24,7 @@ from pigeon.core.pubsub_types import types
 
 from pigeon.core import limits, names, rawproto
 from pigeon.core.bundles import LOG_ADDRESS, META_LOG, bundle_log, shard_log
+from pigeon.core.regions import Region, region_log
 from pigeon.core.errors import LimitExceeded, NotFound, Unavailable
 from pigeon.broker import iam, log_state, resources, restore, shard_split
 from pigeon.broker.restore import Contradiction
@@ -105,6 +106,7 @@ class BrokerState:
         self.census: Counter = Counter()  # (project, kind) → how many it holds; (None, None) → the server's total
         self.dispatching = True  # off while a log tail is applied (recovery, a replica): see dispatch_off
         self.spread = False  # a spread topic was created: records are cut by shard (`split`) before they commit
+        self.region: Region | None = None  # this node's region (core.regions), in a deployment of regions
         self.log_eras: dict[int, dict[tuple[int, int], int]] = {}  # log → (topic, shard) → the hand-over whose
         # records the log holds now (its latest ShardIn of the pair read; none: the pair's first home's records)
 
@@ -177,10 +179,12 @@ class BrokerState:
 
     @staticmethod
     def shard_logs(t: TopicState, bundles: int) -> list[int]:
-        """The log of each shard of `t`."""
+        """The log of each shard of `t` (of a shard another region stores: that region's log, core.regions)."""
         logs = t.shard_logs
         if logs is None:
-            logs = t.shard_logs = [t.homes.get(k) or shard_log(t.name, k, bundles, t.layout_spread)
+            local = t.local
+            logs = t.shard_logs = [t.homes.get(k) or (shard_log(t.name, k - local.start, bundles, t.layout_spread)
+                                                      if k in local else region_log(k // len(local)))
                                    for k in range(len(t.shards))]
         return logs
 
@@ -383,8 +387,9 @@ class BrokerState:
                 raise Contradiction(f"topic {rec.uid} with {rec.shards} shards")
             if self.topics.get(cfg.name) is not None:
                 raise Contradiction(f"topic {cfg.name} created again while it exists")
-            t = TopicState(rec.uid, cfg.name, cfg, rec.shards, rec.spread)
-            self.spread = self.spread or rec.spread
+            t = TopicState(rec.uid, cfg.name, cfg, rec.shards, rec.spread,
+                           None if self.region is None else self.region.shards(rec.shards))
+            self.spread = self.spread or t.spread
             self.topics_by_uid[t.uid] = t
             self.topics[t.name] = t
             self._count(t.name, "topics", 1)

@@ -193,7 +193,8 @@ class ShardWindows:
 class TopicState:
     """A topic: its configuration (the Topic proto), shard indexes, and attached subscriptions."""
 
-    def __init__(self, uid: int, name: str, config, shard_count: int, spread: bool = False):
+    def __init__(self, uid: int, name: str, config, shard_count: int, spread: bool = False,
+                 local: range | None = None):
         assert 1 <= shard_count <= limits.shards_per_topic_max
         self.uid = uid
         self.name = name
@@ -202,7 +203,10 @@ class TopicState:
         self.homes: dict[int, int] = {}  # shard → its log, for a shard handed over (ShardHome: docs/cluster.md 4.3)
         self.away: dict = {}  # shard → its ShardOut: handed out of this log, not homed elsewhere yet (refused here)
         self.gens: dict[int, int] = {}  # shard → the number of its latest hand-over this state applied (homes)
-        self.spread = spread  # its records go to several logs (cut by shard): spread, or a shard handed over
+        # the shards this node's region stores (core.regions): all but in a deployment of regions
+        self.local = range(shard_count) if local is None else local
+        # its records go to several logs (cut by shard): spread, a shard handed over, or shards in other regions
+        self.spread = spread or len(self.local) < shard_count
         self.shards = [ShardIndex() for _ in range(shard_count)]
         self.subscriptions: set[int] = set()
         self.deleted = False
@@ -211,7 +215,7 @@ class TopicState:
         self.shard_logs: list[int] | None = None  # … and each shard's, spread
         self.idempotency = ShardWindows(shard_count)
         self.schedule = Schedule()
-        self._rr = itertools.cycle(range(shard_count))
+        self._rr = itertools.cycle(self.local)
         self.publish_requests = 0  # statistics since start (Cloud Monitoring's topic send_request_count, …)
         self.published = 0
         self.published_bytes = 0
@@ -239,10 +243,12 @@ class TopicState:
         self.schedule.drop(lambda num: num & SHARD_MASK in shards)
 
     def shard_for(self, ordering_key: str, among: list[int] | None = None) -> int:
-        """Per-key order is shard order: a key always maps to the same shard (stable hash). A message without a
-        key goes to the shards in turn — to those `among` (a spread topic's that this node owns), when given."""
+        """Per-key order is shard order: a key always maps to the same shard of its region (stable hash). A message
+        without a key goes to the region's shards in turn — to those `among` (a spread topic's that this node
+        owns), when given."""
         if ordering_key:
-            return crc32c.crc32c(ordering_key.encode()) % len(self.shards)
+            local = self.local
+            return local.start + crc32c.crc32c(ordering_key.encode()) % len(local)
         turn = next(self._rr)
         return turn if among is None else among[turn % len(among)]
 

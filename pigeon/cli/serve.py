@@ -48,6 +48,12 @@ OPTIONS = (
                              "clients' (default --host); peers dial it unless it is 0.0.0.0 or ::"),
     Option("append_port", int, 'cluster: the port peers send replicated records to without gRPC (default 0: any free '
                                'one, announced in etcd; -1: none, over gRPC; mutual TLS on a secured node)'),
+    Option("region", str, "cluster: this cluster is a region of a deployment (docs/regions.md) named so; needs "
+                          "--global-etcd"),
+    Option("global_etcd", str, "region: the etcd endpoints every region shares (topics, subscriptions, policies: "
+                               "the metadata log; the region registry); the same TLS options as --etcd"),
+    Option("region_slots", int, "region: how many regions the deployment may hold (fixed by its first node; "
+                                "× --shards-per-topic at most 64; default 4)"),
     Option("zone", str, "the node's zone: ledger ensembles span distinct zones"),
     Option("bundles", int, 'hash ranges topics are spread over (fixed per data directory and cluster)'),
     Option("replicas", int, 'cluster: storage nodes that hold each ledger (default 3)'),

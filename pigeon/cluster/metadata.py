@@ -213,4 +213,26 @@ def load_key(node_id: str) -> str:
 PLACEMENT_KEY = f"{ROOT}/placement"  # the planner's moves laid over the hash (cluster.placement.place); no lease
 HOMES_KEY = f"{ROOT}/homes"  # the bundle each (topic, shard) pair named there should be in (node.handover); no lease
 CLUSTER_ID_KEY = f"{ROOT}/cluster-id"
+
+# the global store of a deployment of regions (docs/regions.md): the metadata log's keys, and these
+REGION_SLOTS_KEY = f"{ROOT}/region-slots"  # how many regions the deployment may hold, fixed by its first node
+GATEWAYS_PREFIX = f"{ROOT}/gateways/"
+
+
+def region_key(name: str) -> str:
+    """The slot region `name` holds (taken once, with its `region_slot_key`, by compare-and-swap; no lease)."""
+    return f"{ROOT}/regions/{name}"
+
+
+REGION_SLOT_PREFIX = f"{ROOT}/region-slot/"
+
+
+def region_slot_key(slot: int) -> str:
+    """The region that holds slot `slot`."""
+    return f"{REGION_SLOT_PREFIX}{slot:02d}"
+
+
+def gateway_key(slot: int, node_id: str) -> str:
+    """A node of the region in slot `slot`, where other regions dial it: put under its lease of the global store."""
+    return f"{GATEWAYS_PREFIX}{slot:02d}/{node_id}"
 BUNDLES_KEY = f"{ROOT}/bundles"  # the number of bundles, fixed when the cluster is created

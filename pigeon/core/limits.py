@@ -60,6 +60,11 @@ shard_bits = 6  # message number = offset << shard_bits | shard
 topic_offset_bits = 40  # message id = (topic uid << topic_offset_bits | offset) << shard_bits | shard
 bundles_default = 16  # bundles (hash ranges of topic names, one log each) of a node or cluster
 bundles_max = 4096
+region_slots_default = 4  # regions a deployment of regions may hold (docs/regions.md): fixed by its first node
+region_gateways_s = 2.0  # how often a region's node reads the other regions' gateways from the global store
+region_gateway_ttl_s = 10  # a gateway's key outlives its node's last word to the global store this long
+region_reopen_s = 0.5  # a merge opens another region's stream again this long after it ended, at first …
+region_reopen_s_max = 5.0  # … doubling up to this
 segment_bytes_max = 64 * 1024 * 1024
 recovery_kept_bytes_max = 256 * 1024 * 1024  # journal segments recovery's first pass read, kept for its second
 record_bytes_max = 16 * 1024 * 1024

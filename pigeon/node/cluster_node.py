@@ -33,8 +33,10 @@ from pigeon.node import append_channel
 from pigeon.node.ledger_store import LedgerStore
 from pigeon.node.ledger_upkeep import LedgerUpkeep
 from pigeon.core.bundles import bundle_of_log
+from pigeon.core.regions import is_region_log, slot_of_log
+from pigeon.node import regions
 from pigeon.node.meta_log import Diverged, MetaLog
-from pigeon.node.membership import Membership, NodeIdTaken, NodeInfo, OtherCluster, cluster_id
+from pigeon.node.membership import Membership, NodeIdTaken, NodeInfo, OtherCluster, cluster_id, until_answered
 from pigeon.node.meta_etcd import EtcdMetadata
 from pigeon.ops import etcd_access, tls
 from pigeon.ops.config import Config
@@ -72,7 +74,11 @@ class ClusterNode:
                                  host=self.host)
         engine.borrowed_from(self.store.journal_floor)
         self.cluster_id = ""
-        self.meta_log = MetaLog(self.meta, engine)
+        # in a deployment of regions the metadata log is the global store's, which every region follows
+        self.global_meta = regions.global_store(config) if config.region else None
+        self.gateways = regions.Gateways(self.global_meta, engine.region, config.node_id, self.info.dial) \
+            if config.region else None
+        self.meta_log = MetaLog(self.global_meta or self.meta, engine)
         self.logs = BundleLogs(self, Replication(config.replicas, config.replicas, config.ack_quorum))
         self.upkeep = LedgerUpkeep(self.logs)
         self.handovers = HandOvers(self)  # (topic, shard) pairs handed between bundle logs (docs/cluster.md 4.3)
@@ -103,39 +109,27 @@ class ClusterNode:
 
     def address_of(self, log_id: int) -> str | None:
         """Where the node that owns the bundle of `log_id` is dialled (its peer port, if it has one), as last read;
-        None when it has no owner."""
+        None when it has no owner. (Another region's log: where one of its gateways is.)"""
+        if is_region_log(log_id):
+            return self.gateways.address(slot_of_log(log_id)) if self.gateways is not None else None
         return self.routes.get(bundle_of_log(log_id))
+
+    def region_held(self, log_id: int) -> bool:
+        """Whether a region holds the slot of region log `log_id` (core.regions) — else its shards are empty."""
+        return self.gateways is not None and self.gateways.holds(slot_of_log(log_id))
 
     # --- joining -------------------------------------------------------------------------------------------
     async def join(self, stop: asyncio.Event) -> bool:
         """Join the cluster, retrying while etcd cannot be reached; False when `stop` came first. Raises
         JoinRefused when this node must not start."""
-        delay = 0.25
-        while True:
-            try:
-                await self._join_once()
-                break
-            except M.StoreUnavailable as e:
-                log.warning("%s; trying again in %.1f s (this node serves nothing until it has joined)", e, delay)
-            try:
-                await asyncio.wait_for(stop.wait(), delay)
+        if not (await until_answered(self._join_once, stop, "this node serves nothing until it has joined"))[0]:
+            return False
+        try:  # (etcd may go again right after the session was granted)
+            if not (await until_answered(self._follow_metadata, stop, "reading the metadata log"))[0]:
                 return False
-            except asyncio.TimeoutError:
-                delay = min(limits.etcd_retry_s_max, delay * 2)
-        while True:  # (etcd may go again right after the session was granted)
-            try:
-                await self.meta_log.start()
-                break
-            except Diverged as e:
-                await self.membership.leave()
-                raise JoinRefused(str(e)) from None
-            except M.StoreUnavailable as e:
-                log.warning("reading the metadata log: %s; trying again in %.1f s", e, delay)
-            try:
-                await asyncio.wait_for(stop.wait(), delay)
-                return False
-            except asyncio.TimeoutError:
-                delay = min(limits.etcd_retry_s_max, delay * 2)
+        except Diverged as e:
+            await self.membership.leave()
+            raise JoinRefused(str(e)) from None
         self.engine.join_cluster(self.meta_log, self.logs.serving, self.logs)  # owns: taken over, a ledger open
         self.engine.forget_logs_not_owned()
         await self.store.open()
@@ -149,6 +143,8 @@ class ClusterNode:
                        asyncio.create_task(self._follow_routes(), name="pigeon-cluster-routes"),
                        asyncio.create_task(self._follow_placement(), name="pigeon-cluster-placement"),
                        asyncio.create_task(self._compact_history(), name="pigeon-etcd-compaction")]
+        if self.gateways is not None:
+            self.gateways.start()
         if self.config.load_balance_s:
             self.balancer = Balancer(self, self.host.cpu_time, self.engine.journal.journal)
             self._tasks.append(asyncio.create_task(self.balancer.run(), name="pigeon-load-balance"))
@@ -156,20 +152,27 @@ class ClusterNode:
                  self.info.zone or "-")
         return True
 
+    async def _follow_metadata(self) -> None:
+        await self.meta_log.start()
+        if self.gateways is not None:  # (before it serves: which regions hold which shards)
+            await self.gateways.read()
+
     async def _compact_history(self) -> None:
         """etcd keeps every revision of every key until told to forget (each roll, cut and owner change is one): every
         limits.etcd_compact_s compact to the revision seen one period before, as Kubernetes' API server does — a
         watch that far behind is refused and lists again. Every node does it; compacting twice is no error."""
-        seen = None
+        stores = [self.meta] + ([self.global_meta] if self.global_meta is not None else [])
+        seen: list[int | None] = [None] * len(stores)
         while True:
             await asyncio.sleep(limits.etcd_compact_s)
-            try:
-                now = await self.meta.revision()
-                if seen is not None:
-                    await self.meta.compact(seen)
-                seen = now
-            except M.StoreUnavailable as e:
-                log.info("compacting etcd's history: %s", e)
+            for i, store in enumerate(stores):
+                try:
+                    now = await store.revision()
+                    if seen[i] is not None:
+                        await store.compact(seen[i])
+                    seen[i] = now
+                except M.StoreUnavailable as e:
+                    log.info("compacting etcd's history: %s", e)
 
     async def _join_once(self) -> None:
         disk = self.host.disk
@@ -250,6 +253,8 @@ class ClusterNode:
     async def leave(self) -> None:
         self.engine.leave_cluster()
         await self.meta_log.stop()
+        if self.gateways is not None:
+            await self.gateways.stop()
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -267,6 +272,8 @@ class ClusterNode:
             self._append_sock.close()
         await self.store.close()
         await self.meta.close()
+        if self.global_meta is not None:
+            await self.global_meta.close()
 
     # --- ownership follows placement -----------------------------------------------------------------------
     async def _watch(self) -> None:

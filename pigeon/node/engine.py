@@ -63,11 +63,13 @@ class NodeStats:
 
 
 class Engine:
-    def __init__(self, config: Config, clock=None, host=None):
+    def __init__(self, config: Config, clock=None, host=None, region=None):
         self.config = config
+        self.region = region  # its region in a deployment of regions (core.regions; node.regions found it)
         self.clock = clock or WallClock()
         self.host = host or OsHost()
         self.state = BrokerState()
+        self.state.region = region
         self.publish_latency = Histogram()
         self.ack_latency = AckLatency()  # sampled, from delivery to ack
         self.hot_keys = HotKeys()  # the ordering keys published most, per topic
@@ -108,8 +110,8 @@ class Engine:
         disk.makedirs(self.checkpoints.dir)
         loop = asyncio.get_running_loop()
         t0 = time.monotonic()
-        self.state, found = await loop.run_in_executor(None, lambda: recovery.recover(self.config.data_dir,
-                                                                                      repair=True, disk=disk))
+        self.state, found = await loop.run_in_executor(None, lambda: recovery.recover(
+            self.config.data_dir, repair=True, disk=disk, region=self.region))
         self.report = found.report
         recovery.report(self.report)
         formats.mark_data_dir(disk, self.config.data_dir)  # (recovery refused a newer one)
@@ -272,7 +274,9 @@ class Engine:
         self.check_open()
         await self.schemas.check_topic_settings(topic)
         await self.transforms.check(topic.message_transforms)
-        rec = commands.create_topic(self.state, topic, self.config.shards_per_topic, await self._spreads())
+        region = self.region  # (a topic has its shards in every region's slot: core.regions)
+        shards = self.config.shards_per_topic * (region.slots if region is not None else 1)
+        rec = commands.create_topic(self.state, topic, shards, await self._spreads())
         await self.change(rec)
         return self.state.topics_by_uid[rec.uid].config
 

@@ -14,6 +14,7 @@ import uuid
 from dataclasses import dataclass
 
 from pigeon.cluster import metadata as M
+from pigeon.core import limits
 from pigeon.cluster.placement import decode_homes, decode_moves, place
 from pigeon.storage import formats
 
@@ -379,3 +380,19 @@ async def status_of(meta) -> dict:
                         "under_replicated_first": [{"id": lg["id"], "members": sorted(lg["members"]),
                                                     "entries": (lg["end"] - lg["first"]) if lg["end"] is not None
                                                     else None} for lg in under[:10]]}}
+
+
+async def until_answered(attempt, stop: asyncio.Event, what: str) -> tuple[bool, object]:
+    """`await attempt()` again, at pauses growing to limits.etcd_retry_s_max, while it raises StoreUnavailable (each
+    logged, saying `what` it was doing): (True, its result), or (False, None) once `stop` came first."""
+    delay = 0.25
+    while True:
+        try:
+            return True, await attempt()
+        except M.StoreUnavailable as e:
+            log.warning("%s; trying again in %.1f s (%s)", e, delay, what)
+        try:
+            await asyncio.wait_for(stop.wait(), delay)
+            return False, None
+        except asyncio.TimeoutError:
+            delay = min(limits.etcd_retry_s_max, delay * 2)

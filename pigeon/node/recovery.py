@@ -23,8 +23,9 @@ class BrokerTarget:
     """A fresh broker state to rebuild: a checkpoint's records and images, then the journal tail, applied with
     dispatch off (the executor derives the dispatch state afterwards)."""
 
-    def __init__(self):
+    def __init__(self, region=None):
         self.state = BrokerState()
+        self.state.region = region  # (core.regions: before any topic is made)
         self.state.dispatch_off()
 
     def load(self, header, meta, images) -> None:
@@ -46,9 +47,10 @@ def type_name(rtype: int) -> str:
 
 
 def recover(data_dir: str, *, repair: bool, drop_unappliable: bool = False,
-            disk: OsDisk | None = None) -> tuple[BrokerState, Recovered]:
-    """The broker state of `data_dir` (all durable, dispatch still off) and what recovery found."""
-    found = storage_recovery.recover(disk or OsDisk(), data_dir, BrokerTarget, repair=repair,
+            disk: OsDisk | None = None, region=None) -> tuple[BrokerState, Recovered]:
+    """The broker state of `data_dir` (all durable, dispatch still off) and what recovery found (`region`: the
+    node's, core.regions)."""
+    found = storage_recovery.recover(disk or OsDisk(), data_dir, lambda: BrokerTarget(region), repair=repair,
                                      drop_unappliable=drop_unappliable, type_name=type_name)
     state = found.target.state
     state.all_durable()

@@ -25,6 +25,9 @@ class Config:
     topic_layout: str = "together"  # together | spread: a new topic's shards in its one bundle, or a bundle each
     #                                 (docs/cluster.md, "Scale-out": a spread topic spans a cluster's nodes)
     bundles: int = limits.bundles_default  # logs of topic data (hash ranges of topic names): fixed per data dir
+    region: str = ""  # a cluster node's region (docs/regions.md): its cluster is one region of a deployment
+    global_etcd: str = ""  # the etcd a deployment's regions share (its metadata log, the region registry)
+    region_slots: int = limits.region_slots_default  # regions a deployment may have: fixed by its first node
     segment_bytes: int = limits.segment_bytes_max  # the journal is written in segment files of this size at most
     checkpoint_interval_s: float = limits.checkpoint_interval_s_max  # seconds between checkpoints, at most
     checkpoint_wal_bytes: int = limits.checkpoint_wal_bytes_max
@@ -135,6 +138,18 @@ class Config:
         if "://" in self.export_root:
             raise ValueError(f"--export-root must be a directory (got {self.export_root!r}): object stores (s3://, "
                              "gs://) are not supported; mount one, or run `pigeon export` with a Spark that has it")
+        if (self.region or self.global_etcd) and not (self.region and self.global_etcd and self.etcd):
+            raise ValueError("a region's node needs --region (its name), --global-etcd (the etcd its regions share) "
+                             "and --etcd (its region's own)")
+        if self.region and not re.fullmatch(r"[a-z][a-z0-9-]{0,62}", self.region):
+            raise ValueError(f"region {self.region!r}: 1 to 63 lowercase letters, digits or '-', starting with a "
+                             "letter")
+        if self.region and not 1 <= self.region_slots <= limits.shards_per_topic_max // self.shards_per_topic:
+            raise ValueError(f"region_slots × shards_per_topic must be at most {limits.shards_per_topic_max} (a "
+                             f"topic has shards_per_topic shards in every region slot): got {self.region_slots} × "
+                             f"{self.shards_per_topic}")
+        if self.global_etcd:
+            etcd_access.parse(self.global_etcd, self.etcd_ca, self.etcd_cert, self.etcd_key)
         if self.etcd and not self.node_id:
             raise ValueError("a cluster node needs --node-id (its name in the cluster) along with --etcd")
         if self.node_id and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}", self.node_id):

@@ -1,0 +1,122 @@
+"""Regions (docs/regions.md): two Pigeon clusters, each with an etcd of its own, sharing a third etcd as their
+global store. Through the official client, unchanged: a topic and a subscription made in one region exist in the
+other; a message is stored in the region of the node that took its publish (its id's shard says which); a
+subscriber in either region receives every region's messages once, and its acks reach the storing region and
+stick; with a region down, the other's subscribers keep receiving their own region's messages, and the cut
+region's arrive once it is back."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from pigeon.testing.cluster import clients_of, node_process, stop_subscriber
+from pigeon.testing.etcd import EtcdProcess
+
+pytestmark = pytest.mark.e2e
+
+P = "projects/regions"
+SHARDS = 2  # a topic's shards in each region slot
+SLOTS = 4
+SHARD_MASK = 63
+
+
+@pytest.fixture
+def regions(tmp_path):
+    """Region "east" (slot 0) and "west" (slot 1): one node each over its own etcd, and the global store."""
+    etcds = {name: EtcdProcess(str(tmp_path / f"etcd-{name}"), name=name).start()
+             for name in ("global", "east", "west")}
+    nodes = {}
+
+    def node(region: str):
+        return node_process(str(tmp_path), etcds[region].endpoint, f"{region}-1", extra=[
+            "--region", region, "--global-etcd", etcds["global"].endpoint, "--replicas", "1", "--ack-quorum", "1",
+            "--shards-per-topic", str(SHARDS), "--region-slots", str(SLOTS)])
+
+    nodes["east"] = node("east").start()  # (first: it takes slot 0)
+    nodes["west"] = node("west").start()
+    yield nodes, node
+    for n in nodes.values():
+        n.kill()
+    for e in etcds.values():
+        e.kill()
+
+
+def _slot(message_id: str) -> int:
+    return (int(message_id) & SHARD_MASK) // SHARDS
+
+
+def _receive(subscriber, sub: str, want: int, timeout: float = 30.0) -> dict[str, bytes]:
+    """Messages a StreamingPull receives (acked as they come) until `want` distinct ids came: id → data."""
+    got: dict[str, bytes] = {}
+    done = threading.Event()
+    lock = threading.Lock()
+
+    def on(message):
+        with lock:
+            got[message.message_id] = message.data
+            if len(got) >= want:
+                done.set()
+        message.ack()
+
+    future = subscriber.subscribe(sub, on)
+    done.wait(timeout)
+    stop_subscriber(future)
+    return got
+
+
+def _pull_all(subscriber, sub: str, timeout: float = 5.0) -> list:
+    out, deadline = [], time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        resp = subscriber.pull(request={"subscription": sub, "max_messages": 100, "return_immediately": True},
+                               timeout=10)
+        out += resp.received_messages
+        if not resp.received_messages:
+            time.sleep(0.2)
+    return out
+
+
+def _made(nodes, name: str, subscribed_in: str):
+    """Official clients of both regions, and a topic made in the east with a subscription made in `subscribed_in`:
+    (east's publisher, east's subscriber, west's publisher, west's subscriber, topic, subscription)."""
+    pub_e, sub_e = clients_of(nodes["east"])
+    pub_w, sub_w = clients_of(nodes["west"])
+    topic, sub = f"{P}/topics/{name}", f"{P}/subscriptions/{name}"
+    pub_e.create_topic(name=topic)
+    (sub_w if subscribed_in == "west" else sub_e).create_subscription(name=sub, topic=topic, ack_deadline_seconds=10)
+    return pub_e, sub_e, pub_w, sub_w, topic, sub
+
+
+def test_publish_nearby_consume_anywhere(regions):
+    nodes, _ = regions
+    pub_e, sub_e, pub_w, sub_w, topic, sub = _made(nodes, "orders", "west")  # made in the other region
+    assert sub_e.get_subscription(subscription=sub).topic == topic  # … and there in the first at once
+
+    east = [pub_e.publish(topic, f"east-{i}".encode()).result(timeout=30) for i in range(20)]
+    west = [pub_w.publish(topic, f"west-{i}".encode()).result(timeout=30) for i in range(20)]
+    assert {_slot(m) for m in east} == {0} and {_slot(m) for m in west} == {1}  # stored where published
+
+    got = _receive(sub_w, sub, 40)  # a subscriber in the west gets both regions' messages
+    assert set(got) == set(east) | set(west)
+    assert sorted(got[m] for m in east) == sorted(f"east-{i}".encode() for i in range(20))
+    # every ack reached the region that stores the message: nothing comes again, through either region
+    time.sleep(11)  # (past the ack deadline)
+    assert _pull_all(sub_e, sub) == [] and _pull_all(sub_w, sub) == []
+
+
+def test_a_region_down_delays_only_its_own_messages(regions):
+    nodes, node = regions
+    pub_e, sub_e, pub_w, _, topic, sub = _made(nodes, "cut", "east")
+    first = pub_w.publish(topic, b"west-1").result(timeout=30)
+    assert set(_receive(sub_e, sub, 1)) == {first}  # the east's subscriber reaches the west's shards
+    held = pub_w.publish(topic, b"west-2").result(timeout=30)  # durable in the west, not delivered yet
+    nodes["west"].kill()  # kill -9 of the west's only node
+
+    east = [pub_e.publish(topic, f"east-{i}".encode()).result(timeout=30) for i in range(10)]
+    got = _receive(sub_e, sub, 10)  # the east's own messages flow meanwhile
+    assert set(got) == set(east)
+
+    nodes["west"] = node("west").start()  # back: its message arrives through the east's subscriber
+    assert set(_receive(sub_e, sub, 1, timeout=60)) == {held}
