@@ -306,7 +306,9 @@ class LedgerUpkeep:
             # out — but while a hand-over out of it is under way: `lend` marks it until its ShardOut is committed)
             if pair not in held or key in want or not self._still(pair, held[pair]) or key in b.reads.lending:
                 continue
-            ol = b.logs[held[pair][0]]  # (the owner of the log the pair is in deletes: not a stale one)
+            ol = b.logs.get(held[pair][0])  # (the owner of the log the pair is in deletes: not a stale one)
+            if ol is None or ol.released:
+                continue
             ok, _ = await b.meta.txn([M.unchanged_since(kv), b.owner_guard(ol.log_id, ol.epoch)], [M.Delete(kv.key)])
             deleted += ok
         if written or deleted:
