@@ -24,18 +24,24 @@ def reset(state, rec: R.Reset):
     """The node's copy of a bundle log starts over (it takes the bundle over and reads the log back from its
     ledgers): the shards of the log — every shard of its together topics, one of a spread topic — and their
     part of their subscriptions go back to their state as created. Those subscriptions' dispatch stays off
-    until `resume_log`, after the log was applied again."""
+    until `resume_log`, after the log was applied again. The ShardOuts written to the log go too (each is read
+    again with the log, if it holds it; a next owner of the log finishes its hand-over) — also one whose pair a
+    ShardIn on this node homed in the new log already, pending until its ShardHome, which is not among the log's
+    pairs any more: kept, it would leave the pair handed out for good on a node that no longer owns the old home,
+    and a takeover of the new home would leave out the pair's records there."""
     effects = []
     state.log_eras[rec.log] = {}
     for t, shards in state.log_shards(rec.log, rec.bundles):
         t.clear_data(shards)
-        for k in [k for k in shards & t.away.keys() if t.away[k].log == rec.log]:  # (its ShardOut is read again
-            del t.away[k]                                                           # with the log, if it holds it)
         for uid in t.subscriptions:
             s = state.subs_by_uid[uid]
             s.clear_data(shards)
             s.dispatching = False
             effects.append((WAKE_ALL, uid))
+    for t in state.topics_by_uid.values():
+        if t.away:
+            for k in [k for k, out in t.away.items() if out.log == rec.log]:
+                del t.away[k]
     return effects or None
 
 
@@ -144,20 +150,25 @@ def apply_in_log(state, rec: R.Record, log: int, bundles: int, at: int = 0):
     """Apply a record read back from bundle log `log` (a takeover): the parts of a pair this state knows is
     no longer the log's — handed over since (invariant H1: the log holds the pair's records only from before
     its ShardOut) — are left out, so that they touch neither the pair's state another log of this node holds
-    nor a state that would be dispatched from. Effects as `apply`'s."""
+    nor a state that would be dispatched from. A pair handed into the log, whose hand-over is pending still on
+    this node (it owns the old home too: its own ShardIn left it so until the ShardHome), is the log's: the
+    records after its ShardIn are its present stay there — another owner of the log, which homed the pair at
+    its ShardIn, may have committed them meanwhile. Effects as `apply`'s."""
     if not state.spread or rec.TYPE in OWN_LOG:
         return state.apply(rec, at)
     effects = []
     eras = state.log_eras.get(log, {})
     for part in state.split(rec):
-        try:
-            if state.log_of(part, bundles) not in (log, META_LOG):
-                continue
-        except Unavailable:  # (handed out of another log, not homed yet: not this log's either)
-            continue
         t = state.topics_by_uid.get(part.topic) if part.TYPE == R.RecordType.PUBLISH else \
             getattr(state.subs_by_uid.get(part.sub), "topic", None)
         shards = shard_split.shards_of(part) if t is not None and t.gens else None
+        try:
+            if state.log_of(part, bundles) not in (log, META_LOG):
+                continue
+        except Unavailable:  # (handed out of another log, not homed yet: not this log's either — unless handed
+            out = t.away.get(shards[0]) if shards else None  # in here, and read back after its ShardIn)
+            if out is None or out.to != log or eras.get((t.uid, shards[0]), 0) != out.gen:
+                continue
         if shards and eras.get((t.uid, shards[0]), 0) != t.gens.get(shards[0], 0):
             continue  # (of an earlier stay of the pair in this log: the hand-over since brought its state)
         effects.extend(state.apply(part, at) or ())

@@ -172,6 +172,11 @@ class BundleLogs:
     def _owner_cmp(self, bundle: int, epoch: int) -> M.Cmp:
         return M.holds(M.owner_key(bundle), json.dumps({"node": self.me, "epoch": epoch}).encode())
 
+    def owner_guard(self, log_id: int, epoch: int) -> M.Cmp:
+        """The comparison a change this node makes in etcd as the owner of `log_id` under `epoch` requires: the
+        owner key holds this node at that epoch (a node that lost the log, knowing it or not, changes nothing)."""
+        return self._owner_cmp(bundle_of_log(log_id), epoch)
+
     async def read_ledgers(self, log_id: int) -> tuple[M.KV | None, list[LedgerInfo]]:
         kv = await self.meta.get(M.ledgers_key(log_id))
         return kv, LedgerInfo.decode_list(kv.value if kv else None)

@@ -18,7 +18,9 @@ node.bundle_logs: what to cut and where to copy is pigeon.cluster.ledgers'. Owns
     seconds the owner of each log writes the lowest offset each of its pairs names of every other log where that
     rose, and deletes the keys of its pairs that name that log no more — both only once the state it read them
     from is durable, and each by compare-and-swap on the key as read; a cut deletes the keys of its log that name
-    nothing needed (a topic gone for good; a pair in the log again, no hand-over out of it under way); and while
+    nothing needed (a topic gone for good; a pair in the log again, no hand-over out of it under way) — a delete
+    only while the log is this node's, its owner key in the transaction (a state reset by the log's loss, or
+    one behind its next owner's, shows a pair handed out as back, its hand-over not under way); and while
     no hand-over can have happened (`lent_about`) none of this asks etcd anything;
   * repair: a closed ledger short of members that are up gets a new member only after every entry was copied
     there — a copy whose stream ends before the last entry was answered has failed — and a failed change of the
@@ -199,19 +201,26 @@ class LedgerUpkeep:
         if meta_log is not None and any(key is not None and self._here(key) for _, key in keys):
             await meta_log.catch_up()
         need = images.bundle_need(state, ol.log_id, bundles, lambda a: b.reads.log_offset(ol, a))
+        # the state speaks for the log only while the log is this node's still: one lost meanwhile was reset (a pair
+        # handed out of it looks back, with no hand-over under way) — and the owner key guards each delete, for a
+        # node that lost the log without knowing it yet (its state lacks what the next owner did since)
+        ours = b.logs.get(ol.log_id) is ol and not ol.released
         low, stale = None, []
         for kv, key in keys:
             if key is None:
                 continue
-            if (key[1] < state.next_uid and key[1] not in state.topics_by_uid) or \
-                    (meta_log is not None and self._here(key)):
+            if ours and ((key[1] < state.next_uid and key[1] not in state.topics_by_uid) or
+                         (meta_log is not None and self._here(key))):
                 stale.append(kv)
                 continue
             value = _lent_value(kv)
             low = value if low is None else min(low, value)
         for kv in stale:
-            if (await b.meta.txn([M.unchanged_since(kv)], [M.Delete(kv.key)]))[0]:
+            if (await b.meta.txn([M.unchanged_since(kv), b.owner_guard(ol.log_id, ol.epoch)],
+                                 [M.Delete(kv.key)]))[0]:
                 log.info("log %d: lent key %s deleted (it names nothing needed)", ol.log_id, kv.key)
+            else:  # (kept: it counts)
+                low = _lent_value(kv) if low is None else min(low, _lent_value(kv))
         return low, need
 
     def _here(self, key: tuple[int, int, int]) -> bool:
@@ -251,13 +260,15 @@ class LedgerUpkeep:
         (`lend` marks it). Nothing is asked of etcd while no pair here was ever handed over. (keys written, keys
         deleted)
 
-        No owner guard is needed: what is written or deleted is read from a state whose records are durable in its
-        log (awaited first: a takeover that loses records would name more), and a pair's index only ever names
-        fewer batches of a log it left as acks trim it — it gets batches of another log only with a new image (a
+        A write needs no owner guard: what is written is read from a state whose records are durable in its log
+        (awaited first: a takeover that loses records would name more), and a pair's index only ever names fewer
+        batches of a log it left as acks trim it — it gets batches of another log only with a new image (a
         ShardIn, a snapshot read back), a new index object, which is checked for before each change. So a stale
         owner — one whose log was taken over, whose state ends at an earlier record — writes an offset no higher
-        than its successor would, and deletes a key only when its successor names nothing there either; and every
-        change is a compare-and-swap on the key as read, so none lands over a `lend` made meanwhile."""
+        than its successor would. A delete has one: the key of the log a pair is in goes while no hand-over out of
+        it is under way here, and a stale owner cannot know of one its successor began — so the owner key of that
+        log must hold this node at its epoch. Every change is a compare-and-swap on the key as read, so none lands
+        over a `lend` made meanwhile."""
         b = self.bundles
         engine, bundles = b.cluster.engine, b.cluster.config.bundles
         state = engine.state
@@ -295,7 +306,10 @@ class LedgerUpkeep:
             # out — but while a hand-over out of it is under way: `lend` marks it until its ShardOut is committed)
             if pair not in held or key in want or not self._still(pair, held[pair]) or key in b.reads.lending:
                 continue
-            ok, _ = await b.meta.txn([M.unchanged_since(kv)], [M.Delete(kv.key)])
+            ol = b.logs.get(held[pair][0])  # (the owner of the log the pair is in deletes: not a stale one)
+            if ol is None or ol.released:
+                continue
+            ok, _ = await b.meta.txn([M.unchanged_since(kv), b.owner_guard(ol.log_id, ol.epoch)], [M.Delete(kv.key)])
             deleted += ok
         if written or deleted:
             log.info("lent keys: %d written, %d deleted", written, deleted)

@@ -142,6 +142,9 @@ def test_lent_keys_name_their_log_and_pair():
 
 
 # --- a batch of a log not owned here -----------------------------------------------------------------------------
+OTHER_OWNER = "/pigeon/test/another-owner"  # a key a node's fake owner guard needs absent: put, the node lost its logs
+
+
 def _node(state: BrokerState, owned: list[int], meta: LocalMetadata | None = None):
     async def durable(end=None, log_id=None):
         return None
@@ -152,7 +155,8 @@ def _node(state: BrokerState, owned: list[int], meta: LocalMetadata | None = Non
                              meta_log=SimpleNamespace(catch_up=catch_up))
     cluster = SimpleNamespace(engine=engine, config=SimpleNamespace(bundles=BUNDLES))
     logs = {log: OwnedLog(log, 1, LedgerInfo(log << 20, 1, {"n1": "a"}, 0), next_offset=500) for log in owned}
-    bundles = SimpleNamespace(cluster=cluster, logs=logs, meta=meta or LocalMetadata(), cluster_format=3)
+    bundles = SimpleNamespace(cluster=cluster, logs=logs, meta=meta or LocalMetadata(), cluster_format=3,
+                              owner_guard=lambda log_id, epoch: M.absent(OTHER_OWNER))  # (the owner: see `_stale`)
     bundles.reads = LogReads(bundles)
     return bundles
 
@@ -289,4 +293,54 @@ def test_a_cut_keeps_the_ledgers_a_pair_handed_out_still_names():
         old.trim_indexes(0.0)
         assert await upkeep.cut(ol)
         assert [lg.first for lg in lists[HOME]] == [300, 400]
+    asyncio.run(go())
+
+
+def test_a_cut_whose_log_is_lost_meanwhile_deletes_no_lent_key():
+    """The cluster simulator (seed 8455, under the owner's lease since taken back) lost 29 acknowledged messages: a
+    cut of the old home went on after its node had lost the log, whose state that loss reset — the pair handed out
+    looked back in the log, with no hand-over under way — and deleted the pair's lent key; the log's next owner,
+    finishing the hand-over, cut the log past the pair's batches before the new home's owner wrote the key again.
+    A key is deleted only by the log's owner, on a state that is the log's."""
+    async def go():
+        old, _ = handed_over()
+        meta = LocalMetadata()
+        x = _node(old, [HOME], meta)
+        ol = x.logs[HOME]
+        key = M.lent_key(HOME, 1, MOVED)
+        await meta.put(key, b"100")
+        listed = meta.list
+
+        async def list_and_lose(prefix):  # the log is lost while etcd answers: its state is reset
+            meta.list = listed
+            kvs = await listed(prefix)
+            del x.logs[HOME]
+            ol.released = True
+            old.apply(R.Reset(HOME, BUNDLES))
+            return kvs
+        meta.list = list_and_lose
+        await LedgerUpkeep(x)._lent_low(ol)
+        assert await _lent(meta) == {key: 100}
+    asyncio.run(go())
+
+
+def test_an_owner_that_lost_its_log_unknowing_deletes_no_lent_key():
+    """A node whose log was taken over without its knowing yet (cut off, paused) has a state behind its
+    successor's: the pair its successor began to hand out is in the log there, no hand-over under way. Its
+    deletes of lent keys require its owner key, so the key the successor lent stays."""
+    async def go():
+        old, new = handed_over()
+        meta = LocalMetadata()
+        stale = _node(fresh(), [HOME], meta)  # (the pair's batches in HOME, as before any hand-over)
+        for i in range(3):
+            stale.cluster.engine.state.apply(R.Publish(1, MOVED, 2 * i, 1000 + i, 2, 0, b""),
+                                             log_address(HOME, 100 + 4 * i))
+        key = M.lent_key(HOME, 1, MOVED)
+        await meta.put(key, b"100")  # the successor's lend
+        await meta.put(OTHER_OWNER, b"n2")
+        assert (await LedgerUpkeep(stale)._lent_low(stale.logs[HOME]))[0] == 100
+        assert await LedgerUpkeep(stale).keep_lent() == (0, 0)
+        assert await _lent(meta) == {key: 100}
+        await meta.delete(OTHER_OWNER)  # (had it been the owner: the key of a pair back in the log goes)
+        assert (await LedgerUpkeep(stale)._lent_low(stale.logs[HOME]))[0] is None and await _lent(meta) == {}
     asyncio.run(go())

@@ -220,3 +220,64 @@ def test_on_a_node_owning_both_logs_the_pair_waits_for_its_shard_home():
     assert t.away[MOVED] == out, "the hand-over out of the old home is still to finish"
     node.apply(R.ShardHome(1, MOVED, NEW, 1, 40.0))
     assert not t.away and node.log_of(R.Publish(1, MOVED, 5, 2000, 1, 0, b""), BUNDLES) == NEW
+
+
+def _new_home_after_shard_in() -> list[R.Record]:
+    """Records of the pair another owner of the new home committed there after its ShardIn (its state homes the
+    pair there at once: the ShardIn's own hand-over is not pending on a node that never owned the old home)."""
+    return [R.Publish(1, MOVED, 5, 2000, 2, 0, b""),
+            R.Deliver(2, 60.0, [num(3, MOVED), num(5, MOVED)], None, None, None),
+            R.Ack(2, [num(1, MOVED), num(3, MOVED), num(5, MOVED)])]
+
+
+def _read_back_new_home(node: BrokerState, shard_in: R.ShardIn) -> dict:
+    """`node` takes the new home over: reads back its ShardIn and the records after it; the pair's state as the
+    other owner of the new home had it."""
+    other = fresh()
+    other.apply(shard_in)
+    node.apply(R.Reset(NEW, BUNDLES))
+    for at, rec in enumerate([shard_in] + _new_home_after_shard_in(), start=500):
+        node.apply_in_log(rec, NEW, BUNDLES, at)
+        if rec is not shard_in:
+            other.apply(rec, at)
+    return shard_view(other, 1, MOVED)
+
+
+def _handed_over_then_new_home_lost() -> tuple[BrokerState, R.ShardOut, R.ShardIn]:
+    """A node owning both logs: the pair handed over, its own ShardIn applied (pending until the ShardHome), then
+    the new home lost (reset). (the node's state, the ShardOut, the ShardIn)"""
+    node = fresh()
+    for at, rec in enumerate(before(), start=100):
+        node.apply(rec, at)
+    out = R.ShardOut(1, MOVED, HOME, NEW, 1, 30.0, images.pair_images(node, node.topics_by_uid[1], MOVED))
+    node.apply(out)
+    shard_in = R.ShardIn(1, MOVED, NEW, HOME, 1, 30.0, out.images)
+    node.apply(shard_in)
+    node.apply(R.Reset(NEW, BUNDLES))
+    return node, out, shard_in
+
+
+def test_a_node_that_lost_both_logs_of_its_hand_over_keeps_no_pending_shard_out():
+    """The cluster simulator (seed 1026, under the owner's lease since taken back) found an ack undone: a node owning both logs applied its
+    own ShardIn (the hand-over pending until the ShardHome), then lost both logs. The reset of the old home kept the
+    ShardOut — the pair was the new home's by then, so not among the old home's pairs —, and when the node took the
+    new home back before the ShardHome reached it, it left out every record of the pair that the new home's owner
+    meanwhile had committed (an ack among them): the pair looked handed out of another log. A reset of a log drops
+    the ShardOuts written to it, wherever their pair is homed now (the log's next owner finishes them)."""
+    node, _, shard_in = _handed_over_then_new_home_lost()
+    node.apply(R.Reset(HOME, BUNDLES))
+    t = node.topics_by_uid[1]
+    assert not t.away, "the ShardOut went with the old home"
+    assert _read_back_new_home(node, shard_in) == shard_view(node, 1, MOVED)
+    assert node.log_of(R.Publish(1, MOVED, 7, 3000, 1, 0, b""), BUNDLES) == NEW
+
+
+def test_the_old_homes_owner_reads_the_new_home_back_whole_while_its_hand_over_is_pending():
+    """The old home's owner, owning the new home too, lost the new home after its ShardIn and takes it back before
+    the ShardHome: the hand-over stays pending (the pair refused), but the records the new home's owner committed
+    for the pair after the ShardIn meanwhile are the pair's present stay there, and are applied."""
+    node, out, shard_in = _handed_over_then_new_home_lost()
+    assert _read_back_new_home(node, shard_in) == shard_view(node, 1, MOVED)
+    assert node.topics_by_uid[1].away[MOVED] == out
+    with pytest.raises(Unavailable):
+        node.log_of(R.Publish(1, MOVED, 7, 3000, 1, 0, b""), BUNDLES)
