@@ -85,8 +85,9 @@ class PubSubApi:
     async def _publish_owner(self, cmd, context):
         """Where a publish whose topic was not first in its bytes goes (None: here)."""
         t = await self.router.spread_topic(cmd.topic, context)
-        return self.router.publish_owner(t, cmd.ordering_key) if t is not None else self.router.for_topic(cmd.topic,
-                                                                                                        context)
+        if t is None:
+            return self.router.for_topic(cmd.topic, context)
+        return self.router.storage_owner(t) or self.router.publish_owner(t, cmd.ordering_key)
 
     @translate
     @fresh
@@ -97,6 +98,8 @@ class PubSubApi:
         if self.router is not None:  # routed on its topic alone: the owner checks it (a megabyte parsed once)
             topic = wire.leading_string(raw, 1)
             if topic and (t := await self.router.spread_topic(topic, context)) is not None:
+                if owner := self.router.storage_owner(t):  # (a region its storage policy allows: docs/regions.md)
+                    return await self.router.unary(owner, PUBLISH, raw, context)
                 cmd = commands.check_publish(raw)  # (its ordering key decides the shard)
                 if cmd.idempotency_keys and not cmd.ordering_key:  # each message to its idempotency key's shard
                     return await spread.publish_by_key(self.router, t, cmd, context, self._publish_here)
@@ -232,6 +235,8 @@ class PubSubApi:
     @fresh
     async def pull(self, req, context):
         if self.router is not None and (t := await self.router.spread_subscription(req.subscription, context)):
+            self.router.check_in_transit(t)
+
             async def here(max_messages: int, now: bool) -> bytes:
                 return b"".join(await self.engine.delivery.pull(req.subscription, max_messages, now,
                                                                 context.time_remaining()))
@@ -260,6 +265,7 @@ class PubSubApi:
                 # topic's shards (api.spread) steers each owner's (or region's) share of it by later ones
                 request_iterator = _limits_set_once(request_iterator)
             if self.router is not None and (t := await self.router.spread_subscription(first.subscription, context)):
+                self.router.check_in_transit(t)
                 async for resp in spread.streaming_pull(self.router, t, first, request_iterator, context):
                     yield resp
                 return

@@ -14,7 +14,10 @@ details) passed back as it came — so a client may use any node. Owns the rules
     caller's verified principal, never its credential (api.access believes it only from a node);
   * in a deployment of regions (docs/regions.md) the shards another region stores are that region's part of a
     topic: a call about them goes to one of its gateways, marked as from another region, and a node that takes
-    such a call serves its own region's shards only (so a call crosses regions at most once)."""
+    such a call serves its own region's shards only (so a call crosses regions at most once);
+  * a topic's message storage policy (docs/regions.md, "Publish nearby"): a publish taken in a region the policy
+    leaves out is forwarded whole to the nearest allowed region — unless the policy enforces it in transit, when
+    it is refused with FAILED_PRECONDITION, as a Pull or StreamingPull taken there is."""
 
 from __future__ import annotations
 
@@ -31,8 +34,8 @@ from pigeon.core.pubsub_types import types
 from pigeon.api.errors import Relayed
 from pigeon.core import limits
 from pigeon.core.bundles import META_LOG, bundle_log
-from pigeon.core.regions import is_region_log, slot_of_log
-from pigeon.core.errors import Unavailable, Unimplemented
+from pigeon.core.regions import is_region_log, region_log, slot_of_log
+from pigeon.core.errors import FailedPrecondition, Unavailable, Unimplemented
 from pigeon.node.engine import SHUTTING_DOWN
 from pigeon.ops import tls
 
@@ -266,6 +269,34 @@ class Router:
         parts = [p for p in parts if not p.owner.gateway]  # (stored in this region: docs/regions.md)
         self._turn += 1
         return parts[self._turn % len(parts)].owner
+
+    def storage_owner(self, t) -> Owner | None:
+        """Where a publish to `t` taken here is stored by its message storage policy: in this region (None) when
+        the policy allows it (or there is none), else at a gateway of the nearest region it allows. Refused when
+        the policy enforces it in transit; Unavailable when no allowed region can be reached now — or when the call
+        came from another region already (the policy changed meanwhile: the client's retry goes the new way)."""
+        policy = t.config.message_storage_policy
+        region = self.engine.region
+        if region is None or not policy.allowed_persistence_regions or region.name in policy.allowed_persistence_regions:
+            return None
+        self.check_in_transit(t)
+        slot = None if _FROM_REGION.get() else self.cluster.gateways.nearest(policy.allowed_persistence_regions)
+        if slot is None:
+            raise Unavailable(f"None of the regions the message storage policy of {t.name} allows "
+                              f"({', '.join(policy.allowed_persistence_regions)}) can be reached now; retry.")
+        log_id = region_log(slot)
+        return Owner(self.cluster.address_of(log_id), (log_id,), gateway=True)
+
+    def check_in_transit(self, t) -> None:
+        """FAILED_PRECONDITION for a publish, pull or streaming pull of `t` taken in a region that its message
+        storage policy leaves out and enforces in transit (as Pub/Sub refuses it)."""
+        policy = t.config.message_storage_policy
+        region = self.engine.region
+        if region is not None and policy.enforce_in_transit and policy.allowed_persistence_regions and \
+                region.name not in policy.allowed_persistence_regions and not _FROM_REGION.get():
+            raise FailedPrecondition(f"The message storage policy of {t.name} allows the regions "
+                                     f"{', '.join(policy.allowed_persistence_regions)} and enforces it in transit: "
+                                     f"this request was received in region {region.name}, which it does not allow.")
 
     async def publish_at_owner(self, topic: str, request: bytes) -> None:
         """A publish of this node's own (a dead-lettered message) to a topic another node owns: sent to the owner

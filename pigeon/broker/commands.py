@@ -50,7 +50,7 @@ def in_project(names_: list[str], project: str, kind: str) -> list[str]:
 # --- topics -----------------------------------------------------------------------------------------
 def create_topic(state: BrokerState, topic, shards: int, spread: bool = False) -> R.TopicPut:
     """`spread`: each shard in a bundle of its own (core.bundles), for good."""
-    resources.check_topic(topic)
+    resources.check_topic(topic, regions=state.region is not None)
     if topic.name in state.topics:
         raise _exists(topic.name)
     state.check_room(topic.name, "topics")
@@ -60,7 +60,7 @@ def create_topic(state: BrokerState, topic, shards: int, spread: bool = False) -
 def update_topic(state: BrokerState, topic, mask) -> R.TopicPut:
     t = state.topic(topic.name)
     merged = resources.apply_mask(t.config, topic, mask, resources.TOPIC_MUTABLE, "topic")
-    resources.check_topic(merged)
+    resources.check_topic(merged, regions=state.region is not None)
     return R.TopicPut(t.uid, len(t.shards), merged.SerializeToString(deterministic=True), t.layout_spread)
 
 

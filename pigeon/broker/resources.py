@@ -127,25 +127,46 @@ _WHY = {
     "kms_key_name": "message data is not encrypted with a customer-managed key; leave it unset.",
     "ingestion_data_source_settings": "Pigeon does not ingest from external sources (Kinesis, Cloud Storage, "
                                       "Event Hubs, MSK, Confluent Cloud, Azure); publish to the topic instead.",
-    "message_storage_policy": "a message is stored in the region of the node that took its publish (a server or "
-                              "a cluster is one region); allowing or enforcing regions is not built yet.",
+    "message_storage_policy": "a message is stored in the region of the node that took its publish, and a server "
+                              "or a cluster that is not a region of a deployment (--region) has no regions to allow "
+                              "or enforce.",
     "tags": "there are no Resource Manager tags to bind.",
     "bigtable_config": "no Bigtable export runs; use a pull or push subscription.",
 }
 _TOPIC_UNSUPPORTED = ("kms_key_name", "ingestion_data_source_settings", "message_storage_policy", "tags")
+_TOPIC_UNSUPPORTED_IN_REGIONS = tuple(f for f in _TOPIC_UNSUPPORTED if f != "message_storage_policy")
 _SUBSCRIPTION_UNSUPPORTED = ("bigtable_config", "tags")
 
 
-def check_topic(t) -> None:
-    """Validate a Topic in place (output-only fields are the server's: what a client sent there is dropped)."""
+def check_topic(t, regions: bool = False) -> None:
+    """Validate a Topic in place (output-only fields are the server's: what a client sent there is dropped).
+    `regions`: the node is a region of a deployment (docs/regions.md), where a message storage policy is honoured."""
     names.split(t.name, "topics")
     check_labels(t.labels)
     if t.HasField("message_retention_duration"):
         _check_retention(t.message_retention_duration, "message_retention_duration")
-    _refuse_unsupported(t, _TOPIC_UNSUPPORTED, "topic")
+    if regions and t.HasField("message_storage_policy") and t.message_storage_policy.ByteSize():
+        check_storage_policy(t.message_storage_policy)
+    _refuse_unsupported(t, _TOPIC_UNSUPPORTED_IN_REGIONS if regions else _TOPIC_UNSUPPORTED, "topic")
     check_transforms(t.message_transforms)
     t.satisfies_pzs = False
     t.state = types.Topic.State.ACTIVE
+
+
+_REGION = re.compile(r"[a-z][a-z0-9-]{0,62}\Z")
+
+
+def check_storage_policy(policy) -> None:
+    """A message storage policy names the regions a topic's messages may be stored in: at least one, each a region
+    name (a region not in the deployment yet stores nothing until it joins)."""
+    regions = list(policy.allowed_persistence_regions)
+    if not regions:
+        raise InvalidArgument("Invalid message_storage_policy: allowed_persistence_regions is empty, which means that "
+                              "no regions are allowed, and is not a valid configuration.")
+    for r in regions:
+        if not _REGION.match(r):
+            raise InvalidArgument(f"Invalid message_storage_policy: {r!r} in allowed_persistence_regions is not a "
+                                  "region name (1 to 63 lowercase letters, digits or '-', starting with a letter).")
 
 
 def check_subscription(s, *, creating: bool) -> None:

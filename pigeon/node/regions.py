@@ -7,13 +7,17 @@ other regions. Owns the rules:
     under another region's name — its data is that slot's shards;
   * every node of a region is a gateway of it: `gateways/<slot>/<node id>` holds where it is dialled, under a
     lease of the global store; a node reads the others' every limits.region_gateways_s and keeps the last it read
-    while the global store cannot be reached (a call about another region's shards goes to one of them)."""
+    while the global store cannot be reached (a call about another region's shards goes to one of them);
+  * the nearest of several regions is the one whose gateway a TCP connection reached soonest lately (a
+    connection's set-up is one round trip), measured every limits.region_gateways_s; one never reached is
+    farthest."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import os
+import time
 
 from pigeon.cluster import metadata as M
 from pigeon.core import limits
@@ -83,12 +87,19 @@ class Gateways:
         self.meta, self.region, self.node_id, self.dial = meta, region, node_id, dial
         self.known: dict[int, list[str]] = {}  # slot → its gateways' addresses, as last read
         self.held: set[int] = set()  # the slots regions hold, as last read (the others' shards hold nothing)
+        self.names: dict[int, str] = {}  # slot → the name of the region that holds it
+        self.round_trips: dict[int, float] = {}  # slot → seconds to reach its gateway, smoothed
         self.changed = asyncio.Event()  # set (and replaced) whenever `known` changes
         self._task: asyncio.Task | None = None
 
     def holds(self, slot: int) -> bool:
         """Whether a region holds slot `slot` (a topic's shards in a slot none holds are empty everywhere)."""
         return slot in self.held
+
+    def nearest(self, names) -> int | None:
+        """The slot of the nearest of the regions `names` that has a gateway (None: none has)."""
+        slots = [s for s, name in self.names.items() if name in names and self.address(s)]
+        return min(slots, key=lambda s: (self.round_trips.get(s, float("inf")), s), default=None)
 
     def address(self, slot: int) -> str | None:
         """Where a call about region `slot`'s shards goes (None: no gateway known)."""
@@ -113,6 +124,7 @@ class Gateways:
                 else:
                     await self.meta.keepalive(lease)
                 await self.read()
+                await self._measure()
             except M.LeaseGone:
                 lease = 0
                 continue
@@ -122,7 +134,9 @@ class Gateways:
 
     async def read(self) -> None:
         """Read the regions' slots and gateways now (StoreUnavailable when the global store does not answer)."""
-        held = {int(kv.key.rpartition("/")[2]) for kv in await self.meta.list(M.REGION_SLOT_PREFIX)}
+        slots = await self.meta.list(M.REGION_SLOT_PREFIX)
+        self.names = {int(kv.key.rpartition("/")[2]): kv.value.decode() for kv in slots}
+        held = set(self.names)
         known: dict[int, list[str]] = {}
         for kv in await self.meta.list(M.GATEWAYS_PREFIX):
             slot, _, _ = kv.key[len(M.GATEWAYS_PREFIX):].partition("/")
@@ -131,3 +145,22 @@ class Gateways:
             self.known, self.held = known, held
             ev, self.changed = self.changed, asyncio.Event()
             ev.set()
+
+    async def _measure(self) -> None:
+        """Time a TCP connection to each other region's gateway (smoothed: 0.7 of the last figure, 0.3 of this)."""
+        for slot in sorted(self.known):
+            address = self.address(slot)
+            if slot == self.region.slot or not address:
+                continue
+            host, _, port = address.rpartition(":")
+            t0 = time.monotonic()
+            try:
+                _, writer = await asyncio.wait_for(asyncio.open_connection(host.strip("[]"), int(port)),
+                                                   limits.region_gateways_s)
+            except (OSError, asyncio.TimeoutError):
+                self.round_trips.pop(slot, None)  # (not reached: farthest until it is again)
+                continue
+            took = time.monotonic() - t0
+            writer.close()
+            last = self.round_trips.get(slot)
+            self.round_trips[slot] = took if last is None else 0.7 * last + 0.3 * took

@@ -120,3 +120,37 @@ def test_a_region_down_delays_only_its_own_messages(regions):
 
     nodes["west"] = node("west").start()  # back: its message arrives through the east's subscriber
     assert set(_receive(sub_e, sub, 1, timeout=60)) == {held}
+
+
+def test_a_storage_policy_stores_where_it_allows(regions):
+    from google.api_core import exceptions
+
+    nodes, _ = regions
+    pub_e, sub_e = clients_of(nodes["east"])
+    pub_w, sub_w = clients_of(nodes["west"])
+    kept, enforced = f"{P}/topics/kept-west", f"{P}/topics/enforced-west"
+    pub_e.create_topic(request={"name": kept, "message_storage_policy": {"allowed_persistence_regions": ["west"]}})
+    pub_e.create_topic(request={"name": enforced, "message_storage_policy": {
+        "allowed_persistence_regions": ["west"], "enforce_in_transit": True}})
+    assert list(pub_w.get_topic(topic=kept).message_storage_policy.allowed_persistence_regions) == ["west"]
+    for name in (kept, enforced):
+        sub_w.create_subscription(name=name.replace("/topics/", "/subscriptions/"), topic=name)
+
+    # published in the east, stored in the west (its ids' shards are the west's), delivered as any other
+    ids = [pub_e.publish(kept, f"m{i}".encode(), k="v").result(timeout=30) for i in range(5)]
+    assert {_slot(m) for m in ids} == {1}
+    assert set(_receive(sub_e, kept.replace("/topics/", "/subscriptions/"), 5)) == set(ids)
+
+    # enforced in transit: the east refuses publishes and pulls (FAILED_PRECONDITION); the west takes them
+    with pytest.raises(exceptions.FailedPrecondition, match="enforces it in transit"):
+        pub_e.publish(enforced, b"refused").result(timeout=30)
+    sub = enforced.replace("/topics/", "/subscriptions/")
+    with pytest.raises(exceptions.FailedPrecondition):
+        sub_e.pull(request={"subscription": sub, "max_messages": 1}, timeout=10)
+    mid = pub_w.publish(enforced, b"taken").result(timeout=30)
+    assert _slot(mid) == 1
+    assert [m.message.message_id for m in _pull_all(sub_w, sub)] == [mid]
+
+    with pytest.raises(exceptions.InvalidArgument, match="not a valid configuration"):
+        pub_e.create_topic(request={"name": f"{P}/topics/nowhere", "message_storage_policy": {
+            "enforce_in_transit": True}})
