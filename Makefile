@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 SPARK_STAMP := $(VENV)/.installed-spark
 DATA ?= ./data
 
-.PHONY: run cluster test lint bench bench-quick soak soak-long sim sim-cluster fuzz chaos package-check clean
+.PHONY: run cluster regions test lint bench bench-quick soak soak-long sim sim-cluster fuzz chaos package-check clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -43,6 +43,14 @@ $(ETCD_BIN):
 # SECURE=1: TLS and a bearer token for clients (no client certificate), node certificates on a peer port each
 cluster: $(STAMP) $(ETCD_BIN)
 	$(BIN)/python scripts/cluster.py --dir ./cluster $(if $(SECURE),--secure)
+
+# a deployment of regions (docs/regions.md): a global etcd, an etcd and NODES nodes a region, links between regions
+# delayed DELAY_MS each way; Ctrl-C stops everything
+REGIONS ?= east,west,north
+NODES ?= 1
+DELAY_MS ?= 50
+regions: $(STAMP) $(ETCD_BIN)
+	$(BIN)/python scripts/regions.py --regions $(REGIONS) --nodes $(NODES) --delay-ms $(DELAY_MS) --dir ./regions
 
 # the web console's tests drive Debian's Chromium through its chromedriver (Selenium); nothing is downloaded at test time
 CHROMEDRIVER := /usr/bin/chromedriver
@@ -117,7 +125,8 @@ fuzz: $(STAMP)
 # past the session, drain and join under load, etcd stopped), each ending in a full history check; prints a
 # table. CHAOS_SEEDS=N seeds each, CHAOS_SCENARIOS=a,b to choose. About 1 minute per run. Then CHAOS_ROUNDS rounds
 # of random faults, one every ~20 s, over a three-member etcd with StreamingPull subscribers (about 20 minutes for
-# 50): the history check, and the time from each kill to the first publish through a survivor (at most 3 s).
+# 50): the history check, and the time from each kill to the first publish through a survivor (at most 3 s). Then
+# two regions under load, one cut off for 60 s, then the global store stopped for 60 s (about 5 minutes).
 CHAOS_SEEDS ?= 3
 CHAOS_SCENARIOS ?= kill-owner,kill-new-owner,kill-replica,pause-owner,drain-owner,add-node,stop-etcd,cut-owner,cut-owner-peers
 CHAOS_ROUNDS ?= 50
@@ -125,6 +134,7 @@ CHAOS_ROUNDS_SEED ?= 1
 chaos: $(STAMP) $(ETCD_BIN)
 	$(BIN)/python scripts/chaos.py --scenarios $(CHAOS_SCENARIOS) --seeds $(CHAOS_SEEDS)
 	$(BIN)/python scripts/fault_rounds.py --rounds $(CHAOS_ROUNDS) --seed $(CHAOS_ROUNDS_SEED)
+	$(BIN)/python scripts/regions_chaos.py --seeds 1
 
 # The package as a user installs it, without make (a few minutes: each fresh virtualenv downloads the
 # dependencies): a wheel built from the work tree (Cython parts included) on Python 3.11 and each newer CPython

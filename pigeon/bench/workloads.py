@@ -135,15 +135,16 @@ def _percentile(sorted_values: list[float], q: float) -> float:
     return sorted_values[i]
 
 
-def latency(driver, plan, key: str, tick: Tick) -> dict:
+def latency(driver, plan, key: str, tick: Tick, consumer=None) -> dict:
     """`plan.latency_runs` latency runs, each on its own topic and subscription; the figures are those of the
     median run by p99 (one run's p50, p99, p999 and disk probe together), every run is kept under `runs`. One
     20 s run draws its tail from whatever the shared disk did in those 20 s: a single host stall of a few hundred
-    ms is a p99 on its own, for any server that fsyncs."""
+    ms is a p99 on its own, for any server that fsyncs. `consumer`: another driver to receive through (another
+    node of the same deployment; `driver` publishes)."""
     runs = []
     for i in range(plan.latency_runs):
         part = lambda f, done, i=i: tick((i + f) / plan.latency_runs, done)  # noqa: E731
-        runs.append(_latency_once(driver, plan, key if i == 0 else f"{key}{i + 1}", part))
+        runs.append(_latency_once(driver, plan, key if i == 0 else f"{key}{i + 1}", part, consumer or driver))
     ranked = sorted(runs, key=lambda r: (r["p99_ms"] is None, r["p99_ms"] or 0.0))
     out = dict(ranked[(len(ranked) - 1) // 2])
     if len(runs) > 1:
@@ -152,13 +153,13 @@ def latency(driver, plan, key: str, tick: Tick) -> dict:
     return out
 
 
-def _latency_once(driver, plan, key: str, tick: Tick) -> dict:
+def _latency_once(driver, plan, key: str, tick: Tick, consumer) -> dict:
     """Publish→receive latency at a fixed rate (open loop, one message per durable publish); the consumer acks
     what it receives. The publisher's clock starts when each message was due, so a stalled send counts."""
     setup(driver, key)
     gate = Gate(_CTX, plan.latency_s)
     grace_s = 2.0
-    jobs = [(driver.latency_consume, (key, 1000, gate, grace_s)),
+    jobs = [(consumer.latency_consume, (key, 1000, gate, grace_s)),
             (driver.latency_publish, (key, plan.message_bytes, plan.latency_rate, gate))]
     probe = DiskProbe()
     try:

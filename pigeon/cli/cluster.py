@@ -1,4 +1,4 @@
-"""`pigeon cluster status | drain | undrain | move-shard | upgrade-check`: operate a cluster through its coordination store (etcd), which
+"""`pigeon cluster status | regions | drain | undrain | move-shard | upgrade-check`: operate a cluster through its coordination store (etcd), which
 every node watches — so these work while any node is down, and a drain takes effect wherever placement is
 computed. They reach etcd as a node does (pigeon.ops.etcd_access): --etcd-ca, --etcd-cert and --etcd-key (or
 PIGEON_ETCD_CA, PIGEON_ETCD_CERT, PIGEON_ETCD_KEY, as `pigeon serve` reads them) for an etcd that takes TLS."""
@@ -54,20 +54,49 @@ def _with_store(fn):
     return run
 
 
+def _shown_whole(st: dict, fmt: Format, empty: bool, empty_says: str) -> bool:
+    """Print `st` as JSON when asked, or what an empty store means: whether that was all to show."""
+    if fmt is Format.json:
+        print(json.dumps(st, indent=2))
+        return True
+    if empty:
+        console.print(empty_says)
+        return True
+    return False
+
+
+@cluster.command("regions")
+def regions(global_etcd: str = typer.Option("127.0.0.1:2379", "--global-etcd", envvar="PIGEON_GLOBAL_ETCD",
+                                            help="the etcd endpoints a deployment's regions share"),
+            fmt: Format = FORMAT, etcd_ca: Optional[str] = ETCD_CA, etcd_cert: Optional[str] = ETCD_CERT,
+            etcd_key: Optional[str] = ETCD_KEY):
+    """A deployment's regions (docs/regions.md): each region's slot and the nodes other regions reach it through
+    now. (`pigeon cluster status --etcd <a region's etcd>` shows one region's nodes and bundles.)"""
+    from pigeon.node.regions import regions_of
+
+    st = _with_store(lambda meta, members: regions_of(meta))(global_etcd, etcd_ca, etcd_cert, etcd_key)
+    if _shown_whole(st, fmt, not st["regions"],
+                    f"no region in the global store at {global_etcd} (no node of a region has started yet)"):
+        return
+    from rich.table import Table
+
+    table = Table("region", "slot", "gateways", title=f"{len(st['regions'])} of {st['slots']} region slots held")
+    for r in st["regions"]:
+        table.add_row(r["region"], str(r["slot"]), ", ".join(f"{g['node']} ({g['address']})" for g in r["gateways"])
+                      or "none: cut off or down")
+    console.print(table)
+
+
 @cluster.command("status")
 def status(etcd: str = ETCD, fmt: Format = FORMAT, etcd_ca: Optional[str] = ETCD_CA,
            etcd_cert: Optional[str] = ETCD_CERT, etcd_key: Optional[str] = ETCD_KEY):
     """The cluster's nodes (up, draining, cut off from their peers, down), how many bundles each owns and the CPU
     it used lately, how many bundles have no owner and how many the planner placed by load."""
     st = _with_store(lambda meta, members: status_of(meta))(etcd, etcd_ca, etcd_cert, etcd_key)
-    if fmt is Format.json:
-        print(json.dumps(st, indent=2))
+    if _shown_whole(st, fmt, not st["cluster"], f"no cluster in the etcd at {etcd} (no node has joined it yet)"):
         return
     from rich.table import Table
 
-    if not st["cluster"]:
-        console.print(f"no cluster in the etcd at {etcd} (no node has joined it yet)")
-        return
     lg = st["ledgers"]
     table = Table("node", "address", "zone", "machine", "state", "bundles", "cores", "version", "format",
                   title=f"cluster {st['cluster']}: {st['bundles']} bundles, {st['unowned']} without an owner, "

@@ -36,7 +36,8 @@ from pigeon.core.bundles import bundle_of_log
 from pigeon.core.regions import is_region_log, slot_of_log
 from pigeon.node import regions
 from pigeon.node.meta_log import Diverged, MetaLog
-from pigeon.node.membership import Membership, NodeIdTaken, NodeInfo, OtherCluster, cluster_id, until_answered
+from pigeon.node.membership import (CLUSTER_ID_FILE, Membership, NodeIdTaken, NodeInfo, OtherCluster, cluster_id,
+                                    until_answered)
 from pigeon.node.meta_etcd import EtcdMetadata
 from pigeon.ops import etcd_access, tls
 from pigeon.ops.config import Config
@@ -47,7 +48,6 @@ log = logging.getLogger("pigeon.cluster")
 
 __all__ = ["ClusterNode", "JoinRefused"]
 
-CLUSTER_ID_FILE = "cluster-id"
 HOME_FILE = "home-id"
 
 
@@ -76,8 +76,9 @@ class ClusterNode:
         self.cluster_id = ""
         # in a deployment of regions the metadata log is the global store's, which every region follows
         self.global_meta = regions.global_store(config) if config.region else None
-        self.gateways = regions.Gateways(self.global_meta, engine.region, config.node_id, self.info.dial) \
-            if config.region else None
+        self.gateways = regions.Gateways(self.global_meta, engine.region, config.node_id, self.info.dial,
+                                         self._peer_channel) if config.region else None
+        self._peer_channels: dict[str, object] = {}
         self.meta_log = MetaLog(self.global_meta or self.meta, engine)
         self.logs = BundleLogs(self, Replication(config.replicas, config.replicas, config.ack_quorum))
         self.upkeep = LedgerUpkeep(self.logs)
@@ -113,6 +114,12 @@ class ClusterNode:
         if is_region_log(log_id):
             return self.gateways.address(slot_of_log(log_id)) if self.gateways is not None else None
         return self.routes.get(bundle_of_log(log_id))
+
+    def _peer_channel(self, address: str):
+        ch = self._peer_channels.get(address)
+        if ch is None:
+            ch = self._peer_channels[address] = tls.peer_channel(self.config, address, [])
+        return ch
 
     def region_held(self, log_id: int) -> bool:
         """Whether a region holds the slot of region log `log_id` (core.regions) — else its shards are empty."""
@@ -274,6 +281,8 @@ class ClusterNode:
         await self.meta.close()
         if self.global_meta is not None:
             await self.global_meta.close()
+        for ch in self._peer_channels.values():
+            await ch.close()
 
     # --- ownership follows placement -----------------------------------------------------------------------
     async def _watch(self) -> None:

@@ -20,6 +20,8 @@ from pigeon.storage import formats
 
 log = logging.getLogger("pigeon.membership")
 
+CLUSTER_ID_FILE = "cluster-id"  # in a node's data directory: the cluster it joined (ClusterNode)
+
 
 class NodeIdTaken(Exception):
     pass

@@ -8,9 +8,9 @@ other regions. Owns the rules:
   * every node of a region is a gateway of it: `gateways/<slot>/<node id>` holds where it is dialled, under a
     lease of the global store; a node reads the others' every limits.region_gateways_s and keeps the last it read
     while the global store cannot be reached (a call about another region's shards goes to one of them);
-  * the nearest of several regions is the one whose gateway a TCP connection reached soonest lately (a
-    connection's set-up is one round trip), measured every limits.region_gateways_s; one never reached is
-    farthest."""
+  * the nearest of several regions is the one whose gateway answered a call soonest lately (a call no server
+    serves: its answer, UNIMPLEMENTED, is one round trip on the same path the forwarded calls take, proxies and
+    all), measured every limits.region_gateways_s and smoothed; one that did not answer is farthest."""
 
 from __future__ import annotations
 
@@ -19,13 +19,19 @@ import logging
 import os
 import time
 
+import grpc
+
 from pigeon.cluster import metadata as M
 from pigeon.core import limits
 from pigeon.core.regions import Region
-from pigeon.node.membership import until_answered
+from pigeon.node.membership import CLUSTER_ID_FILE, until_answered
 from pigeon.ops import etcd_access
 
 log = logging.getLogger("pigeon.regions")
+
+_PING = "/pigeon.v1.Regions/Ping"  # served by nobody: the answer is UNIMPLEMENTED, after one round trip
+_ANSWERED = {grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED}
+_same = lambda b: b  # noqa: E731
 
 REGION_FILE = "region"
 
@@ -66,6 +72,10 @@ async def resolve(config, disk, stop: asyncio.Event) -> Region | None:
             raise RegionRefused(f"the data directory {config.data_dir} holds region {name}'s data, not "
                                 f"{config.region}'s")
         return Region(name, int(slot), int(slots))
+    if disk.exists(os.path.join(config.data_dir, CLUSTER_ID_FILE)):
+        raise RegionRefused(f"the data directory {config.data_dir} holds a cluster's data from before regions (its "
+                            "topics' shards are not laid out by region slots): a region's node starts with an empty "
+                            "one")
     meta = global_store(config)
     try:
         got, region = await until_answered(lambda: take_slot(meta, config.region, config.region_slots), stop,
@@ -83,8 +93,9 @@ async def resolve(config, disk, stop: asyncio.Event) -> Region | None:
 class Gateways:
     """This node as a gateway of its region, and where the other regions' gateways are."""
 
-    def __init__(self, meta, region: Region, node_id: str, dial: str):
+    def __init__(self, meta, region: Region, node_id: str, dial: str, channel):
         self.meta, self.region, self.node_id, self.dial = meta, region, node_id, dial
+        self.channel = channel  # address → a gRPC channel to that node (the router's kind)
         self.known: dict[int, list[str]] = {}  # slot → its gateways' addresses, as last read
         self.held: set[int] = set()  # the slots regions hold, as last read (the others' shards hold nothing)
         self.names: dict[int, str] = {}  # slot → the name of the region that holds it
@@ -147,20 +158,33 @@ class Gateways:
             ev.set()
 
     async def _measure(self) -> None:
-        """Time a TCP connection to each other region's gateway (smoothed: 0.7 of the last figure, 0.3 of this)."""
+        """Time a call to each other region's gateway (smoothed: 0.7 of the last figure, 0.3 of this one)."""
         for slot in sorted(self.known):
             address = self.address(slot)
             if slot == self.region.slot or not address:
                 continue
-            host, _, port = address.rpartition(":")
+            ping = self.channel(address).unary_unary(_PING, request_serializer=_same, response_deserializer=_same)
             t0 = time.monotonic()
             try:
-                _, writer = await asyncio.wait_for(asyncio.open_connection(host.strip("[]"), int(port)),
-                                                   limits.region_gateways_s)
-            except (OSError, asyncio.TimeoutError):
-                self.round_trips.pop(slot, None)  # (not reached: farthest until it is again)
-                continue
+                await ping(b"", timeout=limits.region_gateways_s)
+            except grpc.aio.AioRpcError as e:
+                if e.code() not in _ANSWERED:
+                    self.round_trips.pop(slot, None)  # (no answer: farthest until it answers again)
+                    continue
             took = time.monotonic() - t0
-            writer.close()
             last = self.round_trips.get(slot)
             self.round_trips[slot] = took if last is None else 0.7 * last + 0.3 * took
+
+
+async def regions_of(meta) -> dict:
+    """The deployment as `pigeon cluster regions` shows it, from its global store: how many slots, and each region
+    holding one with the gateways (nodes) it has now."""
+    slots = await meta.get(M.REGION_SLOTS_KEY)
+    gateways: dict[int, list[dict]] = {}
+    for kv in await meta.list(M.GATEWAYS_PREFIX):
+        slot, _, node = kv.key[len(M.GATEWAYS_PREFIX):].partition("/")
+        gateways.setdefault(int(slot), []).append({"node": node, "address": kv.value.decode()})
+    regions = [{"region": kv.value.decode(), "slot": int(kv.key.rpartition("/")[2]),
+                "gateways": gateways.get(int(kv.key.rpartition("/")[2]), [])}
+               for kv in await meta.list(M.REGION_SLOT_PREFIX)]
+    return {"slots": int(slots.value) if slots else 0, "regions": regions}

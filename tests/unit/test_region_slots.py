@@ -72,3 +72,25 @@ def test_slots_are_taken_once_each():
 
     east, west, again = asyncio.run(go())
     assert (east, west, again) == (Region("east", 0, 2), Region("west", 1, 2), Region("east", 0, 2))
+
+
+def test_a_data_directory_keeps_its_region(tmp_path):
+    from types import SimpleNamespace
+
+    from pigeon.node.disk import OsDisk
+    from pigeon.node.regions import resolve
+
+    def config(region: str, name: str):
+        d = tmp_path / name
+        d.mkdir(exist_ok=True)
+        return SimpleNamespace(data_dir=str(d), region=region, region_slots=4, global_etcd="unused")
+
+    (tmp_path / "west").mkdir()
+    (tmp_path / "west" / "region").write_text("west 1 4\n")
+    assert asyncio.run(resolve(config("west", "west"), OsDisk(), asyncio.Event())) == Region("west", 1, 4)
+    with pytest.raises(RegionRefused, match="holds region west's data"):
+        asyncio.run(resolve(config("north", "west"), OsDisk(), asyncio.Event()))
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "cluster-id").write_text("c0ffee\n")  # a cluster node's from before regions
+    with pytest.raises(RegionRefused, match="from before regions"):
+        asyncio.run(resolve(config("west", "old"), OsDisk(), asyncio.Event()))
