@@ -78,6 +78,7 @@ class Router:
         self._waiting: set[_MoveWatch] = set()  # forwarded calls that wait by design, open now
         self.forwarded = 0  # calls passed to another node
         self._turn = 0  # keyless publishes of a spread topic none of whose shards is here: the owners in turn
+        self._silent: dict[tuple[int, ...], float] = {}  # another region's logs → until when a Pull skips it
 
     # --- where a call goes ---------------------------------------------------------------------------------
     def _owner(self, log_id: int, context) -> Owner | None:
@@ -140,6 +141,14 @@ class Router:
         if isinstance(key, int):  # another region's slot: one of its gateways
             return Owner(self.cluster.address_of(logs[0]) or "", logs, gateway=True)
         return None if key is None else Owner(key, logs)
+
+    def answers(self, gateway: Owner) -> bool:
+        """Whether a Pull asks another region now: not for limits.region_silent_s after it did not answer."""
+        until = self._silent.get(gateway.log_ids)
+        return until is None or asyncio.get_running_loop().time() >= until
+
+    def silent(self, gateway: Owner) -> None:
+        self._silent[gateway.log_ids] = asyncio.get_running_loop().time() + limits.region_silent_s
 
     @staticmethod
     def _take_region_mark(context) -> None:

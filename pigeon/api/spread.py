@@ -14,7 +14,9 @@ over the shards' owners and joined. Owns the rules:
     died) the client's stream ends with UNAVAILABLE, and the client's reopen finds the owners anew;
   * a subscription starts at the end each shard's owner reports for its own shards;
   * another region's shards are one more part, served through a gateway of that region (docs/regions.md): a
-    Pull takes nothing from a region that does not answer, and a StreamingPull's stream to one that ends is
+    Pull takes nothing from a region that does not answer within limits.region_answer_s (while the Pull waits
+    for messages, until its own deadline), nor asks it again for limits.region_silent_s; a StreamingPull's stream to
+    one that ends is
     opened again, with backoff, while the others go on — a region cut off delays its own messages only."""
 
 from __future__ import annotations
@@ -154,9 +156,15 @@ async def pull(router, t, req, context, here, method: str = _PULL, share=None, w
             if p.owner is None:
                 out.append(asyncio.ensure_future(here(each, not wait)))
                 continue
+            if p.owner.gateway and not router.answers(p.owner):
+                out.append(asyncio.ensure_future(_now(b"")))  # (it did not answer lately: asked again later)
+                continue
             call = router.unary(p.owner, method, share(each, wait).SerializeToString(), context, waits=True) \
                 if p.owner.address else _now(b"")
-            out.append(asyncio.ensure_future(_or_nothing(call) if p.owner.gateway else call))
+            if p.owner.gateway:  # (a region that does not answer at once holds up no answer: its share is none)
+                call = _or_nothing(call if wait else asyncio.wait_for(call, limits.region_answer_s),
+                                   lambda: router.silent(p.owner))
+            out.append(asyncio.ensure_future(call))
         return out
 
     got = await _all(asks(False))
@@ -300,12 +308,16 @@ def demand_shares(limit: int, n: int, busy: set[int]) -> list[int]:
     return [rest if i in busy else floor for i in range(n)]
 
 
-async def _or_nothing(call) -> bytes:
-    """Another region's answer to a Pull, or nothing when it does not answer (it is cut off: its messages wait)."""
+async def _or_nothing(call, silent) -> bytes:
+    """Another region's answer to a Pull, or nothing when it does not answer (it is cut off: its messages wait;
+    `silent()` notes it)."""
     try:
         return await call
+    except asyncio.CancelledError:
+        raise
     except Exception as e:  # noqa: BLE001
-        log.info("a pull from another region: %s", e)
+        log.info("a pull from another region: %s", e or type(e).__name__)
+        silent()
         return b""
 
 

@@ -187,6 +187,7 @@ class Workload:
                      for suffix in ("-plain", "-ordered")}  # subscription → its topic's number
         self.threads: list[threading.Thread] = []
         self.clients = [self._clients() for _ in range(len(topics) + len(self.subs))]  # one set per thread
+        self.each_pull_elsewhere = False  # a consumer takes the next node for every pull (not only after a failure)
 
     def _clients(self):
         """A publisher and a subscriber client of every node, in an order of the seed's (made on the main
@@ -271,11 +272,12 @@ class Workload:
             h.deliveries[sub_name], h.first_seen[sub_name], h.acked[sub_name] = [], {}, {}
         while not self.stop_consuming.is_set():
             sub = clients[c % len(clients)][2]
+            c += self.each_pull_elsewhere
             sent = time.monotonic()
             try:
                 r = sub.pull(subscription=sub_name, max_messages=200, timeout=5)
             except Exception:  # noqa: BLE001 — the node is gone or the bundle moving: another node, or again
-                c += 1
+                c += not self.each_pull_elsewhere  # (another node: next turn anyway)
                 time.sleep(0.2)
                 continue
             got = time.monotonic()
@@ -292,7 +294,7 @@ class Workload:
             except Exception:  # noqa: BLE001 — not acknowledged: they come back after their deadline
                 with h.lock:
                     h.ack_failed += 1
-                c += 1
+                c += not self.each_pull_elsewhere
                 continue
             done = time.monotonic()
             with h.lock:
