@@ -57,6 +57,13 @@ def fresh(fn):
     return handler
 
 
+def _when_ended(context):
+    """`answered` for engine.publish: registers a callback for when this gRPC call has ended — its answer sent (or
+    the caller gone) — so that no subscriber gets a message before its publisher has the message's id."""
+    add = getattr(context, "add_done_callback", None)
+    return None if add is None else (lambda callback: add(lambda _ctx: callback()))
+
+
 class _Unannotated:
     @staticmethod
     def annotate(sub):
@@ -110,7 +117,7 @@ class PubSubApi:
                 return await self.router.unary(owner, PUBLISH, raw, context)  # its topic was not first in the bytes
         shard = spread.shard_asked(context) if self.router is not None else None
         ids = await self.engine.publish(cmd.topic, cmd.request, cmd.count, cmd.ordering_key, cmd.idempotency_keys,
-                                        cmd.activations, shard=shard)
+                                        cmd.activations, shard=shard, answered=_when_ended(context))
         if hops.ON:
             hops.mark("answered")
         return pb["PublishResponse"](message_ids=ids).SerializeToString()
