@@ -112,9 +112,9 @@ class Delivery:
         """Show the batch to the topic's subscriptions the moment it is durable (in a cluster: held by the
         ensemble too) — driven by the durability callbacks, never by the publisher's coroutine alone, so a
         publisher that goes away meanwhile (a deadline, a disconnect) does not hide it. `answered(callback)`, when
-        given, calls `callback()` once the publisher's call has ended (its answer sent, or it went away): until
-        then no message from this batch on of its shard is handed out, so a subscriber never gets a message before
-        its publisher has its id — as on Google's service and emulator, which clients' own tests rely on (publish,
+        given, calls `callback()` once the publisher's handler has its answer (or failed): until then no message
+        from this batch on of its shard is handed out, so a subscriber never gets a message before its publisher's
+        answer is on its way — on one connection, ahead of the message — as on Google's service and emulator, which clients' own tests rely on (publish,
         then wait for the message with that id). A batch somebody waits for is kept in the reader's cache now, so
         that delivery neither reads nor parses the record back; one nobody waits for costs no memory."""
         ex = self.executor

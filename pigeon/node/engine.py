@@ -468,7 +468,7 @@ class Engine:
         window are not stored again and get the original message id. `sched`: the messages' (activate-at, delay)
         attributes, when some message carries one: the batch then waits in the topic's activation index.
         A topic with message transforms has them run first (node.transforms), then comes back `transformed`.
-        `answered(callback)`: registers `callback()` for when the caller's call has ended; the batch is handed out
+        `answered(callback)`: registers `callback()` for when the caller has its answer; the batch is handed out
         only then (node.delivery.show_when_durable)."""
         self.check_open()
         t = self.state.topic(topic_name)

@@ -264,9 +264,9 @@ def test_a_waiting_stream_gets_a_batch_before_its_publisher_is_answered_without_
     asyncio.run(go())
 
 
-def test_a_batch_is_handed_out_only_once_its_publishers_call_has_ended(tmp_path):
-    """A publish through gRPC passes `answered`: the batch — and every later one of its shard — waits for the call
-    to end, so a subscriber never has a message before its publisher has the id (Node's system tests publish,
+def test_a_batch_is_handed_out_only_once_its_publisher_has_the_answer(tmp_path):
+    """A publish through gRPC passes `answered`: the batch — and every later one of its shard — waits for the
+    handler to have its answer, so a subscriber never has a message before its publisher's answer (Node's system tests publish,
     then wait for the message with the id they got: one delivered first was ignored and stayed leased). A
     publish without it (the engine's own, a dead letter) is shown as it turns durable."""
     async def go():
