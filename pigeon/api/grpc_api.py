@@ -57,6 +57,25 @@ def fresh(fn):
     return handler
 
 
+class _Answer:
+    """`answered` for engine.publish: what waits for this publisher's answer runs once the handler has it (or
+    failed) — when it returns, gRPC hands the answer to the connection in the same step, ahead of any delivery a
+    stream woken by it sends: a client that publishes and subscribes over one connection has a message's id before
+    the message (as on Google's service, which clients' own tests rely on), at no wait for the network."""
+
+    __slots__ = ("callbacks",)
+
+    def __init__(self):
+        self.callbacks: list = []
+
+    def register(self, callback) -> None:
+        self.callbacks.append(callback)
+
+    def release(self) -> None:
+        for callback in self.callbacks:
+            callback()
+
+
 class _Unannotated:
     @staticmethod
     def annotate(sub):
@@ -112,11 +131,16 @@ class PubSubApi:
             if self.router is not None and cmd.topic != topic and (owner := await self._publish_owner(cmd, context)):
                 return await self.router.unary(owner, PUBLISH, raw, context)  # its topic was not first in the bytes
         shard = spread.shard_asked(context) if self.router is not None else None
-        ids = await self.engine.publish(cmd.topic, cmd.request, cmd.count, cmd.ordering_key, cmd.idempotency_keys,
-                                        cmd.activations, shard=shard)
-        if hops.ON:
-            hops.mark("answered")
-        return pb["PublishResponse"](message_ids=ids).SerializeToString()
+        answer = _Answer()
+        try:
+            ids = await self.engine.publish(cmd.topic, cmd.request, cmd.count, cmd.ordering_key,
+                                            cmd.idempotency_keys, cmd.activations, shard=shard,
+                                            answered=answer.register)
+            if hops.ON:
+                hops.mark("answered")
+            return pb["PublishResponse"](message_ids=ids).SerializeToString()
+        finally:
+            answer.release()
 
     async def _publish_here(self, cmd, shard: int) -> list[str]:
         return await self.engine.publish(cmd.topic, cmd.request, cmd.count, cmd.ordering_key, cmd.idempotency_keys,

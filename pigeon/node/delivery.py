@@ -32,6 +32,7 @@ class Delivery:
         self.executor = executor  # node.engine.Engine: the state, the one commit, durability
         self._tasks: set[asyncio.Task] = set()  # dead letters on their way
         self._fetching: dict[int, asyncio.Task] = {}  # log address → its batch being fetched for a delivery
+        self._unanswered: dict = {}  # ShardIndex → _Unanswered: its batches whose publishers wait for their answer
 
     @property
     def dead_letters_in_flight(self) -> int:
@@ -107,13 +108,15 @@ class Delivery:
             self.executor.ack_latency.delivered(s.uid, picks.out[0][0], now)
         return picks.out, msgs
 
-    def show_when_durable(self, t, rec: R.Publish, end: int) -> int:
+    def show_when_durable(self, t, rec: R.Publish, end: int, answered=None) -> int:
         """Show the batch to the topic's subscriptions the moment it is durable (in a cluster: held by the
-        ensemble too) — driven by the durability callbacks, never by the publisher's coroutine, so a publisher
-        that goes away meanwhile (a deadline, a disconnect) does not hide it. The callbacks run before the
-        publisher's own wait resumes: a waiting subscriber's delivery goes one step ahead of the answer, the
-        part of end-to-end latency the server owns. A batch somebody waits for is kept in the reader's cache
-        now, so that delivery neither reads nor parses the record back; one nobody waits for costs no memory."""
+        ensemble too) — driven by the durability callbacks, never by the publisher's coroutine alone, so a
+        publisher that goes away meanwhile (a deadline, a disconnect) does not hide it. `answered(callback)`, when
+        given, calls `callback()` once the publisher's handler has its answer (or failed): until then no message
+        from this batch on of its shard is handed out, so a subscriber never gets a message before its publisher's
+        answer is on its way — on one connection, ahead of the message — as on Google's service and emulator, which clients' own tests rely on (publish,
+        then wait for the message with that id). A batch somebody waits for is kept in the reader's cache now, so
+        that delivery neither reads nor parses the record back; one nobody waits for costs no memory."""
         ex = self.executor
         log_id = t.log_id if not t.spread else ex.state.shard_logs(t, ex.config.bundles)[rec.shard]
         early = ex.logs.recording(log_id) is not None
@@ -121,12 +124,15 @@ class Delivery:
             pos = t.shards[rec.shard].pos[-1]  # apply has just indexed the batch
             ex.reader.remember_published(pos, rec.request, rec.publish_ms, end - pos)
         ix = t.shards[rec.shard]
+        if answered is not None:
+            self._unanswered.setdefault(ix, _Unanswered()).bases.append(rec.base)
+            answered(lambda: self._answered(t, ix, rec.base))
         if early:
             # a replicated log: a delivery goes out only once its Deliver record is held by Qa members, and that
             # record, later in the same log, is held only after this batch is — so the batch may be handed out
             # now, and a message waits for one quorum round trip, not two (the reader serves it from the cache;
             # dropped from it, a read of the journal waits until the batch is durable there)
-            self._visible(t, ix, rec)
+            self._visible(t, ix, rec.base + rec.count)
         # (a failed replication raises in the publisher's wait: the log's next owner shows the batch)
         ex.logs.on_durable(end, log_id, lambda: self._show(t, ix, rec))
         return log_id
@@ -134,17 +140,29 @@ class Delivery:
     def _show(self, t, ix, rec: R.Publish) -> None:
         """The batch is durable: its messages may be handed out (`_visible`)."""
         ix.durable = max(ix.durable, rec.base + rec.count)
-        self._visible(t, ix, rec)
+        self._visible(t, ix, rec.base + rec.count)
 
-    def _visible(self, t, ix, rec: R.Publish) -> None:
-        """The batch's messages may be handed out: wake one waiter of each subscription. Not once the shard's
-        index was replaced meanwhile (its log reset, the shard handed over): the new one says what it holds."""
-        if t.shards[rec.shard] is not ix:
+    def _answered(self, t, ix, base: int) -> None:
+        """The publisher of the batch at `base` has had its answer: what it held back may be handed out."""
+        held = self._unanswered[ix]
+        held.bases.remove(base)
+        if not held.bases:
+            del self._unanswered[ix]
+        self._visible(t, ix, held.wanted)
+
+    def _visible(self, t, ix, end: int) -> None:
+        """The shard's messages below `end` may be handed out — those below the first batch whose publisher is
+        not answered yet, now: wake one waiter of each subscription. Not once the shard's index was replaced
+        meanwhile (its log reset, the shard handed over): the new one says what it holds."""
+        if ix not in t.shards:
             return
-        ex = self.executor
-        end = rec.base + rec.count
+        held = self._unanswered.get(ix)
+        if held is not None:
+            held.wanted = max(held.wanted, end)
+            end = min(end, min(held.bases))
         if ix.visible < end:
             ix.visible = end
+            ex = self.executor
             for uid in t.subscriptions:
                 sig = ex.signals.get(uid)
                 if sig is not None:
@@ -387,3 +405,14 @@ class Delivery:
         if not stream.sub.config.enable_exactly_once_delivery:
             return None, failures
         return asyncio.ensure_future(self.executor.durable(log_id=stream.sub.log_id)), failures
+
+
+class _Unanswered:
+    """A shard's batches whose publishers are not answered yet (their bases), and the highest end the shard's
+    batches asked to show meanwhile."""
+
+    __slots__ = ("bases", "wanted")
+
+    def __init__(self):
+        self.bases: list[int] = []
+        self.wanted = 0

@@ -466,12 +466,14 @@ class Engine:
     # --- publish ---------------------------------------------------------------------------------
     async def publish(self, topic_name: str, request: bytes, count: int, ordering_key: str,
                       idem_keys: list[str] | None = None, sched: list[tuple[str, str]] | None = None,
-                      transformed: bool = False, shard: int | None = None) -> list[str]:
+                      transformed: bool = False, shard: int | None = None, answered=None) -> list[str]:
         """Store one PublishRequest (validated by commands.check_publish: these are its fields) whole; return the
         message ids once durable. `idem_keys`: the messages' idempotency keys ("" for none); repeats inside the
         window are not stored again and get the original message id. `sched`: the messages' (activate-at, delay)
         attributes, when some message carries one: the batch then waits in the topic's activation index.
-        A topic with message transforms has them run first (node.transforms), then comes back `transformed`."""
+        A topic with message transforms has them run first (node.transforms), then comes back `transformed`.
+        `answered(callback)`: registers `callback()` for when the caller has its answer; the batch is handed out
+        only then (node.delivery.show_when_durable)."""
         self.check_open()
         t = self.state.topic(topic_name)
         if t.config.message_transforms and not transformed:  # the one check a publish without them pays
@@ -497,7 +499,7 @@ class Engine:
             end = self.commit(rec)
             if hops.ON:
                 hops.mark("committed")
-            log_id = self.delivery.show_when_durable(t, rec, end)
+            log_id = self.delivery.show_when_durable(t, rec, end, answered)
             await self.durable(end, log_id)
         self.publish_latency.observe(time.perf_counter() - t0)
         t.publish_requests += 1

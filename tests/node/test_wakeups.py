@@ -264,6 +264,33 @@ def test_a_waiting_stream_gets_a_batch_before_its_publisher_is_answered_without_
     asyncio.run(go())
 
 
+def test_a_batch_is_handed_out_only_once_its_publisher_has_the_answer(tmp_path):
+    """A publish through gRPC passes `answered`: the batch — and every later one of its shard — waits for the
+    handler to have its answer, so a subscriber never has a message before its publisher's answer (Node's system tests publish,
+    then wait for the message with the id they got: one delivered first was ignored and stayed leased). A
+    publish without it (the engine's own, a dead letter) is shown as it turns durable."""
+    async def go():
+        e = await _engine(tmp_path)
+        c = Consumers(e, 1, 100)
+        await _settle()
+        ended: list = []
+        raw = _Req(topic=T, messages=[_Msg(data=b"first")]).SerializeToString()
+        await e.publish(T, raw, 1, "", answered=ended.append)
+        await _publish(e, 2)  # a later batch, durable and shown: it does not carry the first past its answer
+        await _settle()
+        assert c.total() == 0 and len(ended) == 1
+        ended.pop()()  # the first publisher's answer is sent
+        await _settle()
+        assert c.total() == 3
+        await _publish(e, 1)  # nobody waits for an answer: shown as it turns durable
+        await _settle()
+        assert c.total() == 4
+        await c.stop()
+        await e.stop()
+
+    asyncio.run(go())
+
+
 def test_a_batch_nobody_waits_for_is_not_kept_in_memory(tmp_path):
     async def go():
         e = await _engine(tmp_path)
