@@ -38,7 +38,7 @@ def main() -> int:
               f"regions delayed {args.delay_ms:g} ms each way")
         for node_id, node in dep.nodes.items():
             print(f"  {node_id:12s} region {dep.region_of[node_id]:8s} PUBSUB_EMULATOR_HOST={node.address}   "
-                  f"(etcd {dep.etcds[dep.region_of[node_id]].endpoint}, log {node.log_path})")
+                  f"console {node.http}/   (etcd {dep.etcds[dep.region_of[node_id]].endpoint}, log {node.log_path})")
         print("Ctrl-C stops everything.", flush=True)
         stop.wait()
     except KeyboardInterrupt:

@@ -117,13 +117,18 @@ class MonitoringApi:
         except M.StoreUnavailable as e:
             raise Unavailable(f"The cluster's status is kept in etcd, which cannot be reached: {e}") from None
         lg = st["ledgers"]
+        g = self.cluster.gateways
         return m.ClusterStatus(
             clustered=True, cluster_id=st["cluster"], bundles=st["bundles"], unowned=st["unowned"],
             nodes=[m.ClusterNode(node=r["node"], address=r["address"], zone=r["zone"], state=r["state"],
                                  bundles=r["bundles"]) for r in st["nodes"]],
             owners={int(b): n for b, n in st["owners"].items()},
             ledgers=m.LedgerSummary(total=lg["total"], open=lg["open"], under_replicated=lg["under_replicated"]),
-            answered_by=self.cluster.info.node_id).SerializeToString()
+            answered_by=self.cluster.info.node_id, region=g.region.name if g is not None else "",
+            regions=[] if g is None else [
+                m.RegionView(region=name, slot=slot, gateways=g.known.get(slot, []),
+                             round_trip_ms=1000 * g.round_trips.get(slot, 0.0)) for slot, name in sorted(g.names.items())]
+        ).SerializeToString()
 
 
 _LATEST = {"subscriptions", "oldest_unacked_message_age_seconds"}  # of several owners' rows: the largest

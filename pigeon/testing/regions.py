@@ -39,6 +39,7 @@ class Deployment:
                 self.region_of[node_id] = region
                 self.nodes[node_id] = ServerProcess(
                     os.path.join(root, node_id), port=port, env=env, log_path=os.path.join(root, f"{node_id}.log"),
+                    http=True,
                     extra=["--etcd", self.etcds[region].endpoint, "--node-id", node_id, "--region", region,
                            "--global-etcd", self.etcds["global"].endpoint, "--append-port", str(append),
                            *self.flags])

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 
 import pytest
 
@@ -105,6 +106,12 @@ def test_publish_nearby_consume_anywhere(regions):
     assert shown["slots"] == SLOTS
     assert [(r["region"], r["slot"], [g["address"] for g in r["gateways"]]) for r in shown["regions"]] == [
         ("east", 0, [nodes["east"].address]), ("west", 1, [nodes["west"].address])]
+    with urllib.request.urlopen(f"{nodes['east'].http}/v1/cluster", timeout=30) as r:  # the console's view
+        seen = json.load(r)
+    assert seen["region"] == "east"
+    assert [(v["region"], v["gateways"]) for v in seen["regions"]] == [
+        ("east", [nodes["east"].address]), ("west", [nodes["west"].address])]
+    assert next(v for v in seen["regions"] if v["region"] == "west")["roundTripMs"] > 0
 
 
 def test_a_region_down_delays_only_its_own_messages(regions):
@@ -173,3 +180,29 @@ def test_a_region_cut_off_publishes_on_and_its_messages_arrive_after(regions):
                                   timeout=15, retry=None)
     dep.heal()
     assert set(west) <= set(_receive(sub_e, sub, set(west), timeout=60))  # the west's, once it is back
+
+
+def test_the_console_shows_the_regions(regions):
+    """The console's cluster page (real Chromium) lists every region, this node's marked, the others with where
+    they are reached and their round trip."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from pigeon.testing.browser import chromium
+
+    nodes, _ = regions
+    d = chromium()
+    try:
+        d.get(f"{nodes['east'].http}/#/cluster")
+
+        def rows(d):
+            panel = next((p for p in d.find_elements(By.CSS_SELECTOR, ".panel")
+                          if p.find_elements(By.TAG_NAME, "h2") and p.find_element(By.TAG_NAME, "h2").text == "Regions"),
+                         None)
+            return [r.text for r in panel.find_elements(By.CSS_SELECTOR, "tbody tr")] if panel else None
+
+        shown = WebDriverWait(d, 30, poll_frequency=0.2).until(lambda d: (r := rows(d)) and " ms" in r[-1] and r)
+    finally:
+        d.quit()
+    assert shown[0].startswith("east (this one) 0")
+    assert shown[1].startswith(f"west 1 {nodes['west'].address}") and shown[1].endswith(" ms")
