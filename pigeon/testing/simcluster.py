@@ -161,7 +161,10 @@ class ClusterSim:
     def _view(self):
         """The broker state of the first node up: its metadata log names each shard's log (nodes agree, once it
         has reached them; a call routed by an older view is refused and tried again, as a client's is)."""
-        return next((n.engine.state for n in self.nodes.values() if n.up), next(iter(self.nodes.values())).engine.state)
+        for n in self.nodes.values():  # (a loop, not next() over a generator: every client call asks)
+            if n.up:
+                return n.engine.state
+        return next(iter(self.nodes.values())).engine.state
 
     def _spread(self, topic: str) -> bool:
         t = self._view().topics.get(topic)

@@ -29,13 +29,15 @@ NODE: contextvars.ContextVar = contextvars.ContextVar("pigeon_sim_node", default
 
 
 class NodeClock:
-    """A node's wall clock: virtual time, skewed."""
+    """A node's wall clock: virtual time, skewed (made on the loop it reads: the node's code asks it the time at
+    every append and delivery)."""
 
     def __init__(self, skew: float):
         self.skew = skew
+        self._loop = asyncio.get_running_loop()
 
     def now(self) -> float:
-        return WALL0 + asyncio.get_running_loop().time() + self.skew
+        return WALL0 + self._loop.time() + self.skew
 
 
 class _Lock:
