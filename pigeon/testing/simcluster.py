@@ -573,6 +573,8 @@ def run_seed(seed: int, steps: int = 100, spread: bool = False) -> ClusterSim:
     try:
         return _run(sim)
     finally:
+        for n in sim.nodes.values():
+            n.process_gone()
         gc.collect()
         if collecting:
             gc.enable()
