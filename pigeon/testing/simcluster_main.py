@@ -12,7 +12,7 @@ import os
 import sys
 import time
 
-from pigeon.testing.simcluster import GC_THRESHOLDS, SimFailure, run_seed
+from pigeon.testing.simcluster import SimFailure, run_seed
 from pigeon.testing.simnode import NODE
 
 
@@ -53,9 +53,8 @@ def main(argv=None) -> int:
         return r
     logging.setLogRecordFactory(record)
     # What is imported now lives as long as the process: the collector leaves it out (and forked workers share it
-    # untouched), and collects the young objects less often (a run makes some million, few of them cycles).
+    # untouched); a seed's run collects once, at its end (simcluster.run_seed).
     gc.freeze()
-    gc.set_threshold(*GC_THRESHOLDS)
     seeds = [args.seed] if args.seed is not None else range(args.first_seed, args.first_seed + args.seeds)
     jobs = [(seed, args.steps, args.layout == "spread" or (args.layout == "both" and seed % 2 == 1)) for seed in seeds]
     t0 = time.monotonic()

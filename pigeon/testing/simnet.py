@@ -44,10 +44,11 @@ class SimNet:
         self.meta_cut: set[str] = set()  # nodes that cannot reach the metadata store
         self.meta_down = False  # the whole metadata store is down
         self.generation: dict[str, int] = {}  # node id → how many times it started: a restart breaks old streams
+        self._random, self._span = rng.random, delay_s[1] - delay_s[0]
 
     def delay(self) -> float:
-        lo, hi = self.delay_s
-        return self.rng.uniform(lo, hi)
+        """rng.uniform(*delay_s), without its frame (every message takes one): the same number."""
+        return self.delay_s[0] + self._span * self._random()
 
     def reachable(self, src: str, dst: str) -> bool:
         return (src, dst) not in self.cut
@@ -238,7 +239,10 @@ class SimMeta:
     async def _call(self, fn, *args):
         """`fn(*args)` at the store: after the way there, before the way back (either may be lost)."""
         net = self.net
-        await self._reach()
+        if net.meta_down or self.node in net.meta_cut:
+            await self._reach()  # (which fails)
+        else:  # (_reach's way there, without its coroutine: every metadata call of every node comes here)
+            await sleep(net.delay())
         out = await fn(*args)
         if self.node in net.meta_cut or net.meta_down:  # the answer is lost on its way back
             await sleep(limits.etcd_call_s)
