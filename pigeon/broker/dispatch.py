@@ -249,7 +249,14 @@ class Dispatch:
         """Choose up to `max_messages` messages: redeliveries first, then ready keys, then new messages in log
         order (ordered and scheduled ones shard by shard). Moves the dispatch state only: the caller leases
         the picks by applying their Deliver record (`lease`), or gives them back (`untake`).
-        `per_key_max` caps an ordered key's batch (push: 1)."""
+        `per_key_max` caps an ordered key's batch (push: 1).
+
+        Nothing while dispatch is off: a bundle log of the topic being applied again (a take-over, until
+        `resume_log`) cleared the dispatch state of every shard — the ordering keys' batches and pending ranges
+        too — while the cursors of the node's other shards stayed where they were, so a key with leased or waiting
+        messages would look idle and its next new message go out ahead of them (sim-cluster seed 7011)."""
+        if not self.dispatching:
+            return Picks(self.ordered)
         self.expire(now)
         picks = Picks(self.ordered)
         out = picks.out
