@@ -26,7 +26,7 @@ def meta_records(state: BrokerState) -> list[R.Record]:
 
     def topic_and_subs(t: TopicState) -> None:
         out.append(R.TopicPut(t.uid, len(t.shards), t.config.SerializeToString(deterministic=True), t.layout_spread))
-        out.extend(R.ShardHome(t.uid, k, log, t.gens[k]) for k, log in sorted(t.homes.items()))
+        out.extend(_homes(t))
         for uid in sorted(t.subscriptions):
             out.append(_sub_record(state.subs_by_uid[uid]))
         if t.deleted:
@@ -47,6 +47,21 @@ def meta_records(state: BrokerState) -> list[R.Record]:
         out.extend(R.SchemaPut(r.SerializeToString(deterministic=True)) for r in revs)
     for name, p in state.policies.items():
         out.append(R.PolicyPut(name, p.SerializeToString(deterministic=True)))
+    return out
+
+
+def _homes(t: TopicState) -> list[R.ShardHome]:
+    """The topic's homes as the metadata log made them: a homing only a log's own record made (`landed`) is
+    written as the home before it — a checkpoint must not make it one no reset of the log undoes (the log,
+    read back by a takeover, homes the pair again if it holds that record)."""
+    out = []
+    for k, log in sorted(t.homes.items()):
+        landing = t.landed.get(k)
+        if landing is not None and landing[0] == log and landing[1] == t.gens[k]:
+            if landing[2] is not None and landing[3] is not None:
+                out.append(R.ShardHome(t.uid, k, landing[2], landing[3]))
+        else:
+            out.append(R.ShardHome(t.uid, k, log, t.gens[k]))
     return out
 
 

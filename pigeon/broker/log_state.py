@@ -42,7 +42,44 @@ def reset(state, rec: R.Reset):
         if t.away:
             for k in [k for k, out in t.away.items() if out.log == rec.log]:
                 del t.away[k]
+        if t.landed:
+            _unland(state, t, rec.log)
     return effects or None
+
+
+def _unland(state, t, log: int) -> None:
+    """The homings in `log` that only the log's own records made (`TopicState.landed`) go with the log's state:
+    the pair is back where it was before. Kept, a ShardIn that never became durable in the log (its owner lost
+    the log first, or crashed and replayed it from its journal) left the pair homed there for good: on taking
+    the log (back), the node took the pair's records into it before any ShardIn, and counted the pair's empty
+    index as the log's — its `lent/` key of the old log deleted, the old log cut under the batches the
+    hand-over's image names (cluster simulator seed 3763: acknowledged publishes never delivered). The log read
+    back homes the pair again if it holds its ShardIn (or a snapshot's ShardHome)."""
+    for k in [k for k, landing in t.landed.items() if landing[0] == log]:
+        _, gen, before, gen_before = t.landed.pop(k)
+        if t.homes.get(k) != log or t.gens.get(k) != gen:
+            continue  # (homed on since)
+        if before is None:
+            del t.homes[k]
+        else:
+            t.homes[k] = before
+        if gen_before is None:
+            t.gens.pop(k, None)
+        else:
+            t.gens[k] = gen_before
+        t.shard_logs = None
+        t.log_id = None
+        for uid in t.subscriptions:
+            state.subs_by_uid[uid].log_id = None
+
+
+def _landing(t, shard: int, log: int, gen: int) -> tuple:
+    """What `TopicState.landed` keeps for a homing of the pair in `log` by a record of that log: the homing
+    before it (the earliest one's, when the log's records homed it before already)."""
+    was = t.landed.get(shard)
+    if was is not None and was[0] == log:
+        return log, gen, was[2], was[3]
+    return log, gen, t.homes.get(shard), t.gens.get(shard)
 
 
 def snapshot(state, rec: R.Snapshot):
@@ -53,11 +90,18 @@ def snapshot(state, rec: R.Snapshot):
     comes as its ShardOut; one handed in by a hand-over comes with its ShardHome, applied first, so that a node
     whose metadata log has not homed it yet loads it too."""
     images = CK.decode_images(rec.images)
-    for image in images:
+    landed = []  # (a homing the snapshot makes or carries is the log's own: the reset below must not undo it,
+    for image in images:  # and a later reset of the log must)
         t = state.topics_by_uid.get(image.topic) if isinstance(image, R.ShardHome) else None
         if t is not None and t.gens.get(image.shard, 0) < image.gen:  # (the reset below clears the pair)
+            landing = _landing(t, image.shard, image.log, image.gen)
             _homed(state, t, image.shard, image.log, image.gen)
+            landed.append((t, image.shard, landing))
+        elif t is not None and image.shard in t.landed and t.gens.get(image.shard) == image.gen:
+            landed.append((t, image.shard, t.landed.pop(image.shard)))
     effects = reset(state, R.Reset(rec.log, rec.bundles))
+    for t, k, landing in landed:
+        t.landed[k] = landing
     state.log_eras[rec.log] = {(i.topic, i.shard): i.gen for i in images if isinstance(i, R.ShardHome)}
     for image in images:
         if isinstance(image, R.ShardHome):
@@ -104,6 +148,8 @@ def shard_in(state, rec: R.ShardIn):
         if isinstance(image, CK.SubImage) and state.subs_by_uid.get(image.uid) is None:
             continue  # deleted since
         state.restore(image, {rec.shard})
+    if t.gens.get(rec.shard, 0) < rec.gen:  # (not homed by the metadata log's ShardHome already)
+        t.landed[rec.shard] = _landing(t, rec.shard, rec.log, rec.gen)
     _homed(state, t, rec.shard, rec.log, rec.gen, until_home=True)
     _rebuild(state, t, rec.now)
     return effects
@@ -124,6 +170,9 @@ def shard_home(state, rec: R.ShardHome):
     out = t.away.get(rec.shard)
     if out is not None and out.gen <= rec.gen:  # (that hand-over is homed: a ShardIn here kept it pending till now)
         del t.away[rec.shard]
+    landing = t.landed.get(rec.shard)
+    if landing is not None and landing[1] <= rec.gen:  # (the metadata log homes it: no reset of a log undoes it)
+        del t.landed[rec.shard]
     if t.gens.get(rec.shard, 0) >= rec.gen:
         return None
     effects = _drop_pair(state, t, rec.shard, None)

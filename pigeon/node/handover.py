@@ -194,7 +194,7 @@ class HandOvers:
         # in the log already — as this node committed it (a call that may still wait for it: this answer waits
         # too) or read it back — or superseded by a later hand-over. The log's content decides, not the pair's
         # home in the state: a ShardIn applied here that never became durable (the log was lost before) homed
-        # the pair all the same, and a reset of the log does not undo that
+        # the pair all the same (a reset of the log undoes that homing now: broker.log_state._unland)
         if engine.state.log_eras.get(out.to, {}).get((out.topic, out.shard), 0) >= out.gen \
                 or t.gens.get(out.shard, 0) > out.gen:
             await engine.durable(log_id=out.to)

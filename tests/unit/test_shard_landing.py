@@ -1,0 +1,49 @@
+"""A ShardIn that never became durable in its log: a reset of the log undoes the pair's homing there (cluster
+simulator seed 3763: the new home's owner committed a ShardIn, crashed before its log held it, replayed it from
+its journal, took the log back without it, counted the pair's empty index as the log's and deleted the pair's
+`lent/` key of its old log, whose owner then cut the batches the hand-over's image names)."""
+
+from __future__ import annotations
+
+from pigeon.broker import images
+from pigeon.storage import records as R
+
+from tests.unit.test_shard_handover import BUNDLES, HOME, MOVED, NEW, before, fresh
+
+
+def _landed_not_durable():
+    """A node that never owned the old home applies the ShardIn it committed to the new home (the state, the
+    ShardIn)."""
+    old = fresh()
+    for at, rec in enumerate(before(), start=100):
+        old.apply(rec, at)
+    out = R.ShardOut(1, MOVED, HOME, NEW, 1, 30.0, images.pair_images(old, old.topics_by_uid[1], MOVED))
+    node = fresh()
+    shard_in = R.ShardIn(1, MOVED, NEW, HOME, 1, 30.0, out.images)
+    node.apply(shard_in)
+    assert node.shard_logs(node.topics_by_uid[1], BUNDLES)[MOVED] == NEW
+    return node, shard_in
+
+
+def test_a_reset_of_the_new_home_undoes_a_homing_only_its_shard_in_made():
+    node, _ = _landed_not_durable()
+    node.apply(R.Reset(NEW, BUNDLES))  # it lost the log (or takes it back, reading it from its ledgers)
+    t = node.topics_by_uid[1]
+    assert node.shard_logs(t, BUNDLES)[MOVED] == HOME and not t.gens.get(MOVED)
+    assert MOVED not in node.shards_in(t, NEW, BUNDLES), "not the new home's pair: no lent key of it is its"
+
+
+def test_the_log_read_back_homes_the_pair_again_and_the_metadata_logs_home_stays():
+    node, shard_in = _landed_not_durable()
+    node.apply(R.Reset(NEW, BUNDLES))
+    node.apply_in_log(shard_in, NEW, BUNDLES, 500)  # the log holds it after all
+    assert node.shard_logs(node.topics_by_uid[1], BUNDLES)[MOVED] == NEW
+    node.apply(R.ShardHome(1, MOVED, NEW, 1, 40.0))  # the metadata log homes it: no reset undoes that
+    node.apply(R.Reset(NEW, BUNDLES))
+    assert node.shard_logs(node.topics_by_uid[1], BUNDLES)[MOVED] == NEW
+
+
+def test_a_checkpoint_does_not_turn_such_a_homing_into_a_shard_home():
+    node, _ = _landed_not_durable()
+    homes = [r for r in images.meta_records(node) if isinstance(r, R.ShardHome)]
+    assert not homes
