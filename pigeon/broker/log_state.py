@@ -42,23 +42,27 @@ def reset(state, rec: R.Reset):
         if t.away:
             for k in [k for k, out in t.away.items() if out.log == rec.log]:
                 del t.away[k]
-        if t.landed:
-            _unland(state, t, rec.log)
+        if t.landed and _unland(state, t, rec.log):
+            # (the pair left the log: `resume_log` of the log turns its subscriptions' dispatch on again, which
+            # the loop above turned off — they may have no other shard in the log)
+            state.unlanded.setdefault(rec.log, set()).add(t.uid)
     return effects or None
 
 
-def _unland(state, t, log: int) -> None:
+def _unland(state, t, log: int) -> bool:
     """The homings in `log` that only the log's own records made (`TopicState.landed`) go with the log's state:
     the pair is back where it was before. Kept, a ShardIn that never became durable in the log (its owner lost
     the log first, or crashed and replayed it from its journal) left the pair homed there for good: on taking
     the log (back), the node took the pair's records into it before any ShardIn, and counted the pair's empty
     index as the log's — its `lent/` key of the old log deleted, the old log cut under the batches the
     hand-over's image names (cluster simulator seed 3763: acknowledged publishes never delivered). The log read
-    back homes the pair again if it holds its ShardIn (or a snapshot's ShardHome)."""
+    back homes the pair again if it holds its ShardIn (or a snapshot's ShardHome). Whether it put a pair back."""
+    moved = False
     for k in [k for k, landing in t.landed.items() if landing[0] == log]:
         _, gen, before, gen_before = t.landed.pop(k)
         if t.homes.get(k) != log or t.gens.get(k) != gen:
             continue  # (homed on since)
+        moved = True
         if before is None:
             del t.homes[k]
         else:
@@ -71,6 +75,20 @@ def _unland(state, t, log: int) -> None:
         t.log_id = None
         for uid in t.subscriptions:
             state.subs_by_uid[uid].log_id = None
+    return moved
+
+
+def confirm_landings(state, log: int, pair: tuple[int, int, int] | None = None) -> None:
+    """The records of `log` that homed pairs there — each (`pair`: topic, shard, hand-over), or all — are known
+    to be in the log: this node's commit of them is held by the log's quorum, or it read them back from the log's
+    ledgers. Their homings are no longer undone by a reset of the log (`_unland`): every later owner of the log
+    reads them back, and the hand-over's ShardHome follows (its old home's owner commits it until it is homed).
+    Undone, such a homing left a node that gave the log up (or lost it) with the pair back in its old home, its
+    dispatch off until the ShardHome (cluster simulator seeds 3608, 3700, 3752: an ordering key stuck)."""
+    for t in state.topics_by_uid.values() if pair is None else filter(None, [state.topics_by_uid.get(pair[0])]):
+        for k in [k for k, landing in t.landed.items()
+                  if landing[0] == log and (pair is None or (k, landing[1]) == (pair[1], pair[2]))]:
+            del t.landed[k]
 
 
 def _landing(t, shard: int, log: int, gen: int) -> tuple:

@@ -109,6 +109,7 @@ class BrokerState:
         self.region: Region | None = None  # this node's region (core.regions), in a deployment of regions
         self.log_eras: dict[int, dict[tuple[int, int], int]] = {}  # log → (topic, shard) → the hand-over whose
         # records the log holds now (its latest ShardIn of the pair read; none: the pair's first home's records)
+        self.unlanded: dict[int, set[int]] = {}  # log → topics a reset of it put a pair of back (log_state.reset)
 
     # --- look-ups ------------------------------------------------------------------------------
     def topic(self, name: str) -> TopicState:
@@ -362,6 +363,7 @@ class BrokerState:
     _reset, _snapshot = log_state.reset, log_state.snapshot
     _shard_out, _shard_in, _shard_home = log_state.shard_out, log_state.shard_in, log_state.shard_home
     apply_in_log = log_state.apply_in_log
+    confirm_landings = log_state.confirm_landings
 
     def resume_log(self, log: int, bundles: int, now: float) -> None:
         """After a bundle log was applied again from its start (`_reset`): everything in it is durable, and its
@@ -371,6 +373,12 @@ class BrokerState:
                 t.shards[k].durable = t.shards[k].visible = t.shards[k].next
             for uid in t.subscriptions:
                 self.subs_by_uid[uid].rebuild(now)
+        for uid in self.unlanded.pop(log, ()):  # (a pair the reset put back in its old home: not the log's now)
+            t = self.topics_by_uid.get(uid)
+            for sid in t.subscriptions if t is not None else ():
+                s = self.subs_by_uid[sid]
+                if not s.dispatching:
+                    s.rebuild(now)
 
     def _update(self, rec: R.Update):
         s = self.subs_by_uid.get(rec.sub)
@@ -568,6 +576,7 @@ class BrokerState:
         """After applying a log tail: every subscription dispatches again."""
         self.dispatching = True
         self.all_durable()
+        self.unlanded.clear()
         for s in self.subs_by_uid.values():
             s.rebuild(now)
             s.last_activity = now  # inactivity is counted from the restart

@@ -204,9 +204,11 @@ class TopicState:
         self.away: dict = {}  # shard → its ShardOut: handed out of this log, not homed elsewhere yet (refused here)
         self.gens: dict[int, int] = {}  # shard → the number of its latest hand-over this state applied (homes)
         # shard → (log, gen, home before, gen before): homed in `log` by a record of that log only (a ShardIn, a
-        # snapshot's ShardHome) — not by the metadata log's ShardHome yet. A record of a log may never have been
-        # confirmed there (committed by an owner that lost the log, replayed from its journal): a Reset of the log
-        # undoes such a homing with the log's other state (broker.log_state.reset)
+        # snapshot's ShardHome) that this node does not know to be in the log: not confirmed by the log's quorum
+        # yet, not read back from its ledgers, not homed by the metadata log's ShardHome. Such a record may never
+        # reach the log (committed by an owner that lost the log, replayed from its journal): a Reset of the log
+        # undoes its homing with the log's other state (broker.log_state.reset). One known durable in the log stays
+        # (`log_state.confirm_landings`): every later owner of the log reads it back.
         self.landed: dict[int, tuple[int, int, int | None, int | None]] = {}
         # the shards this node's region stores (core.regions): all but in a deployment of regions
         self.local = range(shard_count) if local is None else local

@@ -408,6 +408,7 @@ class Engine:
                 if rtype != R.RecordType.PUBLISH or rec.topic in topics:  # (else its topic was deleted since)
                     apply(rec, log_id, bundles, log_address(log_id, offset))
             offset += 1
+        self.state.confirm_landings(log_id)  # (what homes a pair in the log now was read from its ledgers)
         if effects:
             self._perform(effects)
         append_step(self.state, self.logs, self.epoch, self._fenced, bundles,  # this node's journal only (not the

@@ -194,13 +194,16 @@ class HandOvers:
         # in the log already — as this node committed it (a call that may still wait for it: this answer waits
         # too) or read it back — or superseded by a later hand-over. The log's content decides, not the pair's
         # home in the state: a ShardIn applied here that never became durable (the log was lost before) homed
-        # the pair all the same (a reset of the log undoes that homing now: broker.log_state._unland)
+        # the pair all the same (a reset of the log undoes that homing unless the log is known to hold the
+        # ShardIn: broker.log_state._unland, confirm_landings)
         if engine.state.log_eras.get(out.to, {}).get((out.topic, out.shard), 0) >= out.gen \
                 or t.gens.get(out.shard, 0) > out.gen:
             await engine.durable(log_id=out.to)
+            engine.state.confirm_landings(out.to, (out.topic, out.shard, out.gen))
             return
         engine.commit(R.ShardIn(out.topic, out.shard, out.to, out.log, out.gen, engine.clock.now(), out.images))
-        await engine.durable(log_id=out.to)
+        await engine.durable(log_id=out.to)  # (the log's quorum holds the ShardIn: no reset of the log undoes it)
+        engine.state.confirm_landings(out.to, (out.topic, out.shard, out.gen))
         log.info("shard %d of %s comes into log %d from log %d (hand-over %d)", out.shard, t.name, out.to, out.log,
                  out.gen)
 
