@@ -34,7 +34,7 @@ from pigeon.core.pubsub_types import types
 from pigeon.api.errors import Relayed
 from pigeon.core import limits
 from pigeon.core.bundles import META_LOG, bundle_log
-from pigeon.core.regions import is_region_log, region_log, slot_of_log
+from pigeon.core.regions import copy_region, is_region_log, region_log, slot_of_log
 from pigeon.core.errors import FailedPrecondition, Unavailable, Unimplemented
 from pigeon.node.engine import SHUTTING_DOWN
 from pigeon.ops import tls
@@ -119,7 +119,15 @@ class Router:
             return None
         groups: dict[str | int | None, tuple[list[int], list[int]]] = {}
         here_only = _FROM_REGION.get()
+        lost = self.cluster.gateways.lost if self.cluster.gateways is not None else ()
+        copies = topic.copies
         for k, log in enumerate(self.engine.state.shard_logs(topic, self.engine.config.bundles)):
+            if copies and k in copies and (slot := k // (len(topic.shards) // self.engine.region.slots)) not in lost:
+                log = region_log(slot)  # (a copy held back here: its region serves it — api.region_copies)
+            elif lost and is_region_log(log) and slot_of_log(log) in lost:
+                log = self._copied_to(topic, lost)  # (a region lost for good: its copies serve, where there are)
+                if log is None:
+                    continue
             if is_region_log(log):
                 if not here_only and self.cluster.region_held(log):
                     shards, logs = groups.setdefault(slot_of_log(log), ([], []))
@@ -136,6 +144,12 @@ class Router:
             logs.append(log)
         return sorted((Part(self._owner_of_group(a, tuple(logs)), tuple(shards)) for a, (shards, logs) in groups.items()),
                       key=lambda p: 0 if p.owner is None else 2 if p.owner.gateway else 1)
+
+    def _copied_to(self, topic, lost) -> int | None:
+        """The region log of the region `topic` is copied to (its label), when that region is there."""
+        name = copy_region(topic.config.labels)
+        slot = next((s for s, n in self.cluster.gateways.names.items() if n == name), None) if name else None
+        return None if slot is None or slot in lost else region_log(slot)
 
     def _owner_of_group(self, key, logs: tuple[int, ...]) -> Owner | None:
         if isinstance(key, int):  # another region's slot: one of its gateways
@@ -273,9 +287,13 @@ class Router:
         if ordering_key:
             shard = t.shard_for(ordering_key)
             return next(p.owner for p in parts if shard in p.shards)
-        if parts[0].owner is None:
+        copies = t.copies  # (a lost region's copies are served here, never published to: api.region_copies)
+        parts = [p for p in parts if not copies or not copies.issuperset(p.shards)]
+        if parts and parts[0].owner is None:
             return None
         parts = [p for p in parts if not p.owner.gateway]  # (stored in this region: docs/regions.md)
+        if not parts:
+            raise Unavailable(_RETRYABLE)
         self._turn += 1
         return parts[self._turn % len(parts)].owner
 

@@ -56,7 +56,7 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
         log.error("recovery stopped: %s", e.describe())
         raise SystemExit(f"pigeon: recovery stopped: {e.describe()}.\nNothing was deleted. `pigeon fsck "
                          f"{config.data_dir}` explains it; {e.repair_plan()}.")
-    cluster = router = None
+    cluster = router = copier = None
     storage: list = []
     if config.etcd:  # a cluster node serves nothing before it has joined (docs/cluster.md)
         # (the cluster's modules are a cluster node's only: an embedded node starts, and restarts, without them)
@@ -80,6 +80,10 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
             return
         router = Router(engine, cluster)
         engine.publish_through(router.publish_at_owner)  # dead letters to a topic another node owns
+        if cluster.gateways is not None:  # (a region's node: it copies what topics copy to its region)
+            from pigeon.api.region_copies import Copier
+
+            copier = Copier(engine, cluster.gateways, config)
         storage = storage_api.handlers(cluster.store, cluster.handovers)  # pigeon.v1.Storage (node to node)
     server = _grpc_server(reuse_port=config.reuse_port)
     api = PubSubApi(engine, router)
@@ -115,11 +119,13 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
         t.start()
     if cluster is not None:
         await cluster.listening()
+    if copier is not None:
+        copier.start()
     watch = asyncio.get_running_loop().create_task(security.watch(guard, engine, served, cluster), name="pigeon-security") \
         if guard is not None else None
     probes.start()
     exports.start(_export_endpoint(config, port))
-    http = await _start_http(config, port, engine, cluster, readiness, guard, local, served, requests)
+    http = await _start_http(config, port, engine, cluster, readiness, guard, local, served, requests, copier)
     log.info("pigeon serving on %s:%d (data %s, fsync=%s%s%s)", config.host, port, config.data_dir, config.fsync,
              f", node {config.node_id} of cluster {cluster.cluster_id}" if cluster else "",
              security.describe(config))
@@ -160,6 +166,8 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
         guard.audit.close()
     if local is not None:
         local.close()
+    if copier is not None:
+        await copier.stop()
     if cluster is not None:
         await router.close()
         await cluster.leave()
@@ -241,7 +249,7 @@ def _peer_server(config: Config, guard, handlers: list, taking: list,
 
 
 async def _start_http(config: Config, grpc_port: int, engine, cluster, readiness: health.Readiness, guard=None,
-                      local=None, served=None, requests: sli.Requests | None = None):
+                      local=None, served=None, requests: sli.Requests | None = None, copier=None):
     """The HTTP port (pigeon.api.rest): REST, health. When it is only the default (the gRPC port + 1) and taken,
     the node serves gRPC without it, saying so. Secured, it speaks HTTPS and reaches the gRPC API through the
     unix socket (`local`), passing on the caller's credential (and its certificate's identity under mutual
@@ -263,6 +271,8 @@ async def _start_http(config: Config, grpc_port: int, engine, cluster, readiness
         reg.register(requests)
     if cluster is not None:
         reg.register(cluster_health.ClusterHealth(cluster))
+    if copier is not None:
+        reg.register(copier)  # (the copies' lag: api.region_copies)
     api = rest.RestApi(target, ready=readiness.check,
                        metrics=lambda: metrics.render(reg), mtls=bool(config.tls_client_ca),
                        metrics_gate=security.metrics_gate(config, guard), requests=requests)

@@ -263,13 +263,13 @@ async def streaming_pull(router, t, first, requests, context):
             delay = min(limits.region_reopen_s_max, delay * 2)
 
     async def regions_change() -> None:
-        """A region that comes to hold its slot has shards of the topic to serve: the client's stream ends (it
-        reopens over every region's)."""
+        """A region that comes to hold its slot has shards of the topic to serve, and one declared lost has its
+        copies serve in its place: the client's stream ends (it reopens over every region's)."""
         gateways = router.cluster.gateways
         if gateways is None:
             return await asyncio.get_running_loop().create_future()  # (never)
-        held = set(gateways.held)
-        while gateways.held == held:
+        held, lost = set(gateways.held), set(gateways.lost)
+        while gateways.held == held and gateways.lost == lost:
             await gateways.changed.wait()
         raise Unavailable(_ENDED)
 

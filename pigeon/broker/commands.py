@@ -61,6 +61,7 @@ def update_topic(state: BrokerState, topic, mask) -> R.TopicPut:
     t = state.topic(topic.name)
     merged = resources.apply_mask(t.config, topic, mask, resources.TOPIC_MUTABLE, "topic")
     resources.check_topic(merged, regions=state.region is not None)
+    resources.check_copy_unchanged(t.config, merged)
     return R.TopicPut(t.uid, len(t.shards), merged.SerializeToString(deterministic=True), t.layout_spread)
 
 

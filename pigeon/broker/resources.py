@@ -10,6 +10,7 @@ from google.iam.v1 import policy_pb2
 from pigeon.core.pubsub_types import types
 
 from pigeon.core import limits, names
+from pigeon.core.regions import COPY_LABEL
 from pigeon.core.errors import InvalidArgument, Unimplemented
 from pigeon.broker import exports
 from pigeon.broker.filter import compile_filter
@@ -147,6 +148,8 @@ def check_topic(t, regions: bool = False) -> None:
         _check_retention(t.message_retention_duration, "message_retention_duration")
     if regions and t.HasField("message_storage_policy") and t.message_storage_policy.ByteSize():
         check_storage_policy(t.message_storage_policy)
+    if COPY_LABEL in t.labels:
+        check_copy_label(t.labels[COPY_LABEL], regions)
     _refuse_unsupported(t, _TOPIC_UNSUPPORTED_IN_REGIONS if regions else _TOPIC_UNSUPPORTED, "topic")
     check_transforms(t.message_transforms)
     t.satisfies_pzs = False
@@ -154,6 +157,25 @@ def check_topic(t, regions: bool = False) -> None:
 
 
 _REGION = re.compile(r"[a-z][a-z0-9-]{0,62}\Z")
+
+
+def check_copy_label(region: str, regions: bool) -> None:
+    """`pigeon-copy-to: <region>` asks that the topic's other regions' messages be copied to `region`
+    (docs/regions.md): a region name, and only in a deployment of regions — a server or a cluster that is not a
+    region has no other region to copy to, and would only be ignoring it."""
+    if not regions:
+        raise InvalidArgument(f"The label {COPY_LABEL} asks for copies in another region: this server is not a region "
+                              "of a deployment of regions (pigeon serve --region), so it has none.")
+    if not _REGION.match(region):
+        raise InvalidArgument(f"Invalid label {COPY_LABEL} ({region}): a region name (1 to 63 lowercase letters, "
+                              "digits or '-', starting with a letter).")
+
+
+def check_copy_unchanged(before, after) -> None:
+    """A topic's copy region is fixed when it is made: its shards' places follow from it."""
+    if before.labels.get(COPY_LABEL, "") != after.labels.get(COPY_LABEL, ""):
+        raise InvalidArgument(f"The label {COPY_LABEL} is set when a topic is made and cannot change: make a new "
+                              "topic to copy to another region.")
 
 
 def check_storage_policy(policy) -> None:

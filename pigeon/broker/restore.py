@@ -44,7 +44,8 @@ def load(state, image, shards: set[int] | None = None) -> None:
         if image.shard >= len(t.shards):
             raise Contradiction(f"checkpoint index of shard {image.shard} of topic {image.topic}")
         if shards is None or image.shard in shards:
-            t.shards[image.shard] = ShardIndex.restore(image.next, image.base, image.pos, image.ms, image.keys)
+            t.shards[image.shard] = t.new_index(image.shard, ShardIndex.restore(image.next, image.base, image.pos, image.ms,
+                                                                                image.keys))
     elif isinstance(image, CK.ScheduleImage):
         t.schedule.restore(image.seconds, None if shards is None else ours)
     else:

@@ -24,7 +24,7 @@ from pigeon.core.pubsub_types import types
 
 from pigeon.core import limits, names, rawproto
 from pigeon.core.bundles import LOG_ADDRESS, META_LOG, bundle_log, shard_log
-from pigeon.core.regions import Region, region_log
+from pigeon.core.regions import Region, copy_shards, region_log
 from pigeon.core.errors import LimitExceeded, NotFound, Unavailable
 from pigeon.broker import iam, log_state, resources, restore, shard_split
 from pigeon.broker.restore import Contradiction
@@ -184,9 +184,9 @@ class BrokerState:
         logs = t.shard_logs
         if logs is None:
             local = t.local
-            logs = t.shard_logs = [t.homes.get(k) or (shard_log(t.name, k - local.start, bundles, t.layout_spread)
-                                                      if k in local else region_log(k // len(local)))
-                                   for k in range(len(t.shards))]
+            logs = t.shard_logs = [t.homes.get(k) or (  # (a copy of another region's: in a bundle, by its number)
+                shard_log(t.name, k - local.start if k in local else k, bundles, t.layout_spread)
+                if k in local or k in t.copies else region_log(k // len(local))) for k in range(len(t.shards))]
         return logs
 
     def shards_in(self, t: TopicState, log: int, bundles: int) -> set[int]:
@@ -249,6 +249,9 @@ class BrokerState:
         if rec.shard >= len(t.shards):
             raise Contradiction(f"publish to shard {rec.shard} of topic {rec.topic}, which has {len(t.shards)}")
         ix = t.shards[rec.shard]
+        if rec.base > ix.next and t.copy_gap(rec.shard, rec.base):  # (core.regions: the copier's)
+            for uid in t.subscriptions:
+                self.subs_by_uid[uid].drop_before(rec.shard, rec.base)
         if rec.base != ix.next:
             raise Contradiction(f"publish at offset {rec.base} but shard {rec.shard} of topic {rec.topic} is at "
                                 f"{ix.next}")
@@ -370,7 +373,7 @@ class BrokerState:
         subscriptions dispatch again."""
         for t, shards in self.log_shards(log, bundles):
             for k in shards:
-                t.shards[k].durable = t.shards[k].visible = t.shards[k].next
+                t.shards[k].settle()
             for uid in t.subscriptions:
                 self.subs_by_uid[uid].rebuild(now)
         for uid in self.unlanded.pop(log, ()):  # (a pair the reset put back in its old home: not the log's now)
@@ -396,7 +399,8 @@ class BrokerState:
             if self.topics.get(cfg.name) is not None:
                 raise Contradiction(f"topic {cfg.name} created again while it exists")
             t = TopicState(rec.uid, cfg.name, cfg, rec.shards, rec.spread,
-                           None if self.region is None else self.region.shards(rec.shards))
+                           None if self.region is None else self.region.shards(rec.shards),
+                           copy_shards(self.region, rec.shards, cfg.labels))
             self.spread = self.spread or t.spread
             self.topics_by_uid[t.uid] = t
             self.topics[t.name] = t
@@ -570,7 +574,7 @@ class BrokerState:
         """Everything applied so far came from a log read back from disk: it is durable (visible)."""
         for t in self.topics_by_uid.values():
             for ix in t.shards:
-                ix.durable = ix.visible = ix.next
+                ix.settle()
 
     def rebuild(self, now: float) -> None:
         """After applying a log tail: every subscription dispatches again."""

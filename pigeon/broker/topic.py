@@ -43,7 +43,7 @@ def split_msgnum(num: int) -> tuple[int, int]:
 
 
 class ShardIndex:
-    __slots__ = ("next", "durable", "visible", "base", "pos", "ms", "keys", "bytes")
+    __slots__ = ("next", "durable", "visible", "base", "pos", "ms", "keys", "bytes", "held")
 
     def __init__(self, start: int = 0):
         self.next = start  # next offset to assign
@@ -57,6 +57,9 @@ class ShardIndex:
         self.ms = array("q")  # publish time of each batch (ms, non-decreasing)
         self.keys = array("q")  # ordering-key hash of each batch (0: none)
         self.bytes = 0  # payload bytes retained (approximate, for metrics)
+        # a copy of another region's shard (core.regions) while that region serves it: `visible` stays where it
+        # is, so nothing of it is handed out here (TopicState.serve_copies lets it go)
+        self.held = False
 
     def append(self, count: int, pos: int, publish_ms: int, key: int = 0) -> int:
         assert count > 0
@@ -69,6 +72,12 @@ class ShardIndex:
         self.keys.append(key)
         self.next = base + count
         return base
+
+    def settle(self) -> None:
+        """Everything indexed is durable (its log was read back): it may be handed out, but a copy held back."""
+        self.durable = self.next
+        if not self.held:
+            self.visible = self.next
 
     def first(self) -> int:
         """The oldest offset still indexed."""
@@ -194,7 +203,7 @@ class TopicState:
     """A topic: its configuration (the Topic proto), shard indexes, and attached subscriptions."""
 
     def __init__(self, uid: int, name: str, config, shard_count: int, spread: bool = False,
-                 local: range | None = None):
+                 local: range | None = None, copies: frozenset[int] = frozenset()):
         assert 1 <= shard_count <= limits.shards_per_topic_max
         self.uid = uid
         self.name = name
@@ -214,7 +223,10 @@ class TopicState:
         self.local = range(shard_count) if local is None else local
         # its records go to several logs (cut by shard): spread, a shard handed over, or shards in other regions
         self.spread = spread or len(self.local) < shard_count
-        self.shards = [ShardIndex() for _ in range(shard_count)]
+        # other regions' shards stored here as copies (core.regions.copy_shards): the copier's publishes only …
+        self.copies = copies
+        self.held = set(copies)  # … and not handed out while their region serves them (serve_copies)
+        self.shards = [self.new_index(k) for k in range(shard_count)]
         self.subscriptions: set[int] = set()
         self.deleted = False
         self.log_id: int | tuple | None = None  # the log its records go to (BrokerState.log_of); spread: its shards'
@@ -240,14 +252,45 @@ class TopicState:
         """Back to no messages in `shards` (all by default: their logs are applied again from the start);
         configuration stays."""
         if shards is None or len(shards) == len(self.shards):
-            self.shards = [ShardIndex() for _ in self.shards]
+            self.shards = [self.new_index(k) for k in range(len(self.shards))]
             self.idempotency = ShardWindows(len(self.shards))
             self.schedule = Schedule()
             return
         for k in shards:
-            self.shards[k] = ShardIndex()
+            self.shards[k] = self.new_index(k)
         self.idempotency.drop_shards(shards)
         self.schedule.drop(lambda num: num & SHARD_MASK in shards)
+
+    def new_index(self, shard: int, index: ShardIndex | None = None) -> ShardIndex:
+        """Shard `shard`'s index (a fresh one by default), held back while it is a copy its region serves."""
+        ix = ShardIndex() if index is None else index
+        ix.held = shard in self.held
+        if ix.held:
+            ix.visible = 0
+        return ix
+
+    def serve_copies(self, shards) -> list[int]:
+        """Copy shards whose region was declared lost (docs/regions.md) are served here from now on: what they
+        hold may be handed out. Returns those that were held."""
+        let = [k for k in shards if k in self.held]
+        for k in let:
+            self.held.discard(k)
+            ix = self.shards[k]
+            ix.held = False
+            ix.visible = max(ix.visible, ix.durable)
+        return let
+
+    def copy_gap(self, shard: int, offset: int) -> bool:
+        """A copy shard whose region no longer held the messages before `offset` when the copy got there (nobody
+        needed them): holding none of its own either, the copy starts over at `offset` (each subscription passes
+        what lies below). False: not a copy, or not empty — the offsets must follow on."""
+        ix = self.shards[shard]
+        if shard not in self.copies or ix.base:
+            return False
+        ix.next = ix.durable = offset
+        if not ix.held:
+            ix.visible = offset
+        return True
 
     def shard_for(self, ordering_key: str, among: list[int] | None = None) -> int:
         """Per-key order is shard order: a key always maps to the same shard of its region (stable hash). A message

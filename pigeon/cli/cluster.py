@@ -82,9 +82,33 @@ def regions(global_etcd: str = typer.Option("127.0.0.1:2379", "--global-etcd", e
 
     table = Table("region", "slot", "gateways", title=f"{len(st['regions'])} of {st['slots']} region slots held")
     for r in st["regions"]:
-        table.add_row(r["region"], str(r["slot"]), ", ".join(f"{g['node']} ({g['address']})" for g in r["gateways"])
-                      or "none: cut off or down")
+        table.add_row(r["region"] + (" (lost)" if r["lost"] else ""), str(r["slot"]),
+                      ", ".join(f"{g['node']} ({g['address']})" for g in r["gateways"]) or "none: cut off or down")
     console.print(table)
+
+
+@cluster.command("lose-region")
+def lose_region(name: str = typer.Argument(..., help="the region's name"),
+                global_etcd: str = typer.Option("127.0.0.1:2379", "--global-etcd", envvar="PIGEON_GLOBAL_ETCD",
+                                                help="the etcd endpoints a deployment's regions share"),
+                etcd_ca: Optional[str] = ETCD_CA, etcd_cert: Optional[str] = ETCD_CERT,
+                etcd_key: Optional[str] = ETCD_KEY):
+    """Declare a region lost for good (docs/regions.md, "Cross-region copies"): the topics copied to other regions
+    (label pigeon-copy-to) are served there from their copies; the region's own nodes stop serving, and a node of
+    it refuses to start. There is no way back: a region that returns must start over as a new one."""
+    from pigeon.node.regions import lose_region as lose
+
+    async def go(meta, members):
+        try:
+            return await lose(meta, name)
+        except KeyError:
+            return None
+
+    slot = _with_store(go)(global_etcd, etcd_ca, etcd_cert, etcd_key)
+    if slot is None:
+        typer.echo(f"pigeon: no region {name} in the global store at {global_etcd}", err=True)
+        raise typer.Exit(1)
+    console.print(f"region {name} (slot {slot}) declared lost: its copies are served from now on")
 
 
 @cluster.command("status")

@@ -232,6 +232,15 @@ def region_slot_key(slot: int) -> str:
     return f"{REGION_SLOT_PREFIX}{slot:02d}"
 
 
+REGION_LOST_PREFIX = f"{ROOT}/region-lost/"
+
+
+def region_lost_key(slot: int) -> str:
+    """Present when the region in slot `slot` was declared lost for good (`pigeon cluster regions lose`): its
+    copies are served by the regions that hold them (docs/regions.md); no lease."""
+    return f"{REGION_LOST_PREFIX}{slot:02d}"
+
+
 def gateway_key(slot: int, node_id: str) -> str:
     """A node of the region in slot `slot`, where other regions dial it: put under its lease of the global store."""
     return f"{GATEWAYS_PREFIX}{slot:02d}/{node_id}"

@@ -47,3 +47,24 @@ def slot_of_log(log_id: int) -> int:
 def slot_of_shard(shard: int, count: int, slots: int) -> int:
     """The slot of the region that stores shard `shard` of a topic of `count` shards."""
     return shard // (count // slots)
+
+
+# A topic labelled `pigeon-copy-to: <region>` when it is made has every other region's shards copied, as they are
+# stored, into that region (docs/regions.md, "Cross-region copies"): there they are *copy shards* — the same shard
+# numbers and offsets, so a message's id and an ack id name the same message in both — held back from delivery
+# until their region is declared lost, then served by the copy region in its place.
+COPY_LABEL = "pigeon-copy-to"
+
+
+def copy_region(labels) -> str | None:
+    """The region a topic's shards are copied to (its `pigeon-copy-to` label), if any."""
+    return labels.get(COPY_LABEL) or None
+
+
+def copy_shards(region: Region | None, count: int, labels) -> frozenset[int]:
+    """The shards of a topic of `count` shards that region `region` stores as copies of other regions' (none
+    unless the topic is copied to it)."""
+    if region is None or copy_region(labels) != region.name or count % region.slots:
+        return frozenset()
+    own = region.shards(count)
+    return frozenset(k for k in range(count) if k not in own)

@@ -150,11 +150,17 @@ class Delivery:
             del self._unanswered[ix]
         self._visible(t, ix, held.wanted)
 
+    def shown(self, t, ix) -> None:
+        """The shard's index now lets more out (a copy let go: TopicState.serve_copies): wake the subscriptions."""
+        for uid in t.subscriptions:
+            if (sig := self.executor.signals.get(uid)) is not None:
+                sig.notify()
+
     def _visible(self, t, ix, end: int) -> None:
         """The shard's messages below `end` may be handed out — those below the first batch whose publisher is
         not answered yet, now: wake one waiter of each subscription. Not once the shard's index was replaced
         meanwhile (its log reset, the shard handed over): the new one says what it holds."""
-        if ix not in t.shards:
+        if ix not in t.shards or ix.held:  # (a copy of a shard its region serves: core.regions)
             return
         held = self._unanswered.get(ix)
         if held is not None:

@@ -173,7 +173,7 @@ class Engine:
         owner (Unavailable when neither can be done now)."""
         t = self.state.topics.get(topic_name)
         if t is not None and t.spread:
-            mine = self.owned_shards(t)
+            mine = self.publishing_shards(t)
             here = bool(mine) and (not ordering_key or t.shard_for(ordering_key) in mine)
         else:
             here = self.owns(bundle_log(topic_name, self.config.bundles))
@@ -381,6 +381,12 @@ class Engine:
         return [k for k, log in enumerate(self.state.shard_logs(t, self.config.bundles))
                 if self.owns(log) and k not in t.away]
 
+    def publishing_shards(self, t) -> list[int]:
+        """The shards of topic `t` a publish taken here may go to: those it owns, but copies of another region's
+        (core.regions: only the copier writes them)."""
+        owned = self.owned_shards(t)
+        return [k for k in owned if k not in t.copies] if t.copies else owned
+
     # --- a cluster node's bundles ----------------------------------------------------------------
     async def load_log(self, log_id: int, entries, first: int) -> None:
         """Take a bundle over (node.bundle_logs): its state starts over as created — or as the Snapshot record the
@@ -483,7 +489,7 @@ class Engine:
         check = (lambda req: self.schemas.check_publish(t.config, req)) if t.config.schema_settings.schema else None
         among = None
         if t.spread:  # a keyless batch goes to a shard this node owns (`shard`, when the router chose it for the
-            among = self.owned_shards(t)  # batch's idempotency keys); a keyed one to its key's, when it is one
+            among = self.publishing_shards(t)  # batch's idempotency keys); a keyed one to its key's, when it is one
             if shard is not None:
                 among = [shard] if shard in among else []
             if not among or (ordering_key and t.shard_for(ordering_key) not in among):

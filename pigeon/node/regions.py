@@ -100,6 +100,7 @@ class Gateways:
         self.held: set[int] = set()  # the slots regions hold, as last read (the others' shards hold nothing)
         self.names: dict[int, str] = {}  # slot → the name of the region that holds it
         self.round_trips: dict[int, float] = {}  # slot → seconds to reach its gateway, smoothed
+        self.lost: set[int] = set()  # the slots of regions declared lost for good (their copies serve instead)
         self.changed = asyncio.Event()  # set (and replaced) whenever `known` changes
         self._task: asyncio.Task | None = None
 
@@ -152,8 +153,9 @@ class Gateways:
         for kv in await self.meta.list(M.GATEWAYS_PREFIX):
             slot, _, _ = kv.key[len(M.GATEWAYS_PREFIX):].partition("/")
             known.setdefault(int(slot), []).append(kv.value.decode())
-        if known != self.known or held != self.held:
-            self.known, self.held = known, held
+        lost = {int(kv.key.rpartition("/")[2]) for kv in await self.meta.list(M.REGION_LOST_PREFIX)}
+        if known != self.known or held != self.held or lost != self.lost:
+            self.known, self.held, self.lost = known, held, self.lost | lost  # (lost for good: never back)
             ev, self.changed = self.changed, asyncio.Event()
             ev.set()
 
@@ -176,6 +178,17 @@ class Gateways:
             self.round_trips[slot] = took if last is None else 0.7 * last + 0.3 * took
 
 
+async def lose_region(meta, name: str) -> int:
+    """Declare region `name` lost for good: every topic copied elsewhere is served from its copies from now on, and
+    the region's own nodes must never serve again (docs/regions.md). Returns its slot."""
+    got = await meta.get(M.region_key(name))
+    if got is None:
+        raise KeyError(name)
+    slot = int(got.value)
+    await meta.put(M.region_lost_key(slot), name.encode())
+    return slot
+
+
 async def regions_of(meta) -> dict:
     """The deployment as `pigeon cluster regions` shows it, from its global store: how many slots, and each region
     holding one with the gateways (nodes) it has now."""
@@ -184,7 +197,9 @@ async def regions_of(meta) -> dict:
     for kv in await meta.list(M.GATEWAYS_PREFIX):
         slot, _, node = kv.key[len(M.GATEWAYS_PREFIX):].partition("/")
         gateways.setdefault(int(slot), []).append({"node": node, "address": kv.value.decode()})
+    lost = {int(kv.key.rpartition("/")[2]) for kv in await meta.list(M.REGION_LOST_PREFIX)}
     regions = [{"region": kv.value.decode(), "slot": int(kv.key.rpartition("/")[2]),
-                "gateways": gateways.get(int(kv.key.rpartition("/")[2]), [])}
+                "gateways": gateways.get(int(kv.key.rpartition("/")[2]), []),
+                "lost": int(kv.key.rpartition("/")[2]) in lost}
                for kv in await meta.list(M.REGION_SLOT_PREFIX)]
     return {"slots": int(slots.value) if slots else 0, "regions": regions}
