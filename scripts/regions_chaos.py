@@ -1,9 +1,10 @@
 """Faults of a deployment of regions under load (pigeon.testing.regions_chaos): a region cut off from the others
-and the global store, the global store stopped — each for `--outage` seconds, each ending in the full history
-check (no acknowledged publish lost, no acknowledged ack undone, per-key order). Prints each run and a table;
-exits 1 if any run failed.
+and the global store, the global store stopped — each for `--outage` seconds — and a region lost for good with its
+topics copied to the other, each ending in the full history check (no acknowledged publish lost, no acknowledged
+ack undone, per-key order; for a lost region, what its copy's reported lag promised). Prints each run and a
+table; exits 1 if any run failed.
 
-    python scripts/regions_chaos.py [--scenarios cut-region,stop-global] [--seeds 1] [--outage 60]
+    python scripts/regions_chaos.py [--scenarios cut-region,stop-global,lose-region] [--seeds 1] [--outage 60]
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ def main() -> int:
             failed |= not r.ok
             console.print(f"{scenario} seed {seed}: {'clean' if r.ok else 'FAILED'} — {r.published} published, "
                           f"{len(r.lost)} lost, {len(r.undone)} acks undone, {len(r.disorder)} out of order"
+                          + (f"; the copy {r.copy_lag_s:.2f} s behind at the loss: {r.at_risk} publishes within "
+                             f"it, {r.at_risk_lost} of them lost; ack state {r.acks_age_s:.2f} s old, "
+                             f"{r.acks_again} acks came again" if scenario == "lose-region" else "")
                           + "".join(f"\n    {x}" for x in (r.lost + r.undone + r.disorder)[:10]))
             table.add_row(scenario, str(seed), str(r.published), str(r.delivered), str(len(r.lost)),
                           str(len(r.undone)), str(len(r.disorder)), " / ".join(map(str, r.during.values())),

@@ -36,6 +36,7 @@ PRINCIPAL = "x-pigeon-principal"
 SHARED, CLIENTS, PEERS = "shared", "clients", "peers"  # the listener a call came on (see the module's docstring)
 FORWARDED = "x-pigeon-forwarded"  # (api.router's marker)
 REGION = "x-pigeon-region"  # (api.router's marker of a call from another region's node)
+COPY = "x-pigeon-copy"  # (api.region_copies' marker of a copy's read: everything below its start is copied)
 CALLER: contextvars.ContextVar[str | None] = contextvars.ContextVar("pigeon_caller", default=None)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import grpc
 
 from pigeon.api import errors, spread
+from pigeon.api.access import COPY
 from pigeon.api.errors import translate
 from pigeon.api.proto import pigeon_ranges_pb2 as pb
 from pigeon.core import limits, wire
@@ -68,6 +69,8 @@ class RangesApi:
         t, r = await ranges.read_range_when_read(self.engine, req.topic, req.shard, req.start_offset,
                                                  req.end_offset, req.max_messages, req.max_bytes, req.allow_data_loss,
                                                  req.topic_uid)
+        if t.copied is not None and any(k == COPY for k, _ in context.invocation_metadata() or ()):
+            t.copied[req.shard] = max(t.copied[req.shard], req.start_offset)  # (a copy's read: node.copies)
         head = pb.ReadRangeResponse(start_offset=r.start, next_offset=r.next, data_lost=r.lost,
                                     batch_starts=r.batch_starts, batch_publish_ms=r.batch_ms, topic_uid=t.uid,
                                     offset_bits=limits.topic_offset_bits, shard_bits=limits.shard_bits)

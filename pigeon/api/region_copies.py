@@ -12,12 +12,12 @@ import grpc
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from pigeon.api.access import REGION
+from pigeon.api.access import COPY, REGION
 from pigeon.api.proto import pigeon_ranges_pb2 as ranges_pb
 from pigeon.broker.topic import key_hash
 from pigeon.core import limits
 from pigeon.core.errors import FailedPrecondition, PigeonError, Unavailable
-from pigeon.node.copies import copy_publish, publish_request, serve_copies, split_batches
+from pigeon.node.copies import copy_batches, publish_request, serve_copies, split_batches
 from pigeon.ops import tls
 from pigeon.storage import records as R
 
@@ -31,16 +31,19 @@ _same = lambda b: b  # noqa: E731
 
 class CopyLag:
     """One topic's copy of one region, as the metrics show it."""
-    __slots__ = ("oldest_ms", "behind", "copied", "followed_ms")
+    __slots__ = ("safe_ms", "behind", "copied", "followed_ms")
 
     def __init__(self):
         self.followed_ms = 0  # when the subscriptions' ack state was last followed whole (ms since the epoch)
-        self.oldest_ms: dict[int, int] = {}  # shard → publish ms of its oldest message not copied yet
+        # shard → everything its region stored before this time is in the copy: the publish time of its oldest
+        # message not copied yet, or — its last read found nothing new — when that read was asked
+        self.safe_ms: dict[int, int] = {}
         self.behind = 0  # messages the region holds that the copy has not (at the last count)
         self.copied = 0  # messages copied by this node since it started
 
     def seconds(self, now_ms: int) -> float:
-        return max(0.0, (now_ms - min(self.oldest_ms.values())) / 1000) if self.oldest_ms else 0.0
+        """How far behind the copy is: what its region stored in the last this many seconds may not be in it."""
+        return max(0.0, (now_ms - min(self.safe_ms.values())) / 1000) if self.safe_ms else float("inf")
 
 
 class Copier(Collector):
@@ -129,6 +132,7 @@ class Copier(Collector):
                 req = ranges_pb.ReadRangeRequest(topic=t.name, shard=k, start_offset=ix.next,
                                                  max_bytes=limits.copy_read_bytes, allow_data_loss=True,
                                                  topic_uid=t.uid)
+                asked_ms = int(time.time() * 1000)
                 try:
                     resp = ranges_pb.ReadRangeResponse.FromString(await self._call(slot, _READ, req))
                 except grpc.aio.AioRpcError as e:
@@ -137,25 +141,24 @@ class Copier(Collector):
                     continue
                 batches = split_batches(resp)
                 if not batches:
-                    lag.oldest_ms.pop(k, None)  # (caught up with what the region held a moment ago)
+                    lag.safe_ms[k] = asked_ms  # (caught up with what the region held when asked)
                     await asyncio.sleep(limits.copy_poll_s)
                     continue
-                lag.oldest_ms[k] = batches[0][1]
+                lag.safe_ms[k] = min(batches[0][1], asked_ms)
                 if batches[0][0] > ix.next and ix.base:  # (a gap: wait until the copy holds nothing of its own)
                     log.info("copy of %s shard %d: the region no longer holds %d..%d; waiting for the copy's own "
                              "to go", t.name, k, ix.next, batches[0][0])
                     await asyncio.sleep(limits.copy_floors_s)
                     continue
-                for base, ms, msgs in batches:
-                    key = key_hash(ranges_pb.StoredMessage.FromString(msgs[0]).ordering_key)
-                    await copy_publish(self.engine, t, k, base, ms, publish_request(t.name, msgs), len(msgs), key)
-                    lag.copied += len(msgs)
+                lag.copied += await copy_batches(self.engine, t, k, [
+                    (base, ms, publish_request(t.name, msgs), len(msgs),
+                     key_hash(ranges_pb.StoredMessage.FromString(msgs[0]).ordering_key)) for base, ms, msgs in batches])
         except (Unavailable, FailedPrecondition) as e:
             log.info("copy of %s shard %d stops here: %s", t.name, k, e)
         except PigeonError as e:
             log.warning("copy of %s shard %d: %s", t.name, k, e)
         finally:
-            lag.oldest_ms.pop(k, None)
+            lag.safe_ms.pop(k, None)
 
     # --- subscriptions' state ---------------------------------------------------------------------------------
     async def follow_floors(self) -> None:
@@ -212,7 +215,7 @@ class Copier(Collector):
                 ("grpc.max_receive_message_length", -1)])
         call = ch.unary_unary(method, request_serializer=_same, response_deserializer=_same)
         return await call(req.SerializeToString(), timeout=limits.copy_call_s,
-                          metadata=((REGION, self.config.node_id),))
+                          metadata=((REGION, self.config.node_id), (COPY, "1")))
 
     def statistics(self) -> list[tuple[str, str, float, int, int, float]]:
         """(topic, region, lag seconds, messages behind, copied, age of the ack state) of each copy this node
@@ -224,8 +227,8 @@ class Copier(Collector):
 
     def collect(self):
         labels = ["topic", "region"]
-        seconds = GaugeMetricFamily("pigeon_region_copy_lag_seconds", "How long ago the oldest message of the "
-                                    "region not yet durable in this node's copy of it was published (0: caught up)",
+        seconds = GaugeMetricFamily("pigeon_region_copy_lag_seconds", "What the region stored in the last this "
+                                    "many seconds may not be in this node's copy of it yet (+Inf: not copying now)",
                                     labels=labels)
         behind = GaugeMetricFamily("pigeon_region_copy_lag_messages", "Messages the region holds that this node's "
                                    "copy of it does not yet (at the last count)", labels=labels)

@@ -24,7 +24,7 @@ from pigeon.core.pubsub_types import types
 
 from pigeon.core import limits, names, rawproto
 from pigeon.core.bundles import LOG_ADDRESS, META_LOG, bundle_log, shard_log
-from pigeon.core.regions import Region, copy_shards, region_log
+from pigeon.core.regions import Region, copied_away, copy_shards, region_log
 from pigeon.core.errors import LimitExceeded, NotFound, Unavailable
 from pigeon.broker import iam, log_state, resources, restore, shard_split
 from pigeon.broker.restore import Contradiction
@@ -400,7 +400,7 @@ class BrokerState:
                 raise Contradiction(f"topic {cfg.name} created again while it exists")
             t = TopicState(rec.uid, cfg.name, cfg, rec.shards, rec.spread,
                            None if self.region is None else self.region.shards(rec.shards),
-                           copy_shards(self.region, rec.shards, cfg.labels))
+                           copy_shards(self.region, rec.shards, cfg.labels), copied_away(self.region, cfg.labels))
             self.spread = self.spread or t.spread
             self.topics_by_uid[t.uid] = t
             self.topics[t.name] = t
@@ -537,7 +537,7 @@ class BrokerState:
         need = 1 << 62
         for t in self.topics_by_uid.values():
             for shard, ix in enumerate(t.shards):
-                keep = ix.next
+                keep = ix.next if t.copied is None else min(ix.next, t.copied[shard])  # (core.regions)
                 if t.config.HasField("message_retention_duration"):
                     ms = int((now - resources.duration_s(t.config.message_retention_duration)) * 1000)
                     keep = min(keep, ix.offset_at_ms(ms))

@@ -203,7 +203,7 @@ class TopicState:
     """A topic: its configuration (the Topic proto), shard indexes, and attached subscriptions."""
 
     def __init__(self, uid: int, name: str, config, shard_count: int, spread: bool = False,
-                 local: range | None = None, copies: frozenset[int] = frozenset()):
+                 local: range | None = None, copies: frozenset[int] = frozenset(), copied_away: bool = False):
         assert 1 <= shard_count <= limits.shards_per_topic_max
         self.uid = uid
         self.name = name
@@ -226,6 +226,9 @@ class TopicState:
         # other regions' shards stored here as copies (core.regions.copy_shards): the copier's publishes only …
         self.copies = copies
         self.held = set(copies)  # … and not handed out while their region serves them (serve_copies)
+        # a topic this region's shards of are copied to another region: per shard, the offset below which the
+        # copy has them (its reads say so; 0 until one did: nothing is dropped before the copy has it)
+        self.copied: list[int] | None = [0] * shard_count if copied_away else None
         self.shards = [self.new_index(k) for k in range(shard_count)]
         self.subscriptions: set[int] = set()
         self.deleted = False

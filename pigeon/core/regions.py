@@ -68,3 +68,9 @@ def copy_shards(region: Region | None, count: int, labels) -> frozenset[int]:
         return frozenset()
     own = region.shards(count)
     return frozenset(k for k in range(count) if k not in own)
+
+
+def copied_away(region: Region | None, labels) -> bool:
+    """Whether region `region`'s shards of a topic are copied to another region (its messages are kept until the
+    copy has them)."""
+    return region is not None and copy_region(labels) not in (None, region.name)

@@ -16,8 +16,8 @@ loses at most what its copy had not caught up with. Owns the rules:
     out from then on and stops copying them; the router sends the region's part of every call to C
     (api.router).
 
-The lag a copy reports (`pigeon_region_copy_lag_seconds`): how long ago the oldest message not yet durable in the
-copy was published in its region (0 when the copy's last read found nothing new), and the messages behind.
+The lag a copy reports (`pigeon_region_copy_lag_seconds`): what its region stored in the last this many seconds
+may not be in the copy yet — the age of the oldest message not copied, or, caught up, of the copy's last read.
 
 This module holds what the copies do to this node's state; api.region_copies, the copier, talks to the regions."""
 
@@ -30,20 +30,29 @@ from pigeon.core.errors import FailedPrecondition, Unavailable
 from pigeon.storage import records as R
 
 
-async def copy_publish(engine, t, shard: int, base: int, publish_ms: int, request: bytes, count: int,
-                       key: int) -> None:
-    """Store one batch of another region's shard in its copy here, at the offset and publish time it has there;
-    returns once durable. The copy's next offset must be `base` — or, holding nothing, below it (the region had
-    dropped what lay between)."""
+async def copy_batches(engine, t, shard: int, batches) -> int:
+    """Store batches of another region's shard — (first offset, publish ms, PublishRequest bytes, count, key hash)
+    each, in offset order — in its copy here, at the offsets and publish times they have there; returns the
+    messages stored, once durable (one wait for them all: the records are committed in order, to one log). The
+    copy's next offset must be the first batch's — or, holding nothing, below it (the region had dropped what lay
+    between)."""
     engine.check_open()
     if shard not in t.copies or shard not in engine.owned_shards(t):
         raise Unavailable(f"The copy of shard {shard} of {t.name} is another node's now.")
-    ix = t.shards[shard]
-    if base != ix.next and not (base > ix.next and not ix.base):
-        raise FailedPrecondition(f"The copy of shard {shard} of {t.name} is at offset {ix.next}, not {base}.")
-    rec = R.Publish(t.uid, shard, base, max(publish_ms, ix.ms[-1]) if ix.ms else publish_ms, count, key, request)
-    end = engine.commit(rec)
-    await engine.durable(end, engine.delivery.show_when_durable(t, rec, end))
+    end = log_id = None
+    stored = 0
+    for base, publish_ms, request, count, key in batches:
+        ix = t.shards[shard]
+        if base != ix.next and not (base > ix.next and not ix.base):
+            raise FailedPrecondition(f"The copy of shard {shard} of {t.name} is at offset {ix.next}, not {base}.")
+        rec = R.Publish(t.uid, shard, base, max(publish_ms, ix.ms[-1]) if ix.ms else publish_ms, count, key,
+                        request)
+        end = engine.commit(rec)
+        log_id = engine.delivery.show_when_durable(t, rec, end)
+        stored += count
+    if end is not None:
+        await engine.durable(end, log_id)
+    return stored
 
 
 def serve_copies(engine, slot: int) -> int:

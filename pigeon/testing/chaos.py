@@ -188,6 +188,8 @@ class Workload:
         self.threads: list[threading.Thread] = []
         self.clients = [self._clients() for _ in range(len(topics) + len(self.subs))]  # one set per thread
         self.each_pull_elsewhere = False  # a consumer takes the next node for every pull (not only after a failure)
+        self.labels: dict[str, str] = {}  # the topics' labels
+        self.pull_retry = None  # the pulls' retry (None: the client library's, which tries a dead node for a minute)
 
     def _clients(self):
         """A publisher and a subscriber client of every node, in an order of the seed's (made on the main
@@ -214,7 +216,7 @@ class Workload:
     def setup(self) -> None:
         _, pub, sub = self.clients[0][0]
         for t in self.topics:
-            pub.create_topic(name=t)
+            pub.create_topic(request={"name": t, "labels": self.labels})
             base = t.replace("/topics/", "/subscriptions/")
             sub.create_subscription(name=base + "-plain", topic=t, ack_deadline_seconds=10)
             sub.create_subscription(request={"name": base + "-ordered", "topic": t, "ack_deadline_seconds": 10,
@@ -275,7 +277,8 @@ class Workload:
             c += self.each_pull_elsewhere
             sent = time.monotonic()
             try:
-                r = sub.pull(subscription=sub_name, max_messages=200, timeout=5)
+                r = sub.pull(subscription=sub_name, max_messages=200, timeout=5,
+                             **({"retry": self.pull_retry} if self.pull_retry is not None else {}))
             except Exception:  # noqa: BLE001 — the node is gone or the bundle moving: another node, or again
                 c += not self.each_pull_elsewhere  # (another node: next turn anyway)
                 time.sleep(0.2)

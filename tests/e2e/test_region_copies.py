@@ -109,7 +109,7 @@ def test_a_region_lost_for_good_is_served_from_its_copy(tmp_path):
                _metric(east, "pigeon_region_copy_lag_messages", topic) == 0)
         _until("the copy's ack state", lambda: (_metric(east, "pigeon_region_copy_acks_age_seconds", topic)
                                                 or float("inf")) < time.monotonic() - acked_at)
-        assert _metric(east, "pigeon_region_copy_lag_seconds", topic) == 0
+        assert _metric(east, "pigeon_region_copy_lag_seconds", topic) < 5  # (caught up: its last read's age)
 
         west.kill()  # lost for good: its node and its etcd
         dep.etcds["west"].kill()

@@ -108,3 +108,17 @@ def test_a_read_range_answer_is_copied_batch_by_batch():
     assert [(base, ms, len(ms_)) for base, ms, ms_ in got] == [(11, 100, 2), (13, 200, 2), (15, 300, 1)]
     req = types.PublishRequest.pb().FromString(publish_request(NAME, got[0][2]))
     assert req.topic == NAME and [m.data for m in req.messages] == [b"m0", b"m1"]
+
+
+def test_a_region_keeps_what_its_copy_has_not_read_yet():
+    state, t = _state(WEST)  # copied to the east: the west's messages wait for the copy's reads
+    assert t.copies == frozenset() and t.copied == [0] * 8
+    _publish(state, t, 2, 0, count=2)
+    _publish(state, t, 2, 2, count=2)
+    state.trim_indexes(0.0)  # no subscription needs them, but the copy has not had them
+    assert t.shards[2].first() == 0
+    t.copied[2] = 2  # (the copy read from offset 2 on: it has 0..1)
+    state.trim_indexes(0.0)
+    assert t.shards[2].first() == 2
+    _, plain = _state(WEST, copy_to=None)
+    assert plain.copied is None
