@@ -283,6 +283,10 @@ class TopicState:
             ix.visible = max(ix.visible, ix.durable)
         return let
 
+    def publishable(self, shards: list[int]) -> list[int]:
+        """Those of `shards` a publish may go to: all but copies (only the copier writes them: node.copies)."""
+        return [k for k in shards if k not in self.copies] if self.copies else shards
+
     def copy_gap(self, shard: int, offset: int) -> bool:
         """A copy shard whose region no longer held the messages before `offset` when the copy got there (nobody
         needed them): holding none of its own either, the copy starts over at `offset` (each subscription passes

@@ -15,7 +15,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Callable
 
-from pigeon.broker import commands, images
+from pigeon.broker import commands, images, shard_split
 from pigeon.broker import state as bs
 from pigeon.broker.state import BrokerState
 from pigeon.broker.subscription import SubscriptionState, SubscriptionStats
@@ -173,7 +173,7 @@ class Engine:
         owner (Unavailable when neither can be done now)."""
         t = self.state.topics.get(topic_name)
         if t is not None and t.spread:
-            mine = self.publishing_shards(t)
+            mine = t.publishable(self.owned_shards(t))
             here = bool(mine) and (not ordering_key or t.shard_for(ordering_key) in mine)
         else:
             here = self.owns(bundle_log(topic_name, self.config.bundles))
@@ -381,12 +381,6 @@ class Engine:
         return [k for k, log in enumerate(self.state.shard_logs(t, self.config.bundles))
                 if self.owns(log) and k not in t.away]
 
-    def publishing_shards(self, t) -> list[int]:
-        """The shards of topic `t` a publish taken here may go to: those it owns, but copies of another region's
-        (core.regions: only the copier writes them)."""
-        owned = self.owned_shards(t)
-        return [k for k in owned if k not in t.copies] if t.copies else owned
-
     # --- a cluster node's bundles ----------------------------------------------------------------
     async def load_log(self, log_id: int, entries, first: int) -> None:
         """Take a bundle over (node.bundle_logs): its state starts over as created — or as the Snapshot record the
@@ -488,8 +482,8 @@ class Engine:
         self.journal.check_publish()  # a full disk refuses publishes, keeps room for deliveries and acks
         check = (lambda req: self.schemas.check_publish(t.config, req)) if t.config.schema_settings.schema else None
         among = None
-        if t.spread:  # a keyless batch goes to a shard this node owns (`shard`, when the router chose it for the
-            among = self.publishing_shards(t)  # batch's idempotency keys); a keyed one to its key's, when it is one
+        if t.spread:  # a keyless batch goes to a shard this node owns, not a copy (`shard`, when the router chose it
+            among = t.publishable(self.owned_shards(t))  # for its idempotency keys); a keyed one to its key's
             if shard is not None:
                 among = [shard] if shard in among else []
             if not among or (ordering_key and t.shard_for(ordering_key) not in among):
@@ -572,12 +566,14 @@ class Engine:
 
     def own_part(self, rec: R.Record) -> list[R.Record]:
         """A record of a subscription as this node commits it: whole — but of a spread topic, the parts of the
-        shards this node owns (each owner commits its own: api.spread asks them all); Unavailable when it owns
-        none now."""
+        shards this node owns but held copies (each owner commits its own: api.spread asks them all); Unavailable
+        when it owns none now."""
         s = self.state.subs_by_uid.get(rec.sub)
         if s is None or s.topic is None or not s.topic.spread:
             return [rec]
-        parts = [p for p in self.state.split(rec) if self.owns(self.state.log_of(p, self.config.bundles))]
+        held = s.topic.held  # (copies of shards their region serves: only their copier changes them, node.copies)
+        parts = [p for p in self.state.split(rec) if self.owns(self.state.log_of(p, self.config.bundles))
+                 and not (held and shard_split.shards_of(p)[0] in held)]
         if not parts:
             raise Unavailable("No shard of the subscription's topic is this node's now; retry.")
         return parts

@@ -178,6 +178,10 @@ def test_a_region_cut_off_publishes_on_and_its_messages_arrive_after(regions):
     with pytest.raises(exceptions.ServiceUnavailable):  # an admin change needs the global store
         sub_w.create_subscription(request={"name": f"{P}/subscriptions/later", "topic": topic},
                                   timeout=15, retry=None)
+    with pytest.raises(exceptions.ServiceUnavailable):  # a seek needs every region's part: refused, retried whole
+        sub_e.seek(request={"subscription": sub, "time": {"seconds": int(time.time())}}, timeout=30, retry=None)
+    with pytest.raises(exceptions.ServiceUnavailable):  # … and so does a snapshot (each region's cursor)
+        sub_e.create_snapshot(request={"name": f"{P}/snapshots/cut", "subscription": sub}, timeout=30, retry=None)
     dep.heal()
     assert set(west) <= set(_receive(sub_e, sub, set(west), timeout=60))  # the west's, once it is back
 
