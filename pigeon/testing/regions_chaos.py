@@ -37,9 +37,6 @@ class RegionsWorkload(Workload):
                  labels: dict[str, str] | None = None):
         super().__init__(SimpleNamespace(nodes=dep.nodes), rng, topics, rate)
         self.labels = labels or {}  # (the topics are made with them: a copy region is fixed when a topic is made)
-        from google.api_core import retry
-
-        self.pull_retry = retry.Retry(deadline=5)  # (a pull through a region gone is given up, not retried on)
         self.each_pull_elsewhere = True  # (each subscription read through every region in turn)
         for i, home in enumerate(homes):
             at = {n.address for node_id, n in dep.nodes.items() if dep.region_of[node_id] == home}
@@ -84,6 +81,10 @@ def run(scenario: str, seed: int, root: str, *, outage_s: float = 60.0, warm_s: 
         topics = [f"{P}/topics/s{seed}-{home}-{rng.randrange(1 << 30)}" for home in homes]
         losing = scenario == "lose-region"
         w = RegionsWorkload(dep, rng, topics, homes, rate, {COPY_LABEL: "east"} if losing else None)
+        if losing:
+            from google.api_core import retry
+
+            w.pull_retry = retry.Retry(deadline=5)  # (a pull through a region gone is given up, not retried on)
         w.setup()
         w.start()
         time.sleep(warm_s)
