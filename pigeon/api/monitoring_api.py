@@ -127,7 +127,8 @@ class MonitoringApi:
             answered_by=self.cluster.info.node_id, region=g.region.name if g is not None else "",
             regions=[] if g is None else [
                 m.RegionView(region=name, slot=slot, gateways=g.known.get(slot, []),
-                             round_trip_ms=1000 * g.round_trips.get(slot, 0.0)) for slot, name in sorted(g.names.items())]
+                             round_trip_ms=1000 * g.round_trips.get(slot, 0.0), lost=slot in g.lost)
+                for slot, name in sorted(g.names.items())]
         ).SerializeToString()
 
 

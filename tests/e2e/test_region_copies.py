@@ -122,6 +122,12 @@ def test_a_region_lost_for_good_is_served_from_its_copy(tmp_path):
         assert [(r["region"], r["lost"]) for r in json.loads(shown.stdout)["regions"]] == [
             ("east", False), ("west", True)]
 
+        def seen_lost():  # the console's view: the east's node read it from the global store
+            with urllib.request.urlopen(f"{east.http}/v1/cluster", timeout=30) as r:
+                return {v["region"]: v.get("lost", False) for v in json.load(r)["regions"]} == {"east": False,
+                                                                                                "west": True}
+        _until("the east to read that the west is lost", seen_lost)
+
         # every west message not acknowledged comes from the copy: same ids and data, the key's in order
         want = set(keyed[4:] + loose[5:])
         got = _receive(sub_e, sub, want)

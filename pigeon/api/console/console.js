@@ -668,8 +668,8 @@ views.cluster = (main) => {
         <div class="figure"><div class="label">Under-replicated ledgers</div><div class="value">${fmt(num(c.ledgers?.underReplicated))}</div></div>
       </div>
       ${regions.length ? `<div class="panel"><h2>Regions</h2><table><thead><tr><th>Region</th><th class="num">Slot</th><th>Reached at</th><th class="num">Round trip</th></tr></thead><tbody>${
-        regions.map((r) => `<tr><td>${esc(r.region)}${r.region === c.region ? " (this one)" : ""}</td><td class="num">${fmt(r.slot || 0)}</td>
-          <td class="mono">${r.region === c.region ? "–" : esc((r.gateways || []).join(", ") || "none: cut off or down")}</td>
+        regions.map((r) => `<tr><td>${esc(r.region)}${r.region === c.region ? " (this one)" : ""}${r.lost ? ' <span class="tag down">lost</span>' : ""}</td><td class="num">${fmt(r.slot || 0)}</td>
+          <td class="mono">${r.region === c.region ? "–" : r.lost ? "lost for good: its copies serve" : esc((r.gateways || []).join(", ") || "none: cut off or down")}</td>
           <td class="num">${r.roundTripMs ? `${r.roundTripMs.toFixed(1)} ms` : "–"}</td></tr>`).join("")}</tbody></table></div>` : ""}
       <div class="panel"><h2>Nodes</h2><table><thead><tr><th>Node</th><th>Address</th><th>Zone</th><th>State</th><th class="num">Bundles</th></tr></thead><tbody>${
         nodes.map((n) => `<tr><td><i style="display:inline-block;width:10px;height:10px;border-radius:2px;background:${color.get(n.node)}"></i> ${esc(n.node)}</td>
