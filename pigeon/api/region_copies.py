@@ -112,9 +112,11 @@ class Copier(Collector):
             self._served.add(slot)
             n = serve_copies(self.engine, slot)
             log.warning("region slot %d was declared lost: %d copy shards here are served from now on", slot, n)
+        self._copying = {key: task for key, task in self._copying.items() if not task.done()}
+        topics = self.engine.state.topics
+        self.lags = {key: lag for key, lag in self.lags.items() if key[0] in topics}  # (a topic deleted: its series)
         for t, k, slot in self._copied_here():
-            task = self._copying.get((t.uid, k))
-            if task is None or task.done():
+            if (t.uid, k) not in self._copying:
                 self._copying[(t.uid, k)] = asyncio.create_task(self._copy(t, k, slot),
                                                                 name=f"pigeon-copy-{t.uid}-{k}")
 
