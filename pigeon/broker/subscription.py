@@ -552,7 +552,7 @@ class SubscriptionState(Dispatch):
         oldest_ms = None
         if self.topic is not None:
             for s, ix in zip(self.shards, self.topic.shards):
-                if s.floor < ix.durable and ix.base:
+                if s.floor < ix.durable and ix.base and not ix.held:
                     ms = ix.publish_ms(max(s.floor, ix.first()))
                     oldest_ms = ms if oldest_ms is None else min(oldest_ms, ms)
             for n in self.kept:
@@ -573,8 +573,9 @@ class SubscriptionState(Dispatch):
                 and not (self.kept and num in self.kept))
 
     def backlog(self) -> int:
-        """Unacked messages (approximate: counts acks above the floor exactly)."""
+        """Unacked messages (approximate: counts acks above the floor exactly), but in copies their region serves
+        (core.regions: counted there)."""
         if self.topic is None:
             return 0
         return len(self.kept) + sum(max(0, ix.durable - s.floor - len(s.acked))
-                                    for s, ix in zip(self.shards, self.topic.shards))
+                                    for s, ix in zip(self.shards, self.topic.shards) if not ix.held)

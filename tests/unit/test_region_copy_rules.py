@@ -122,3 +122,14 @@ def test_a_region_keeps_what_its_copy_has_not_read_yet():
     assert t.shards[2].first() == 2
     _, plain = _state(WEST, copy_to=None)
     assert plain.copied is None
+
+
+def test_a_held_copy_counts_in_its_region_only():
+    state, t = _state(EAST)
+    s = _subscribe(state)
+    _publish(state, t, 2, 0, count=3)  # a copy of the west's
+    _publish(state, t, 0, 0, count=1)  # the east's own
+    state.all_durable()
+    assert s.backlog() == 1 and s.statistics(10.0).undelivered == 1
+    t.serve_copies(range(2, 4))
+    assert s.backlog() == 4 and s.statistics(10.0).undelivered == 4
