@@ -133,3 +133,49 @@ def test_a_held_copy_counts_in_its_region_only():
     assert s.backlog() == 1 and s.statistics(10.0).undelivered == 1
     t.serve_copies(range(2, 4))
     assert s.backlog() == 4 and s.statistics(10.0).undelivered == 4
+
+
+class _Gateways:
+    def __init__(self, lost=()):
+        self.lost, self.names = set(lost), {0: "east", 1: "west", 2: "north"}
+
+    def holds(self, slot):
+        return slot in self.names
+
+
+def _router(region: Region, lost=()):
+    """A router of a node of `region` owning every bundle of its region (the parts another region serves are
+    gateways)."""
+    from types import SimpleNamespace
+
+    from pigeon.api.router import Router
+    from pigeon.core.regions import region_log, slot_of_log
+
+    state, t = _state(region)
+    gateways = _Gateways(lost)
+    engine = SimpleNamespace(state=state, region=region, config=SimpleNamespace(bundles=BUNDLES),
+                             owns=lambda log: not is_region_log(log), check_open=lambda: None)
+    cluster = SimpleNamespace(gateways=gateways, info=SimpleNamespace(dial="here:1"),
+                              address_of=lambda log: f"gateway-of-{slot_of_log(log)}" if is_region_log(log) else None,
+                              region_held=lambda log: gateways.holds(slot_of_log(log)))
+    return Router(engine, cluster), t, region_log
+
+
+def test_a_copy_is_served_by_its_region_until_that_region_is_lost():
+    router, t, region_log = _router(EAST)
+    parts = router.spread(t)
+    assert [(p.owner, p.shards) for p in parts if p.owner is None] == [(None, (0, 1))]  # the east's own, here
+    gateway = [p for p in parts if p.owner is not None]
+    assert [(p.owner.address, p.owner.log_ids[0], p.shards) for p in gateway] == [
+        ("gateway-of-1", region_log(1), (2, 3)), ("gateway-of-2", region_log(2), (4, 5))]  # (slot 3: nobody's)
+    assert router.publish_owner(t, "") is None and {t.shard_for(f"k{i}") for i in range(20)} == {0, 1}
+
+    router, t, _ = _router(EAST, lost={1})  # the west lost: its copies are served here
+    assert [(p.owner, p.shards) for p in router.spread(t) if p.owner is None] == [(None, (0, 1, 2, 3))]
+
+
+def test_other_regions_reach_a_lost_regions_shards_at_its_copy_region():
+    router, t, region_log = _router(Region("north", 2, 4), lost={1})
+    by_shard = {k: p.owner for p in router.spread(t) for k in p.shards}
+    assert by_shard[0] == by_shard[2] and set(by_shard[2].log_ids) == {region_log(0)}  # the west's: the east's
+    assert by_shard[4] is None and 6 not in by_shard
