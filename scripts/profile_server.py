@@ -8,10 +8,16 @@ functions by inclusive time, and writes a speedscope file (open it at https://ww
     python scripts/profile_server.py idle             # publish + consume while 10,000 idle streams are held
     python scripts/profile_server.py latency --cluster            # a 3-node cluster: the topic's owner
     python scripts/profile_server.py latency --cluster --member   # … one of its ledger's other members
+    python scripts/profile_server.py latency --cluster --seconds 20 --native   # one 20 s run, native frames too
     python scripts/profile_server.py publish --batch 100 --after 1000   # as the benchmark runs it: after × 1,000
     python scripts/profile_server.py publish --cluster --perf     # Linux perf: the kernel's and C libraries' share
 
 Sizes come from the benchmark's plans (`--plan full` by default); loopback only; bounded like the benchmark.
+With `--cluster` the nodes run without the load planner (`--load-balance-s 0`; `--balance` keeps it): under a
+minute of one hot topic it splits the topic's bundle mid-run, and the benchmark's client, which does not retry,
+fails on the UNAVAILABLE that sends it to the shard's new home. The latency workload then runs once (on the one
+topic whose owner is profiled; the benchmark's further runs use other topics, likely other owners), for
+`--seconds` (default: the plan's run).
 """
 
 from __future__ import annotations
@@ -78,7 +84,7 @@ def run_workload(name: str, server, plan) -> tuple[dict, callable]:
 
 
 def summarize(path: str, top: int) -> None:
-    with open(path) as f:
+    with open(path, errors="replace") as f:  # (a sample taken without pausing may hold a torn name)
         doc = json.load(f)
     frames = doc["shared"]["frames"]
     for prof in doc["profiles"]:
@@ -162,18 +168,30 @@ def main() -> int:
                                                             "profile the node that owns the workload's topic "
                                                             "(without pausing it: no native frames)")
     ap.add_argument("--member", action="store_true", help="with --cluster: profile another node instead")
+    ap.add_argument("--balance", action="store_true", help="with --cluster: keep the load planner on (it may move "
+                                                           "or split the workload's bundle mid-run)")
+    ap.add_argument("--native", action="store_true", help="with --cluster: native frames too (py-spy pauses the "
+                                                          "node for each sample)")
+    ap.add_argument("--seconds", type=float, default=None, help="latency: how long the run is (default: the "
+                                                                 "plan's)")
     args = ap.parse_args()
     plan = PLANS[args.plan]
     if args.idle_streams is not None:
         plan = plan.scaled(idle_streams=args.idle_streams)
     if args.batch is not None:
         plan = plan.scaled(publish_batches=(args.batch,))
+    if args.seconds is not None:
+        plan = plan.scaled(latency_s=args.seconds)
+    if args.cluster:  # the profiled owner's topic alone
+        plan = plan.scaled(latency_runs=1)
     root = tempfile.mkdtemp(prefix="pigeon-profile-")
     out = args.out or os.path.join(root, f"{args.workload}.speedscope.json")
     if args.cluster:
         from pigeon.bench.cluster import PigeonClusterServer
 
         server = PigeonClusterServer(root, plan)
+        if not args.balance:
+            server.node_args = ("--load-balance-s", "0")
     else:
         server = PigeonServer(root, plan)
     server.start()
@@ -194,7 +212,8 @@ def main() -> int:
         spy = subprocess.Popen(
             [os.path.join(os.path.dirname(sys.executable), "py-spy"), "record", "--pid", str(target.pid),
              "--subprocesses", "--threads",
-             *(["--nonblocking"] if args.cluster else [] if args.no_native else ["--native"]),
+             *(["--native"] if args.cluster and args.native else ["--nonblocking"] if args.cluster
+               else [] if args.no_native else ["--native"]),
              "--rate", str(args.rate), "--format", "speedscope",
              "-o", out], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         time.sleep(1.0)  # py-spy attaches
