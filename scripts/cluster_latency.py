@@ -8,6 +8,13 @@ Every target of a round runs on a fresh server, one after the other; `--rounds` 
     python scripts/cluster_latency.py --rate 300 --rate 1000 [--seconds 6]
     python scripts/cluster_latency.py --single --layout together --layout spread --rounds 2 --seconds 10
 
+Each node's CPU is given as a share of the run and as CPU milliseconds per 1,000 messages sent (user + system from
+/proc, the node's process and its children): far steadier than the latency on a shared machine. `--tree DIR`
+(repeatable) runs the servers from each worktree in turn (PIGEON_BENCH_SERVER_TREE), alternating within each round,
+for a before/after in one sitting:
+
+    python scripts/cluster_latency.py --tree /tmp/a --tree /tmp/b --rounds 3 --seconds 10
+
 `--hops DIR` starts every server with its hop timestamps on (pigeon.node.hops) and prints, for the node that took
 the publishes, where a message's time went inside it: publish → answered (the Publish handler to its answer:
 commit, the node's fdatasync and, in a cluster, the members' quorum) and woken → sending (a stream woken for a
@@ -117,7 +124,9 @@ def run_one(kind: str, rate: int, seconds: float, hops_dir: str | None) -> dict:
         before, t0 = {n: cpu_seconds(p) for n, p in pids.items()}, time.monotonic()
         r = w.latency(server.driver, plan, "latency", lambda f, done: None)
         dt = time.monotonic() - t0
-        r["cpu"] = {n: 100 * (cpu_seconds(p) - before[n]) / dt for n, p in pids.items()}
+        used = {n: cpu_seconds(p) - before[n] for n, p in pids.items()}
+        r["cpu"] = {n: 100 * u / dt for n, u in used.items()}
+        r["cpu_ms_per_1000"] = {n: 1e6 * u / max(1, r["sent"]) for n, u in used.items()}
         r["owner"], r["seconds_run"] = owner, dt
     finally:
         server.stop()
@@ -141,44 +150,65 @@ def main() -> int:
                     help="the cluster nodes' topic layout (repeat for both; default together)")
     ap.add_argument("--rounds", type=int, default=1, help="times each target runs, alternating")
     ap.add_argument("--hops", metavar="DIR", help="hop timestamps on; their files go here")
+    ap.add_argument("--tree", action="append", metavar="DIR", help="run the servers from this worktree (repeat: "
+                                                                   "each in turn, alternating)")
     ap.add_argument("--quiet-wait", type=float, default=0.0, metavar="S",
                     help="before each target, wait up to S seconds for other programs to go quiet")
     args = ap.parse_args()
     kinds = (["single"] if args.single else []) + (args.layout or ["together"])
     if args.hops:
         os.makedirs(args.hops, exist_ok=True)
-    results: dict[tuple[int, str], list[dict]] = {}
+    trees = args.tree or [None]
+    if args.tree:
+        kinds = [(k, t) for k in kinds for t in trees]
+    else:
+        kinds = [(k, None) for k in kinds]
+    results: dict[tuple[int, tuple], list[dict]] = {}
     for rate in args.rate or [1000]:
         for rnd in range(args.rounds):
-            for kind in kinds:
+            for kind, tree in kinds:
                 quiet = wait_quiet(args.quiet_wait) if args.quiet_wait else None
                 load = open("/proc/loadavg").read().split()[0] + (
                     f", others {quiet['other_pct']:.0f} % of the machine after {quiet['waited_s']} s" if quiet else "")
-                r = run_one(kind, rate, args.seconds, args.hops)
-                results.setdefault((rate, kind), []).append(r)
-                cpu = ", ".join(f"{n}{' (owner)' if n == r['owner'] else ''} {c:.0f} %" for n, c in r["cpu"].items())
+                if tree:
+                    os.environ["PIGEON_BENCH_SERVER_TREE"] = tree
+                try:
+                    r = run_one(kind, rate, args.seconds, args.hops)
+                finally:
+                    if tree:
+                        os.environ.pop("PIGEON_BENCH_SERVER_TREE", None)
+                results.setdefault((rate, (kind, tree)), []).append(r)
+                cpu = ", ".join(f"{n}{' (owner)' if n == r['owner'] else ''} {c:.0f} % "
+                                f"({r['cpu_ms_per_1000'][n]:.0f} ms / 1,000 msgs)" for n, c in r["cpu"].items())
                 steps = "; ".join(f"{k} p50 {_pct(v, 0.5) / 1e3:.2f} ms p99 {_pct(v, 0.99) / 1e3:.2f} ms"
                                   for k, v in r.get("steps", {}).items() if v)
                 r.pop("steps", None)
-                print(f"round {rnd + 1} {kind} {rate} msg/s (load {load}): p50 {r['p50_ms']} ms, p99 {r['p99_ms']} ms, "
+                print(f"round {rnd + 1} {kind}{f' [{tree}]' if tree else ''} {rate} msg/s (load {load}): "
+                      f"p50 {r['p50_ms']} ms, p99 {r['p99_ms']} ms, "
                       f"publish answered p50 {r.get('ack_p50_ms')} ms; received {r['received']} of {r['sent']} "
                       f"(failed: {r.get('failed_why') or 0}); slowest fdatasync of the disk probe "
                       f"{r.get('disk_probe_max_ms')} ms; CPU over {r['seconds_run']:.1f} s: {cpu}"
                       + (f"; inside the node that took the publishes: {steps}" if steps else ""), flush=True)
     print()
     print("| rate | target | p50 ms (each round) | p99 ms (each round) | publish answered p50 ms | p50 / single's "
-          "(each round) |")
-    print("|---|---|---|---|---|---|")
+          "(each round) | owner's CPU ms / 1,000 msgs | members' |")
+    print("|---|---|---|---|---|---|---|---|")
     for rate in args.rate or [1000]:
-        for kind in kinds:
-            rs = results[(rate, kind)]
-            single = results.get((rate, "single"))
+        for kind, tree in kinds:
+            rs = results[(rate, (kind, tree))]
+            single = results.get((rate, ("single", tree)))
+            own = [r["cpu_ms_per_1000"][r["owner"]] for r in rs]
+            others = [sum(c for n, c in r["cpu_ms_per_1000"].items() if n != r["owner"]) /
+                      max(1, len(r["cpu_ms_per_1000"]) - 1) for r in rs if len(r["cpu_ms_per_1000"]) > 1]
             ratio = " / ".join(f"{r['p50_ms'] / s['p50_ms']:.2f}×" for r, s in zip(rs, single)) \
                 if single and kind != "single" else "-"
-            print(f"| {rate} | {kind} | {statistics.median(r['p50_ms'] for r in rs):.2f} "
+            print(f"| {rate} | {kind}{f' [{tree}]' if tree else ''} | "
+                  f"{statistics.median(r['p50_ms'] for r in rs):.2f} "
                   f"({' / '.join(str(r['p50_ms']) for r in rs)}) | "
                   f"{statistics.median(r['p99_ms'] for r in rs):.2f} ({' / '.join(str(r['p99_ms']) for r in rs)}) | "
-                  f"{' / '.join(str(r.get('ack_p50_ms')) for r in rs)} | {ratio} |")
+                  f"{' / '.join(str(r.get('ack_p50_ms')) for r in rs)} | {ratio} | "
+                  f"{statistics.median(own):.0f} ({' / '.join(f'{c:.0f}' for c in own)}) | "
+                  f"{' / '.join(f'{c:.0f}' for c in others) or '-'} |")
     return 0
 
 
