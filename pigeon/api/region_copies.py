@@ -147,14 +147,18 @@ class Copier(Collector):
                     await asyncio.sleep(limits.copy_poll_s)
                     continue
                 lag.safe_ms[k] = min(batches[0][1], asked_ms)
-                if batches[0][0] > ix.next and ix.base:  # (a gap: wait until the copy holds nothing of its own)
+                if batches[0][0] > ix.next and not ix.base:
+                    log.info("copy of %s shard %d starts over at %d: the region no longer holds %d..%d", t.name, k,
+                             batches[0][0], ix.next, batches[0][0] - 1)
+                elif batches[0][0] > ix.next:  # (a gap: wait until the copy holds nothing of its own)
                     log.info("copy of %s shard %d: the region no longer holds %d..%d; waiting for the copy's own "
                              "to go", t.name, k, ix.next, batches[0][0])
                     await asyncio.sleep(limits.copy_floors_s)
                     continue
-                lag.copied += await copy_batches(self.engine, t, k, [
+                stored = await copy_batches(self.engine, t, k, [
                     (base, ms, publish_request(t.name, msgs), len(msgs),
                      key_hash(ranges_pb.StoredMessage.FromString(msgs[0]).ordering_key)) for base, ms, msgs in batches])
+                lag.copied += stored  # (after the wait: another shard's task adds to it meanwhile)
         except (Unavailable, FailedPrecondition) as e:
             log.info("copy of %s shard %d stops here: %s", t.name, k, e)
         except PigeonError as e:
