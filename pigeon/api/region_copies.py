@@ -168,34 +168,40 @@ class Copier(Collector):
 
     # --- subscriptions' state ---------------------------------------------------------------------------------
     async def follow_floors(self) -> None:
-        """Each subscription's ack state of the copy shards this node copies, as their region has it now."""
-        by_topic: dict[int, tuple[object, int, list[int]]] = {}
+        """Each subscription's ack state of the copy shards this node copies, as their region has it now (the
+        subscriptions asked side by side, limits.copy_follow_calls at a time)."""
+        by_topic: dict[tuple[int, int], tuple[object, int, list[int]]] = {}
         for t, k, slot in self._copied_here():
             by_topic.setdefault((t.uid, slot), (t, slot, []))[2].append(k)
+        calls = asyncio.Semaphore(limits.copy_follow_calls)
         for t, slot, shards in by_topic.values():
             await self._latest(t, slot, shards)
-            started, whole = int(time.time() * 1000), True
-            for uid in list(t.subscriptions):
-                s = self.engine.state.subs_by_uid.get(uid)
-                if s is None or s.config.detached:
-                    continue
-                try:
-                    cur = ranges_pb.Cursor.FromString(
-                        await self._call(slot, _CURSOR, ranges_pb.GetCursorRequest(name=s.name)))
-                except grpc.aio.AioRpcError:
-                    whole = False
-                    continue
-                for k in shards:
-                    if k >= len(cur.offsets) or not self._still(t, k, slot):
-                        continue
-                    floor, acked = cur.offsets[k], sorted(cur.acked[k].offsets) if k < len(cur.acked) else []
-                    mine = s.shards[k]
-                    if floor != mine.floor or set(acked) != {o for o in mine.acked if o >= floor}:
-                        rec = R.Seek(s.uid, [floor], [acked], shard=k)
-                        end = self.engine.commit(rec)
-                        await self.engine.durable(end, self.engine.state.shard_logs(t, self.engine.config.bundles)[k])
-            if whole:
+            started = int(time.time() * 1000)
+            subs = [s for uid in list(t.subscriptions)
+                    if (s := self.engine.state.subs_by_uid.get(uid)) is not None and not s.config.detached]
+            followed = await asyncio.gather(*(self._follow(t, slot, shards, s, calls) for s in subs))
+            if all(followed):
                 self._lag(t, slot).followed_ms = started
+
+    async def _follow(self, t, slot: int, shards: list[int], s, calls: asyncio.Semaphore) -> bool:
+        """Subscription `s`'s state of the copy shards `shards`, as their region has it now: a Seek record of each
+        that differs. False when the region did not answer."""
+        async with calls:
+            try:
+                got = await self._call(slot, _CURSOR, ranges_pb.GetCursorRequest(name=s.name))
+            except grpc.aio.AioRpcError:
+                return False
+        cur = ranges_pb.Cursor.FromString(got)
+        engine = self.engine
+        for k in shards:
+            if k >= len(cur.offsets) or not self._still(t, k, slot) or engine.state.subs_by_uid.get(s.uid) is not s:
+                continue
+            floor, acked = cur.offsets[k], sorted(cur.acked[k].offsets) if k < len(cur.acked) else []
+            mine = s.shards[k]
+            if floor != mine.floor or set(acked) != {o for o in mine.acked if o >= floor}:
+                end = engine.commit(R.Seek(s.uid, [floor], [acked], shard=k))
+                await engine.durable(end, engine.state.shard_logs(t, engine.config.bundles)[k])
+        return True
 
     async def _latest(self, t, slot: int, shards: list[int]) -> None:
         """How many of the region's messages the copy shards `shards` have not yet (the lag's count)."""

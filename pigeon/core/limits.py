@@ -69,6 +69,7 @@ region_reopen_s = 0.5  # a merge opens another region's stream again this long a
 region_reopen_s_max = 5.0  # … doubling up to this
 copy_poll_s = 0.2  # a copy shard caught up with its region reads again this long after (the copy's lag, idle)
 copy_floors_s = 1.0  # how often a copy follows its subscriptions' ack state in their region
+copy_follow_calls = 16  # … asking about this many subscriptions at once
 copy_retry_s = 1.0  # a copy whose region did not answer asks again this long after
 copy_call_s = 10.0  # one call of the copier to another region
 copy_read_bytes = 4 << 20  # what one read of a copy asks for at most
