@@ -113,8 +113,9 @@ class Copier(Collector):
             n = serve_copies(self.engine, slot)
             log.warning("region slot %d was declared lost: %d copy shards here are served from now on", slot, n)
         self._copying = {key: task for key, task in self._copying.items() if not task.done()}
-        topics = self.engine.state.topics
-        self.lags = {key: lag for key, lag in self.lags.items() if key[0] in topics}  # (a topic deleted: its series)
+        topics, gone = self.engine.state.topics, {self.gateways.names.get(slot) for slot in self.gateways.lost}
+        self.lags = {key: lag for key, lag in self.lags.items()  # (a topic deleted, a region lost: no series)
+                     if key[0] in topics and key[1] not in gone}
         for t, k, slot in self._copied_here():
             if (t.uid, k) not in self._copying:
                 self._copying[(t.uid, k)] = asyncio.create_task(self._copy(t, k, slot),
