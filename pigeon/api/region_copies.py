@@ -41,9 +41,13 @@ class CopyLag:
         self.behind = 0  # messages the region holds that the copy has not (at the last count)
         self.copied = 0  # messages copied by this node since it started
 
-    def seconds(self, now_ms: int) -> float:
-        """How far behind the copy is: what its region stored in the last this many seconds may not be in it."""
-        return max(0.0, (now_ms - min(self.safe_ms.values())) / 1000) if self.safe_ms else float("inf")
+    def seconds(self, now_ms: int) -> float | None:
+        """How far behind the copy is: what its region stored in the last this many seconds may not be in it
+        (+Inf: a shard not read yet; None: this node copies none of it now)."""
+        if not self.safe_ms:
+            return None
+        oldest = min(self.safe_ms.values())
+        return max(0.0, (now_ms - oldest) / 1000) if oldest else float("inf")
 
 
 class Copier(Collector):
@@ -129,6 +133,7 @@ class Copier(Collector):
     # --- copying one shard ------------------------------------------------------------------------------------
     async def _copy(self, t, k: int, slot: int) -> None:
         lag = self._lag(t, slot)
+        lag.safe_ms[k] = 0  # (nothing known to be in the copy until its first read)
         try:
             while self._still(t, k, slot):
                 ix = t.shards[k]
@@ -230,9 +235,9 @@ class Copier(Collector):
         return await call(req.SerializeToString(), timeout=limits.copy_call_s,
                           metadata=((REGION, self.config.node_id), (COPY, "1")))
 
-    def statistics(self) -> list[tuple[str, str, float, int, int, float]]:
-        """(topic, region, lag seconds, messages behind, copied, age of the ack state) of each copy this node
-        works on."""
+    def statistics(self) -> list[tuple[str, str, float | None, int, int, float]]:
+        """(topic, region, lag seconds — None when it copies none of it now —, messages behind, copied, age of the
+        ack state) of each copy this node has worked on."""
         now_ms = int(time.time() * 1000)
         return [(topic, region, lag.seconds(now_ms), lag.behind, lag.copied,
                  (now_ms - lag.followed_ms) / 1000 if lag.followed_ms else float("inf"))
@@ -241,7 +246,7 @@ class Copier(Collector):
     def collect(self):
         labels = ["topic", "region"]
         seconds = GaugeMetricFamily("pigeon_region_copy_lag_seconds", "What the region stored in the last this "
-                                    "many seconds may not be in this node's copy of it yet (+Inf: not copying now)",
+                                    "many seconds may not be in this node's copy of it yet (+Inf: not read yet)",
                                     labels=labels)
         behind = GaugeMetricFamily("pigeon_region_copy_lag_messages", "Messages the region holds that this node's "
                                    "copy of it does not yet (at the last count)", labels=labels)
@@ -251,10 +256,11 @@ class Copier(Collector):
                                  "this node's copy of the region is (acks since may come again after a failover)",
                                  labels=labels)
         for topic, region, lag_s, n, done, age in self.statistics():
-            seconds.add_metric([topic, region], lag_s)
-            behind.add_metric([topic, region], n)
             copied.add_metric([topic, region], done)
-            acks.add_metric([topic, region], age)
+            if lag_s is not None:  # (a copy this node works on now)
+                seconds.add_metric([topic, region], lag_s)
+                behind.add_metric([topic, region], n)
+                acks.add_metric([topic, region], age)
         yield from (seconds, behind, copied, acks)
 
 
