@@ -158,9 +158,9 @@ class ClusterSim:
         planner splits hot bundles), its key's shard's (or `shard`'s) — as a node's metadata says it now."""
         if key:
             shard = crc32c.crc32c(key.encode()) % SHARDS
-        t = self._view().topics.get(topic)
-        return shard_log(topic, shard, BUNDLES, self.spread) if t is None else \
-            self._view().shard_logs(t, BUNDLES)[shard]
+        view = self._view()
+        t = view.topics.get(topic)
+        return shard_log(topic, shard, BUNDLES, self.spread) if t is None else view.shard_logs(t, BUNDLES)[shard]
 
     def _view(self):
         """The broker state of the first node up: its metadata log names each shard's log (nodes agree, once it
