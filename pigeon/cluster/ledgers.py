@@ -28,6 +28,8 @@ from pigeon.cluster.quorum import Replication, choose_ensemble, ensemble_size, m
 
 LEDGER_SEQ_BITS = 20
 _SEQ_MASK = (1 << LEDGER_SEQ_BITS) - 1
+_DECODED: dict[bytes, list["LedgerInfo"]] = {}  # a list's value → its ledgers as parsed (never handed out)
+_DECODED_MAX = 1024  # values kept at most (then forgotten all at once): a node reads the lists of the logs it owns
 
 
 @dataclass
@@ -53,7 +55,20 @@ class LedgerInfo:
 
     @staticmethod
     def decode_list(raw: bytes | None) -> list["LedgerInfo"]:
-        return [LedgerInfo(**d) for d in json.loads(raw)] if raw else []
+        """The list `raw` holds: new objects every call (callers change them). A list is read far more often than
+        it changes — every placement pass, repair, cut and takeover reads its logs' lists — so the parse of each
+        value is kept (_DECODED) and copied."""
+        if not raw:
+            return []
+        if type(raw) is not bytes:
+            return [LedgerInfo(**d) for d in json.loads(raw)]
+        parsed = _DECODED.get(raw)
+        if parsed is None:
+            parsed = [LedgerInfo(**d) for d in json.loads(raw)]
+            if len(_DECODED) >= _DECODED_MAX:
+                _DECODED.clear()
+            _DECODED[raw] = parsed
+        return [LedgerInfo(lg.id, lg.epoch, dict(lg.members), lg.first, lg.end, lg.start) for lg in parsed]
 
     @staticmethod
     def encode_list(ledgers: list["LedgerInfo"]) -> bytes:

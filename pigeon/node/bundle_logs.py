@@ -106,6 +106,7 @@ class BundleLogs:
         self.meta, self.store = cluster.meta, cluster.store
         self.replication = replication
         self.me = cluster.info.node_id
+        self._owner_values: dict[tuple[str, int], bytes] = {}  # (node, epoch) → an owner key's value (_owner_cmp)
         self.logs: dict[int, OwnedLog] = {}  # the logs served now
         self._clients: dict = {}  # address → a peer's storage service (node.host: StorageClient)
         self._local = LocalMember(self.store)
@@ -170,7 +171,13 @@ class BundleLogs:
 
     # --- ledgers in etcd -----------------------------------------------------------------------------------
     def _owner_cmp(self, bundle: int, epoch: int) -> M.Cmp:
-        return M.holds(M.owner_key(bundle), json.dumps({"node": self.me, "epoch": epoch}).encode())
+        key = (self.me, epoch)  # (every change of a ledger list carries one: its value is made once an epoch)
+        value = self._owner_values.get(key)
+        if value is None:
+            if len(self._owner_values) >= 1024:
+                self._owner_values.clear()
+            value = self._owner_values[key] = json.dumps({"node": self.me, "epoch": epoch}).encode()
+        return M.holds(M.owner_key(bundle), value)
 
     def owner_guard(self, log_id: int, epoch: int) -> M.Cmp:
         """The comparison a change this node makes in etcd as the owner of `log_id` under `epoch` requires: the

@@ -20,6 +20,9 @@ from pigeon.cluster.placement import decode_homes, decode_moves, place
 from pigeon.storage import formats
 
 log = logging.getLogger("pigeon.membership")
+_DECODED_MAX = 1024  # values kept decoded at most (then forgotten all at once): the cluster's node and owner keys
+_NODES: dict[tuple[str, bytes], "NodeInfo"] = {}  # (node id, its key's value) → NodeInfo.decode's
+_OWNERS: dict[bytes, tuple[str, int]] = {}  # an owner key's value → (node, epoch)
 
 CLUSTER_ID_FILE = "cluster-id"  # in a node's data directory: the cluster it joined (ClusterNode)
 
@@ -68,10 +71,20 @@ class NodeInfo:
 
     @staticmethod
     def decode(node_id: str, raw: bytes) -> "NodeInfo":
-        d = json.loads(raw)
-        return NodeInfo(node_id, d["address"], d.get("zone", ""), d.get("draining", False), d.get("home", ""),
-                        d.get("listening", True), d.get("peer", ""), d.get("cut_off", False), d.get("append", ""),
-                        d.get("machine", ""), d.get("format", 1), d.get("version", ""))
+        """(Frozen: the one decoded from a value is handed out again — the nodes' keys are read on every placement
+        pass and change seldom.)"""
+        key = (node_id, raw) if type(raw) is bytes else None
+        info = _NODES.get(key) if key is not None else None
+        if info is None:
+            d = json.loads(raw)
+            info = NodeInfo(node_id, d["address"], d.get("zone", ""), d.get("draining", False), d.get("home", ""),
+                            d.get("listening", True), d.get("peer", ""), d.get("cut_off", False), d.get("append", ""),
+                            d.get("machine", ""), d.get("format", 1), d.get("version", ""))
+            if key is not None:
+                if len(_NODES) >= _DECODED_MAX:
+                    _NODES.clear()
+                _NODES[key] = info
+        return info
 
 
 async def cluster_id(meta, data_dir_id: str | None) -> str:
@@ -379,7 +392,20 @@ def _drained(kvs) -> set[str]:
 
 def _owners(kvs) -> dict[int, tuple[str, int]]:
     n = len(M.owner_key(0)) - 5
-    return {int(kv.key[n:]): (d["node"], d["epoch"]) for kv in kvs for d in [json.loads(kv.value)]}
+    return {int(kv.key[n:]): _owner(kv.value) for kv in kvs}
+
+
+def _owner(raw: bytes) -> tuple[str, int]:
+    """(node, epoch) of an owner key's value (kept per value, as NodeInfo.decode's)."""
+    got = _OWNERS.get(raw) if type(raw) is bytes else None
+    if got is None:
+        d = json.loads(raw)
+        got = (d["node"], d["epoch"])
+        if type(raw) is bytes:
+            if len(_OWNERS) >= _DECODED_MAX:
+                _OWNERS.clear()
+            _OWNERS[raw] = got
+    return got
 
 
 async def status_of(meta) -> dict:

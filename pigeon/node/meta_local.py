@@ -12,6 +12,7 @@ import json
 import math
 import os
 import time
+from collections import deque
 from typing import AsyncIterator
 
 from pigeon.core import limits
@@ -29,7 +30,7 @@ class LocalMetadata:
         self._next_lease = 1
         self.history: list[Event] = []
         self._compacted = 0  # the revision history was compacted to (a watch must start at or after it)
-        self.watchers: list[tuple[str, asyncio.Queue]] = []
+        self.watchers: list[tuple[str, _Events]] = []
         self._timer: asyncio.TimerHandle | None = None
         self._held = False  # no lease runs out (a simulated store that is down: see hold)
         if path and os.path.exists(path):
@@ -195,7 +196,7 @@ class LocalMetadata:
 
     # --- watching ------------------------------------------------------------------------------------------
     async def watch(self, prefix: str, start_revision: int) -> AsyncIterator[Event]:
-        q: asyncio.Queue = asyncio.Queue()
+        q = _Events()
         if (self.history and start_revision < self.history[0].kv.mod_revision - 1) or \
                 start_revision + 1 < self._compacted:
             raise ValueError(f"revision {start_revision} is older than the history kept")
@@ -214,3 +215,28 @@ class LocalMetadata:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+
+
+class _Events:
+    """A watch's queue of events: asyncio.Queue's put_nowait and get for its one reader (the watch), without the
+    count of unfinished items and the Event behind it, nor the getters' list — every change goes through one per
+    watcher. A reader woken by a put resumes on the loop's next iteration, as a Queue's does."""
+    __slots__ = ("_items", "_waiter")
+
+    def __init__(self):
+        self._items: deque = deque()
+        self._waiter: asyncio.Future | None = None
+
+    def put_nowait(self, item) -> None:
+        self._items.append(item)
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def get(self):
+        while not self._items:
+            self._waiter = asyncio.get_running_loop().create_future()
+            await self._waiter
+        return self._items.popleft()

@@ -24,11 +24,18 @@ def encode(rtype: int, payload: bytes) -> bytes:
     return encode_parts(rtype, [payload])
 
 
+_TYPE_BYTE = [bytes((t,)) for t in range(256)]  # a record's type byte …
+_TYPE_CRC = [crc32c.crc32c(b) for b in _TYPE_BYTE]  # … and the CRC over it alone, where every record's CRC starts
+
+
 def encode_parts(rtype: int, parts: list[bytes]) -> bytes:
     """Like encode, for a payload given in pieces: the CRC runs over the pieces in turn and the record is
     assembled with one copy (a megabyte publish request is copied once, not twice)."""
-    head = bytes((rtype,))
-    crc = crc32c.crc32c(head)
+    if 0 <= rtype < 256:
+        head, crc = _TYPE_BYTE[rtype], _TYPE_CRC[rtype]
+    else:
+        head = bytes((rtype,))  # (raises, as it always did)
+        crc = crc32c.crc32c(head)
     length = 1
     for part in parts:
         crc = crc32c.crc32c(part, crc)

@@ -58,6 +58,7 @@ DRAIN_PAUSE_MAX_S = 3.2  # … doubling up to this while they bring none (waitin
 SETTLE_PAUSE_S, SETTLE_PAUSE_MAX_S = 1.0, 8.0  # the same, while waiting for the journals to drop what no log keeps
 _PublishRequest, _PubsubMessage = types.PublishRequest.pb(), types.PubsubMessage.pb()
 _PullResponse = types.PullResponse.pb()
+_Task, _node_get = asyncio.Task, NODE.get
 
 
 
@@ -108,13 +109,16 @@ class ClusterSim:
 
     # --- the task registry ---------------------------------------------------------------------------------
     def _task_factory(self, loop, coro, context=None):
-        task = asyncio.Task(coro, loop=loop, context=context)
-        life = NODE.get() if context is None else context.get(NODE)  # (the task runs in a copy of the current)
+        task = _Task(coro, loop=loop, context=context)
+        life = _node_get() if context is None else context.get(NODE)  # (the task runs in a copy of the current)
         if life is not None:
             if life.dead:
                 task.cancel()
-            else:
-                life.add(task)
+            else:  # (life.add(task), without its frame while no pruning is due)
+                tasks = life.tasks
+                tasks[task] = None
+                if len(tasks) >= life._prune_at:
+                    life.prune()
         return task
 
     # --- clients -----------------------------------------------------------------------------------------
@@ -154,9 +158,9 @@ class ClusterSim:
         planner splits hot bundles), its key's shard's (or `shard`'s) — as a node's metadata says it now."""
         if key:
             shard = crc32c.crc32c(key.encode()) % SHARDS
-        t = self._view().topics.get(topic)
-        return shard_log(topic, shard, BUNDLES, self.spread) if t is None else \
-            self._view().shard_logs(t, BUNDLES)[shard]
+        view = self._view()
+        t = view.topics.get(topic)
+        return shard_log(topic, shard, BUNDLES, self.spread) if t is None else view.shard_logs(t, BUNDLES)[shard]
 
     def _view(self):
         """The broker state of the first node up: its metadata log names each shard's log (nodes agree, once it

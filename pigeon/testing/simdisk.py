@@ -183,7 +183,10 @@ class SimDisk:
         self._check("sync_dir")
         prefix = path.rstrip("/") + "/"
         for p, f in self.files.items():
-            if posixpath.dirname(p) == path.rstrip("/") or p.startswith(prefix) and "/" not in p[len(prefix):]:
+            # (a file directly in `path` starts with `prefix` — but for the root: its directory is "" — so only
+            # those are looked at further: a journal's every new segment syncs its directory)
+            if (prefix == "/" or p.startswith(prefix)) and (posixpath.dirname(p) == path.rstrip("/") or
+                                                            p.startswith(prefix) and "/" not in p[len(prefix):]):
                 f.named = True
 
     def close_all(self) -> None:

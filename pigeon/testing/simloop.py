@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import heapq
 import selectors
 from asyncio import events
 from collections import deque
 
+_new, _copy_context, _heappush = object.__new__, contextvars.copy_context, heapq.heappush
 _CANCELLED_MIN = 100  # cancelled timers kept in the heap before a purge is considered (asyncio's own threshold)
 
 
@@ -100,14 +102,40 @@ class SimLoop(asyncio.SelectorEventLoop):
         self._seq = 0
         self._cancelled_timers = 0  # cancelled while in the heap
         super().__init__(_VirtualSelector())
+        # Called for every future and task (some 10,000 a seed), by asyncio's C futures too: callables without a
+        # frame of their own — the same Future, and the debug mode the loop never runs in.
+        self.create_future = functools.partial(asyncio.Future, loop=self)
+        self.get_debug = False.__bool__
+
+    def set_debug(self, enabled: bool) -> None:
+        if enabled:
+            raise RuntimeError("the simulated loop has no debug mode")
+        self._debug = False
 
     def time(self) -> float:
         return self._now
 
+    def create_task(self, coro, *, name=None, context=None):
+        """BaseEventLoop.create_task with the task factory called directly (a seed makes some 2,500 tasks)."""
+        if self._closed:
+            raise RuntimeError("Event loop is closed")
+        factory = self._task_factory
+        if factory is None:
+            return super().create_task(coro, name=name, context=context)
+        task = factory(self, coro, context)
+        if name is not None:
+            task.set_name(name)
+        return task
+
     def call_soon(self, callback, *args, context=None):
         if self._closed:
             raise RuntimeError("Event loop is closed")
-        handle = _Soon(callback, args, self, context)
+        # (_Soon(callback, args, self, context), its fields set here: without the frame of __init__ — every
+        # future's callback and every step of a task comes here)
+        handle = _new(_Soon)
+        handle._context = _copy_context() if context is None else context
+        handle._loop, handle._callback, handle._args = self, callback, args
+        handle._cancelled, handle._repr, handle._source_traceback = False, None, None
         self._ready.append(handle)
         return handle
 
@@ -123,9 +151,13 @@ class SimLoop(asyncio.SelectorEventLoop):
         if self._closed:
             raise RuntimeError("Event loop is closed")
         when = self._now + delay
-        timer = _Timer(when, callback, args, self, context)
+        timer = _new(_Timer)  # (_Timer(when, callback, args, self, context), as call_soon's handle)
+        timer._context = _copy_context() if context is None else context
+        timer._loop, timer._callback, timer._args = self, callback, args
+        timer._cancelled, timer._repr, timer._source_traceback = False, None, None
+        timer._when, timer._scheduled = when, True
         self._seq += 1
-        heapq.heappush(self._timers, (when, self._seq, timer))
+        _heappush(self._timers, (when, self._seq, timer))
         return timer
 
     def _run_once(self):
@@ -194,7 +226,16 @@ def sleep(seconds: float) -> asyncio.Future:
     timer when the waiter goes (the timer then completes a future already done: nothing)."""
     loop = asyncio.get_running_loop()
     fut = asyncio.Future(loop=loop)  # (loop.create_future, without its frame)
-    loop.call_later(seconds, _wake, fut)
+    if loop._closed:
+        raise RuntimeError("Event loop is closed")
+    when = loop._now + seconds  # (loop.call_later(seconds, _wake, fut), without its frame)
+    timer = _new(_Timer)
+    timer._context = _copy_context()
+    timer._loop, timer._callback, timer._args = loop, _wake, (fut,)
+    timer._cancelled, timer._repr, timer._source_traceback = False, None, None
+    timer._when, timer._scheduled = when, True
+    loop._seq += 1
+    _heappush(loop._timers, (when, loop._seq, timer))
     return fut
 
 

@@ -250,35 +250,37 @@ class SimMeta:
         await sleep(net.delay())
         return out
 
-    async def get(self, key):
-        return await self._call(self.store.get, key)
+    # (each call is `_call`'s coroutine itself, handed back to be awaited: not a coroutine of its own around it —
+    # every node makes some thousands of metadata calls a seed)
+    def get(self, key):
+        return self._call(self.store.get, key)
 
-    async def list(self, prefix):
-        return await self._call(self.store.list, prefix)
+    def list(self, prefix):
+        return self._call(self.store.list, prefix)
 
-    async def revision(self):
-        return await self._call(self.store.revision)
+    def revision(self):
+        return self._call(self.store.revision)
 
-    async def compact(self, revision):
-        return await self._call(self.store.compact, revision)
+    def compact(self, revision):
+        return self._call(self.store.compact, revision)
 
-    async def txn(self, compares, success, failure=()):
-        return await self._call(self.store.txn, compares, success, failure)
+    def txn(self, compares, success, failure=()):
+        return self._call(self.store.txn, compares, success, failure)
 
-    async def put(self, key, value, lease=0):
-        return await self._call(self.store.put, key, value, lease)
+    def put(self, key, value, lease=0):
+        return self._call(self.store.put, key, value, lease)
 
-    async def delete(self, key):
-        return await self._call(self.store.delete, key)
+    def delete(self, key):
+        return self._call(self.store.delete, key)
 
-    async def grant(self, ttl_s):
-        return await self._call(self.store.grant, ttl_s)
+    def grant(self, ttl_s):
+        return self._call(self.store.grant, ttl_s)
 
-    async def keepalive(self, lease):
-        return await self._call(self.store.keepalive, lease)
+    def keepalive(self, lease):
+        return self._call(self.store.keepalive, lease)
 
-    async def revoke(self, lease):
-        return await self._call(self.store.revoke, lease)
+    def revoke(self, lease):
+        return self._call(self.store.revoke, lease)
 
     async def watch(self, prefix, start_revision):
         await self._reach()

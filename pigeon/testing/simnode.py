@@ -98,8 +98,11 @@ class Incarnation:
         that was a callback of the loop for every task, some tenth of a run's."""
         self.tasks[task] = None
         if len(self.tasks) >= self._prune_at:
-            self.tasks = {t: None for t in self.tasks if not t.done()}
-            self._prune_at = 2 * len(self.tasks) + _TASKS_PRUNE_MIN
+            self.prune()
+
+    def prune(self) -> None:
+        self.tasks = {t: None for t in self.tasks if not t.done()}
+        self._prune_at = 2 * len(self.tasks) + _TASKS_PRUNE_MIN
 
 
 class SimNode:
