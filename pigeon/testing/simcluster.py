@@ -117,7 +117,7 @@ class ClusterSim:
             else:  # (life.add(task), without its frame while no pruning is due)
                 tasks = life.tasks
                 tasks[task] = None
-                if len(tasks) >= life._prune_at:
+                if len(tasks) >= life.prune_at:
                     life.prune()
         return task
 

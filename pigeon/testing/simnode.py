@@ -88,7 +88,7 @@ class Incarnation:
     def __init__(self, node: "SimNode"):
         self.node = node
         self.tasks: dict[asyncio.Task, None] = {}  # in the order they were made, the ones done among them too
-        self._prune_at = _TASKS_PRUNE_MIN
+        self.prune_at = _TASKS_PRUNE_MIN
         self.dead = False
         self.context = contextvars.copy_context()
         self.context.run(NODE.set, self)
@@ -97,12 +97,12 @@ class Incarnation:
         """Register a task of this life. Those that ended are dropped now and then, not by a done callback each:
         that was a callback of the loop for every task, some tenth of a run's."""
         self.tasks[task] = None
-        if len(self.tasks) >= self._prune_at:
+        if len(self.tasks) >= self.prune_at:
             self.prune()
 
     def prune(self) -> None:
         self.tasks = {t: None for t in self.tasks if not t.done()}
-        self._prune_at = 2 * len(self.tasks) + _TASKS_PRUNE_MIN
+        self.prune_at = 2 * len(self.tasks) + _TASKS_PRUNE_MIN
 
 
 class SimNode:
