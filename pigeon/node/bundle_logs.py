@@ -359,14 +359,6 @@ class BundleLogs:
         raise RecoveryFailed(f"no member of ledger {lg.id} ({','.join(lg.members)}) answers with entries "
                              f"{start}..{end - 1}")
 
-    def members_ended(self, live) -> None:
-        """The open ledgers of the logs this node writes fail at once the members not in `live` (their session
-        ended: the node keys as the membership holds them)."""
-        for ol in list(self.logs.values()):
-            if ol.writer is not None:
-                for m in [m for m in ol.writer.streams if m not in live and m != self.me]:
-                    ol.writer.member_gone(m, "its session ended")
-
     def _ended(self, lg: LedgerInfo) -> frozenset[str]:
         """The members of `lg` whose session is not live, as the view holds the node keys (none while the view is
         not live: etcd out of reach tells nothing)."""

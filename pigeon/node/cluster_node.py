@@ -360,9 +360,7 @@ class ClusterNode:
             try:
                 if self.membership.lost.is_set():
                     await self._rejoin()
-                members = await self._check_cut_off()
-                await self.rebalance(members)
-                self.logs.members_ended(members if members is not None else await self.membership.members())
+                await self.rebalance(await self._check_cut_off())
                 self.handovers.follow(await self.membership.homes())
                 if unavailable:
                     log.info("etcd answers again")

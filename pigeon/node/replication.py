@@ -375,13 +375,6 @@ class LedgerWriter:
         self._perform(actions)
         return fut
 
-    def member_gone(self, member: str, why: str) -> None:
-        """`member`'s session ended — dead, or paused (it neither answers nor refuses): it fails now rather than
-        after limits.member_silence_s without an answer, which held every append waiting for it that long."""
-        if self.rolled is None and member in self.streams and member not in self.failed:
-            self.failed.add(member)
-            self._perform(self.machine.failed(member, why))
-
     def _perform(self, actions) -> None:
         for act in actions:
             if isinstance(act, Send):

@@ -289,28 +289,3 @@ def test_a_member_whose_session_ended_and_does_not_answer_holds_no_recovery(tmp_
         await live.stop()
 
     asyncio.run(run())
-
-
-def test_a_member_whose_session_ended_fails_at_once(tmp_path):
-    """A paused member neither answers nor refuses: the writer would hold every append for limits.member_silence_s
-    before rolling. Told that its session ended (BundleLogs.members_ended), the writer fails it at once: the ledger
-    rolls, the appends waiting go to the next one."""
-    async def run():
-        members = {f"m{i}": await Member(str(tmp_path / f"m{i}")).start() for i in range(3)}
-        clients = {m: x.client("channel") for m, x in members.items()}
-        w = LedgerWriter(42, 1, clients, Replication())
-        assert await asyncio.gather(*[w.append(3, body(i)) for i in range(5)]) == list(range(5))
-        waiting = w.append(3, body(5))
-        w.member_gone("m2", "its session ended")
-        assert w.rolled is not None and "m2" in w.failed
-        with pytest.raises(LedgerRolled):
-            await waiting
-        w.member_gone("m1", "twice")  # (after the roll: nothing more)
-        assert "m1" not in w.failed
-        await w.close()
-        for c in clients.values():
-            await c.close()
-        for x in members.values():
-            await x.stop()
-
-    asyncio.run(run())
