@@ -274,16 +274,13 @@ class Membership:
     def _kept(self, what: str, why: str = "") -> str:
         """A renewal's outcome: "ok", "gone" (the session ended: its bundles are given up) or "unavailable"."""
         if what == "ok":
-            if not self.answering:
-                log.info("the session of node %s is kept alive again", self.info.node_id)
             self.answering = True
         elif what == "gone":
             log.error("the session of node %s ended: giving up its %d bundles", self.info.node_id, len(self.owned))
             self.owned.clear()
             self.lost.set()
         else:
-            if self.answering:  # (said once an outage: renewals are tried every half second through it)
-                log.warning("cannot keep the session alive: %s", why)
+            log.warning("cannot keep the session alive: %s", why)
             self.answering = False  # (a watch over a cut link may say nothing for a long time)
         return what
 
