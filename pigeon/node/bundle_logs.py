@@ -305,8 +305,7 @@ class BundleLogs:
         if ledgers and ledgers[-1].end is None:
             last = ledgers[-1]
             members = {n: self.member(n, a) for n, a in last.members.items()}
-            ledgers = recovered(ledgers, await recover_ledger(last.id, members, self._replication_of(last),
-                                                              self._ended(last)))
+            ledgers = recovered(ledgers, await recover_ledger(last.id, members, self._replication_of(last)))
         entries, nbytes, read_s = await self._read_log(ledgers)
         first = next_first(ledgers)
         new = await self._new_ledger(log_id, epoch, next_seq(ledgers), first)
@@ -358,16 +357,6 @@ class BundleLogs:
                 return got
         raise RecoveryFailed(f"no member of ledger {lg.id} ({','.join(lg.members)}) answers with entries "
                              f"{start}..{end - 1}")
-
-    def _ended(self, lg: LedgerInfo) -> frozenset[str]:
-        """The members of `lg` whose session is not live, as the view holds the node keys (none while the view is
-        not live: etcd out of reach tells nothing)."""
-        view = self.cluster.membership.view
-        if not view.live:
-            return frozenset()
-        prefix = M.node_key("")
-        live = {kv.key[len(prefix):] for kv in view.kvs[prefix].values()}
-        return frozenset(n for n in lg.members if n not in live and n != self.me)
 
     def _read_order(self, lg: LedgerInfo) -> list[tuple[str, str]]:
         """The members a read asks, in turn: this node's own copy first, then those whose session is live (as the

@@ -469,17 +469,12 @@ class LedgerWriter:
         await asyncio.gather(*self._readers, return_exceptions=True)
 
 
-async def recover_ledger(ledger: int, members: dict[str, StorageClient], replication: Replication,
-                         ended: frozenset[str] = frozenset()) -> int:
+async def recover_ledger(ledger: int, members: dict[str, StorageClient], replication: Replication) -> int:
     """Fence `ledger` on its ensemble, copy its tail to the members that lack it, and return where it is to be
-    closed; RecoveryFailed when that cannot be decided safely now (retry later). A member of `ended` (its session
-    ran out: dead, or paused — one that neither answers nor refuses) that has not answered within
-    limits.recovery_ended_s counts as gone rather than holding the recovery for a call's whole deadline: the others
-    decide, as they would were it dead (fencing them is what keeps its old writer from an ack quorum)."""
+    closed; RecoveryFailed when that cannot be decided safely now (retry later)."""
     machine = Recovery(0, list(members), replication)
     events: asyncio.Queue = asyncio.Queue()
     tasks: list[asyncio.Task] = []
-    heard: set[str] = set()
 
     def spawn(coro) -> None:
         tasks.append(asyncio.create_task(coro))
@@ -544,18 +539,10 @@ async def recover_ledger(ledger: int, members: dict[str, StorageClient], replica
                 raise RecoveryFailed(f"ledger {ledger}: {act.reason}")
         return None
 
-    async def give_up_on(m):
-        await asyncio.sleep(limits.recovery_ended_s)
-        if m not in heard:
-            events.put_nowait(("gone", m, None))
-
     try:
         end = perform(machine.start())
-        for m in ended & members.keys():
-            spawn(give_up_on(m))
         while end is None:
             kind, m, value = await events.get()
-            heard.add(m)
             if kind == "fenced":
                 end = perform(machine.fenced(m, value))
             elif kind == "read":

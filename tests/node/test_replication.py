@@ -257,35 +257,3 @@ def test_the_owners_own_copy_of_entries_nobody_waits_for_rides_with_the_next_flu
         await own.close()
 
     asyncio.run(run())
-
-
-def test_a_member_whose_session_ended_and_does_not_answer_holds_no_recovery(tmp_path):
-    """A paused member neither answers nor refuses: a recovery would wait a call's whole deadline for its fence
-    (limits.storage_call_s). One whose session has ended (`ended`: the taker's view) counts as gone after
-    limits.recovery_ended_s, and the others decide, as they would were it dead; one whose session is live is
-    waited for."""
-    from pigeon.core import limits
-
-    class Paused:
-        async def fence(self, ledger):
-            await asyncio.sleep(3600)
-
-        async def close(self):
-            pass
-
-    async def run():
-        live = await Member(str(tmp_path / "m1")).start()
-        for i in range(20):
-            await live.store.append(42, 1, i, 1, body(i))
-        clients = {"m1": StorageClient(live.address), "paused": Paused()}
-        loop = asyncio.get_running_loop()
-        t0 = loop.time()
-        assert await asyncio.wait_for(recover_ledger(42, clients, Replication(2, 2, 2), frozenset({"paused"})),
-                                      10) == 20
-        assert loop.time() - t0 < limits.storage_call_s / 2 and live.store.fenced(42)
-        with pytest.raises(asyncio.TimeoutError):  # (its session live: it may answer yet)
-            await asyncio.wait_for(recover_ledger(42, clients, Replication(2, 2, 2)), 1.0)
-        await clients["m1"].close()
-        await live.stop()
-
-    asyncio.run(run())
