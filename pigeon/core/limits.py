@@ -209,6 +209,9 @@ load_unit_s_max = 0.001  # a unit costs the loop far less: CPU beyond this a uni
 #                          storage role), not shared out to the few bundles that appended meanwhile
 storage_call_s = 10.0  # one call of a peer's storage service (fence, read, delete)
 etcd_call_s = 5.0  # one etcd call
+store_check_s = 1.0  # a roll of a log's own accord (a snapshot, a wider ensemble) starts only once etcd answered a
+#                      read within this long: the log's appends wait from the roll's start until the next ledger is
+#                      written in etcd
 append_connect_s = 10.0  # to reach a member's append channel (a cut-off one is never answered)
 append_scratch_bytes = 64 * 1024  # append channel frames that fit are read several at a time into one buffer
 metadata_watch_history_max = 10_000  # changes of the embedded metadata store a watch may start behind the present

@@ -209,6 +209,17 @@ class BundleLogs:
         self.cluster_format = formats.cluster_format([i.format for i in nodes.values()])
         return {n: i for n, i in nodes.items() if i.listening and not i.cut_off}
 
+    async def store_answers(self) -> bool:
+        """Whether etcd answers a read now. A roll of the writer's own accord (a snapshot, a wider ensemble) stops
+        the log's ledger before the next one is written in etcd, and the log's appends wait until it is: begun on the
+        word of the last keepalive (up to a third of a session old) just as etcd went down, it would hold them for
+        the whole outage, through which an open ledger goes on taking appends."""
+        try:
+            await asyncio.wait_for(self.meta.get(M.PLACEMENT_KEY), limits.store_check_s)
+            return True
+        except (M.StoreUnavailable, TimeoutError):
+            return False
+
     async def speaks(self) -> int:
         """The format every node of the cluster reads now (storage.formats), from the members as etcd holds them
         (`cluster_format` is as the last choice of members read it: none yet on a node that has opened no
@@ -442,11 +453,16 @@ class BundleLogs:
                                  if ol.writer is not None and ol.rolling is None},
                                 {n: i.zone for n, i in nodes.items() if n not in suspects},
                                 {n: i.machine for n, i in nodes.items()}, self.replication)
+        if not narrow or not await self.store_answers():
+            return 0
+        rolled = 0
         for log_id in narrow:
-            ol = self.logs[log_id]
-            ol.writer.stop(f"moving to an ensemble of {size} (machines came up)")
-            self.start_roll(ol)
-        return len(narrow)
+            ol = self.logs.get(log_id)
+            if ol is not None and ol.writer is not None and ol.rolling is None:  # (as it was before the await)
+                ol.writer.stop(f"moving to an ensemble of {size} (machines came up)")
+                self.start_roll(ol)
+                rolled += 1
+        return rolled
 
     # --- giving a bundle up ------------------------------------------------------------------------------
     def lose(self, log_id: int, why: str) -> None:

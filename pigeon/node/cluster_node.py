@@ -456,7 +456,7 @@ class ClusterNode:
         taken = [b for b, ok in zip([b for b, _ in claimed], await self._take(claimed)) if ok] if claimed else []
         await self.logs.widen()
         self.upkeep.start_repair()
-        self.upkeep.compact()
+        await self.upkeep.compact()
         self.upkeep.collect_strays()
         for b in {b for b, _ in claimed} - set(taken):
             self.owned.pop(b, None)

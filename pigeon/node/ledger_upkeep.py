@@ -65,27 +65,27 @@ class LedgerUpkeep:
                 task.cancel()
 
     # --- cutting logs -----------------------------------------------------------------------------------------
-    def compact(self) -> None:
+    async def compact(self) -> None:
         """Write a snapshot into each owned log that grew by `log_snapshot_entries` (or `log_snapshot_bytes`) since
         its last one, lists too many ledgers, or holds entries and had none for `log_snapshot_s`; and cut logs
         where a confirmed snapshot allows (in the background): the log is read from there on takeover, and
         the ledgers wholly before it leave the list."""
         config = self.bundles.cluster.config
         now = self.bundles.cluster.engine.clock.now()
-        # a snapshot starts a ledger, which takes a write to etcd: not while its last keepalive failed (through an
-        # outage the open ledger goes on taking appends; one stopped for a snapshot would hold them until etcd is
-        # back)
-        snapshots = self.bundles.cluster.membership.answering
+        due = [ol for ol in self.bundles.logs.values()
+               if not ol.released and ol.rolling is None and (
+                   ol.next_offset - ol.snapshot_at >= config.log_snapshot_entries or
+                   ol.bytes_since_snapshot >= config.log_snapshot_bytes or
+                   len(ol.ledgers) > max(limits.log_ledgers_snapshot, ol.ledgers_at_snapshot + 1) or
+                   (now - ol.snapshot_time >= config.log_snapshot_s and _holds_entries(ol)))]
+        # a snapshot starts a ledger, which takes a write to etcd: only right after etcd answered (through an outage
+        # the open ledger goes on taking appends; one stopped for a snapshot would hold them until etcd is back)
+        if due and self.bundles.cluster.membership.answering and await self.bundles.store_answers():
+            for ol in due:
+                if not ol.released and ol.rolling is None:  # (as it was before the await)
+                    self._snapshot(ol)
         for ol in list(self.bundles.logs.values()):
-            if ol.released:
-                continue
-            if snapshots and ol.rolling is None and (ol.next_offset - ol.snapshot_at >= config.log_snapshot_entries or
-                                       ol.bytes_since_snapshot >= config.log_snapshot_bytes or
-                                       len(ol.ledgers) > max(limits.log_ledgers_snapshot,
-                                                             ol.ledgers_at_snapshot + 1) or
-                                       (now - ol.snapshot_time >= config.log_snapshot_s and _holds_entries(ol))):
-                self._snapshot(ol)
-            if ol.snapshots and (ol.trimming is None or ol.trimming.done()):
+            if ol.snapshots and not ol.released and (ol.trimming is None or ol.trimming.done()):
                 ol.trimming = asyncio.get_running_loop().create_task(self._cut_logged(ol),
                                                                      name=f"pigeon-cut-{ol.log_id}")
         self._start_lent()

@@ -250,3 +250,31 @@ def test_a_log_is_cut_only_for_acks_the_log_holds():
     entry 93"), their ledgers pinning every member's journal. A cut now waits until the log holds what the state
     it read shows. (A seed is a replay of timing: a change elsewhere may move this one off the case.)"""
     run_seed(1358, 100)
+
+
+def test_a_snapshot_begun_as_etcd_goes_down_holds_no_publish():
+    """A snapshot starts the log's next ledger, which is written in etcd: the log's publishes wait from the
+    snapshot until then. An owner whose last keepalive went through still takes etcd for up, so a snapshot due just
+    as all of etcd went down held its log's publishes for the whole outage; a snapshot now starts only once etcd
+    answered a read, and the open ledger goes on taking publishes through the outage."""
+    sim = ClusterSim(3, steps=0, snapshot_entries=1 << 40)  # (no snapshot of its own accord; topics in one bundle)
+
+    async def go():
+        await sim.start_workload()
+        owner = sim.owner_of(0)
+        ol = owner.cluster.logs.logs[sim.log_for(sim.topics[0])]
+        sim.set_meta_down(True)
+        owner.cluster.membership.answering = True  # (its last keepalive went through)
+        ol.bytes_since_snapshot = 1 << 60  # a snapshot is due
+        await owner.cluster.upkeep.compact()
+        assert ol.rolling is None and ol.writer is not None, "a snapshot rolled the log while etcd was down"
+        published, failed = len(sim.h.published), sim.h.publish_failed
+        for _ in range(5):
+            await sim.publish(0, via=owner)
+        assert sim.h.publish_failed == failed and len(sim.h.published) > published, \
+            "the owner's publishes failed through the outage"
+        sim.set_meta_down(False)
+        await owner.cluster.upkeep.compact()  # etcd answers again: the snapshot starts the next ledger
+        assert ol.rolling is not None and ol.bytes_since_snapshot < 1 << 60
+
+    simloop.run(go())
