@@ -180,9 +180,12 @@ assert ack_deadline_s_min <= ack_deadline_s_default <= ack_deadline_s_max
 assert snapshot_lifetime_s_min < snapshot_lifetime_s_max
 
 # --- cluster (docs/cluster.md) -------------------------------------------------------------------------
-session_ttl_s_default = 5  # a node whose session lease is not renewed this long is gone: its bundles move
+session_ttl_s_default = 2  # a node whose session lease is not renewed this long is gone: its bundles move
 session_ttl_s_min = 2
 session_ttl_s_max = 60
+session_beat_s = 0.25  # a node's event loop tells its session's thread that it runs this often …
+session_stall_s = 5.0  # … and one that has not for this long is let go (its session runs out: node.meta_etcd)
+recovery_ended_s = 0.25  # a ledger's member whose session ended and that has not answered a recovery by then is gone
 workers_max = 64  # `pigeon serve --workers N`: worker processes behind one port (pigeon.ops.workers)
 worker_stop_s = shutdown_grace_s + 10.0  # a worker still running this long after SIGTERM is killed
 worker_restart_s_max = 5.0  # a worker that exited is started again after at most this long (backing off)

@@ -118,6 +118,7 @@ class BundleLogs:
         self._suspects: dict[str, float] = {}
         self._suspect_s = 2 * cluster.config.session_ttl_s
         self._heard: dict[str, float] = {}  # peer → when it last answered this node
+        self._live_seen: set[str] = set()  # the nodes whose session was live at members_ended's last look
         self.cluster_format = 1  # the format the cluster speaks (storage.formats), as storage_nodes last read it
         self.reads = LogReads(self)  # message batches named by log addresses, read from their ledgers
 
@@ -316,7 +317,8 @@ class BundleLogs:
         if ledgers and ledgers[-1].end is None:
             last = ledgers[-1]
             members = {n: self.member(n, a) for n, a in last.members.items()}
-            ledgers = recovered(ledgers, await recover_ledger(last.id, members, self._replication_of(last)))
+            ledgers = recovered(ledgers, await recover_ledger(last.id, members, self._replication_of(last),
+                                                              self._ended(last)))
         entries, nbytes, read_s = await self._read_log(ledgers)
         first = next_first(ledgers)
         new = await self._new_ledger(log_id, epoch, next_seq(ledgers), first)
@@ -368,6 +370,34 @@ class BundleLogs:
                 return got
         raise RecoveryFailed(f"no member of ledger {lg.id} ({','.join(lg.members)}) answers with entries "
                              f"{start}..{end - 1}")
+
+    def members_ended(self) -> None:
+        """Fail at once, in the open ledgers of the logs this node writes, each member whose session ended since
+        the last look: one the live view held then and holds no more. (Not one absent from the view alone: a node
+        that joined since the view last heard would be failed in the ledgers just opened on it.)"""
+        live = self._live_nodes()
+        if live is None:
+            return
+        ended, self._live_seen = self._live_seen - live, live
+        for ol in list(self.logs.values()):
+            if ol.writer is not None:
+                for m in ended & ol.writer.streams.keys():
+                    ol.writer.member_gone(m, "its session ended")
+
+    def _ended(self, lg: LedgerInfo) -> frozenset[str]:
+        """The members of `lg` whose session is not live, as the view holds the node keys (none while the view is
+        not live: etcd out of reach tells nothing)."""
+        live = self._live_nodes()
+        return frozenset() if live is None else frozenset(n for n in lg.members if n not in live and n != self.me)
+
+    def _live_nodes(self) -> set[str] | None:
+        """The nodes whose session is live, as the membership's view holds their keys; None while the view is not
+        live (etcd out of reach tells nothing)."""
+        view = self.cluster.membership.view
+        if not view.live:
+            return None
+        prefix = M.node_key("")
+        return {kv.key[len(prefix):] for kv in view.kvs[prefix].values()}
 
     def _read_order(self, lg: LedgerInfo) -> list[tuple[str, str]]:
         """The members a read asks, in turn: this node's own copy first, then those whose session is live (as the

@@ -361,6 +361,7 @@ class ClusterNode:
                 if self.membership.lost.is_set():
                     await self._rejoin()
                 await self.rebalance(await self._check_cut_off())
+                self.logs.members_ended()
                 self.handovers.follow(await self.membership.homes())
                 if unavailable:
                     log.info("etcd answers again")

@@ -10,6 +10,7 @@ import asyncio
 import dataclasses
 import json
 import logging
+import time
 import uuid
 from dataclasses import dataclass
 
@@ -232,20 +233,59 @@ class Membership:
                         "next session's key says it", self.info.node_id, self.info.listening, self.info.cut_off)
 
     async def _keep(self) -> None:
+        if hasattr(self.meta, "session_keeper"):  # etcd: a thread of its own renews the session (node.meta_etcd)
+            return await self._keep_on_thread()
         while True:
             await asyncio.sleep(self.ttl / 3)
             try:
                 await self.meta.keepalive(self.lease)
-                self.answering = True
+                self._kept("ok")
             except M.LeaseGone:
-                log.error("the session of node %s ended: giving up its %d bundles", self.info.node_id,
-                          len(self.owned))
-                self.owned.clear()
-                self.lost.set()
-                return
+                return self._kept("gone")
             except M.StoreUnavailable as e:  # owners keep serving through an outage (fencing keeps data safe)
-                log.warning("cannot keep the session alive: %s", e)
-                self.answering = False  # (a watch over a cut link may say nothing for a long time)
+                self._kept("unavailable", str(e))
+
+    async def _keep_on_thread(self) -> None:
+        """Renewals every quarter of the time to live from a thread, which a slow event loop does not hold up; the
+        loop says it runs every limits.session_beat_s (the thread lets the session end after
+        limits.session_stall_s without)."""
+        loop, said = asyncio.get_running_loop(), asyncio.Queue()
+        beat = time.monotonic()
+        def report(what: str) -> None:  # (on the keeper's thread)
+            try:
+                loop.call_soon_threadsafe(said.put_nowait, what)
+            except RuntimeError:  # the loop has closed: the node is gone
+                keeper.stop()
+
+        keeper = self.meta.session_keeper(self.lease, self.ttl / 4, lambda: beat, limits.session_stall_s,
+                                          report).start()
+        try:
+            while True:
+                try:
+                    what = await asyncio.wait_for(said.get(), limits.session_beat_s)
+                except TimeoutError:
+                    what = None
+                beat = time.monotonic()
+                if what is not None and self._kept(what, "etcd did not answer") == "gone":
+                    return
+        finally:
+            keeper.stop()
+
+    def _kept(self, what: str, why: str = "") -> str:
+        """A renewal's outcome: "ok", "gone" (the session ended: its bundles are given up) or "unavailable"."""
+        if what == "ok":
+            if not self.answering:
+                log.info("the session of node %s is kept alive again", self.info.node_id)
+            self.answering = True
+        elif what == "gone":
+            log.error("the session of node %s ended: giving up its %d bundles", self.info.node_id, len(self.owned))
+            self.owned.clear()
+            self.lost.set()
+        else:
+            if self.answering:  # (said once an outage: renewals are tried every half second through it)
+                log.warning("cannot keep the session alive: %s", why)
+            self.answering = False  # (a watch over a cut link may say nothing for a long time)
+        return what
 
     async def leave(self) -> None:
         if self._keeper is not None:

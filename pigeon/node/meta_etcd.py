@@ -15,6 +15,8 @@ ends in CancelledError without its task being cancelled counts as etcd not answe
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from dataclasses import dataclass
 from typing import AsyncIterator
 
@@ -100,6 +102,57 @@ async def _close_later(channel: grpc.aio.Channel) -> None:
     await channel.close()
 
 
+class SessionKeeper:
+    """A session's keepalives sent by a thread of their own, on a channel of their own: a node whose event loop is
+    slow for a moment (two cores shared with others) keeps its session, so the session's time to live can be short
+    — a node that is stopped (SIGSTOP, a VM paused) or dead is gone within it. One whose loop does not run at all
+    for `stall_s` (`beat()`: when it last ran) is let go: the keepalives stop and the session runs out.
+
+    Each renewal's outcome goes to `report` (called on the thread: "ok", "gone" — the lease ended, no more are
+    sent — or "unavailable")."""
+
+    def __init__(self, meta: "EtcdMetadata", lease: int, every_s: float, beat, stall_s: float, report):
+        self.meta, self.lease, self.every_s, self.beat, self.stall_s, self.report = \
+            meta, lease, every_s, beat, stall_s, report
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="pigeon-session", daemon=True)
+
+    def start(self) -> "SessionKeeper":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        meta, channel, i = self.meta, None, 0
+        request = rpc.LeaseKeepAliveRequest(ID=self.lease)
+        try:
+            while not self._stop.wait(self.every_s):
+                if time.monotonic() - self.beat() > self.stall_s:
+                    continue  # (the loop does not run: the node serves nothing — let its session end)
+                if channel is None:
+                    channel = meta.blocking_channel(meta.endpoints[i % len(meta.endpoints)])
+                try:
+                    got = next(rpc.LeaseStub(channel).LeaseKeepAlive(iter([request]), timeout=self.every_s * 2),
+                               None)
+                except grpc.RpcError as e:
+                    if e.code() == grpc.StatusCode.NOT_FOUND:
+                        got = None
+                    else:
+                        channel.close()
+                        channel, i = None, i + 1  # (the next endpoint, next time)
+                        self.report("unavailable")
+                        continue
+                if got is None or got.TTL <= 0:
+                    self.report("gone")
+                    return
+                self.report("ok")
+        finally:
+            if channel is not None:
+                channel.close()
+
+
 class EtcdMetadata:
     def __init__(self, access: EtcdAccess | str | list[str]):
         """`access`: endpoints and TLS material (pigeon.ops.etcd_access.read), or endpoints alone (https:// ones
@@ -117,6 +170,15 @@ class EtcdMetadata:
         if self._credentials is None:
             return grpc.aio.insecure_channel(endpoint, options=tls.reconnect_options())
         return grpc.aio.secure_channel(endpoint, self._credentials, options=tls.reconnect_options())
+
+    def blocking_channel(self, endpoint: str) -> grpc.Channel:
+        """A channel for a thread's own calls (SessionKeeper), with this store's TLS material."""
+        if self._credentials is None:
+            return grpc.insecure_channel(endpoint, options=tls.reconnect_options())
+        return grpc.secure_channel(endpoint, self._credentials, options=tls.reconnect_options())
+
+    def session_keeper(self, lease: int, every_s: float, beat, stall_s: float, report) -> SessionKeeper:
+        return SessionKeeper(self, lease, every_s, beat, stall_s, report)
 
     def _stubs(self) -> _Stubs:
         if self._current is None:

@@ -375,6 +375,13 @@ class LedgerWriter:
         self._perform(actions)
         return fut
 
+    def member_gone(self, member: str, why: str) -> None:
+        """`member`'s session ended — dead, or paused (it neither answers nor refuses): it fails now rather than
+        after limits.member_silence_s without an answer, which held every append waiting for it that long."""
+        if self.rolled is None and member in self.streams and member not in self.failed:
+            self.failed.add(member)
+            self._perform(self.machine.failed(member, why))
+
     def _perform(self, actions) -> None:
         for act in actions:
             if isinstance(act, Send):
@@ -469,12 +476,17 @@ class LedgerWriter:
         await asyncio.gather(*self._readers, return_exceptions=True)
 
 
-async def recover_ledger(ledger: int, members: dict[str, StorageClient], replication: Replication) -> int:
+async def recover_ledger(ledger: int, members: dict[str, StorageClient], replication: Replication,
+                         ended: frozenset[str] = frozenset()) -> int:
     """Fence `ledger` on its ensemble, copy its tail to the members that lack it, and return where it is to be
-    closed; RecoveryFailed when that cannot be decided safely now (retry later)."""
+    closed; RecoveryFailed when that cannot be decided safely now (retry later). A member of `ended` (its session
+    ran out: dead, or paused — one that neither answers nor refuses) that has not answered within
+    limits.recovery_ended_s counts as gone rather than holding the recovery for a call's whole deadline: the others
+    decide, as they would were it dead (fencing them is what keeps its old writer from an ack quorum)."""
     machine = Recovery(0, list(members), replication)
     events: asyncio.Queue = asyncio.Queue()
     tasks: list[asyncio.Task] = []
+    heard: set[str] = set()
 
     def spawn(coro) -> None:
         tasks.append(asyncio.create_task(coro))
@@ -539,10 +551,18 @@ async def recover_ledger(ledger: int, members: dict[str, StorageClient], replica
                 raise RecoveryFailed(f"ledger {ledger}: {act.reason}")
         return None
 
+    async def give_up_on(m):
+        await asyncio.sleep(limits.recovery_ended_s)
+        if m not in heard:
+            events.put_nowait(("gone", m, None))
+
     try:
         end = perform(machine.start())
+        for m in ended & members.keys():
+            spawn(give_up_on(m))
         while end is None:
             kind, m, value = await events.get()
+            heard.add(m)
             if kind == "fenced":
                 end = perform(machine.fenced(m, value))
             elif kind == "read":

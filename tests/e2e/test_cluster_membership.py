@@ -121,7 +121,7 @@ def test_a_second_node_with_a_live_nodes_id_is_refused(cluster, etcd, tmp_path):
     code, line = refused(tmp_path, etcd.endpoint, "n1", str(tmp_path / "twin"))
     assert code == 1
     assert line == (f"pigeon: cannot join the cluster: node id n1 is in use by a live node at {first.address}; "
-                    "if that node is gone, its session ends within 5 s")
+                    "if that node is gone, its session ends within 2 s")
     assert first.proc.poll() is None
 
 

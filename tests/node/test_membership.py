@@ -281,3 +281,32 @@ def test_a_join_takes_a_key_its_own_new_session_already_holds(make_store):
         await a.leave()
 
     asyncio.run(run())
+
+
+def test_a_session_outlives_a_busy_loop_but_not_a_stalled_one(etcd):
+    """On etcd the keepalives come from a thread of their own (node.meta_etcd.SessionKeeper): a loop that holds the
+    GIL in runs of computation (and so fires no timer) for longer than the time to live keeps its session, while a
+    loop that does not run at all past limits.session_stall_s lets it end."""
+    import time
+
+    from pigeon.core import limits
+
+    async def run():
+        meta = EtcdMetadata(etcd.endpoint)
+        for kv in await meta.list(M.ROOT + "/"):
+            await meta.delete(kv.key)
+        a = Membership(meta, NodeInfo("n1", "127.0.0.1:9001"), TTL)
+        await a.join()
+        await asyncio.sleep(0.1)  # (its keeper starts)
+        end = time.monotonic() + 1.5 * TTL  # busy: no await for longer than the session lives
+        while time.monotonic() < end:
+            sum(range(10_000))
+        await asyncio.sleep(0.5)
+        assert not a.lost.is_set() and await meta.get(M.node_key("n1")) is not None
+        time.sleep(limits.session_stall_s + 2 * TTL)  # the loop stalled: the thread stops renewing
+        assert await meta.get(M.node_key("n1")) is None
+        await asyncio.wait_for(a.lost.wait(), 5)  # … and the node hears its session ended
+        await a.leave()
+        await meta.close()
+
+    asyncio.run(run())

@@ -58,3 +58,25 @@ def test_a_member_whose_session_ended_is_asked_last():
 def test_this_nodes_own_copy_first_then_the_ensembles_order():
     assert _read(_logs("n3", live=["n2", "n3", "n4"]), LEDGER, paused=set()) == ["n3"]
     assert _read(_logs("n1", live=["n1", "n2", "n3", "n4"]), LEDGER, paused=set()) == ["n2"]
+
+
+def test_a_writer_fails_a_member_whose_session_ended_but_not_one_the_view_has_not_seen_yet():
+    """An owner's open ledgers fail a member whose session ended at once (a paused member would hold their appends
+    for limits.member_silence_s) — one the view held and holds no more. A node that joined after the view last
+    heard is in ledgers just opened on it (new ensembles read the members from etcd while the view lags): failing it
+    there rolled them again and again, and left closed ledgers short of members."""
+    logs = _logs("n1", live=["n1", "n2", "n3"])
+    gone: list[tuple[str, str]] = []
+    writer = SimpleNamespace(streams={"n1": None, "n2": None, "n4": None},
+                             member_gone=lambda m, why: gone.append((m, why)))
+    logs.logs[1] = SimpleNamespace(writer=writer)
+    logs.members_ended()  # (the first look: nothing ended since an earlier one)
+    assert gone == []
+    view = logs.cluster.membership.view
+    del view.kvs[M.node_key("")][M.node_key("n2")]  # n2's session ends; n4 is not in the view yet
+    logs.members_ended()
+    assert gone == [("n2", "its session ended")]
+    view.live = False  # etcd out of reach: the view tells nothing
+    view.kvs[M.node_key("")].clear()
+    logs.members_ended()
+    assert gone == [("n2", "its session ended")]

@@ -257,3 +257,60 @@ def test_the_owners_own_copy_of_entries_nobody_waits_for_rides_with_the_next_flu
         await own.close()
 
     asyncio.run(run())
+
+
+def test_a_member_whose_session_ended_and_does_not_answer_holds_no_recovery(tmp_path):
+    """A paused member neither answers nor refuses: a recovery would wait a call's whole deadline for its fence
+    (limits.storage_call_s). One whose session has ended (`ended`: the taker's view) counts as gone after
+    limits.recovery_ended_s, and the others decide, as they would were it dead; one whose session is live is
+    waited for."""
+    from pigeon.core import limits
+
+    class Paused:
+        async def fence(self, ledger):
+            await asyncio.sleep(3600)
+
+        async def close(self):
+            pass
+
+    async def run():
+        live = await Member(str(tmp_path / "m1")).start()
+        for i in range(20):
+            await live.store.append(42, 1, i, 1, body(i))
+        clients = {"m1": StorageClient(live.address), "paused": Paused()}
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        assert await asyncio.wait_for(recover_ledger(42, clients, Replication(2, 2, 2), frozenset({"paused"})),
+                                      10) == 20
+        assert loop.time() - t0 < limits.storage_call_s / 2 and live.store.fenced(42)
+        with pytest.raises(asyncio.TimeoutError):  # (its session live: it may answer yet)
+            await asyncio.wait_for(recover_ledger(42, clients, Replication(2, 2, 2)), 1.0)
+        await clients["m1"].close()
+        await live.stop()
+
+    asyncio.run(run())
+
+
+def test_a_member_whose_session_ended_fails_at_once(tmp_path):
+    """A paused member neither answers nor refuses: the writer would hold every append for limits.member_silence_s
+    before rolling. Told that its session ended (BundleLogs.members_ended), the writer fails it at once: the ledger
+    rolls, the appends waiting go to the next one."""
+    async def run():
+        members = {f"m{i}": await Member(str(tmp_path / f"m{i}")).start() for i in range(3)}
+        clients = {m: x.client("channel") for m, x in members.items()}
+        w = LedgerWriter(42, 1, clients, Replication())
+        assert await asyncio.gather(*[w.append(3, body(i)) for i in range(5)]) == list(range(5))
+        waiting = w.append(3, body(5))
+        w.member_gone("m2", "its session ended")
+        assert w.rolled is not None and "m2" in w.failed
+        with pytest.raises(LedgerRolled):
+            await waiting
+        w.member_gone("m1", "twice")  # (after the roll: nothing more)
+        assert "m1" not in w.failed
+        await w.close()
+        for c in clients.values():
+            await c.close()
+        for x in members.values():
+            await x.stop()
+
+    asyncio.run(run())
