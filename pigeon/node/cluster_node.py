@@ -304,6 +304,8 @@ class ClusterNode:
                             self._routes_stale.set()
                         if key.startswith(routing[1]):
                             self.node_changes += 1
+                            if ev.kind != "put":  # a session ended: its member fails in this node's open
+                                self.logs.members_ended()  # ledgers now, not after a placement pass's takeovers
             except asyncio.CancelledError:
                 if asyncio.current_task().cancelling():
                     raise

