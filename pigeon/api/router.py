@@ -76,6 +76,9 @@ class Router:
         self.engine, self.cluster = engine, cluster
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._waiting: set[_MoveWatch] = set()  # forwarded calls that wait by design, open now
+        self._forwards: dict = {}  # the other forwarded calls in flight → their owner
+        self._cut: set = set()  # … those cut because their owner moved
+        self._cutter: asyncio.Task | None = None  # cuts those whose owner moved (_cut_moved)
         self.forwarded = 0  # calls passed to another node
         self._turn = 0  # keyless publishes of a spread topic none of whose shards is here: the owners in turn
         self._silent: dict[tuple[int, ...], float] = {}  # another region's logs → until when a Pull skips it
@@ -273,11 +276,37 @@ class Router:
         pending = call(request, timeout=timeout, metadata=self._metadata(context, owner) + extra)
         try:
             if not waits:
-                return await pending
+                return await self._unless_moved(owner, pending)
             async with self._cut_when_moved(owner, pending):
                 return await pending
         except grpc.aio.AioRpcError as e:
             raise _relayed(e, owner.address) from None
+
+    async def _unless_moved(self, owner: Owner, pending) -> bytes:
+        """`pending`'s answer — or Unavailable once the routes name another owner of its logs (the client's retry
+        goes there): an owner that was paused, or cut off, past its session would hold the call until its
+        deadline, though its bundles are served elsewhere by then."""
+        if self._cutter is None or self._cutter.done():
+            self._cutter = asyncio.get_running_loop().create_task(self._cut_moved())
+        self._forwards[pending] = owner
+        try:
+            return await pending
+        except asyncio.CancelledError:
+            if pending in self._cut:  # (cut here, not by our caller)
+                raise Unavailable(_MOVED) from None
+            raise
+        finally:
+            del self._forwards[pending]
+            self._cut.discard(pending)
+
+    async def _cut_moved(self) -> None:
+        """One task for every forwarded call that does not wait by design: cuts those whose owner moved."""
+        while self._forwards:
+            await self.cluster.routes_changed().wait()
+            for call, owner in list(self._forwards.items()):
+                if call not in self._cut and owner.moved(self.cluster):
+                    self._cut.add(call)
+                    call.cancel()
 
     def publish_owner(self, t, ordering_key: str) -> Owner | None:
         """Where a publish to spread topic `t` is stored (None: here). A keyed batch goes to its key's shard, for
@@ -380,6 +409,8 @@ class Router:
             watch.cut(SHUTTING_DOWN)
 
     async def close(self) -> None:
+        if self._cutter is not None:
+            self._cutter.cancel()
         for ch in self._channels.values():
             await ch.close()
         self._channels.clear()
