@@ -1,4 +1,5 @@
 
+import logging
 import os
 
 import pytest
@@ -65,6 +66,14 @@ def pytest_xdist_make_scheduler(config, log):
             super()._assign_work_unit(node)
 
     return SparkAsOneFile(config, log)
+
+
+@pytest.fixture
+def quiet_logs():
+    """No logging (the simulated nodes log every takeover and roll; a failure carries what it needs)."""
+    logging.disable(logging.CRITICAL)
+    yield
+    logging.disable(logging.NOTSET)
 
 
 @pytest.fixture

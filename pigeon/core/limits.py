@@ -90,6 +90,9 @@ pull_answer_before_deadline_s = 0.5  # … or this long before the caller's dead
 stream_outstanding_messages_default = 1_000
 stream_response_messages_max = 1_000
 stream_deliveries_ahead = 4  # deliveries of a stream whose leases are being recorded (a cluster) at once
+lease_left_s_min = 1.0  # a delivery whose lease has less than this (or a quarter of it) left once its record is
+#                         confirmed is not sent (a node paused past it: the log's next owner may have handed the
+#                         messages out again, and had them acknowledged, meanwhile)
 streams_max = 20_000  # StreamingPull streams open at once on a server
 stream_unsent_bytes_max = 256 * 1024 * 1024  # responses on their way to clients, shared fairly by open streams
 shutdown_grace_s = 2.0  # on SIGTERM, calls in flight get this long to finish before they are cancelled

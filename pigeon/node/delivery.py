@@ -2,7 +2,7 @@
 deadline changes, the dead-letter topic). Owns the rules of the node's side of delivery: a pull waits for messages
 until shortly before its deadline and answers empty rather than late; a stream takes messages only within its flow
 control, and one waiter woken for a subscription passes the wake-up on while more is ready; a delivery's messages
-go out only once its lease is recorded (in a cluster, replicated: Executor.recorded); a message whose batch must
+go out only once its lease is recorded (in a cluster, replicated: Delivery.recording); a message whose batch must
 first be read from another node (node.reader.NotCached) is given back untaken, fetched in the background, and its
 subscription's waiters woken once it is here — a take never waits; an ack is answered once durable, a stream's ack
 with the next group commit (exactly-once: once durable). The choices are the broker's
@@ -17,6 +17,7 @@ from operator import itemgetter
 
 from pigeon.broker import commands
 from pigeon.broker.subscription import SubscriptionState
+from pigeon.broker.topic import SHARD_MASK
 from pigeon.core import limits
 from pigeon.core.errors import AckIdFailure, FailedPrecondition, InvalidArgument, NotFound, PigeonError, Unavailable
 from pigeon.node import hops
@@ -33,6 +34,7 @@ class Delivery:
         self._tasks: set[asyncio.Task] = set()  # dead letters on their way
         self._fetching: dict[int, asyncio.Task] = {}  # log address → its batch being fetched for a delivery
         self._unanswered: dict = {}  # ShardIndex → _Unanswered: its batches whose publishers wait for their answer
+        self._answers: dict[int, asyncio.Future] = {}  # subscription uid → its last leases' wait for their publishers
 
     @property
     def dead_letters_in_flight(self) -> int:
@@ -86,6 +88,61 @@ class Delivery:
         except Unavailable:
             s.untake(picks, 0, dead=True)
             raise
+        if self._unanswered and picks.out and self.executor.logs.replicas is not None:
+            self._wait_for_answers(s, picks.out)
+
+    def recording(self, s: SubscriptionState) -> asyncio.Future | None:
+        """What the leases just taken for `s` wait for before their messages go out (take it right after them);
+        None when there is nothing to wait for (one node). In a cluster, their Deliver record held by Qa members
+        of the log's ensemble (Unavailable when the log moved meanwhile): the lease is then in the log every later
+        owner of the bundle reads, before any ack of those messages — and an owner that lost its bundle without
+        knowing it yet (paused, cut off) cannot have its Deliver record confirmed (the new owner fenced the
+        ledger), so it hands out nothing, not even a message the new owner has seen acknowledged since. And the
+        publishers of those messages answered (show_when_durable): a subscriber never gets a message before its
+        publisher's answer is on its way."""
+        recording = self.executor.logs.recording(s.log_id)
+        answers = self._answers.pop(s.uid, None)
+        if answers is None or answers.done():
+            return recording
+        return answers if recording is None else asyncio.gather(asyncio.shield(recording), answers)
+
+    async def recorded(self, s: SubscriptionState) -> None:
+        """Until `recording(s)` is done (Unavailable when the log moved meanwhile)."""
+        recording = self.recording(s)
+        if recording is not None:
+            await asyncio.shield(recording)
+
+    def lease_left(self, until: float, lease_s: float) -> bool:
+        """Whether leases of `lease_s` that run out at `until` may still go out, now that they are recorded. Not when
+        they (nearly) ran out meanwhile: a node paused right after it sent a Deliver record finds the members'
+        answers waiting when it runs again, and would hand the messages out long after their leases ended — after
+        the log's next owner handed them out again and had them acknowledged, perhaps. (One node: no other owner.)"""
+        if self.executor.logs.replicas is None:
+            return True
+        return self.executor.clock.now() < until - min(limits.lease_left_s_min, lease_s / 4)
+
+    def _wait_for_answers(self, s: SubscriptionState, out) -> None:
+        """Leases of messages whose publishers are not answered yet (a replicated log shows a batch before its
+        publish is durable: show_when_durable) go out only once they are: `recording(s)` waits for it."""
+        t = s.topic
+        if t is None:  # (detached from a topic deleted: nothing of it is leased)
+            return
+        last: dict[int, int] = {}  # shard → the highest offset leased
+        for num, _ in out:
+            shard, offset = num & SHARD_MASK, num >> limits.shard_bits
+            if last.get(shard, -1) < offset:
+                last[shard] = offset
+        waits = []
+        for shard, offset in last.items():
+            held = self._unanswered.get(t.shards[shard]) if shard < len(t.shards) else None
+            if held is not None and held.bases and min(held.bases) <= offset:
+                fut = asyncio.get_running_loop().create_future()
+                held.waiters.append((offset, fut))
+                waits.append(fut)
+        if waits:
+            if (earlier := self._answers.get(s.uid)) is not None:
+                waits.append(earlier)
+            self._answers[s.uid] = waits[0] if len(waits) == 1 else asyncio.gather(*waits)
 
     def lease(self, s: SubscriptionState, max_messages: int, deadline_s: float, owner=None, per_key_max: int = 0):
         """Lock up to `max_messages` messages for `owner` (a push worker); messages past their delivery attempts
@@ -129,10 +186,12 @@ class Delivery:
             answered(lambda: self._answered(t, ix, rec.base))
         if early:
             # a replicated log: a delivery goes out only once its Deliver record is held by Qa members, and that
-            # record, later in the same log, is held only after this batch is — so the batch may be handed out
-            # now, and a message waits for one quorum round trip, not two (the reader serves it from the cache;
-            # dropped from it, a read of the journal waits until the batch is durable there)
-            self._visible(t, ix, rec.base + rec.count)
+            # record, later in the same log, is held only after this batch is — so the batch may be leased now,
+            # and a message waits for one quorum round trip, not two (the reader serves it from the cache;
+            # dropped from it, a read of the journal waits until the batch is durable there). Its publisher's
+            # answer, which comes with the batch's durability, is waited for by the delivery itself (recording)
+            # rather than before the lease: that would put the lease's round trip after the publish's
+            self._visible(t, ix, rec.base + rec.count, answered_first=False)
         # (a failed replication raises in the publisher's wait: the log's next owner shows the batch)
         ex.logs.on_durable(end, log_id, lambda: self._show(t, ix, rec))
         return log_id
@@ -148,6 +207,12 @@ class Delivery:
         held.bases.remove(base)
         if not held.bases:
             del self._unanswered[ix]
+        if held.waiters:
+            low = min(held.bases, default=1 << 62)  # the deliveries of messages below it may go out
+            for w in [w for w in held.waiters if w[0] < low]:
+                held.waiters.remove(w)
+                if not w[1].done():
+                    w[1].set_result(None)
         self._visible(t, ix, held.wanted)
 
     def shown(self, t, ix) -> None:
@@ -156,13 +221,14 @@ class Delivery:
             if (sig := self.executor.signals.get(uid)) is not None:
                 sig.notify()
 
-    def _visible(self, t, ix, end: int) -> None:
+    def _visible(self, t, ix, end: int, answered_first: bool = True) -> None:
         """The shard's messages below `end` may be handed out — those below the first batch whose publisher is
-        not answered yet, now: wake one waiter of each subscription. Not once the shard's index was replaced
-        meanwhile (its log reset, the shard handed over): the new one says what it holds."""
+        not answered yet, now, unless not `answered_first` (the delivery waits for the answer: recording): wake one
+        waiter of each subscription. Not once the shard's index was replaced meanwhile (its log reset, the shard
+        handed over): the new one says what it holds."""
         if ix not in t.shards or ix.held:  # (a copy of a shard its region serves: core.regions)
             return
-        held = self._unanswered.get(ix)
+        held = self._unanswered.get(ix) if answered_first else None
         if held is not None:
             held.wanted = max(held.wanted, end)
             end = min(end, min(held.bases))
@@ -235,10 +301,13 @@ class Delivery:
             wait = min(wait, time_left_s - limits.pull_answer_before_deadline_s)
         give_up = time.monotonic() + wait
         while True:
+            until = self.executor.clock.now() + s.ack_deadline_s
             out = self.deliver(s, max_messages, limits.response_bytes_max, None, s.ack_deadline_s)
             if out:
                 self._pass_on(s)
-                await self.executor.recorded(s.log_id)
+                await self.recorded(s)
+                if not self.lease_left(until, s.ack_deadline_s):
+                    continue  # (its messages go out again as their leases run out)
                 if s.transforms:  # subscription transforms (node.transforms): those filtered out are acked
                     out = await self.executor.transforms.deliver(self, s, out)
                 if out:
@@ -306,14 +375,16 @@ class Delivery:
                 raise FailedPrecondition(f"The subscription {s.name} is detached.")
             s.last_activity = self.executor.clock.now()  # an open stream keeps the subscription alive
             if stream.unsent:  # (a cluster) the oldest delivery goes out once its lease is recorded; meanwhile
-                out, recording = stream.unsent[0]  # the next one's lease goes on its way
+                out, recording, until = stream.unsent[0]  # the next one's lease goes on its way
                 if not recording.done():
                     if len(stream.unsent) < limits.stream_deliveries_ahead:
                         self._deliver_to(stream)
                     await asyncio.shield(recording)
                 stream.unsent.popleft()
                 recording.result()  # Unavailable: the bundle moved (its next owner holds the leases)
-                return out
+                if self.lease_left(until, stream.deadline_s):
+                    return out
+                continue  # (its messages go out again as their leases run out)
             if stream.room() > 0:
                 out = self._deliver_to(stream)
                 if out is not None:
@@ -338,10 +409,10 @@ class Delivery:
         if not out:
             return None
         self._pass_on(s)
-        recording = self.executor.logs.recording(s.log_id)
+        recording = self.recording(s)
         if recording is None:
             return out
-        stream.unsent.append((out, recording))
+        stream.unsent.append((out, recording, self.executor.clock.now() + stream.deadline_s))
         return None
 
     def close_stream(self, stream: Stream) -> None:
@@ -417,8 +488,9 @@ class _Unanswered:
     """A shard's batches whose publishers are not answered yet (their bases), and the highest end the shard's
     batches asked to show meanwhile."""
 
-    __slots__ = ("bases", "wanted")
+    __slots__ = ("bases", "wanted", "waiters")
 
     def __init__(self):
         self.bases: list[int] = []
         self.wanted = 0
+        self.waiters: list[tuple[int, asyncio.Future]] = []  # (offset, future): a delivery of the message at offset

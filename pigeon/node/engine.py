@@ -243,15 +243,6 @@ class Engine:
         moved meanwhile). The owner's own journal must have it too: its reader serves messages from there."""
         await self.logs.durable(end, log_id)
 
-    async def recorded(self, log_id: int) -> None:
-        """In a cluster, until every record committed so far to `log_id` is held by Qa members of its ensemble
-        (Unavailable when the log moved meanwhile); on one node at once. A delivery waits for it before its messages
-        go out: the lease it takes is then in the log every later owner of the bundle reads, before any ack of those
-        messages — and an owner that lost its bundle without knowing it yet (paused, cut off) cannot have its Deliver
-        record confirmed (the new owner fenced the ledger), so it hands out nothing, not even a message the new
-        owner has seen acknowledged since."""
-        await self.logs.replicated(log_id)
-
     async def change(self, *recs: R.Record) -> None:
         """Commit administrative records and answer once they are durable; one log line per change."""
         self.check_open()

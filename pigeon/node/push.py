@@ -27,7 +27,7 @@ import re
 from pigeon.core.pubsub_types import types
 
 from pigeon.core import ackid, limits
-from pigeon.core.errors import PigeonError
+from pigeon.core.errors import PigeonError, Unavailable
 from pigeon.node import push_tokens
 from pigeon.node.transforms import Failure
 
@@ -295,19 +295,25 @@ class PushWorker:
         if not taken:
             return 0
         loop = asyncio.get_running_loop()
+        recording = engine.delivery.recording(s)
+        until = engine.clock.now() + s.ack_deadline_s
         for (num, version), (body, tail) in zip(taken, msgs):
             if num in s.leases:  # an acked message resent with its ordered batch has no lease
                 self.held[num] = version
             self.window.sent(1)
-            t = loop.create_task(self._deliver(s, num, version, body + tail))
+            t = loop.create_task(self._deliver(s, num, version, body + tail, recording, until))
             self.requests.add(t)
             t.add_done_callback(self.requests.discard)
         return len(taken)
 
-    async def _deliver(self, s, num: int, version: int, raw: bytes) -> None:
+    async def _deliver(self, s, num: int, version: int, raw: bytes, recording: asyncio.Future | None,
+                       until: float) -> None:
         loop = asyncio.get_running_loop()
         try:
-            await self.engine.recorded(s.log_id)  # (in a cluster: the lease replicated before the message goes out)
+            if recording is not None:  # (in a cluster: the lease replicated before the message goes out)
+                await asyncio.shield(recording)
+                if not self.engine.delivery.lease_left(until, s.ack_deadline_s):
+                    raise Unavailable("its lease ran out before it was recorded")
             if s.transforms:  # the subscription's message transforms: one filtered out is acked unsent
                 raw = await self.engine.transforms.push_message(s, raw)
             failure = None if raw is None else raw if isinstance(raw, Failure) else await self._post(s, version, raw)

@@ -22,9 +22,13 @@ class QueueOps:
         s = self._sub(name)
         queue.check_take(max_messages, lock_s)
         s.last_activity = self.engine.clock.now()
-        out = self.engine.delivery.deliver(s, max_messages, limits.response_bytes_max, None, lock_s or s.ack_deadline_s)
+        lock_s = lock_s or s.ack_deadline_s
+        until = self.engine.clock.now() + lock_s
+        out = self.engine.delivery.deliver(s, max_messages, limits.response_bytes_max, None, lock_s)
         if out:
-            await self.engine.recorded(s.log_id)  # (in a cluster: the locks replicated before they go out)
+            await self.engine.delivery.recorded(s)  # (in a cluster: the locks replicated before they go out)
+            if not self.engine.delivery.lease_left(until, lock_s):
+                return []  # (they are taken again once their locks run out)
             if s.transforms:  # the subscription's message transforms, as on any delivery (node.transforms)
                 out = await self.engine.transforms.deliver(self.engine.delivery, s, out)
         return out

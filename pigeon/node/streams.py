@@ -137,7 +137,8 @@ class Stream:
         self.outbox: list[bytes] = []  # encoded responses to send before more messages (confirmations)
         # deliveries made, their leases on their way to the log's members (a cluster): each goes out once its
         # lease is recorded, while the next one is already being recorded
-        self.unsent: collections.deque = collections.deque()  # (responses' entries, the recording's future)
+        self.unsent: collections.deque = collections.deque()  # (responses' entries, the recording's future,
+        #                                                        when their leases run out)
         self.waiter: asyncio.Future | None = None  # set while the stream waits
         self.delivered = 0
         self.sending_since: float | None = None  # when the response gRPC is writing now was handed over

@@ -102,7 +102,7 @@ def check(h: History, subs: dict[str, int]) -> tuple[list[str], list[str], list[
         for mid, sent in h.deliveries.get(sub, []):
             if mid in acked and sent > acked[mid]:
                 undone.append(f"{sub.rsplit('/', 1)[-1]}: {h.data_of.get(mid, mid)} delivered by a pull sent "
-                              f"{sent - acked[mid]:.2f} s after its ack returned")
+                              f"{sent - acked[mid]:.2f} s after its ack returned (at {acked[mid] - h.start:.1f} s)")
     published = set(h.published.values())
     for ordered in (s for s in subs if s.endswith("-ordered")):
         by_key: dict[str, list[tuple[int, float]]] = {}

@@ -6,13 +6,12 @@ replicated), a seed finds it."""
 from __future__ import annotations
 
 import asyncio
-import logging
 
 import pytest
 
 from pigeon.cluster.quorum import Replication
 from pigeon.core import limits
-from pigeon.node import engine, ledger_store, replication
+from pigeon.node import delivery, engine, ledger_store, replication
 from pigeon.testing import simloop
 from pigeon.testing.simcluster import ClusterSim, SimFailure, run_seed
 
@@ -20,11 +19,7 @@ SEEDS = 40
 STEPS = 60
 
 
-@pytest.fixture(autouse=True)
-def _quiet():
-    logging.disable(logging.CRITICAL)  # the nodes log every takeover and roll; a failure carries what it needs
-    yield
-    logging.disable(logging.NOTSET)
+pytestmark = pytest.mark.usefixtures("quiet_logs")
 
 
 def _first_failure(seeds=range(1, 41), steps: int = 100, naming: str = "") -> str:
@@ -115,10 +110,7 @@ def test_it_notices_an_append_acknowledged_on_one_copy(monkeypatch):
 
 
 def test_it_notices_a_delivery_handed_out_before_its_lease_is_replicated(monkeypatch):
-    async def at_once(self, log_id):
-        return None
-
-    monkeypatch.setattr(engine.Engine, "recorded", at_once)
+    monkeypatch.setattr(delivery.Delivery, "recording", lambda self, s: None)
     # (a stale owner's delivery needs a pause at the right moment; a seed may first lose a key's later messages)
     _first_failure(range(20, 160), naming="after its ack returned OK")
 

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import logging
 
 import pytest
 
@@ -16,11 +15,7 @@ SEEDS = 10
 STEPS = 60
 
 
-@pytest.fixture(autouse=True)
-def _quiet():
-    logging.disable(logging.CRITICAL)
-    yield
-    logging.disable(logging.NOTSET)
+pytestmark = pytest.mark.usefixtures("quiet_logs")
 
 
 def test_spread_seeds_run_clean():
