@@ -65,10 +65,11 @@ def main() -> int:
     slowest = rep.slowest_kill_to_publish
     console.print(f"{rep.published} publishes acknowledged, {rep.delivered} deliveries; lost {len(rep.lost)}, acks "
                   f"undone {len(rep.undone)}, out of order {len(rep.disorder)}; publish errors {rep.publish_failed}, "
-                  f"ack errors {rep.ack_failed}, probe publishes refused {rep.probe_failed}; slowest kill → publish "
+                  f"ack errors {rep.ack_failed}, probe publishes refused {rep.probe_failed}; copies late after their "
+                  f"ack {len(rep.late)}; slowest kill → publish "
                   + (f"{slowest:.2f} s" if slowest is not None else "-")
                   + f"; {time.monotonic() - t0:.0f} s in all")
-    for line in (rep.lost + rep.undone + rep.disorder)[:20]:
+    for line in (rep.lost + rep.undone + rep.disorder)[:20] + [f"(late) {x}" for x in rep.late[:5]]:
         console.print(f"  {line}")
     if not args.dir:
         shutil.rmtree(root, ignore_errors=True)

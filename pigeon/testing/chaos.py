@@ -46,6 +46,10 @@ class History:
     first_seen: dict[str, dict[str, float]] = field(default_factory=dict)  # sub → data → first delivery's time
     data_of: dict[str, str] = field(default_factory=dict)  # message id → data, of every delivery
     acked: dict[str, dict[str, float]] = field(default_factory=dict)  # sub → message id → when the ack returned
+    # the leases behind deliveries and acks, where the workload notes them: (sub, message id, sent) → the version
+    # its ack id carries; sub → message id → the highest version acknowledged
+    versions: dict[tuple[str, str, float], int] = field(default_factory=dict)
+    acked_versions: dict[str, dict[str, int]] = field(default_factory=dict)
     ack_failed: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
     start: float = field(default_factory=time.monotonic)
@@ -61,6 +65,7 @@ class Checked:
     disorder: list[str]
     publish_failed: int
     ack_failed: int
+    late: list[str]  # deliveries that came after their message's ack under the lease acked or an earlier one
 
     @property
     def ok(self) -> bool:
@@ -68,9 +73,9 @@ class Checked:
 
     @staticmethod
     def of(w: "Workload") -> "Checked":
-        lost, undone, disorder = check(w.h, w.subs)
+        lost, undone, disorder, late = check(w.h, w.subs)
         return Checked(len(w.h.published), sum(len(v) for v in w.h.deliveries.values()), lost, undone, disorder,
-                       w.h.publish_failed, w.h.ack_failed)
+                       w.h.publish_failed, w.h.ack_failed, late)
 
 
 @dataclass
@@ -85,24 +90,38 @@ class Report(Checked):
         return super().ok and not self.unreplicated
 
 
+def lease_of(ack_id: str) -> int:
+    """The lease an ack id of Pigeon's names (its version; a seek's generation above it): a message's later
+    deliveries carry higher ones."""
+    return int(ack_id.rsplit(".", 1)[1])
+
+
 def expected(h: History, topic: int) -> dict[str, str]:
     """The acknowledged publishes of topic number `topic` (its data starts with the number)."""
     prefix = f"{topic}:"
     return {m: d for m, d in h.published.items() if d.startswith(prefix)}
 
 
-def check(h: History, subs: dict[str, int]) -> tuple[list[str], list[str], list[str]]:
-    """(lost, undone, out of order) — each a list of short descriptions. `subs`: subscription → topic number."""
-    lost, undone, disorder = [], [], []
+def check(h: History, subs: dict[str, int]) -> tuple[list[str], list[str], list[str], list[str]]:
+    """(lost, undone, out of order, late) — each a list of short descriptions. `subs`: subscription → topic number.
+    A delivery after its message's ack is an ack undone when it is of a later lease than the one acknowledged (or
+    the workload notes no leases); of that lease or an earlier one, it is a copy that was on its way before the
+    ack (a stream's response that a node paused, SIGSTOP, held in its buffers) — `late`, not a broken rule."""
+    lost, undone, disorder, late = [], [], [], []
     for sub, topic in subs.items():
         seen = {mid for mid, _ in h.deliveries.get(sub, [])}
         lost += [f"{sub.rsplit('/', 1)[-1]}: {d} (id {m}, answered at {h.answered.get(m, 0) - h.start:.1f} s)"
                  for m, d in expected(h, topic).items() if m not in seen]
-        acked = h.acked.get(sub, {})
+        acked, acked_versions = h.acked.get(sub, {}), h.acked_versions.get(sub, {})
         for mid, sent in h.deliveries.get(sub, []):
             if mid in acked and sent > acked[mid]:
-                undone.append(f"{sub.rsplit('/', 1)[-1]}: {h.data_of.get(mid, mid)} delivered by a pull sent "
-                              f"{sent - acked[mid]:.2f} s after its ack returned (at {acked[mid] - h.start:.1f} s)")
+                said = (f"{sub.rsplit('/', 1)[-1]}: {h.data_of.get(mid, mid)} delivered by a pull sent "
+                        f"{sent - acked[mid]:.2f} s after its ack returned (at {acked[mid] - h.start:.1f} s)")
+                version = h.versions.get((sub, mid, sent))
+                if version is not None and version <= acked_versions.get(mid, -1):
+                    late.append(said + f", under lease {version} (acked: {acked_versions[mid]})")
+                else:
+                    undone.append(said)
     published = set(h.published.values())
     for ordered in (s for s in subs if s.endswith("-ordered")):
         by_key: dict[str, list[tuple[int, float]]] = {}
@@ -116,7 +135,7 @@ def check(h: History, subs: dict[str, int]) -> tuple[list[str], list[str], list[
             for (s1, t1), (s2, t2) in zip(items, items[1:]):
                 if t2 < t1:
                     disorder.append(f"{ordered.rsplit('/', 1)[-1]} key {key}: {s2} came before {s1}")
-    return lost, undone, disorder
+    return lost, undone, disorder, late
 
 
 class Cluster:

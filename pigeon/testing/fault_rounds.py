@@ -29,7 +29,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from pigeon.testing.chaos import Checked, Cluster, Workload
+from pigeon.testing.chaos import Checked, Cluster, Workload, lease_of
 
 P = "projects/rounds"
 ROUND_S = 20.0
@@ -110,6 +110,7 @@ class StreamWorkload(Workload):
                         for m in resp.received_messages:
                             mid, data = m.message.message_id, m.message.data.decode()
                             h.deliveries[sub_name].append((mid, arrived - STREAM_TRANSIT_S))
+                            h.versions[(sub_name, mid, arrived - STREAM_TRANSIT_S)] = lease_of(m.ack_id)
                             h.data_of[mid] = data
                             h.first_seen[sub_name].setdefault(data, arrived)
                     ids = [m.ack_id for m in resp.received_messages]
@@ -125,6 +126,9 @@ class StreamWorkload(Workload):
                     with h.lock:
                         for m in resp.received_messages:
                             h.acked[sub_name].setdefault(m.message.message_id, done)
+                            acked = h.acked_versions.setdefault(sub_name, {})
+                            acked[m.message.message_id] = max(acked.get(m.message.message_id, -1),
+                                                              lease_of(m.ack_id))
             finally:
                 ended.set()
                 stream.cancel()
