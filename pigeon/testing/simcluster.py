@@ -58,6 +58,7 @@ ROLLS_MAX = 20  # more new ledgers of one log than this within one step of the w
 DRAIN_PAUSE_S = 0.2  # between the drain's rounds of pulls while they bring messages …
 DRAIN_PAUSE_MAX_S = 3.2  # … doubling up to this while they bring none (waiting out leases and backoff)
 SETTLE_PAUSE_S, SETTLE_PAUSE_MAX_S = 1.0, 8.0  # the same, while waiting for the journals to drop what no log keeps
+SETTLE_LOOK_S = 0.5  # … a pause ending once they have (on the nodes' timers, not at a pull), looked at this often
 _PublishRequest, _PubsubMessage = types.PublishRequest.pb(), types.PubsubMessage.pb()
 _PullResponse = types.PullResponse.pb()
 _Task, _node_get = asyncio.Task, NODE.get
@@ -445,7 +446,7 @@ class ClusterSim:
             await asyncio.gather(*(self.consume(s) for s in set(self.subs) - set(self.poison) - {self.dead_sub}),
                                  *(self.nack_all(s) for s in self.poison), self.consume_dead())
             pause = self._pause(received, pause, SETTLE_PAUSE_S, SETTLE_PAUSE_MAX_S)
-            await asyncio.sleep(min(pause, max(deadline - loop.time(), 0.0) + 0.05))
+            await simloop.nap(min(pause, max(deadline - loop.time(), 0.0) + 0.05), self.space_reclaimed, SETTLE_LOOK_S)
 
     def _pause(self, received: int, pause: float, least: float, most: float) -> float:
         """The pause before a client's next round of pulls: the least while the last round brought messages, else
