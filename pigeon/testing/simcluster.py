@@ -49,9 +49,7 @@ from pigeon.testing.simnode import BUNDLES, LOG_SNAPSHOT_S, NODE, SHARDS, SimNod
 
 P = "projects/simc"
 KEYS = ["k1", "k2", "k3"]
-# a client's deadline for one call: shorter than the cluster's waits (a session's time to live, an etcd outage), so
-# a call caught in one times out (an ambiguous outcome: its write may land later) and the step goes on
-CALL_S = 2.0
+CALL_S = 5.0  # a client's deadline for one call
 FAULT_RATE = 0.2  # the share of steps that begin with a fault
 MOVE_RATE = 0.15  # the share of faults that are a shard asked into another bundle
 ROLLS_MAX = 20  # more new ledgers of one log than this within one step of the workload is a roll storm
@@ -62,6 +60,7 @@ SETTLE_LOOK_S = 0.5  # … a pause ending once they have (on the nodes' timers, 
 _PublishRequest, _PubsubMessage = types.PublishRequest.pb(), types.PubsubMessage.pb()
 _PullResponse = types.PullResponse.pb()
 _Task, _node_get = asyncio.Task, NODE.get
+
 
 
 class SimFailure(AssertionError):
@@ -204,7 +203,7 @@ class ClusterSim:
         if owner is None or owner == node.id:
             raise Unavailable("no owner")
         if not self.net.reachable(node.id, owner):
-            await asyncio.sleep(limits.forward_s_max)  # (a node's forward has the router's deadline)
+            await asyncio.sleep(CALL_S)
             raise Unavailable("forward timed out")
         target, cmd = self.nodes[owner], commands.check_publish(request)
 
