@@ -53,9 +53,10 @@ CALL_S = 5.0  # a client's deadline for one call
 FAULT_RATE = 0.2  # the share of steps that begin with a fault
 MOVE_RATE = 0.15  # the share of faults that are a shard asked into another bundle
 ROLLS_MAX = 20  # more new ledgers of one log than this within one step of the workload is a roll storm
-DRAIN_PAUSE_S = 0.2  # between the drain's rounds of pulls while they bring messages …
+DRAIN_PULL, DRAIN_PAUSE_S = 100, 0.2  # a drain's pulls ask for this many; it pauses between rounds that bring some …
 DRAIN_PAUSE_MAX_S = 3.2  # … doubling up to this while they bring none (waiting out leases and backoff)
 SETTLE_PAUSE_S, SETTLE_PAUSE_MAX_S = 1.0, 8.0  # the same, while waiting for the journals to drop what no log keeps
+SETTLE_LOOK_S = 0.5  # … a pause ending once they have (on the nodes' timers, not at a pull), looked at this often
 _PublishRequest, _PubsubMessage = types.PublishRequest.pb(), types.PubsubMessage.pb()
 _PullResponse = types.PullResponse.pb()
 _Task, _node_get = asyncio.Task, NODE.get
@@ -265,11 +266,11 @@ class ClusterSim:
         for mid, d in zip(ids, datas):
             self.h.published[mid] = (t, d)
 
-    async def consume(self, sub: str) -> None:
+    async def consume(self, sub: str, most: int = 20) -> None:
         t = self.subs[sub]
         sent = asyncio.get_running_loop().time()
         try:
-            got, settle = await self._pull_and_ack(sub, self.topics[t], 20, lambda node, ids: (
+            got, settle = await self._pull_and_ack(sub, self.topics[t], most, lambda node, ids: (
                 node.engine.delivery.acknowledge(sub, ids)))
         except (PigeonError, _Refused, asyncio.TimeoutError):
             return
@@ -444,7 +445,7 @@ class ClusterSim:
             await asyncio.gather(*(self.consume(s) for s in set(self.subs) - set(self.poison) - {self.dead_sub}),
                                  *(self.nack_all(s) for s in self.poison), self.consume_dead())
             pause = self._pause(received, pause, SETTLE_PAUSE_S, SETTLE_PAUSE_MAX_S)
-            await asyncio.sleep(min(pause, max(deadline - loop.time(), 0.0) + 0.05))
+            await simloop.nap(min(pause, max(deadline - loop.time(), 0.0) + 0.05), self.space_reclaimed, SETTLE_LOOK_S)
 
     def _pause(self, received: int, pause: float, least: float, most: float) -> float:
         """The pause before a client's next round of pulls: the least while the last round brought messages, else
@@ -483,7 +484,7 @@ class ClusterSim:
                 return
             subs = {s for s, _ in missing}
             received = self.h.received
-            await asyncio.gather(*(self.consume(s) for s in subs - set(self.poison) - {self.dead_sub}),
+            await asyncio.gather(*(self.consume(s, DRAIN_PULL) for s in subs - set(self.poison) - {self.dead_sub}),
                                  *(self.nack_all(s) for s in subs & set(self.poison)), self.consume_dead())
             pause = self._pause(received, pause, DRAIN_PAUSE_S, DRAIN_PAUSE_MAX_S)
             await asyncio.sleep(min(pause, max(deadline - loop.time(), 0.0) + 0.05))

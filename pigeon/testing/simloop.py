@@ -239,6 +239,15 @@ def sleep(seconds: float) -> asyncio.Future:
     return fut
 
 
+async def nap(seconds: float, done, look: float) -> None:
+    """Sleep `seconds`, or less once `done()` holds (asked every `look` seconds meanwhile): a pause past the moment
+    a simulated client waits for is virtual time the whole cluster lives through, at the cost of its timers."""
+    loop = asyncio.get_running_loop()
+    until = loop.time() + seconds
+    while (left := until - loop.time()) > 0 and not done():
+        await sleep(min(left, look))
+
+
 def _wake(fut: asyncio.Future) -> None:
     if not fut.done():
         fut.set_result(None)

@@ -23,6 +23,7 @@ WALL0 = 1_800_000_000.0  # the nodes' wall clocks start here (plus their skew)
 SESSION_TTL_S = 3
 LOAD_BALANCE_S = 15  # the load planner's period (virtual seconds): it moves bundles a few times a seed
 LOG_SNAPSHOT_S = 30  # a quiet log moves to a new ledger this often (the journals drop what it kept)
+CHECKPOINT_S = 15  # a node's checkpoints at most this far apart (its journal drops what the older of two covers)
 
 _TASKS_PRUNE_MIN = 64  # a life's task registry drops its ended tasks when it grew by this many (or doubled)
 
@@ -129,7 +130,7 @@ class SimNode:
                       append_port=-1, session_ttl_s=SESSION_TTL_S, bundles=BUNDLES, shards_per_topic=SHARDS,
                       topic_layout="spread" if self.sim.spread else "together",
                       log_snapshot_entries=self.sim.snapshot_entries, log_snapshot_s=LOG_SNAPSHOT_S,
-                      load_balance_s=LOAD_BALANCE_S)
+                      load_balance_s=LOAD_BALANCE_S, checkpoint_interval_s=CHECKPOINT_S)
 
     def start(self) -> None:
         net = self.sim.net
