@@ -91,6 +91,15 @@ def confirm_landings(state, log: int, pair: tuple[int, int, int] | None = None) 
             del t.landed[k]
 
 
+def landings_pending(state) -> bool:
+    """Whether a pair is homed by a log's record this node has not seen held by the log's quorum yet (`landed`).
+    A checkpoint then would hold the pair's state as that record made it but its home as before it (`images`:
+    no checkpoint makes a homing one that no reset of the log undoes), and the record itself would lie before
+    the checkpoint: replayed on it, the hand-over's ShardHome finds the pair never handed in and drops its state
+    — the node's next start then fails on the pair's next record."""
+    return any(t.landed for t in state.topics_by_uid.values())
+
+
 def _landing(t, shard: int, log: int, gen: int) -> tuple:
     """What `TopicState.landed` keeps for a homing of the pair in `log` by a record of that log: the homing
     before it (the earliest one's, when the log's records homed it before already)."""

@@ -9,7 +9,7 @@ import asyncio
 import logging
 
 from pigeon.broker import images
-from pigeon.broker import commands
+from pigeon.broker import commands, log_state
 from pigeon.core.bundles import META_LOG
 from pigeon.core.errors import Unavailable
 from pigeon.storage import checkpoint as ck
@@ -104,6 +104,8 @@ async def checkpoint(engine) -> None:
         pos = engine.journal.tail
         if cks.positions and cks.positions[-1] == pos:
             return
+        if log_state.landings_pending(engine.state):
+            return  # (a hand-over's homing not yet held by its log's quorum: next time)
         recs = checkpoint_records(engine.state, engine.journal.journal, pos)
         await engine.journal.wait_durable(pos)
         await asyncio.get_running_loop().run_in_executor(None, ck.write, engine.journal.disk, cks.dir, pos, recs,

@@ -522,3 +522,22 @@ def test_a_loaded_log_is_served_once_its_state_is_durable_with_its_messages_read
         await e.stop()
 
     run(go())
+
+
+def test_no_checkpoint_is_written_while_a_hand_overs_homing_is_not_held_by_its_logs_quorum(tmp_path):
+    """(broker.log_state.landings_pending; tests/unit/test_shard_landing.py shows what such a checkpoint lost.)"""
+    async def go():
+        e = await started(config(tmp_path), SimClock())
+        await setup(e)
+        await publish(e, [b"m"])
+        t = e.state.topic(T)
+        t.landed[0] = (2, 1, None, None)  # a ShardIn of this node homed shard 0 in log 2, not yet held there
+        before = list(e.checkpoints.positions)
+        await e.checkpoint()
+        assert e.checkpoints.positions == before
+        del t.landed[0]  # the log's quorum holds it
+        await e.checkpoint()
+        assert e.checkpoints.positions[-1] == e.journal.tail != (before or [None])[-1]
+        await e.stop()
+
+    run(go())
