@@ -264,3 +264,15 @@ def check_handover(history, bundles: int, rng, rate: float = 0.05, counts: dict 
                 problems.append(f"the owner of log {log} routes topic {t.name} to {st.shard_logs(mine, bundles)} "
                                 f"(away: {sorted(mine.away)}); the metadata log to {want}")
     return problems
+
+
+def restarted(state: BrokerState) -> BrokerState:
+    """A fresh state loaded as a node's restart loads a checkpoint of `state`: its metadata records, then its
+    images (dispatch off, as recovery leaves it)."""
+    st = BrokerState()
+    st.dispatch_off()
+    for rec in images.meta_records(state):
+        st.apply(rec)
+    for image in images.images(state):
+        st.restore(image)
+    return st

@@ -10,12 +10,12 @@ from google.pubsub_v1 import types
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pigeon.broker import images
 from pigeon.broker.resources import Topic
 from pigeon.broker.state import BrokerState
 from pigeon.broker.topic import SHARD_MASK
 from pigeon.core import limits
 from pigeon.storage import records as R
+from pigeon.testing.shard_check import restarted
 
 KEY = 7  # an ordering key's hash
 
@@ -83,25 +83,20 @@ def test_after_a_restart_a_key_resends_what_ran_out_before_its_extended_member()
     live.apply(s.take(10, 0.0).record(2, 10.0))
     live.apply(R.Modack(2, 5.0, 60, [second], [1]))
     s.expire(10.0)  # the first and the third ran out, the second runs to 65 s
-    restarted = BrokerState()
-    restarted.dispatch_off()
-    for rec in images.meta_records(live):
-        restarted.apply(rec)
-    for image in images.images(live):
-        restarted.restore(image)
-    restarted.rebuild(10.0)
-    s = restarted.subs_by_uid[2]
+    again = restarted(live)
+    again.rebuild(10.0)
+    s = again.subs_by_uid[2]
     assert set(s.leases) == {second} and s.versions == {first: 1, third: 1}
 
     def take(now: float) -> list[tuple[int, int]]:
         picks = s.take(10, now)
         if picks:
-            restarted.apply(picks.record(2, now + 10))
+            again.apply(picks.record(2, now + 10))
         return picks.out
 
     assert take(10.0) == []  # the key waits for its leased member
     assert take(65.0) == [(first, 2), (second, 2)]
-    restarted.apply(R.Ack(2, [first, second]))
+    again.apply(R.Ack(2, [first, second]))
     assert take(65.0) == [(third, 2)]
 
 

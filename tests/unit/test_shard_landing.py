@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pigeon.broker import images
 from pigeon.storage import records as R
+from pigeon.testing.shard_check import restarted
 
 from tests.unit.test_shard_handover import BUNDLES, HOME, MOVED, NEW, before, fresh
 
@@ -87,19 +88,6 @@ def test_a_pair_a_reset_put_back_has_its_subscriptions_dispatch_again_when_the_l
     assert s.dispatching
 
 
-def _restored(node):
-    """A fresh state loaded as a restart loads the checkpoint of `node` (its metadata records, then its images)."""
-    from pigeon.broker.state import BrokerState
-
-    st = BrokerState()
-    st.dispatch_off()
-    for rec in images.meta_records(node):
-        st.apply(rec)
-    for image in images.images(node):
-        st.restore(image)
-    return st
-
-
 def test_no_checkpoint_while_a_homing_is_not_held_by_its_logs_quorum():
     """Taken then, a checkpoint holds the pair's index as the ShardIn made it but its home as before it (above),
     while the ShardIn lies before the checkpoint: replayed on it, the hand-over's ShardHome finds the pair never
@@ -111,11 +99,11 @@ def test_no_checkpoint_while_a_homing_is_not_held_by_its_logs_quorum():
     node, _ = _landed_not_durable()
     index = node.topics_by_uid[1].shards[MOVED]
     assert index.next > 0 and log_state.landings_pending(node)
-    restarted = _restored(node)
-    restarted.apply(R.ShardHome(1, MOVED, NEW, 1, 40.0))  # the hand-over's ShardHome, after the checkpoint
-    assert restarted.topics_by_uid[1].shards[MOVED].next == 0, "(the hazard: the pair's messages forgotten)"
+    again = restarted(node)
+    again.apply(R.ShardHome(1, MOVED, NEW, 1, 40.0))  # the hand-over's ShardHome, after the checkpoint
+    assert again.topics_by_uid[1].shards[MOVED].next == 0, "(the hazard: the pair's messages forgotten)"
     node.confirm_landings(NEW, (1, MOVED, 1))  # the log's quorum holds the ShardIn
     assert not log_state.landings_pending(node)
-    restarted = _restored(node)
-    restarted.apply(R.ShardHome(1, MOVED, NEW, 1, 40.0))
-    assert restarted.topics_by_uid[1].shards[MOVED].next == index.next
+    again = restarted(node)
+    again.apply(R.ShardHome(1, MOVED, NEW, 1, 40.0))
+    assert again.topics_by_uid[1].shards[MOVED].next == index.next
