@@ -112,12 +112,14 @@ def bundle_snapshot(state: BrokerState, log: int, bundles: int,
     the shard indexes are left empty: the log after the snapshot must hold every message still needed. A pair
     handed out of the log and not homed elsewhere yet comes with its ShardOut (its image in it): a new owner of the
     log refuses its records, and can finish the hand-over, from the snapshot alone; one handed in comes with its
-    ShardHome, so that a node whose metadata log is behind loads it too."""
+    ShardHome, so that a node whose metadata log is behind loads it too. (A ShardOut goes with its old home's
+    snapshot even when this node's ShardIn homed the pair already: broker.log_state.shard_out.)"""
     out = []
     for t, shards in _bundle(state, log, bundles):
         out.extend(R.ShardHome(t.uid, k, log, t.gens[k]) for k in sorted(shards) if t.homes.get(k) == log)
         out.extend(_pair_images(state, t, shards, addresses, indexes))
-        out.extend(t.away[k] for k in sorted(shards) if k in t.away)
+    out.extend(o for t in sorted(state.topics_by_uid.values(), key=lambda t: t.uid)
+               for _, o in sorted(t.away.items()) if o.log == log)
     return R.Snapshot(log, bundles, CK.encode_images(out))
 
 

@@ -92,12 +92,15 @@ def confirm_landings(state, log: int, pair: tuple[int, int, int] | None = None) 
 
 
 def landings_pending(state) -> bool:
-    """Whether a pair is homed by a log's record this node has not seen held by the log's quorum yet (`landed`).
-    A checkpoint then would hold the pair's state as that record made it but its home as before it (`images`:
-    no checkpoint makes a homing one that no reset of the log undoes), and the record itself would lie before
-    the checkpoint: replayed on it, the hand-over's ShardHome finds the pair never handed in and drops its state
-    — the node's next start then fails on the pair's next record."""
-    return any(t.landed for t in state.topics_by_uid.values())
+    """Whether a pair is homed by a log's record the metadata log has not homed it by yet. Not held by the log's
+    quorum yet either (`landed`), a checkpoint would hold the pair's state as that record made it but its home
+    as before it (`images`: no checkpoint makes a homing one that no reset of the log undoes), and the record
+    itself would lie before the checkpoint: replayed on it, the hand-over's ShardHome finds the pair never
+    handed in and drops its state — the node's next start then fails on the pair's next record. Held, the
+    checkpoint would write it as a ShardHome: replayed, the pair would look homed by the metadata log, and its
+    ShardOut, read back with the old home, would no longer be kept pending (`shard_out`)."""
+    return any(t.landed or not t.deleted and any(g > t.meta_gens.get(k, 0) for k, g in t.gens.items())
+               for t in state.topics_by_uid.values())  # (a checkpoint writes no home of a deleted topic)
 
 
 def _landing(t, shard: int, log: int, gen: int) -> tuple:
@@ -149,11 +152,20 @@ def snapshot(state, rec: R.Snapshot):
 def shard_out(state, rec: R.ShardOut):
     """The pair leaves this log: its state goes from here (its records are refused until it is homed
     elsewhere), and the record is kept — with the pair's image — until then, for a bundle snapshot to carry. A
-    ShardOut of a hand-over this state has seen homed already (read again with its log) changes nothing."""
+    ShardOut of a hand-over the metadata log has homed already, or a later one, changes nothing (read again with
+    its log). One whose ShardIn alone homed the pair here (this node owns, or owned, the new home too) is kept
+    pending, the pair's state left as its new home has it: until the metadata log's ShardHome, which this log's
+    owner commits (`node.handover`) and its snapshots carry on — dropped, no node would commit it, and a next
+    owner of the log whose metadata log has no ShardHome would count the pair as the log's, with none of its
+    state, and hand it over again with an empty index (cluster simulator seed 23105: the log cut under the
+    batches the first hand-over's image names)."""
     t = state.topics_by_uid.get(rec.topic)
-    if t is None or t.gens.get(rec.shard, 0) >= rec.gen:
+    gen = None if t is None else t.gens.get(rec.shard, 0)
+    if t is None or gen > rec.gen or t.meta_gens.get(rec.shard, 0) >= rec.gen:
         return None
     t.away[rec.shard] = rec
+    if gen == rec.gen:
+        return None
     t.spread = True
     state.spread = True
     return _drop_pair(state, t, rec.shard, rec.now)
@@ -194,6 +206,7 @@ def shard_home(state, rec: R.ShardHome):
         raise Contradiction(f"a home for shard {rec.shard} of topic {rec.topic}, which does not exist")
     if rec.shard >= len(t.shards):
         raise Contradiction(f"a home for shard {rec.shard} of topic {rec.topic}, which has {len(t.shards)}")
+    t.meta_gens[rec.shard] = max(rec.gen, t.meta_gens.get(rec.shard, 0))
     out = t.away.get(rec.shard)
     if out is not None and out.gen <= rec.gen:  # (that hand-over is homed: a ShardIn here kept it pending till now)
         del t.away[rec.shard]

@@ -212,6 +212,7 @@ class TopicState:
         self.homes: dict[int, int] = {}  # shard → its log, for a shard handed over (ShardHome: docs/cluster.md 4.3)
         self.away: dict = {}  # shard → its ShardOut: handed out of this log, not homed elsewhere yet (refused here)
         self.gens: dict[int, int] = {}  # shard → the number of its latest hand-over this state applied (homes)
+        self.meta_gens: dict[int, int] = {}  # shard → … of its latest hand-over the metadata log's ShardHome homed
         # shard → (log, gen, home before, gen before): homed in `log` by a record of that log only (a ShardIn, a
         # snapshot's ShardHome) that this node does not know to be in the log: not confirmed by the log's quorum
         # yet, not read back from its ledgers, not homed by the metadata log's ShardHome. Such a record may never

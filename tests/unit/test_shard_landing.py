@@ -6,8 +6,12 @@ its journal, took the log back without it, counted the pair's empty index as the
 from __future__ import annotations
 
 from pigeon.broker import images
+from pigeon.core.errors import Unavailable
+from pigeon.storage import checkpoint as CK
 from pigeon.storage import records as R
 from pigeon.testing.shard_check import restarted
+
+import pytest
 
 from tests.unit.test_shard_handover import BUNDLES, HOME, MOVED, NEW, before, fresh
 
@@ -103,7 +107,63 @@ def test_no_checkpoint_while_a_homing_is_not_held_by_its_logs_quorum():
     again.apply(R.ShardHome(1, MOVED, NEW, 1, 40.0))  # the hand-over's ShardHome, after the checkpoint
     assert again.topics_by_uid[1].shards[MOVED].next == 0, "(the hazard: the pair's messages forgotten)"
     node.confirm_landings(NEW, (1, MOVED, 1))  # the log's quorum holds the ShardIn
+    assert log_state.landings_pending(node), "still: the metadata log has not homed it (below)"
+    node.apply(R.ShardHome(1, MOVED, NEW, 1, 40.0))
     assert not log_state.landings_pending(node)
     again = restarted(node)
-    again.apply(R.ShardHome(1, MOVED, NEW, 1, 40.0))
+    again.apply(R.ShardHome(1, MOVED, NEW, 1, 40.0))  # (replayed again: changes nothing)
     assert again.topics_by_uid[1].shards[MOVED].next == index.next
+
+
+def _owner_of_both_logs():
+    """The hand-over's old home's owner hands the pair out and gives its logs up before the metadata log's
+    ShardHome; a node takes the new home first — applying the ShardIn, confirmed: read back from the log —, then
+    the old home, reading the ShardOut back. (the node, the old home's owner's state, the ShardOut)"""
+    old = fresh()
+    for at, rec in enumerate(before(), start=100):
+        old.apply(rec, at)
+    out = R.ShardOut(1, MOVED, HOME, NEW, 1, 30.0, images.pair_images(old, old.topics_by_uid[1], MOVED))
+    old.apply(out)
+    node = fresh()
+    node.apply_in_log(R.ShardIn(1, MOVED, NEW, HOME, 1, 30.0, out.images), NEW, BUNDLES)
+    node.confirm_landings(NEW)
+    node.apply(R.Reset(HOME, BUNDLES))
+    for at, rec in enumerate(before(), start=100):
+        node.apply_in_log(rec, HOME, BUNDLES, at)
+    node.apply_in_log(out, HOME, BUNDLES)
+    return node, old, out
+
+
+def test_a_shard_out_read_back_after_its_shard_in_stays_pending_until_the_metadata_log_homes_the_pair():
+    """Cluster simulator seed 23105: dropped there, no node committed the hand-over's ShardHome, and the old
+    home's snapshot carried neither it nor the pair; the log's next owner — its metadata log without the
+    ShardHome — counted the pair as the log's with an empty index, handed it over again with that and lent the
+    old home only from its end: the old home was cut under the batches the first hand-over's image names."""
+    node, old, out = _owner_of_both_logs()
+    t = node.topics_by_uid[1]
+    assert t.away.get(MOVED) == out, "pending: this node's handover commits the ShardHome (HandOvers.resume)"
+    assert node.shard_logs(t, BUNDLES)[MOVED] == NEW
+    assert t.shards[MOVED].next == 5, "the new home's state (the image: 5 messages), kept"
+    with pytest.raises(Unavailable):
+        node.log_of(R.Publish(1, MOVED, 3, 3000, 1, 0, b""), BUNDLES)  # (refused until then, as a ShardIn leaves it)
+    carried = [i for i in CK.decode_images(images.bundle_snapshot(node, HOME, BUNDLES).images)
+               if isinstance(i, R.ShardOut)]
+    assert carried == [out], "the old home's snapshot carries it"
+    nxt = fresh()  # the old home's next owner, from that snapshot, its metadata log without the ShardHome
+    nxt.apply(images.bundle_snapshot(node, HOME, BUNDLES))
+    assert nxt.topics_by_uid[1].away.get(MOVED) == out, "it refuses the pair's records, and finishes the hand-over"
+    with pytest.raises(Unavailable):
+        nxt.log_of(R.Publish(1, MOVED, 3, 3000, 1, 0, b""), BUNDLES)
+    for st in (node, nxt):
+        st.apply(R.ShardHome(1, MOVED, NEW, 1, 40.0))
+        assert not st.topics_by_uid[1].away and st.shard_logs(st.topics_by_uid[1], BUNDLES)[MOVED] == NEW
+    assert node.topics_by_uid[1].shards[MOVED].next == 5
+
+
+def test_a_shard_out_the_metadata_log_homed_changes_nothing_read_back():
+    node, _, out = _owner_of_both_logs()
+    node.apply(R.ShardHome(1, MOVED, NEW, 1, 40.0))
+    node.apply(R.Reset(HOME, BUNDLES))
+    node.apply_in_log(out, HOME, BUNDLES)
+    t = node.topics_by_uid[1]
+    assert not t.away and t.shards[MOVED].next == 5
