@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import glob
 import multiprocessing as mp
 import os
 import shutil
@@ -352,8 +353,19 @@ def run_count(root: str, plan: ScalePlan, size: int, caps: CpuCaps, bars: Bars) 
         entry["errors"]["start"] = f"{type(e).__name__}: {e}"[:2000]
     finally:
         server.stop()
+        if entry["errors"]:
+            entry["logs"] = _keep_logs(server.root, size)
         server.discard()
     return entry
+
+
+def _keep_logs(root: str, size: int) -> str:
+    """The logs of a count whose run had an error (its nodes', etcd's), copied where the run's data is not
+    deleted: the directory, for the report to name."""
+    kept = tempfile.mkdtemp(prefix=f"pigeon-scale-n{size}-logs-")
+    for path in glob.glob(os.path.join(root, "*.log")):
+        shutil.copy(path, kept)
+    return kept
 
 
 def run_scale(plan: ScalePlan, hierarchy: Hierarchy, console=None, quiet_wait_s: float = 0.0) -> dict:

@@ -73,9 +73,17 @@ def cpu_rows(doc: dict) -> list[tuple[str, str, str, str]]:
     return out
 
 
+def _said(error: str) -> str:
+    """An error's first line, with a gRPC error's status and details (its first line names neither)."""
+    lines = error.splitlines()
+    said = [ln.strip() for ln in lines if ln.strip().startswith(("status = ", "details = "))][:2]
+    return " ".join([lines[0][:200]] + said) if lines else ""
+
+
 def _problems(doc: dict) -> list[str]:
-    out = [f"N={n} / {k}: {v.splitlines()[0][:300]}" for n in _counts(doc)
-           for k, v in (doc["runs"][n].get("errors") or {}).items()]
+    out = [f"N={n} / {k}: {_said(v)}" for n in _counts(doc) for k, v in (doc["runs"][n].get("errors") or {}).items()]
+    out += [f"N={n}: the nodes' logs are kept in {doc['runs'][n]['logs']}" for n in _counts(doc)
+            if doc["runs"][n].get("logs")]
     for n in _counts(doc):
         for k, r in (doc["runs"][n].get("results") or {}).items():
             for what in ("publish_errors", "stream_errors", "teardown_failed"):

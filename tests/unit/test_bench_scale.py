@@ -142,4 +142,12 @@ def test_the_report_shows_each_rate_with_its_efficiency():
     md = markdown(doc)
     assert "| one topic, publish alone | 30,000 (1.00) | 30,000 (0.75) |" in md
     assert "n1 0.20 (99 %)" in md and "N=4 / topics: E: x" in md
+    doc["runs"]["4"]["errors"]["mixed"] = ("RuntimeError: worker 0 failed: AioRpcError: <AioRpcError of RPC that "
+                                           "terminated with:\n\tstatus = StatusCode.UNAVAILABLE\n\tdetails = "
+                                           "\"moving; retry.\"\n\tdebug_error_string = \"x\"\n>\nTraceback …")
+    doc["runs"]["4"]["logs"] = "/tmp/pigeon-scale-n4-logs-x"
+    md = markdown(doc)
+    assert 'N=4 / mixed: RuntimeError: worker 0 failed: AioRpcError: <AioRpcError of RPC that terminated with: ' \
+           'status = StatusCode.UNAVAILABLE details = "moving; retry."' in md, "what the error said, on its line"
+    assert "N=4: the nodes' logs are kept in /tmp/pigeon-scale-n4-logs-x" in md
     assert "| other programs' CPU meanwhile, median / most (share of the machine; no efficiency) | – | – |" in md
