@@ -353,15 +353,16 @@ def run_count(root: str, plan: ScalePlan, size: int, caps: CpuCaps, bars: Bars) 
         entry["errors"]["start"] = f"{type(e).__name__}: {e}"[:2000]
     finally:
         server.stop()
-        if entry["errors"]:
+        if entry["errors"] or any(r.get(k) for r in entry["results"].values()
+                                  for k in ("publish_errors", "stream_errors", "teardown_failed")):
             entry["logs"] = _keep_logs(server.root, size)
         server.discard()
     return entry
 
 
 def _keep_logs(root: str, size: int) -> str:
-    """The logs of a count whose run had an error (its nodes', etcd's), copied where the run's data is not
-    deleted: the directory, for the report to name."""
+    """The logs of a count whose run had an error or a refused call (its nodes', etcd's), copied where the run's
+    data is not deleted: the directory, for the report to name."""
     kept = tempfile.mkdtemp(prefix=f"pigeon-scale-n{size}-logs-")
     for path in glob.glob(os.path.join(root, "*.log")):
         shutil.copy(path, kept)
