@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from operator import itemgetter
 
 from pigeon.broker import commands
@@ -299,7 +298,8 @@ class Delivery:
         wait = limits.pull_wait_s_max
         if time_left_s is not None:
             wait = min(wait, time_left_s - limits.pull_answer_before_deadline_s)
-        give_up = time.monotonic() + wait
+        loop = asyncio.get_running_loop()  # (its clock: virtual in the simulator, as the waits below are)
+        give_up = loop.time() + wait
         while True:
             until = self.executor.clock.now() + s.ack_deadline_s
             out = self.deliver(s, max_messages, limits.response_bytes_max, None, s.ack_deadline_s)
@@ -312,7 +312,7 @@ class Delivery:
                     out = await self.executor.transforms.deliver(self, s, out)
                 if out:
                     return out
-            left = give_up - time.monotonic()
+            left = give_up - loop.time()
             if return_immediately or left <= 0:
                 return out
             await self._wait(s, left)
