@@ -30,9 +30,11 @@ import ssl
 import struct
 from urllib.parse import urlsplit
 
+from google.protobuf.message import DecodeError
+
 from pigeon.core import limits
 from pigeon.core.errors import InvalidArgument, PigeonError
-from pigeon.node import append_wire
+from pigeon.node import append_wire, hops
 from pigeon.node.proto import pigeon_storage_pb2 as pb
 
 log = logging.getLogger("pigeon.replication")
@@ -180,6 +182,8 @@ class _Connection(asyncio.BufferedProtocol):
         try:
             async for ledger, index, why in serve_appends(self.store, self._requests(), "channel"):
                 raw = pb.AppendResponse(ledger=ledger, index=index, error=why).SerializeToString()
+                if hops.ON:
+                    hops.mark("answering")
                 self.transport.write(LENGTH.pack(len(raw)) + raw)
         except asyncio.CancelledError:
             raise
@@ -213,6 +217,8 @@ class _Connection(asyncio.BufferedProtocol):
                 return
             start = pos + LENGTH.size
             if have - start >= n:
+                if hops.ON:
+                    hops.mark("frame")
                 self._frames.put_nowait(bytes(buf[start:start + n]))
                 pos = start + n
             elif LENGTH.size + n > len(buf):  # too long for the scratch buffer: the rest goes into its own
@@ -279,6 +285,76 @@ async def connect(address: str, tls: ssl.SSLContext | None = None) -> tuple[asyn
     return reader, writer
 
 
+class Answers(asyncio.Protocol):
+    """The owner's side of a connection once it is open (it replaces the StreamReader's protocol): each
+    AppendResponse is handed to `on_answer` in the callback that read it, the connection's end to `on_end(why)`
+    once; and the flow control of what the owner writes (`drain`)."""
+
+    def __init__(self, on_answer, on_end):
+        self._on_answer, self._on_end = on_answer, on_end
+        self._buf = bytearray()
+        self._paused = False
+        self._drained: asyncio.Future | None = None
+        self._lost = False
+
+    def detach(self) -> None:
+        """Hand nothing on from now on (the stream was closed)."""
+        self._on_answer = self._on_end = _nothing
+
+    def data_received(self, data: bytes) -> None:
+        buf = self._buf
+        buf += data
+        pos, have = 0, len(buf)
+        while have - pos >= LENGTH.size:
+            (n,) = LENGTH.unpack_from(buf, pos)
+            start = pos + LENGTH.size
+            if have - start < n:
+                break
+            try:
+                r = pb.AppendResponse.FromString(bytes(buf[start:start + n]))
+            except DecodeError:
+                self._end("sent an answer that does not parse")
+                return
+            pos = start + n
+            if hops.ON:
+                hops.mark("acked")
+            self._on_answer(r)
+        if pos:
+            del buf[:pos]
+
+    def _end(self, why: str) -> None:
+        on_end, self._on_answer, self._on_end = self._on_end, _nothing, _nothing
+        on_end(why)
+
+    def eof_received(self) -> bool:
+        return False  # (the member closed its side: the connection closes, connection_lost says so)
+
+    def connection_lost(self, exc) -> None:
+        self._lost = True
+        self.resume_writing()
+        self._end(f"broke ({exc})" if exc is not None else "was closed")
+
+    def pause_writing(self) -> None:
+        self._paused = True
+
+    def resume_writing(self) -> None:
+        self._paused = False
+        if self._drained is not None and not self._drained.done():
+            self._drained.set_result(None)
+        self._drained = None
+
+    async def drain(self) -> None:
+        if self._lost:
+            raise ConnectionResetError("the append channel's connection was lost")
+        if self._paused:
+            self._drained = asyncio.get_running_loop().create_future()
+            await self._drained
+
+
+def _nothing(*args) -> None:
+    pass
+
+
 async def read_answers(reader: asyncio.StreamReader):
     """The AppendResponses a member sends, in order, until the connection ends (closed or broken)."""
     while True:
@@ -287,5 +363,7 @@ async def read_answers(reader: asyncio.StreamReader):
             raw = await reader.readexactly(n)
         except (asyncio.IncompleteReadError, OSError):
             return
+        if hops.ON:
+            hops.mark("acked")
         yield pb.AppendResponse.FromString(raw)
 

@@ -34,6 +34,7 @@ import logging
 from array import array
 from collections import deque
 from dataclasses import dataclass, field
+from functools import partial
 
 from pigeon.core import limits
 from pigeon.cluster import metadata as M
@@ -152,18 +153,13 @@ class BundleLogs:
             ol.writer.flush()
 
     def _send(self, ol: OwnedLog, p: _Pending) -> None:
-        try:
-            wfut = ol.writer.append(p.rtype, p.body, p.where)
+        try:  # (a roll is heard of from the writer's on_roll: the pending entries go to the next ledger)
+            ol.writer.append(p.rtype, p.body, p.where, confirmed=partial(self._confirmed, ol, p))
         except LedgerRolled:
             self.start_roll(ol)
-            return
-        wfut.add_done_callback(lambda f, ol=ol, p=p: self._answered(ol, p, f))
 
-    def _answered(self, ol: OwnedLog, p: _Pending, f: asyncio.Future) -> None:
-        if f.cancelled() or f.exception() is not None:
-            if isinstance(f.exception(), LedgerRolled):
-                self.start_roll(ol)
-            return
+    @staticmethod
+    def _confirmed(ol: OwnedLog, p: _Pending) -> None:
         # the writer confirms in log order: p is the oldest unconfirmed entry
         if ol.pending and ol.pending[0] is p:
             ol.pending.popleft()

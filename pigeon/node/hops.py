@@ -9,7 +9,10 @@ it — grpc.aio's own asks take some calls unmarked), `publish` (the Publish han
 and applied),
 `asked` (the journal's writer woken), `taken` (the writer took the entries), `syncing` / `synced` (fdatasync
 called / returned), `posted` (the event loop hears it), `woken` (a waiting stream wakes), `sending` (the stream
-hands the response to gRPC), `answered` (the publisher's answer is handed to gRPC)."""
+hands the response to gRPC), `answered` (the publisher's answer is handed to gRPC). On a cluster's append channel
+besides: `replicating` (the owner writes an Append request to a member), `frame` (the member has one whole),
+`answering` (the member writes its answer), `acked` (the owner has an answer whole) — with the member's journal
+hops between them, in the member's own file."""
 
 from __future__ import annotations
 

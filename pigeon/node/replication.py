@@ -1,7 +1,8 @@
 """Replication, performed: the pure ledger machines of pigeon.cluster.ledger driven over the storage service
-(pigeon.v1.Storage) of the ensemble's members. `StorageClient` is one member seen from an owner; `LedgerWriter`
-writes one ledger through `Writer` (an append's future is done once Qa members have it durable; a member that
-fails or refuses rolls the ledger); `recover_ledger` runs `Recovery` (fence, copy the tail, decide the end).
+(pigeon.v1.Storage) of the ensemble's members. `StorageClient` is one member seen from an owner (its Append
+streams: pigeon.node.append_streams); `LedgerWriter` writes one ledger through `Writer` (an append is confirmed
+once Qa members have it durable; a member that fails or refuses rolls the ledger); `recover_ledger` runs
+`Recovery` (fence, copy the tail, decide the end).
 The metadata steps around them (closing and opening ledgers by CAS) are the caller's (docs/cluster.md)."""
 
 from __future__ import annotations
@@ -9,12 +10,13 @@ from __future__ import annotations
 import asyncio
 import struct
 from collections import deque
+from collections.abc import Callable
+from functools import partial
 
 import grpc
 
 from pigeon.core import limits
-from pigeon.core.errors import PigeonError
-from pigeon.node import append_channel, append_wire
+from pigeon.node.append_streams import AppendStream, ChannelAppend, LocalAppend
 from pigeon.node.proto import pigeon_storage_pb2 as pb
 from pigeon.cluster.ledger import (Close, Confirmed, Failed, Fence, Read, Recovery, Roll, Send, Write, Writer)
 from pigeon.cluster.quorum import Replication
@@ -93,178 +95,6 @@ class StorageClient:
         await self.channel.close()
 
 
-class AppendStream:
-    """One Append stream to a member: `send` entries in order; `answers()` yields (index, error) in order, an
-    answer covering every entry up to its index. Entries sent while the stream is busy go out together, in one
-    request (a batch of consecutive entries of one ledger) of at most limits.storage_message_bytes_max — more
-    would pass the member's largest message, which it refuses: the ledger rolled, the next one was sent the same
-    batch, and so on without end (1 MB records do it). At most
-    limits.append_requests_in_flight_max requests wait for their answer: while the window is full, entries
-    gather into the next request (as Nagle's algorithm does) — records coming faster than a member answers
-    share requests instead of costing a message each. An entry nobody waits for yet (a delivery, an ack on a
-    stream) lingers up to limits.replication_linger_s, so it rides with the next one somebody waits for (a
-    publish): `flush` sends what is queued at once."""
-
-    def __init__(self, client: StorageClient):
-        self._q: list = []  # (ledger, epoch, index, type, entry) not yet sent
-        self._ready = asyncio.Event()  # send what is queued now (flush, the linger's end, close)
-        self._timer: asyncio.TimerHandle | None = None
-        self._closed = False
-        self._idle = False  # the sending task waits for `_ready` with nothing of its own in hand
-        self._sent: deque[int] = deque()  # the last index of each request not yet answered, in order
-        self._room = asyncio.Event()  # set when an answer frees a place in the window
-        self.why_ended = "the member ended its stream"  # why `answers()` stopped without an error answer
-        self._open(client)
-
-    def _open(self, client: StorageClient) -> None:
-        self.call = client.append_call(self._requests())
-
-    def _encode(self, ledger: int, epoch: int, index: int, types: list[int], entries: list) -> bytes:
-        return append_wire.encode(ledger, epoch, index, types, entries)
-
-    async def _requests(self):
-        while True:
-            if not self._ready.is_set():  # (set while what is queued is to go: a request may take part of it)
-                self._idle = True
-                await self._ready.wait()
-                self._idle = False
-                await asyncio.sleep(0)  # what the callbacks ready now append goes along in the same request
-            if self._closed:
-                return
-            if not self._q:
-                self._ready.clear()
-                continue
-            while len(self._sent) >= limits.append_requests_in_flight_max and not self._closed:
-                self._room.clear()  # the window is full: what comes meanwhile joins the next request
-                await self._room.wait()
-            if self._closed:
-                return
-            yield self._take()
-
-    def _take(self):
-        """The next request: the queue's first entries that are consecutive entries of one ledger and epoch, up to
-        a size; noted in the window."""
-        q = self._q
-        ledger, epoch, index, rtype, entry = q[0]
-        j, size = 1, len(entry)
-        while j < len(q) and q[j][0] == ledger and q[j][1] == epoch and q[j][2] == index + j and \
-                size + len(q[j][4]) <= limits.storage_message_bytes_max:
-            size += len(q[j][4])
-            j += 1
-        run, self._q = q[:j], q[j:]
-        if not self._q:  # all taken: what is queued from now on lingers again
-            self._ready.clear()
-            if self._timer is not None:
-                self._timer.cancel()
-                self._timer = None
-        self._sent.append(index + j - 1)
-        return self._encode(ledger, epoch, index, [e[3] for e in run], [e[4] for e in run])
-
-    def send(self, ledger: int, epoch: int, index: int, rtype: int, entry: bytes, where=None) -> None:
-        """Queue an entry: it goes out with the next flush, or at most limits.replication_linger_s from now.
-        (`where` is for the owner's own store: LocalAppend.)"""
-        self._q.append((ledger, epoch, index, rtype, entry))
-        if self._timer is None and not self._ready.is_set():
-            self._timer = asyncio.get_running_loop().call_later(limits.replication_linger_s, self._linger_over)
-
-    def _linger_over(self) -> None:
-        self._timer = None
-        self._ready.set()
-
-    def flush(self) -> None:
-        """Send what is queued now: somebody waits for it."""
-        if self._q:
-            self._ready.set()
-
-    async def answers(self):
-        async for r in self.call:
-            yield self._answered(r)
-
-    def _answered(self, r: pb.AppendResponse) -> tuple[int, str]:
-        sent = self._sent
-        while sent and sent[0] <= r.index:
-            sent.popleft()
-        self._room.set()
-        return r.index, r.error
-
-    def close(self) -> None:
-        self._stop()
-        self.call.cancel()
-
-    def _stop(self) -> None:
-        self._closed = True
-        if self._timer is not None:
-            self._timer.cancel()
-        self._ready.set()
-        self._room.set()
-
-
-class ChannelAppend(AppendStream):
-    """An Append stream over the member's append channel (pigeon.node.append_channel): the same requests, batching
-    and window as over gRPC, each request one frame on a connection of the stream's own. A connection that cannot
-    be made, or breaks, ends `answers()` (`why_ended` says why): the writer counts the member failed."""
-
-    def _open(self, client: StorageClient) -> None:
-        self.address = client.append_at
-        self._tls = client.append_tls
-        self._conn: asyncio.Future = asyncio.get_running_loop().create_future()  # (reader, writer) | None
-        self._writer: asyncio.StreamWriter | None = None  # once connected
-        self._pump = asyncio.create_task(self._send_all())
-
-    def _encode(self, ledger: int, epoch: int, index: int, types: list[int], entries: list) -> list[bytes]:
-        return append_wire.encode_parts(ledger, epoch, index, types, entries, framed=True)
-
-    async def _send_all(self) -> None:
-        try:
-            conn = await asyncio.wait_for(append_channel.connect(self.address, self._tls), limits.append_connect_s)
-        except (OSError, asyncio.TimeoutError) as e:  # (ssl.SSLError is an OSError)
-            self.why_ended = f"its append channel at {self.address} cannot be reached ({e or type(e).__name__})"
-            if not self._conn.done():
-                self._conn.set_result(None)
-            return
-        if self._conn.done():  # closed while connecting (the connect won the race with the cancel)
-            conn[1].transport.abort()
-            return
-        self._conn.set_result(conn)
-        writer = self._writer = conn[1]
-        try:
-            async for parts in self._requests():
-                writer.writelines(parts)  # gathered by the transport: the entries are not joined into a copy
-                await writer.drain()
-        except OSError as e:
-            self.why_ended = f"its append channel at {self.address} broke ({e})"
-            writer.transport.abort()  # the answers end with it
-        finally:
-            self._writer = None
-
-    def flush(self) -> None:
-        """Send what is queued now — here, when the sending task is idle, the window has room and the connection
-        has nothing left to write: the task would take two turns of the loop to get to it, each as long as the
-        loop's busiest callback (at 1,000 publishes a second on a cluster owner, 0.2–0.3 ms before the request
-        left, on the way to every answer). What does not fit goes with the task, as before."""
-        w = self._writer
-        if self._q and self._idle and w is not None and not w.transport.is_closing() and \
-                w.transport.get_write_buffer_size() == 0:
-            while self._q and len(self._sent) < limits.append_requests_in_flight_max:
-                w.writelines(self._take())
-        super().flush()
-
-    async def answers(self):
-        conn = await self._conn
-        if conn is None:
-            return
-        async for r in append_channel.read_answers(conn[0]):
-            yield self._answered(r)
-
-    def close(self) -> None:
-        self._stop()
-        self._pump.cancel()
-        if self._conn.done() and self._conn.result() is not None:
-            self._conn.result()[1].transport.abort()
-        elif not self._conn.done():
-            self._conn.set_result(None)
-
-
 class LocalMember:
     """This node's own ledger store as a member of an ensemble: the calls of StorageClient, without a network
     hop (and usable before the node's server listens)."""
@@ -302,44 +132,6 @@ class LocalMember:
         pass
 
 
-class LocalAppend:
-    """An Append stream to this node's own ledger store: answers in order, once durable. As on a remote member's
-    stream, an entry nobody waits for yet waits for the next `flush` (or the store journal's lazy flush): it
-    shares that group commit instead of costing a wake-up of the journal's writer and an fdatasync of its own."""
-
-    why_ended = "this node's ledger store closed"
-
-    def __init__(self, store):
-        self.store = store
-        self._q: asyncio.Queue = asyncio.Queue()
-
-    def send(self, ledger: int, epoch: int, index: int, rtype: int, entry: bytes, where=None) -> None:
-        """`where`: (log, offset, position, end) of the entry's record in the node journal, when it is one (the
-        store borrows it from there instead of writing it again)."""
-        try:
-            done, why = self.store.submit(ledger, epoch, index, rtype, entry, now=False, where=where), ""
-        except PigeonError as e:
-            done, why = None, str(e)
-        self._q.put_nowait((index, done, why))
-
-    async def answers(self):
-        while (item := await self._q.get()) is not None:
-            index, done, why = item
-            if done is not None:
-                try:
-                    await done
-                except PigeonError as e:  # a journal that failed (a disk error): this member takes no more
-                    yield index, str(e)
-                    return
-            yield index, why
-
-    def flush(self) -> None:
-        self.store.flush()
-
-    def close(self) -> None:
-        self._q.put_nowait(None)
-
-
 class LedgerWriter:
     def __init__(self, ledger: int, epoch: int, members: dict[str, StorageClient], replication: Replication):
         self.ledger, self.epoch = ledger, epoch
@@ -352,19 +144,24 @@ class LedgerWriter:
         self.on_roll = None  # called once the ledger stops taking appends (also when none were waiting)
         self.on_answer = None  # called with a member's name whenever it answers
         self._quiet: asyncio.Future | None = None  # set while every member has answered everything sent
+        self._closed = False
         self.streams = {m: c.open_append(channel=True) for m, c in members.items()}
-        self._readers = [asyncio.create_task(self._follow(m, s)) for m, s in self.streams.items()]
+        self._readers = [t for m, st in self.streams.items()
+                         if (t := st.follow(partial(self._heard, m), partial(self._ended, m))) is not None]
         self._readers.append(asyncio.create_task(self._watch(limits.member_silence_s)))
 
-    def append(self, rtype: int, body: bytes, where: tuple | None = None) -> asyncio.Future:
+    def append(self, rtype: int, body: bytes, where: tuple | None = None,
+               confirmed: Callable[[], None] | None = None) -> asyncio.Future | None:
         """Append one entry; the future is done (with its index) once Qa members have it durable, or fails with
-        LedgerRolled. `where`: the node journal's record of it, (log, offset, position, end), when it has one."""
+        LedgerRolled. `where`: the node journal's record of it, (log, offset, position, end), when it has one.
+        With `confirmed`, no future: `confirmed()` is called then instead (and nothing when the ledger rolls — the
+        caller hears of that from `on_roll`), in the callback that has the member's answer."""
         if self.rolled is not None:
             raise LedgerRolled(self.rolled)
         actions = self.machine.append(body)
         index = self.machine.next - 1
-        fut = asyncio.get_running_loop().create_future()
-        self.waiters.append((index, fut))
+        fut = asyncio.get_running_loop().create_future() if confirmed is None else None
+        self.waiters.append((index, fut if confirmed is None else confirmed))
         self.types[index] = rtype
         if where is not None:
             self.where[index] = where
@@ -395,37 +192,39 @@ class LedgerWriter:
                     i, fut = waiters.popleft()
                     types.pop(i, None)
                     where.pop(i, None)
-                    if not fut.done():
+                    if not isinstance(fut, asyncio.Future):
+                        fut()
+                    elif not fut.done():
                         fut.set_result(i)
             elif isinstance(act, Roll):
                 self.rolled = act
                 if self._quiet is not None and not self._quiet.done():
                     self._quiet.set_result(None)  # (its silence watch ends)
                 for _, fut in self.waiters:
-                    if not fut.done():
+                    if isinstance(fut, asyncio.Future) and not fut.done():
                         fut.set_exception(LedgerRolled(act))
                 self.waiters.clear()
                 if self.on_roll is not None:
                     self.on_roll()
 
-    async def _follow(self, member: str, stream: AppendStream) -> None:
-        try:
-            async for index, error in stream.answers():
-                if error:
-                    self.failed.add(member)
-                    self._perform(self.machine.failed(member, error))
-                    return
-                if self.on_answer is not None:
-                    self.on_answer(member)
-                self._perform(self.machine.acked_through(member, index + 1))
-            self.failed.add(member)  # the member ended the stream (it is stopping): it takes no more entries
-            self._perform(self.machine.failed(member, stream.why_ended))
-        except grpc.aio.AioRpcError as e:
-            if e.code() != grpc.StatusCode.CANCELLED:
-                self.failed.add(member)
-                self._perform(self.machine.failed(member, f"{e.code().name}: {e.details()}"))
-        except asyncio.CancelledError:
+    def _heard(self, member: str, index: int, error: str) -> None:
+        """A member's answer: entries through `index` durable there, or its refusal."""
+        if self._closed or member in self.failed:
             return
+        if error:
+            self.failed.add(member)
+            self._perform(self.machine.failed(member, error))
+            return
+        if self.on_answer is not None:
+            self.on_answer(member)
+        self._perform(self.machine.acked_through(member, index + 1))
+
+    def _ended(self, member: str, why: str) -> None:
+        """A member's stream ended (it is stopping, or the connection broke): it takes no more entries."""
+        if self._closed or member in self.failed:
+            return
+        self.failed.add(member)
+        self._perform(self.machine.failed(member, why))
 
     async def _watch(self, silence: float) -> None:
         """Fail a member that has answered nothing of what it was sent `silence` seconds ago. Costs nothing per
@@ -469,6 +268,7 @@ class LedgerWriter:
         return [] if r is None else [(self.types.get(r.close_at + i, 0), b) for i, b in enumerate(r.resend)]
 
     async def close(self) -> None:
+        self._closed = True
         for s in self.streams.values():
             s.close()
         for t in self._readers:

@@ -5,7 +5,7 @@ calls wait for their deadlines), or at once with a refusal (a node that is down:
   * `SimNet`: which nodes are up, which links are cut (one way or both), how long a message takes;
   * `SimStorageClient`: a peer's storage service as an owner calls it (node.replication.StorageClient's calls),
     served by that peer's real LedgerStore through the real Append pipeline (node.append_channel.serve_appends)
-    and the real Append stream's batching and window (node.replication.AppendStream);
+    and the real Append stream's batching and window (node.append_streams.AppendStream);
   * `SimMeta`: one node's view of the one metadata store (node.meta_local.LocalMetadata on the virtual clock:
     sessions that expire, CAS, watches), with delays, outages of the whole store and cuts of one node from it.
     While the whole store is down no lease runs out, and when it comes back every lease starts its time to live
@@ -25,7 +25,7 @@ from pigeon.node import append_wire
 from pigeon.node.append_channel import serve_appends
 from pigeon.node.meta_local import LocalMetadata
 from pigeon.node.proto import pigeon_storage_pb2 as pb
-from pigeon.node.replication import AppendStream
+from pigeon.node.append_streams import AppendStream
 from pigeon.testing.simloop import Channel, deadline, sleep
 
 
@@ -142,7 +142,7 @@ class SimStorageClient:
 
 
 class SimAppendStream(AppendStream):
-    """node.replication.AppendStream (its queue, batches and window) over the simulated network: each request
+    """node.append_streams.AppendStream (its queue, batches and window) over the simulated network: each request
     reaches the member's real Append pipeline after the link's delay, each answer comes back after it. A member
     that is down refuses the stream; one that goes down (or restarts) ends it; a cut link loses what crosses it
     (the writer's silence watch then fails the member)."""

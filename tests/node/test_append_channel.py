@@ -274,3 +274,56 @@ async def _first(answers):
         yield await asyncio.wait_for(answers.__anext__(), 10)
     except StopAsyncIteration:
         return
+
+
+def _answer(ledger: int, index: int, error: str = "") -> bytes:
+    raw = pb.AppendResponse(ledger=ledger, index=index, error=error).SerializeToString()
+    return append_channel.LENGTH.pack(len(raw)) + raw
+
+
+def test_an_owner_hands_each_answer_on_in_the_read_that_completes_it():
+    """The owner's side of a connection (append_channel.Answers): answers split over reads, or several in one read,
+    are each handed on once whole and in order; one that does not parse ends the stream, and the stream ends once
+    however many reasons follow; once detached (the stream closed) nothing is handed on."""
+    got, ended = [], []
+    a = append_channel.Answers(lambda r: got.append((r.ledger, r.index, r.error)), ended.append)
+    raw = b"".join(_answer(7, i) for i in range(3))
+    for i in range(0, len(raw), 3):  # three bytes at a time: every answer split across reads
+        a.data_received(raw[i:i + 3])
+    assert got == [(7, 0, ""), (7, 1, ""), (7, 2, "")]
+    a.data_received(_answer(7, 3) + _answer(7, 4, "ledger 7 is fenced") + _answer(7, 5)[:2])
+    assert got[3:] == [(7, 3, ""), (7, 4, "ledger 7 is fenced")]
+    a.data_received(_answer(7, 5)[2:])
+    assert got[5:] == [(7, 5, "")] and ended == []
+    a.data_received(append_channel.LENGTH.pack(3) + b"\x0a\x05a")  # a field that claims more than it has
+    assert len(ended) == 1 and "does not parse" in ended[0]
+    a.data_received(_answer(7, 6))
+    a.connection_lost(None)
+    assert got[-1] == (7, 5, "") and len(ended) == 1
+
+    quiet = append_channel.Answers(lambda r: got.append(r), ended.append)
+    quiet.detach()
+    quiet.data_received(_answer(8, 0))
+    quiet.connection_lost(ConnectionResetError())
+    assert got[-1] == (7, 5, "") and len(ended) == 1
+
+
+def test_an_owner_waits_to_write_while_the_connection_is_full_and_not_once_it_is_lost():
+    async def run():
+        a = append_channel.Answers(lambda r: None, lambda why: None)
+        await a.drain()  # not paused: at once
+        a.pause_writing()
+        waiting = asyncio.ensure_future(a.drain())
+        await asyncio.sleep(0.01)
+        assert not waiting.done()
+        a.resume_writing()
+        await asyncio.wait_for(waiting, 1)
+        a.pause_writing()
+        waiting = asyncio.ensure_future(a.drain())
+        await asyncio.sleep(0)
+        a.connection_lost(None)  # the writer waiting is let go…
+        await asyncio.wait_for(waiting, 1)
+        with pytest.raises(ConnectionResetError):  # … and the next write is refused
+            await a.drain()
+
+    asyncio.run(run())

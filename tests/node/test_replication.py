@@ -126,9 +126,11 @@ class Silent:
     def send(self, *entry) -> None:
         pass
 
-    async def answers(self):
-        await asyncio.Event().wait()
-        yield  # pragma: no cover
+    def flush(self) -> None:
+        pass
+
+    def follow(self, on_answer, on_end) -> None:
+        pass  # (nothing is ever answered, nor does the stream end)
 
     def close(self) -> None:
         pass
@@ -225,7 +227,7 @@ def test_the_owners_own_copy_of_entries_nobody_waits_for_rides_with_the_next_flu
     fdatasync) of its own for each either — a cluster owner's CPU per message at low rates went mostly there.
     Such entries are written but not fdatasync'd until an entry somebody waits for (`flush`) comes, and then all
     share one fdatasync; entries nobody ever flushes are still answered, by the journal's lazy flush."""
-    from pigeon.node.replication import LocalAppend
+    from pigeon.node.append_streams import LocalAppend
 
     async def written(store, before: int) -> None:
         while store.writer.statistics().group_commits == before:
@@ -312,5 +314,76 @@ def test_a_member_whose_session_ended_fails_at_once(tmp_path):
             await c.close()
         for x in members.values():
             await x.stop()
+
+    asyncio.run(run())
+
+
+def test_the_owners_own_copy_answers_in_order_from_its_group_commits(tmp_path):
+    """The owner's own store followed (LocalAppend.follow) is answered from its group commit's callback, in order,
+    the last durable entry standing for those before it; an entry it refuses is answered after every entry before
+    it, and nothing after that."""
+    from pigeon.node.append_streams import LocalAppend
+
+    async def until(cond) -> None:
+        for _ in range(1000):
+            if cond():
+                return
+            await asyncio.sleep(0.005)
+        raise AssertionError("not answered")
+
+    async def run():
+        own = LedgerStore(str(tmp_path))
+        await own.open()
+        stream, answers, ended = LocalAppend(own), [], []
+        stream.follow(lambda index, error: answers.append((index, error)), ended.append)
+        for i in range(3):
+            stream.send(42, 1, i, 1, body(i))
+        stream.flush()
+        await until(lambda: answers and answers[-1][0] == 2)
+        assert all(error == "" for _, error in answers) and [i for i, _ in answers] == sorted({i for i, _ in answers})
+        stream.send(42, 1, 3, 1, body(3))
+        stream.send(42, 1, 9, 1, body(9))  # a gap: refused, but only after entry 3 is answered
+        stream.send(42, 1, 4, 1, body(4))
+        stream.flush()
+        await until(lambda: answers[-1][0] == 9)
+        assert answers[-2] == (3, "") and "gap" in answers[-1][1]
+        await asyncio.sleep(0.05)
+        assert answers[-1][0] == 9 and ended == []
+        stream.close()
+        await own.close()
+
+    asyncio.run(run())
+
+
+def test_an_entry_appended_with_a_callback_is_confirmed_through_it_and_left_alone_by_a_roll(tmp_path):
+    """LedgerWriter.append(confirmed=…): the callback runs once Qa members hold the entry (no future between the
+    member's answer and the caller); when the ledger rolls first it is not called — the caller, told by on_roll,
+    sends the entry to the next ledger — while a future appended beside it fails with LedgerRolled."""
+    from pigeon.node.replication import LocalMember
+
+    async def run():
+        own = LedgerStore(str(tmp_path))
+        await own.open()
+        w = LedgerWriter(5, 1, {"me": LocalMember(own)}, Replication(1, 1, 1))
+        confirmed = asyncio.Event()
+        assert w.append(3, body(0), confirmed=confirmed.set) is None
+        w.flush()
+        await asyncio.wait_for(confirmed.wait(), 10)
+        await w.close()
+
+        rolls, called = [], []
+        w = LedgerWriter(6, 1, {"me": LocalMember(own), "cut": Silent()}, Replication(2, 2, 2))
+        w.on_roll = lambda: rolls.append(w.rolled.why)
+        w.append(3, body(0), confirmed=lambda: called.append(0))
+        fut = w.append(3, body(1))
+        w.flush()
+        await asyncio.sleep(0.05)  # the own copy answers; the silent member never does: nothing is confirmed
+        assert called == [] and not fut.done()
+        w.stop("moved away")
+        with pytest.raises(LedgerRolled):
+            await fut
+        assert called == [] and rolls == ["moved away"] and w.resend() == [(3, body(0)), (3, body(1))]
+        await w.close()
+        await own.close()
 
     asyncio.run(run())
