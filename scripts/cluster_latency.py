@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import glob
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -38,6 +39,9 @@ from pigeon.bench.cluster import PigeonClusterServer  # noqa: E402
 from pigeon.bench.peers import PigeonServer  # noqa: E402
 from pigeon.bench.plan import PLANS  # noqa: E402
 from pigeon.bench.procs import wait_quiet  # noqa: E402
+
+
+GENERATOR = "load generator"  # (this process: the publisher and the subscriber)
 
 
 class SpreadClusterServer(PigeonClusterServer):
@@ -104,7 +108,37 @@ def hop_steps(path: str) -> dict[str, list[float]]:
     return {k: v for k, v in out.items() if v}
 
 
-def run_one(kind: str, rate: int, seconds: float, hops_dir: str | None) -> dict:
+SYSCALLS = ("write", "writev", "sendmsg", "sendto", "read", "readv", "recvfrom", "recvmsg", "epoll_wait", "epoll_pwait",
+            "futex", "getpid", "fdatasync", "mprotect", "madvise", "preadv2", "pwritev2")
+
+
+def _profile(pids: dict[str, int], profile_dir: str, kind: str, seconds: float, tool: str) -> list[subprocess.Popen]:
+    """Sample every node's process for `seconds`, each into `profile_dir`: with py-spy (its Python stacks, every
+    thread, without pausing the node: a node's gRPC poller and journal writer are threads) as collapsed stacks, or
+    with perf (the native side too: the interpreter, gRPC's core, the kernel) as perf.data for `perf report`."""
+    exe = shutil.which("perf" if tool == "syscalls" else tool)
+    if exe is None:
+        sys.exit(f"--profile needs {tool} on PATH")
+    stamp = time.strftime("%H%M%S")
+    pids = {name: next((p for p in _tree(pid) if "python" in os.path.basename(os.readlink(f"/proc/{p}/exe"))), pid)
+            for name, pid in pids.items()}  # (a node may run under a wrapper: its CPU quota's, for one)
+    out = os.path.join(profile_dir, f"{kind}-{stamp}-%s")
+    if tool == "syscalls":  # the process's system calls of each kind, counted in the kernel (cheap: no tracing)
+        events = ",".join(f"syscalls:sys_enter_{c}" for c in SYSCALLS) + ",context-switches"
+        return [subprocess.Popen([exe, "stat", "-e", events, "-p", str(pid), "-o", out % f"{name}.syscalls",
+                                  "--", "sleep", str(seconds)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                for name, pid in pids.items()]
+    if tool == "perf":
+        return [subprocess.Popen([exe, "record", "-F", "499", "-g", "-p", str(pid), "-o", out % f"{name}.perf",
+                                  "--", "sleep", str(seconds)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                for name, pid in pids.items()]
+    return [subprocess.Popen([exe, "record", "--pid", str(pid), "--duration", str(int(seconds)), "--rate", "250",
+                              "--threads", "--format", "raw", "--gil", "--nonblocking", "--output", out % f"{name}.txt"],
+                             stdout=subprocess.DEVNULL)
+            for name, pid in pids.items()]
+
+
+def run_one(kind: str, rate: int, seconds: float, hops_dir: str | None, profile: tuple[str, str] | None = None) -> dict:
     plan = PLANS["quick"].scaled(latency_s=seconds, latency_runs=1, latency_rate=rate)
     cls = {"single": PigeonServer, "together": PigeonClusterServer, "spread": SpreadClusterServer}[kind]
     if hops_dir:
@@ -122,12 +156,17 @@ def run_one(kind: str, rate: int, seconds: float, hops_dir: str | None) -> dict:
             pids = {n: d.pid for n, d in server.nodes.items()}
         procs = {n: _tree(p) for n, p in pids.items()}
         before, t0 = {n: cpu_seconds(p) for n, p in pids.items()}, time.monotonic()
+        me0 = sum(os.times()[:4])
+        spies = _profile(pids, profile[0], kind, seconds, profile[1]) if profile else []
         r = w.latency(server.driver, plan, "latency", lambda f, done: None)
         dt = time.monotonic() - t0
         used = {n: cpu_seconds(p) - before[n] for n, p in pids.items()}
+        used[GENERATOR] = sum(os.times()[:4]) - me0
         r["cpu"] = {n: 100 * u / dt for n, u in used.items()}
         r["cpu_ms_per_1000"] = {n: 1e6 * u / max(1, r["sent"]) for n, u in used.items()}
         r["owner"], r["seconds_run"] = owner, dt
+        for spy in spies:
+            spy.wait()
     finally:
         server.stop()
         server.discard()
@@ -150,14 +189,18 @@ def main() -> int:
                     help="the cluster nodes' topic layout (repeat for both; default together)")
     ap.add_argument("--rounds", type=int, default=1, help="times each target runs, alternating")
     ap.add_argument("--hops", metavar="DIR", help="hop timestamps on; their files go here")
+    ap.add_argument("--profile", metavar="DIR", help="sample every node with py-spy while the workload runs; "
+                                                     "collapsed stacks go here, a file a node")
+    ap.add_argument("--profiler", choices=("py-spy", "perf", "syscalls"), default="py-spy", help="what --profile samples with")
     ap.add_argument("--tree", action="append", metavar="DIR", help="run the servers from this worktree (repeat: "
                                                                    "each in turn, alternating)")
     ap.add_argument("--quiet-wait", type=float, default=0.0, metavar="S",
                     help="before each target, wait up to S seconds for other programs to go quiet")
     args = ap.parse_args()
     kinds = (["single"] if args.single else []) + (args.layout or ["together"])
-    if args.hops:
-        os.makedirs(args.hops, exist_ok=True)
+    for d in (args.hops, args.profile):
+        if d:
+            os.makedirs(d, exist_ok=True)
     trees = args.tree or [None]
     if args.tree:
         kinds = [(k, t) for k in kinds for t in trees]
@@ -173,7 +216,7 @@ def main() -> int:
                 if tree:
                     os.environ["PIGEON_BENCH_SERVER_TREE"] = tree
                 try:
-                    r = run_one(kind, rate, args.seconds, args.hops)
+                    r = run_one(kind, rate, args.seconds, args.hops, (args.profile, args.profiler) if args.profile else None)
                 finally:
                     if tree:
                         os.environ.pop("PIGEON_BENCH_SERVER_TREE", None)
@@ -191,15 +234,17 @@ def main() -> int:
                       + (f"; inside the node that took the publishes: {steps}" if steps else ""), flush=True)
     print()
     print("| rate | target | p50 ms (each round) | p99 ms (each round) | publish answered p50 ms | p50 / single's "
-          "(each round) | owner's CPU ms / 1,000 msgs | members' |")
-    print("|---|---|---|---|---|---|---|---|")
+          "(each round) | owner's CPU ms / 1,000 msgs | members' | load generator's |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for rate in args.rate or [1000]:
         for kind, tree in kinds:
             rs = results[(rate, (kind, tree))]
             single = results.get((rate, ("single", tree)))
             own = [r["cpu_ms_per_1000"][r["owner"]] for r in rs]
-            others = [sum(c for n, c in r["cpu_ms_per_1000"].items() if n != r["owner"]) /
-                      max(1, len(r["cpu_ms_per_1000"]) - 1) for r in rs if len(r["cpu_ms_per_1000"]) > 1]
+            members = [{n: c for n, c in r["cpu_ms_per_1000"].items() if n not in (r["owner"], GENERATOR)}
+                       for r in rs]
+            others = [sum(m.values()) / len(m) for m in members if m]
+            gen = [r["cpu_ms_per_1000"][GENERATOR] for r in rs]
             ratio = " / ".join(f"{r['p50_ms'] / s['p50_ms']:.2f}×" for r, s in zip(rs, single)) \
                 if single and kind != "single" else "-"
             print(f"| {rate} | {kind}{f' [{tree}]' if tree else ''} | "
@@ -208,7 +253,7 @@ def main() -> int:
                   f"{statistics.median(r['p99_ms'] for r in rs):.2f} ({' / '.join(str(r['p99_ms']) for r in rs)}) | "
                   f"{' / '.join(str(r.get('ack_p50_ms')) for r in rs)} | {ratio} | "
                   f"{statistics.median(own):.0f} ({' / '.join(f'{c:.0f}' for c in own)}) | "
-                  f"{' / '.join(f'{c:.0f}' for c in others) or '-'} |")
+                  f"{' / '.join(f'{c:.0f}' for c in others) or '-'} | {' / '.join(f'{c:.0f}' for c in gen)} |")
     return 0
 
 
