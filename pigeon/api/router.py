@@ -6,7 +6,8 @@ details) passed back as it came — so a client may use any node. Owns the rules
     holds (caught up from etcd first when the name is not known here yet);
   * a call is forwarded at most once: a node that receives a forwarded call for a bundle it does not own (the
     ownership moved meanwhile) answers UNAVAILABLE, which the clients retry, rather than forwarding again;
-  * a bundle with no owner (moving between nodes) answers UNAVAILABLE as well;
+  * a bundle with no owner (moving between nodes) answers UNAVAILABLE as well — of a spread topic's shards,
+    only the ones a call needs: a keyless publish goes to a shard that has an owner;
   * a forwarded call that waits by design (Pull, StreamingPull, Take) ends with UNAVAILABLE as soon as the
     bundle's owner is no longer the node it went to: a paused or cut-off owner would otherwise hold it until
     its own deadline, long after the bundle moved (the client's retry reaches the new owner);
@@ -111,13 +112,19 @@ class Router:
 
     def shard_owner(self, t, shard: int) -> Owner | None:
         """The owner of one shard of spread topic `t` (None: this node, or a shard it does not have: answered
-        here)."""
-        return next((p.owner for p in self.spread(t) if shard in p.shards), None)
+        here); Unavailable while that shard has no owner (moving) — another's moving does not matter."""
+        moving: list[int] = []
+        parts = self.spread(t, moving)
+        if shard in moving:
+            raise Unavailable(_RETRYABLE)
+        return next((p.owner for p in parts if shard in p.shards), None)
 
-    def spread(self, topic) -> list[Part] | None:
+    def spread(self, topic, moving: list[int] | None = None) -> list[Part] | None:
         """The owners of a spread topic's shards (this node's share first, other regions' gateways last), or None
-        for a topic together in one bundle. Unavailable while a shard of this region has no owner (moving). A call
-        from another region sees this region's shards only."""
+        for a topic together in one bundle. Unavailable while a shard of this region has no owner (moving) —
+        unless the caller gives `moving`: such shards are then left out of the parts and listed there (a call that
+        needs some shards only need not wait for another's move). A call from another region sees this region's
+        shards only."""
         if topic is None or not topic.spread:
             return None
         groups: dict[str | int | None, tuple[list[int], list[int]]] = {}
@@ -141,7 +148,10 @@ class Router:
             if not self.engine.owns(log):
                 address = self.cluster.address_of(log)
                 if address is None or address == self.cluster.info.dial:
-                    raise Unavailable(_RETRYABLE)
+                    if moving is None:
+                        raise Unavailable(_RETRYABLE)
+                    moving.append(k)
+                    continue
             shards, logs = groups.setdefault(address, ([], []))
             shards.append(k)
             logs.append(log)
@@ -216,6 +226,19 @@ class Router:
         while True:
             try:
                 return await self.for_subscription(name, context)
+            except Unavailable:
+                if self.engine.closing or asyncio.get_running_loop().time() >= deadline:
+                    raise
+                await self._routes_change(0.1)
+
+    async def spread_settled(self, topic) -> list[Part]:
+        """`spread` for a StreamingPull (one stream to each owner, for the stream's life): while a shard has no
+        owner (moving), it waits for one (limits.forward_s_max at most), as `for_stream` does, rather than spend
+        one of the client's few reopens on a move that takes a fraction of a second."""
+        deadline = asyncio.get_running_loop().time() + limits.forward_s_max
+        while True:
+            try:
+                return self.spread(topic)
             except Unavailable:
                 if self.engine.closing or asyncio.get_running_loop().time() >= deadline:
                     raise
@@ -311,10 +334,15 @@ class Router:
     def publish_owner(self, t, ordering_key: str) -> Owner | None:
         """Where a publish to spread topic `t` is stored (None: here). A keyed batch goes to its key's shard, for
         per-key order; a keyless one to a shard of this node's when it has one (the nearest forwarder: no hop),
-        else to the owners in turn."""
-        parts = self.spread(t)
+        else to the owners in turn. A shard moving between nodes refuses only the batches that must go to it (its
+        keys'): a keyless batch goes to a shard that has an owner (refused while any one of many moved, every
+        publisher of a topic spread over the nodes would meet UNAVAILABLE at each move the load balancer makes)."""
+        moving: list[int] = []
+        parts = self.spread(t, moving)
         if ordering_key:
             shard = t.shard_for(ordering_key)
+            if shard in moving:
+                raise Unavailable(_RETRYABLE)
             return next(p.owner for p in parts if shard in p.shards)
         copies = t.copies  # (a lost region's copies are served here, never published to: api.region_copies)
         parts = [p for p in parts if not copies or not copies.issuperset(p.shards)]

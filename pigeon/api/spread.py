@@ -3,15 +3,17 @@ over the shards' owners and joined. Owns the rules:
 
   * an ack, a deadline change or a nack goes to the owner of its ack id's shard (the id names its message number,
     hence its shard); a call is answered once every owner answered, with the first failure if one failed — the
-    acks an owner took are durable there whatever the others answered;
-  * a Pull asks every owner without waiting first and answers with all they had; with nothing anywhere and a client
+    acks an owner took are durable there whatever the others answered; one is refused (UNAVAILABLE) while a
+    shard it names moves between nodes, not while another does;
+  * a Pull asks every owner without waiting first (a shard moving between nodes: left out) and answers with all they had; with nothing anywhere and a client
     that waits, it waits on them all and answers with the first that has messages (the others are cancelled: a
     message one of them leased meanwhile comes back after its ack deadline);
   * a StreamingPull is one stream to each owner — this node's own share too, over its own port — with the
     client's flow control steered to the owners whose shards deliver (`demand_shares`; the shares add up to the
     client's limit, though a share shrunk is used up only as the client acks what it holds): their responses go down as they come, the client's acks and deadline changes go up
     to the owner of each id's shard; when one of them ends (its shards moved, its owner
-    died) the client's stream ends with UNAVAILABLE, and the client's reopen finds the owners anew;
+    died) the client's stream ends with UNAVAILABLE, and the client's reopen finds the owners anew (opened while
+    a shard has no owner, it waits for one: Router.spread_settled);
   * a subscription starts at the end each shard's owner reports for its own shards;
   * another region's shards are one more part, served through a gateway of that region (docs/regions.md): a
     Pull takes nothing from a region that does not answer within limits.region_answer_s (while the Pull waits
@@ -41,6 +43,7 @@ _STREAMING_PULL = "/google.pubsub.v1.Subscriber/StreamingPull"
 _LATEST = "/pigeon.v1.Ranges/LatestOffsets"
 _GET_CURSOR = "/pigeon.v1.Ranges/GetCursor"
 _ENDED = "A shard of the subscription's topic moved to another node; reconnect."
+_MOVING = "The topic's shards are moving between nodes; retry."
 
 log = logging.getLogger("pigeon.router")
 
@@ -129,8 +132,11 @@ async def split_acks(router, t, req, ids: list[str], method: str, context, here,
     """Acknowledge (ModifyAckDeadline, a queue's Ack, Bury, Reschedule, Delete: `field` names the ids, `shard`
     tells an id's shard) split by shard: `here(ids)` for this node's share, a forwarded call with the rest of the
     request for each other owner's; every answer (bytes from another owner), once all came."""
-    calls = []
-    for owner, part in by_owner(router.spread(t), ids, shard or shard_of).items():
+    calls, moving = [], []
+    parts = router.spread(t, moving)
+    if moving and any((shard or shard_of)(a) in moving for a in ids):  # (the rest need not wait for that move)
+        raise Unavailable(_MOVING)
+    for owner, part in by_owner(parts, ids, shard or shard_of).items():
         if owner is None:
             calls.append(here(part))
             continue
@@ -144,8 +150,12 @@ async def split_acks(router, t, req, ids: list[str], method: str, context, here,
 
 async def pull(router, t, req, context, here, method: str = _PULL, share=None, waits: bool = True) -> bytes:
     """A Pull from every shard's owner: `here(max_messages, return_immediately)` serves this node's share. (A
-    queue's Take the same: `method`, and `share(max_messages, wait)` its request to each other owner.)"""
-    parts = router.spread(t)
+    queue's Take the same: `method`, and `share(max_messages, wait)` its request to each other owner.) A shard
+    moving between nodes is left out: the others' messages are delivered meanwhile."""
+    moving: list[int] = []
+    parts = router.spread(t, moving)
+    if not parts:
+        raise Unavailable(_MOVING)
     each = max(1, -(-req.max_messages // len(parts))) if req.max_messages > 0 else req.max_messages
     share = share or (lambda n, wait: _PullRequest(subscription=req.subscription, max_messages=n,
                                                    return_immediately=not wait))
@@ -185,7 +195,7 @@ async def pull(router, t, req, context, here, method: str = _PULL, share=None, w
 
 async def streaming_pull(router, t, first, requests, context):
     """The responses of one stream to each owner of a spread topic's shards, merged (see the module's rules)."""
-    parts = router.spread(t)
+    parts = await router.spread_settled(t)
     n = len(parts)
     dial = router.cluster.info.dial
     owners = [p.owner or Owner(dial, ()) for p in parts]  # (this node's share: over its own port, served here)
