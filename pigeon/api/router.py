@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import contextvars
 import logging
+import time
 from typing import NamedTuple
 
 import grpc
@@ -83,6 +84,7 @@ class Router:
         self.forwarded = 0  # calls passed to another node
         self._turn = 0  # keyless publishes of a spread topic none of whose shards is here: the owners in turn
         self._silent: dict[tuple[int, ...], float] = {}  # another region's logs → until when a Pull skips it
+        self._refused: dict[tuple[int, str], list[float]] = {}  # (log, why) → [refused since, last, last said]
 
     # --- where a call goes ---------------------------------------------------------------------------------
     def _owner(self, log_id: int, context) -> Owner | None:
@@ -91,11 +93,26 @@ class Router:
             return None
         self.engine.check_open()
         if any(k == FORWARDED for k, _ in (context.invocation_metadata() or ())):
+            self._refusing(log_id, "a call forwarded here, for a log this node does not serve")
             raise Unavailable(_RETRYABLE)
         address = self.cluster.address_of(log_id)
         if address is None or address == self.cluster.info.dial:  # no owner, or this node is taking it over
+            self._refusing(log_id, "no owner in this node's routes" if address is None else
+                           "this node's routes name it the owner, but it does not serve the log (yet)")
             raise Unavailable(_RETRYABLE)
         return Owner(address, (log_id,))
+
+    def _refusing(self, log_id: int, why: str) -> None:
+        """Say why calls about `log_id` are refused — once a while (limits.refusal_log_s): a move refuses them for
+        a fraction of a second, and a refusal that goes on for longer should name itself in the log."""
+        now = time.monotonic()  # (what is said, not what is done: the wall's clock, loop or none)
+        seen = self._refused.get((log_id, why))
+        if seen is None or now - seen[1] > 1.0:  # (refusals a second apart: a new spell)
+            seen = self._refused[(log_id, why)] = [now, now, now]
+        seen[1] = now
+        if now - seen[2] >= limits.refusal_log_s:
+            seen[2] = now
+            log.warning("calls about log %d refused with UNAVAILABLE for %.0f s: %s", log_id, now - seen[0], why)
 
     @staticmethod
     def forwarded_call(context) -> bool:
@@ -149,6 +166,9 @@ class Router:
                 address = self.cluster.address_of(log)
                 if address is None or address == self.cluster.info.dial:
                     if moving is None:
+                        self._refusing(log, "a shard of a spread topic has no owner in this node's routes" if
+                                       address is None else "this node's routes name it the owner of a shard's "
+                                       "log, but it does not serve the log (yet)")
                         raise Unavailable(_RETRYABLE)
                     moving.append(k)
                     continue

@@ -106,7 +106,8 @@ class NodeDriver(GrpcDriver):
                         await self._create_subscription(k)
                         break
                     if e.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
-                        raise
+                        raise RuntimeError(f"setting up {self.topic(k)} at {self.address}: {e.code().name} "
+                                           f"{e.details()}") from None
                     await asyncio.sleep(0.5)
 
     async def _create_subscription(self, key: str) -> None:
@@ -126,7 +127,8 @@ class NodeDriver(GrpcDriver):
                     if e.code() == grpc.StatusCode.ALREADY_EXISTS:
                         return
                     if e.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
-                        raise
+                        raise RuntimeError(f"setting up {self.topic(k)} at {self.address}: {e.code().name} "
+                                           f"{e.details()}") from None
                     await asyncio.sleep(0.5)
 
     async def delete_all(self, keys: list[str]) -> dict:

@@ -196,6 +196,7 @@ etcd_retry_s_max = 5.0  # an unreachable etcd is tried again at most this far ap
 slow_request_s = 1.0  # a call (but one that waits by design) slower than this gets a log line with its duration
 rest_body_bytes_max = 16 * 1024 * 1024  # a REST request body (a 10 MB publish is about 13.4 MB as base64 JSON)
 forward_s_max = 5.0  # a forwarded call (but a Pull, which waits by design) not answered by then is UNAVAILABLE
+refusal_log_s = 10.0  # calls about a log refused (UNAVAILABLE: no owner) this long: said in the log, then as often
 cut_off_probe_s = 1.0  # a node whose writes every peer failed asks each this long for an answer before it steps down
 peer_refusals = 3  # a peer that refused this many connections in a row … is gone: its session ends
 peer_refusal_interval_s = 0.02  # … this far apart (only a port nothing listens on refuses: a live node never does)

@@ -145,3 +145,34 @@ def test_a_streaming_pull_waits_for_a_moving_shards_new_owner(monkeypatch):
     monkeypatch.setattr(limits, "forward_s_max", 0.3)
     with pytest.raises(Unavailable):
         asyncio.run(router.spread_settled(t))
+
+
+def test_a_refusal_that_lasts_names_itself_in_the_log(monkeypatch, caplog):
+    """A move refuses calls for a fraction of a second; refused longer than limits.refusal_log_s, the node says
+    which log and why (once a while), and a later spell starts its count again."""
+    import asyncio
+    import logging
+
+    from pigeon.core import limits
+
+    monkeypatch.setattr(limits, "refusal_log_s", 0.2)
+    router, t = _router(here={0}, owners={1: None, 2: "n2:1", 3: "n2:1"})
+
+    async def refuse(seconds: float):
+        end = asyncio.get_running_loop().time() + seconds
+        while asyncio.get_running_loop().time() < end:
+            with pytest.raises(Unavailable):
+                router.spread(t)
+            await asyncio.sleep(0.02)
+
+    async def run():
+        with caplog.at_level(logging.WARNING, logger="pigeon.router"):
+            await refuse(0.1)
+            assert not caplog.records
+            await refuse(0.3)
+            assert len(caplog.records) == 1 and "has no owner" in caplog.records[0].getMessage()
+            await asyncio.sleep(1.1)  # the spell ends; the next one is counted from its own start
+            await refuse(0.1)
+            assert len(caplog.records) == 1
+
+    asyncio.run(run())
