@@ -289,7 +289,14 @@ class LocalAppend:
         sent, last = self._sent, None
         while sent and (sent[0][1] is None or sent[0][1].done()):
             index, done, why = sent.popleft()
-            if done is not None and not done.cancelled() and done.exception() is not None:
+            if done is not None and done.cancelled():  # (the store closing): no answer — the stream ends
+                if last is not None:
+                    self._on[0](last, "")
+                sent.clear()
+                on_end, self._on = self._on[1], (_nothing, _nothing)
+                on_end(self.why_ended)
+                return
+            if done is not None and done.exception() is not None:
                 why = str(done.exception())  # a journal that failed (a disk error): this member takes no more
             if why:
                 if last is not None:

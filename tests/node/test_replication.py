@@ -387,3 +387,32 @@ def test_an_entry_appended_with_a_callback_is_confirmed_through_it_and_left_alon
         await own.close()
 
     asyncio.run(run())
+
+
+def test_the_owners_own_copy_never_answers_an_entry_whose_commit_was_cancelled(tmp_path, monkeypatch):
+    """A group commit's future cancelled (its store closing) answers nothing for its entries — they are not durable —
+    and ends the stream, after answering the entries durable before them."""
+    from pigeon.node.replication import LocalAppend
+
+    async def run():
+        own = LedgerStore(str(tmp_path))
+        await own.open()
+        stream, answers, ended = LocalAppend(own), [], []
+        stream.follow(lambda index, error: answers.append((index, error)), ended.append)
+        stream.send(42, 1, 0, 1, body(0))
+        stream.flush()
+        for _ in range(1000):
+            if answers:
+                break
+            await asyncio.sleep(0.005)
+        loop = asyncio.get_running_loop()
+        never = loop.create_future()
+        monkeypatch.setattr(own, "submit", lambda *a, **k: never)
+        stream.send(42, 1, 1, 1, body(1))
+        never.cancel()
+        await asyncio.sleep(0.05)
+        assert answers == [(0, "")] and ended == [stream.why_ended]
+        stream.close()
+        await own.close()
+
+    asyncio.run(run())
