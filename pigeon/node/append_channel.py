@@ -28,6 +28,7 @@ import os
 import socket
 import ssl
 import struct
+from collections import deque
 from urllib.parse import urlsplit
 
 from google.protobuf.message import DecodeError
@@ -41,61 +42,125 @@ log = logging.getLogger("pigeon.replication")
 
 LENGTH = struct.Struct("<I")
 
-_END = ("end",)  # the queue's end, once taken while merging answers
+class Pipeline:
+    """The member's side of an Append stream, driven by callbacks: `take(raw)` hands a request (AppendRequest
+    bytes) to `store` as it arrives, and `answer([(ledger, index, refusal), …])` is called, in order, with the
+    answers its group commits made durable — those of one ledger, one after the other, merged into one (an answer
+    covers what is before it) — in the journal's callback that made them durable: no task, no queue between the
+    socket and the store or between the store and the socket. `end(exc)` once: None after the last answer when
+    `finish` was called; the error — after the answers of what came before — when a request does not parse
+    (InvalidArgument) or the store's writer failed. `transport` ("channel" or "grpc") is counted in the store's
+    statistics."""
 
+    def __init__(self, store, transport: str, answer, end):
+        self.store, self._transport = store, transport
+        self._answer, self._end = answer, end
+        self._q: deque = deque()  # [ledger, last index, journal position (None: refused), refusal or error]
+        self._finishing = False
+        self._over = False
 
-def _durable(done) -> bool:
-    return done is not None and done.done() and not done.cancelled() and done.exception() is None
+    def take(self, raw) -> None:
+        """One request; its entries are in the store's journal when this returns (durable once answered). `ask`
+        once a read's requests are taken."""
+        if self._over or self._finishing:
+            return
+        store = self.store
+        store.append_requests[self._transport] += 1
+        try:
+            ledger, epoch, index, types, entries = append_wire.decode(raw)
+        except append_wire.Malformed as e:
+            self._finishing = True
+            self._q.append((None, 0, None, InvalidArgument(f"The request is not a valid pigeon.v1.AppendRequest: "
+                                                           f"{e}.")))
+            self._pump()
+            return
+        try:
+            last, at = store.take_many(ledger, epoch, index, types, entries)
+        except PigeonError as e:  # entries before the refused one were taken; the writer rolls
+            self._q.append((ledger, index + len(entries) - 1, None, str(e)))
+            self._pump()
+            return
+        self._q.append((ledger, last, at, ""))
+        store.on_durable(at, self._heard)
+
+    def ask(self) -> None:
+        """Make what was taken durable now: its writer waits for the answers."""
+        if self._q and not self._over:
+            self.store.flush()
+
+    def finish(self) -> None:
+        """No more requests: `end(None)` once what was taken is answered."""
+        self._finishing = True
+        self._pump()
+
+    def stop(self) -> None:
+        """The stream is gone: nothing more is answered or ended."""
+        self._over = True
+        self._q.clear()
+
+    def _heard(self, exc) -> None:
+        if exc is not None:
+            self._stop_with(exc)
+        else:
+            self._pump()
+
+    def _stop_with(self, exc) -> None:
+        if not self._over:
+            self._over = True
+            self._q.clear()
+            self._end(exc)
+
+    def _pump(self) -> None:
+        if self._over:
+            return
+        q, durable, out = self._q, self.store.writer.durable, []
+        while q:
+            ledger, last, at, why = q[0]
+            if at is not None and at > durable:
+                break
+            q.popleft()
+            if isinstance(why, BaseException):  # a request that did not parse: the stream ends here
+                if out:
+                    self._answer(out)
+                self._stop_with(why)
+                return
+            if out and not why and not out[-1][2] and out[-1][0] == ledger:
+                out[-1] = (ledger, last, "")
+            else:
+                out.append((ledger, last, why))
+        if out:
+            self._answer(out)
+        if not q and self._finishing and not self._over:
+            self._over = True
+            self._end(None)
 
 
 async def serve_appends(store, requests, transport: str):
-    """The member's side of an Append stream: every request of `requests` (AppendRequest bytes) handed to `store`
-    as it arrives, and (ledger, index, refusal) yielded in order once durable — the answers a group commit made
-    durable merged into one (an answer covers what is before it). InvalidArgument, after the answers of what came
-    before, when a request does not parse. `transport` ("channel" or "grpc") is counted in the store's
-    statistics."""
-    answers: asyncio.Queue = asyncio.Queue()
+    """`Pipeline` as an async generator over an async iterator of requests (the gRPC method's, the simulator's):
+    (ledger, index, refusal) yielded in order once durable; InvalidArgument, after the answers of what came before,
+    when a request does not parse."""
+    out: asyncio.Queue = asyncio.Queue()
+    done = object()
+    pipe = Pipeline(store, transport, out.put_nowait, lambda exc: out.put_nowait(done if exc is None else exc))
 
     async def take():
         try:
             async for raw in requests:
-                store.append_requests[transport] += 1
-                try:
-                    ledger, epoch, index, types, entries = append_wire.decode(raw)
-                except append_wire.Malformed as e:
-                    raise InvalidArgument(f"The request is not a valid pigeon.v1.AppendRequest: {e}.") from None
-                try:
-                    (last, done), why = store.submit_many(ledger, epoch, index, types, entries), ""
-                except PigeonError as e:  # entries before the refused one were taken; the writer rolls
-                    last, done, why = index + len(entries) - 1, None, str(e)
-                answers.put_nowait((ledger, last, done, why))
+                pipe.take(raw)
+                pipe.ask()
         finally:
-            answers.put_nowait(None)
+            pipe.finish()
 
     reader = asyncio.create_task(take())
-    held = None  # an answer taken from the queue but not merged into the one before it
     try:
-        while True:
-            item, held = (held, None) if held is not None else (await answers.get(), None)
-            if item is None:
-                break
-            ledger, index, done, why = item
-            if done is not None:
-                await done
-            while not why:  # answers durable by now go in this message: an answer covers what is before it
-                try:
-                    nxt = answers.get_nowait()
-                except asyncio.QueueEmpty:
-                    break
-                if nxt is None or nxt[0] != ledger or nxt[3] or not _durable(nxt[2]):
-                    held = nxt if nxt is not None else _END
-                    break
-                index = nxt[1]
-            yield ledger, index, why
-            if held is _END:
-                break
-        await reader  # a request that did not parse ends the stream with its error
+        while (got := await out.get()) is not done:
+            if isinstance(got, BaseException):
+                raise got
+            for answer in got:
+                yield answer
+        await reader  # (the requests' own end: an error of theirs is this stream's)
     finally:
+        pipe.stop()
         reader.cancel()
 
 
@@ -150,15 +215,16 @@ def _caller(transport) -> str:
 
 
 class _Connection(asyncio.BufferedProtocol):
+    """A member's Append stream: each frame is taken by the pipeline in the read that completes it, and the
+    answers of one group commit are written with one write."""
+
     def __init__(self, server: ChannelServer):
         self.server = server
-        self.store = server.store
         self._scratch = bytearray(limits.append_scratch_bytes)
         self._have = 0  # bytes of _scratch read and not yet taken
         self._frame: bytearray | None = None  # a frame too long for _scratch, being read into a buffer of its own
         self._got = 0  # … how much of it has come
-        self._frames: asyncio.Queue = asyncio.Queue()  # frames read, for the pipeline; None: the end
-        self._task: asyncio.Task | None = None
+        self._pipe = Pipeline(server.store, "channel", self._answered, self._ended)
         self.transport: asyncio.Transport | None = None
         self._refused = False  # not a node: nothing it sends is read
 
@@ -168,27 +234,24 @@ class _Connection(asyncio.BufferedProtocol):
             log.warning("append channel: %s is not a node of the cluster (its certificate names %r): closed",
                         transport.get_extra_info("peername"), _caller(transport))
             self._refused = True
+            self._pipe.stop()
             transport.abort()
             return
         self.server.connections.add(self)
         transport.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._task = asyncio.get_running_loop().create_task(self._answer())
 
-    async def _requests(self):
-        while (frame := await self._frames.get()) is not None:
-            yield frame
+    def _answered(self, answers: list) -> None:
+        if hops.ON:
+            hops.mark("answering")
+        out = []
+        for ledger, index, why in answers:
+            raw = pb.AppendResponse(ledger=ledger, index=index, error=why).SerializeToString()
+            out += (LENGTH.pack(len(raw)), raw)
+        self.transport.write(b"".join(out))
 
-    async def _answer(self) -> None:
-        try:
-            async for ledger, index, why in serve_appends(self.store, self._requests(), "channel"):
-                raw = pb.AppendResponse(ledger=ledger, index=index, error=why).SerializeToString()
-                if hops.ON:
-                    hops.mark("answering")
-                self.transport.write(LENGTH.pack(len(raw)) + raw)
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:  # noqa: BLE001 — a connection's end: the owner sees its member gone
-            log.warning("append channel from %s closed: %s", self.transport.get_extra_info("peername"), e)
+    def _ended(self, exc) -> None:
+        if exc is not None:  # a connection's end: the owner sees its member gone
+            log.warning("append channel from %s closed: %s", self.transport.get_extra_info("peername"), exc)
         self.transport.close()
 
     def get_buffer(self, sizehint: int) -> memoryview:
@@ -199,11 +262,13 @@ class _Connection(asyncio.BufferedProtocol):
     def buffer_updated(self, nbytes: int) -> None:
         if self._refused:
             return
+        pipe = self._pipe
         if self._frame is not None:
             self._got += nbytes
             if self._got == len(self._frame):
-                self._frames.put_nowait(memoryview(self._frame).toreadonly())  # never written again
+                pipe.take(memoryview(self._frame).toreadonly())  # never written again
                 self._frame = None
+                pipe.ask()
             return
         self._have += nbytes
         buf, pos, have = self._scratch, 0, self._have
@@ -213,13 +278,14 @@ class _Connection(asyncio.BufferedProtocol):
                 log.warning("append channel from %s: a frame of %d bytes, above the largest (%d): closed",
                             self.transport.get_extra_info("peername"), n, limits.grpc_receive_bytes_max)
                 self._have = 0
+                pipe.stop()
                 self.transport.abort()
                 return
             start = pos + LENGTH.size
             if have - start >= n:
                 if hops.ON:
                     hops.mark("frame")
-                self._frames.put_nowait(bytes(buf[start:start + n]))
+                pipe.take(bytes(buf[start:start + n]))
                 pos = start + n
             elif LENGTH.size + n > len(buf):  # too long for the scratch buffer: the rest goes into its own
                 self._frame = bytearray(n)
@@ -233,16 +299,15 @@ class _Connection(asyncio.BufferedProtocol):
             rest = have - pos
             buf[:rest] = buf[pos:have]
             self._have = rest
+            pipe.ask()  # (once for every request this read completed: one wake-up of the journal's writer)
 
     def eof_received(self) -> bool:
-        self._frames.put_nowait(None)  # the owner closed its side: answer what it sent, then close ours
+        self._pipe.finish()  # the owner closed its side: answer what it sent, then close ours
         return self.server.tls is None  # (TLS has no half-closed connection: there the answers are lost)
 
     def connection_lost(self, exc) -> None:
         self.server.connections.discard(self)
-        self._frames.put_nowait(None)
-        if self._task is not None and exc is not None:
-            self._task.cancel()
+        self._pipe.stop()
 
 
 # --- the owner's side ----------------------------------------------------------------------------------------

@@ -208,12 +208,18 @@ class LedgerStore:
             return True
         return False
 
-    def submit_many(self, ledger: int, epoch: int, index: int, types: list[int], bodies: list) -> tuple[int, asyncio.Future]:
-        """`submit` for entries `index`, `index + 1`, … at once: (the last one's index, a future done once all
-        are durable). FailedPrecondition as `submit` (the entries before the refused one are taken)."""
+    def take_many(self, ledger: int, epoch: int, index: int, types: list[int], bodies: list) -> tuple[int, int]:
+        """Entries `index`, `index + 1`, … of `ledger` from a writer at `epoch`, appended at once: (the last one's
+        index, the journal position they are durable at — `on_durable`; `flush` asks for it).
+        FailedPrecondition as `submit` (the entries before the refused one are taken)."""
         for i, (rtype, body) in enumerate(zip(types, bodies)):
             self._submit(ledger, epoch, index + i, rtype, body)
-        return index + len(bodies) - 1, self.writer.wait_durable(self.writer.tail)
+        return index + len(bodies) - 1, self.writer.tail
+
+    def on_durable(self, end: int, callback) -> None:
+        """`callback(None)` once this store's journal is durable up to `end` (at once when it is), `callback(exc)`
+        if its writer fails first."""
+        self.writer.on_durable(end, callback)
 
     async def append(self, ledger: int, epoch: int, index: int, rtype: int, body: bytes) -> None:
         await self.submit(ledger, epoch, index, rtype, body)

@@ -80,6 +80,59 @@ def test_a_refused_entry_is_answered_with_the_reason(tmp_path):
     asyncio.run(run())
 
 
+def test_one_group_commits_answers_go_in_order_merged_by_ledger(tmp_path):
+    """Requests one read completes share a group commit: their answers come in the order asked, those of one ledger
+    one after the other merged into one (an answer covers what is before it), a refusal on its own."""
+    async def run():
+        store, server, port = await _member(tmp_path)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(frame(7, 0, [b"a"]) + frame(7, 1, [b"b"]) + frame(8, 5, [b"gap"]) + frame(7, 2, [b"c"]))
+        got = []
+        while not got or got[-1].ledger != 7 or got[-1].index < 2:
+            got += await _answers(reader, 1)
+        assert [(r.ledger, r.index, "gap" in r.error if r.error else "") for r in got] == \
+            [(7, 1, ""), (8, 5, True), (7, 2, "")]
+        assert [bytes(e.body) for e in store.read(7, 0, 3)] == [b"a", b"b", b"c"] and store.held(8) == 0
+        writer.close()
+        server.close()
+        await store.close()
+
+    asyncio.run(run())
+
+
+def test_an_owner_that_closes_its_side_has_every_request_answered_first(tmp_path):
+    async def run():
+        store, server, port = await _member(tmp_path)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(frame(7, 0, [b"a"]) + frame(7, 1, [b"b", b"c"]))
+        writer.write_eof()
+        answers = await asyncio.wait_for(_answers(reader, 2), 5)
+        assert answers[-1].index == 2 and not any(r.error for r in answers)
+        assert await asyncio.wait_for(reader.read(), 5) == b"", "then the member closes its side"
+        assert store.held(7) == 3
+        writer.close()
+        server.close()
+        await store.close()
+
+    asyncio.run(run())
+
+
+def test_requests_before_a_malformed_one_are_answered_then_the_connection_ends(tmp_path):
+    async def run():
+        store, server, port = await _member(tmp_path)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(frame(7, 0, [b"a"]) + struct.pack("<I", 3) + b"\x0a\xff\xff" + frame(7, 1, [b"after"]))
+        (r,) = await asyncio.wait_for(_answers(reader, 1), 5)
+        assert (r.ledger, r.index, r.error) == (7, 0, "")
+        assert await asyncio.wait_for(reader.read(), 5) == b""
+        assert store.held(7) == 1, "nothing after the malformed request is taken"
+        writer.close()
+        server.close()
+        await store.close()
+
+    asyncio.run(run())
+
+
 @pytest.mark.parametrize("bad", ["malformed", "oversized"])
 def test_a_bad_frame_ends_the_connection_and_stores_nothing(tmp_path, bad):
     async def run():
