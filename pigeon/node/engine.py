@@ -238,9 +238,9 @@ class Engine:
                     self.delivery.arm(self.state.subs_by_uid[uid], sig)
 
     async def durable(self, end: int | None = None, log_id: int | None = None) -> None:
-        """Until everything committed so far (or up to journal position `end`) is durable — and in a cluster,
-        everything committed so far to `log_id` is held by Qa members of its ensemble (Unavailable when the log
-        moved meanwhile). The owner's own journal must have it too: its reader serves messages from there."""
+        """Until everything committed so far (or up to journal position `end`) is durable — in a cluster, what was
+        committed to `log_id` once Qa members of its ensemble hold it, whether or not the owner's journal does yet
+        (Unavailable when the log moved meanwhile; the reader waits for the journal itself where it reads there)."""
         await self.logs.durable(end, log_id)
 
     async def change(self, *recs: R.Record) -> None:

@@ -109,6 +109,7 @@ class LedgerStore:
         self._disk = host.disk if host is not None else OsDisk()
         self._deleting = asyncio.Lock()  # one write of `deleted` at a time, each holding every one before it
         self._fence_at: dict[int, int] = {}  # a kept ledger with a fence and no entry → where its fence was rewritten
+        self._lent_end = 0  # the node journal's position past the latest entry borrowed from it
 
     @property
     def _deleted_path(self) -> str:
@@ -178,17 +179,24 @@ class LedgerStore:
             self._submit(ledger, epoch, index, rtype, body)
             return self.writer.wait_durable(self.writer.tail, ask=now)
         log, offset, pos, end = where
+        self._lent_end = max(self._lent_end, end)
         if self._submit(ledger, epoch, index, BORROWED, _WHERE.pack(ledger, index, pos, end - pos, log, offset)):
             b = self.borrowed.get(ledger)
             if b is None:
                 self.borrowed[ledger] = [pos, end]
             else:
                 b[1] = end
+        if now and self.node.durable < end:
+            self.node.flush_soon()
         return self.writer.wait_durable(self.writer.tail, ask=now, also=(self.node, end))
 
     def flush(self) -> None:
-        """Make everything submitted so far durable now: somebody waits for it."""
+        """Make everything submitted so far durable now: somebody waits for it — the node journal's records of the
+        entries borrowed from it too (the owner answers a replicated entry once Qa members hold it, without waiting
+        for its own journal: this store's answer, when it is one of the Qa, does)."""
         self.writer.flush_soon()
+        if self.node is not None and self.node.durable < self._lent_end:
+            self.node.flush_soon()
 
     def _submit(self, ledger: int, epoch: int, index: int, rtype: int, body) -> bool:
         """Whether the entry was appended (False: held already, a retry)."""

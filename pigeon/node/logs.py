@@ -1,9 +1,11 @@
 """The logs the executor writes: every log in the node's journal (storage.log's contract over one group commit), and
 on a cluster node the data logs of the bundles it owns replicated besides to the ensemble of each log's open ledger
-(node.bundle_logs). Owns the rule: an entry is durable once the journal holds it durable and, for a replicated log,
-Qa members do — the executor appends, waits and hears through here and cannot tell a replicated log from a local
-one. A log that moved to another node fails its waiters with Unavailable (its next owner has every entry ever
-confirmed)."""
+(node.bundle_logs). Owns the rule: an entry is durable once the journal holds it durable or, for a replicated log,
+once Qa members do — the executor appends, waits and hears through here and cannot tell a replicated log from a local
+one. A replicated entry is not waited for in the journal: the owner's copy there is its working copy, dropped when
+the node starts again (the ledgers are the log), and when the owner's own ledger store is one of the Qa it answers
+only once the journal holds the record durable (it borrows it from there). A log that moved to another node fails
+its waiters with Unavailable (its next owner has every entry ever confirmed)."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ class NodeLogs:
         self.journal = journal  # node.journal_writer.JournalWriter
         self.replicas = None  # a cluster node's bundle logs, once it joined
         self._latest: dict[int, asyncio.Future] = {}  # replicated log → the replication of its latest entry
+        self._local_end = 0  # the journal position past the latest entry only the journal holds
 
     def replicate_with(self, replicas) -> None:
         """From now on the data logs are replicated by `replicas` (node.bundle_logs.BundleLogs)."""
@@ -33,6 +36,8 @@ class NodeLogs:
                                                                   rtype > R.RecordType.SNAPSHOT):
             self._latest[log_id] = self.replicas.append(  # the node's own copy starting over, not log entries)
                 log_id, rtype, b"".join(parts), (log_id, offset, at, self.journal.tail))
+        else:
+            self._local_end = self.journal.tail
         return offset, at
 
     def _replication(self, log_id: int | tuple | None) -> asyncio.Future | None:
@@ -54,7 +59,11 @@ class NodeLogs:
         everything appended to `log_id` (or to each of a tuple of logs) is held by Qa members when it is
         replicated."""
         replicated = self._replication(log_id)
-        await self.journal.wait_durable(self.journal.tail if end is None else end)
+        end = self.journal.tail if end is None else end
+        if replicated is not None:  # the journal only for what only it holds (the ledgers hold the rest)
+            end = min(end, self._local_end)
+        if self.journal.durable < end:
+            await self.journal.wait_durable(end)
         if replicated is not None:
             await asyncio.shield(replicated)  # (many wait for it: a waiter cancelled must not cancel it)
 
@@ -70,9 +79,11 @@ class NodeLogs:
         return self._replication(log_id) if self.replicas is not None else None
 
     def on_durable(self, end: int, log_id: int, callback) -> None:
-        """`callback()` once the journal is durable up to `end` and what was appended to `log_id` so far is
-        replicated; never, if either fails (the log's next owner takes over from there)."""
+        """`callback()` once what was appended to `log_id` so far is durable as `durable` says (up to journal
+        position `end`); never, if that fails (the log's next owner takes over from there)."""
         replicated = self._latest.get(log_id) if self.replicas is not None else None
+        if replicated is not None:
+            end = min(end, self._local_end)
 
         def on_journal(exc) -> None:
             if exc is not None:
