@@ -236,6 +236,31 @@ def test_the_owners_copy_is_borrowed_from_the_node_journal_and_reads_back_after_
     run(reread())
 
 
+def test_the_owners_copy_asks_the_node_journal_for_what_it_borrows(tmp_path, monkeypatch):
+    """An owner answers a replicated record once Qa members hold it, without waiting for its own journal (node.logs):
+    nobody else asks the node journal for the record then, so the own store does when it is asked for its entry —
+    not the journal's lazy flush, seconds later here."""
+    monkeypatch.setattr(limits, "lazy_write_s", 60.0)
+    monkeypatch.setattr(limits, "lazy_flush_s", 60.0)
+
+    async def go():
+        node = await _node_journal(tmp_path)
+        s = LedgerStore(str(tmp_path), node=node)
+        await s.open()
+        await s.submit(9, 1, 0, 1, b"the first entry: a whole copy")
+        where = _commit(node, 9, 1, b"a record the executor waits for at Qa only")
+        done = s.submit(9, 1, 1, 1, b"a record the executor waits for at Qa only", now=False, where=where)
+        s.flush()  # the ledger's writer: somebody waits for the entry
+        await asyncio.wait_for(done, 5)
+        assert node.durable >= where[3]
+        where = _commit(node, 9, 1, b"asked for at once")
+        await asyncio.wait_for(s.submit(9, 1, 2, 1, b"asked for at once", where=where), 5)
+        await s.close()
+        await node.close()
+
+    run(go())
+
+
 def test_borrowed_entries_the_node_journal_lost_in_a_crash_are_dropped(tmp_path):
     """A crash can leave a borrowed entry's record durable here while the node journal lost its own (never
     answered: the answer waits for both): at the restart the ledger ends before the first such entry, for
