@@ -16,7 +16,8 @@ def pytest_configure(config):
     at random among the 16,384 ports below the ephemeral range, and a port one worker picked but its server had
     not bound yet (or a killed server was about to bind again) could be picked by the other. Worker n takes the
     span n spans lower (gw0 the usual one, gw1 the one below it, down to port 1024 at most), when the range leaves
-    the last worker some thousands of ports."""
+    the last worker some thousands of ports; the processes the tests start inherit the span (a `--workers`
+    supervisor picks its workers' ports itself)."""
     # The servers the tests start keep their bundles where the hash puts them: many tests pick a topic by the node
     # that owns it, and a move by load in the middle of one (a node busier than the others for 30 s) would fail it
     # for no fault of the code it checks. The tests of placement by load set their own period.
@@ -30,7 +31,7 @@ def pytest_configure(config):
     if low - PORTS_PER_WORKER * (int(count) - 1) < 1024 + 4096:
         return
     top = low - PORTS_PER_WORKER * (int(worker.removeprefix("gw")) % int(count))  # (gw2 replaces a worker that died)
-    local_ports.ephemeral_low = lambda: top  # (free_port reads it at each call)
+    os.environ[local_ports.PORTS_BELOW] = str(top)  # (free_port reads it at each call; the servers started inherit it)
 
 
 @pytest.hookimpl(optionalhook=True)  # (a hook of pytest-xdist: a run without it has no such hook)
@@ -66,6 +67,28 @@ def pytest_xdist_make_scheduler(config, log):
             super()._assign_work_unit(node)
 
     return SparkAsOneFile(config, log)
+
+
+LOG_TAIL_LINES = 60  # of each log a failed test's processes wrote, in its report
+LOG_TAIL_FILES = 8
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed test's report carries the last lines of the logs its own processes wrote under its `tmp_path`
+    (servers, workers, etcd): a failure on a CI machine is read from its report alone — the machine is gone."""
+    outcome = yield
+    report = outcome.get_result()
+    tmp = getattr(item, "funcargs", {}).get("tmp_path")
+    if not report.failed or tmp is None or not os.path.isdir(tmp):
+        return
+    logs = sorted((os.path.join(d, f) for d, _, files in os.walk(tmp) for f in files if f.endswith(".log")),
+                  key=os.path.getmtime, reverse=True)[:LOG_TAIL_FILES]
+    for path in logs:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.path.getsize(path) - 200 * LOG_TAIL_LINES))
+            tail = f.read().decode(errors="replace").splitlines()[-LOG_TAIL_LINES:]
+        report.sections.append((f"log {os.path.relpath(path, tmp)} (last {len(tail)} lines)", "\n".join(tail)))
 
 
 @pytest.fixture

@@ -9,7 +9,15 @@ import shutil
 import socket
 
 
+PORTS_BELOW = "PIGEON_PORTS_BELOW"  # where free_port's span ends, when set: a test run's parallel workers each give
+#                                   theirs to the servers they start, whose own free_port (a supervisor's workers'
+#                                   ports) then keeps to it too
+
+
 def ephemeral_low() -> int:
+    below = os.environ.get(PORTS_BELOW)
+    if below:
+        return int(below)
     try:
         with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
             return int(f.read().split()[0])

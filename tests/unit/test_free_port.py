@@ -11,3 +11,19 @@ def test_a_servers_port_is_below_the_ephemeral_range_and_free():
     ports = {free_port() for _ in range(50)}
     assert all(1024 <= p < low for p in ports)
     assert len(ports) > 1  # chosen at random: concurrent test runs rarely pick the same one
+
+
+def test_the_span_a_test_worker_sets_holds_in_the_processes_it_starts(monkeypatch):
+    """A parallel run's workers each pick ports from a span of their own; a `--workers` supervisor a test starts
+    picks its workers' ports itself, and must keep to the span of the test worker that started it."""
+    import subprocess
+    import sys
+
+    from pigeon.ops.local_ports import PORTS_BELOW
+
+    top = ephemeral_low() - 20_000
+    monkeypatch.setenv(PORTS_BELOW, str(top))
+    out = subprocess.run([sys.executable, "-c", "from pigeon.ops.local_ports import free_port as f\n"
+                          "print(*(f() for _ in range(20)))"], capture_output=True, text=True, check=True)
+    ports = [int(p) for p in out.stdout.split()]
+    assert len(ports) == 20 and all(top - 16_384 <= p < top for p in ports), ports
