@@ -91,6 +91,7 @@ class ClusterSim:
         self.meta: LocalMetadata | None = None
         self.nodes = {f"n{i + 1}": SimNode(self, f"n{i + 1}", self.rng.uniform(-0.5, 0.5)) for i in range(nodes)}
         self.h = History()
+        self.trace: tuple[int, float] | None = None  # set at the end of `run`
         self.topics = [f"{P}/topics/topic{i}" for i in range(2)]
         self.subs = {t.replace("/topics/", "/subscriptions/") + s: i for i, t in enumerate(self.topics)
                      for s in ("-plain", "-ordered")}
@@ -414,6 +415,8 @@ class ClusterSim:
         self.check()
         await self.until(self.lists_short, 120, "every log's ledger list to be cut short (snapshots, cuts)")
         await self.settle()
+        loop = asyncio.get_running_loop()
+        self.trace = (loop._seq, loop.time())  # timers set and the virtual time at the end: a replay's fingerprint
         return self.h
 
     def lists_short(self) -> bool:

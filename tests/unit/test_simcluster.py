@@ -39,6 +39,15 @@ def test_cluster_seeds_run_clean():
         run_seed(seed, STEPS)
 
 
+def test_a_seed_replays_the_same_whatever_ran_before_it():
+    """A failure prints its seed and `--seed N` replays it — in a process of its own: a seed's run must depend on
+    nothing an earlier run in the process left behind (a cache, a counter, the collector's timing)."""
+    first = run_seed(1001, 30).trace
+    run_seed(1002, 30, spread=True)
+    again = run_seed(1001, 30).trace
+    assert first is not None and again == first, (first, again)
+
+
 def _owner_cut_off_from_the_store_keeps_publishing(seed: int, monkeypatch) -> None:
     """An owner cut off from the metadata store only: its session ends and another node takes its bundle over,
     while it still reaches the members and its clients go on publishing through it. Fencing is what keeps its
