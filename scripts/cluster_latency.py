@@ -15,6 +15,9 @@ for a before/after in one sitting:
 
     python scripts/cluster_latency.py --tree /tmp/a --tree /tmp/b --rounds 3 --seconds 10
 
+`--profile DIR --profiler syscalls` counts each node's system calls of the kinds that matter here and its context
+switches while the workload runs (`perf stat`), and ends with a table of them per message sent.
+
 `--hops DIR` starts every server with its hop timestamps on (pigeon.node.hops) and prints, for the node that took
 the publishes, where a message's time went inside it: publish → answered (the Publish handler to its answer:
 commit, the node's fdatasync and, in a cluster, the members' quorum) and woken → sending (a stream woken for a
@@ -112,10 +115,23 @@ SYSCALLS = ("write", "writev", "sendmsg", "sendto", "read", "readv", "recvfrom",
             "futex", "getpid", "fdatasync", "mprotect", "madvise", "preadv2", "pwritev2")
 
 
-def _profile(pids: dict[str, int], profile_dir: str, kind: str, seconds: float, tool: str) -> list[subprocess.Popen]:
+def perf_counts(path: str) -> dict[str, int]:
+    """The counts of a `perf stat -o` file, by event (`syscalls:sys_enter_futex` → `futex`); none it could not count."""
+    out: dict[str, int] = {}
+    with open(path) as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) >= 2 and parts[0].replace(",", "").isdigit():
+                out[parts[1].removeprefix("syscalls:sys_enter_")] = int(parts[0].replace(",", ""))
+    return out
+
+
+def _profile(pids: dict[str, int], profile_dir: str, kind: str, seconds: float,
+             tool: str) -> tuple[list[subprocess.Popen], dict[str, str]]:
     """Sample every node's process for `seconds`, each into `profile_dir`: with py-spy (its Python stacks, every
     thread, without pausing the node: a node's gRPC poller and journal writer are threads) as collapsed stacks, or
-    with perf (the native side too: the interpreter, gRPC's core, the kernel) as perf.data for `perf report`."""
+    with perf (the native side too: the interpreter, gRPC's core, the kernel) as perf.data for `perf report`. With
+    `syscalls`, also where each node's counts are (node → file), for the table of system calls per message."""
     exe = shutil.which("perf" if tool == "syscalls" else tool)
     if exe is None:
         sys.exit(f"--profile needs {tool} on PATH")
@@ -125,17 +141,18 @@ def _profile(pids: dict[str, int], profile_dir: str, kind: str, seconds: float, 
     out = os.path.join(profile_dir, f"{kind}-{stamp}-%s")
     if tool == "syscalls":  # the process's system calls of each kind, counted in the kernel (cheap: no tracing)
         events = ",".join(f"syscalls:sys_enter_{c}" for c in SYSCALLS) + ",context-switches"
-        return [subprocess.Popen([exe, "stat", "-e", events, "-p", str(pid), "-o", out % f"{name}.syscalls",
+        files = {name: out % f"{name}.syscalls" for name in pids}
+        return [subprocess.Popen([exe, "stat", "-e", events, "-p", str(pid), "-o", files[name],
                                   "--", "sleep", str(seconds)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                for name, pid in pids.items()]
+                for name, pid in pids.items()], files
     if tool == "perf":
         return [subprocess.Popen([exe, "record", "-F", "499", "-g", "-p", str(pid), "-o", out % f"{name}.perf",
                                   "--", "sleep", str(seconds)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                for name, pid in pids.items()]
+                for name, pid in pids.items()], {}
     return [subprocess.Popen([exe, "record", "--pid", str(pid), "--duration", str(int(seconds)), "--rate", "250",
                               "--threads", "--format", "raw", "--gil", "--nonblocking", "--output", out % f"{name}.txt"],
                              stdout=subprocess.DEVNULL)
-            for name, pid in pids.items()]
+            for name, pid in pids.items()], {}
 
 
 def run_one(kind: str, rate: int, seconds: float, hops_dir: str | None, profile: tuple[str, str] | None = None) -> dict:
@@ -157,7 +174,7 @@ def run_one(kind: str, rate: int, seconds: float, hops_dir: str | None, profile:
         procs = {n: _tree(p) for n, p in pids.items()}
         before, t0 = {n: cpu_seconds(p) for n, p in pids.items()}, time.monotonic()
         me0 = sum(os.times()[:4])
-        spies = _profile(pids, profile[0], kind, seconds, profile[1]) if profile else []
+        spies, counted = _profile(pids, profile[0], kind, seconds, profile[1]) if profile else ([], {})
         r = w.latency(server.driver, plan, "latency", lambda f, done: None)
         dt = time.monotonic() - t0
         used = {n: cpu_seconds(p) - before[n] for n, p in pids.items()}
@@ -167,6 +184,8 @@ def run_one(kind: str, rate: int, seconds: float, hops_dir: str | None, profile:
         r["owner"], r["seconds_run"] = owner, dt
         for spy in spies:
             spy.wait()
+        r["syscalls"] = {n: {e: c / max(1, r["sent"]) for e, c in perf_counts(path).items()}
+                         for n, path in counted.items()}
     finally:
         server.stop()
         server.discard()
@@ -254,7 +273,38 @@ def main() -> int:
                   f"{' / '.join(str(r.get('ack_p50_ms')) for r in rs)} | {ratio} | "
                   f"{statistics.median(own):.0f} ({' / '.join(f'{c:.0f}' for c in own)}) | "
                   f"{' / '.join(f'{c:.0f}' for c in others) or '-'} | {' / '.join(f'{c:.0f}' for c in gen)} |")
+    if args.profiler == "syscalls" and args.profile:
+        _syscall_table(results, args.rate or [1000], kinds)
     return 0
+
+
+def _syscall_table(results: dict, rates: list[int], kinds: list[tuple]) -> None:
+    """System calls and context switches per message sent: the node that took the publishes, and the mean of the
+    others (the members), median over the rounds."""
+    columns = []
+    for rate in rates:
+        for kind, tree in kinds:
+            rs = [r for r in results[(rate, (kind, tree))] if r.get("syscalls")]
+            if not rs:
+                continue
+            label = f"{kind}{f' [{tree}]' if tree else ''} {rate}/s"
+            own = [r["syscalls"][r["owner"]] for r in rs]
+            columns.append((f"{label} {'node' if kind == 'single' else 'owner'}", own))
+            members = [[c for n, c in r["syscalls"].items() if n != r["owner"]] for r in rs]
+            if any(members):
+                columns.append((f"{label} member", [{e: statistics.mean(m.get(e, 0) for m in ms) for e in ms[0]}
+                                                    for ms in members if ms]))
+    if not columns:
+        return
+    events = sorted({e for _, cs in columns for c in cs for e in c},
+                    key=lambda e: -max(statistics.median(c.get(e, 0) for c in cs) for _, cs in columns))
+    print()
+    print("| per message sent | " + " | ".join(name for name, _ in columns) + " |")
+    print("|---|" + "---:|" * len(columns))
+    for e in events:
+        if all(statistics.median(c.get(e, 0) for c in cs) < 0.05 for _, cs in columns):
+            continue  # (none of this kind)
+        print(f"| {e} | " + " | ".join(f"{statistics.median(c.get(e, 0) for c in cs):.1f}" for _, cs in columns) + " |")
 
 
 if __name__ == "__main__":
