@@ -248,6 +248,13 @@ async def nap(seconds: float, done, look: float) -> None:
         await sleep(min(left, look))
 
 
+def fingerprint() -> tuple[int, float]:
+    """The running loop's timers set so far and its virtual time: two runs that differ in any event's order or
+    time differ here, as good as always (a seed's replay is checked with it)."""
+    loop = asyncio.get_running_loop()
+    return loop._seq, loop._now
+
+
 def _wake(fut: asyncio.Future) -> None:
     if not fut.done():
         fut.set_result(None)
