@@ -57,6 +57,15 @@ def free_port() -> int:
     raise RuntimeError(f"no free loopback port below {low}")
 
 
+def taken(*ports: int) -> None:
+    """Ports chosen elsewhere for servers about to start (a supervisor's `--port` and `--http-port`, picked by
+    whoever started it): free_port gives none of them while they are not bound yet."""
+    now = time.monotonic()
+    for port in ports:
+        if port:
+            _given[port] = now
+
+
 def etcd_binary() -> str | None:
     """The etcd executable (Debian's etcd-server puts it in /usr/bin), or None when it is not installed."""
     return shutil.which("etcd") or ("/usr/bin/etcd" if os.path.exists("/usr/bin/etcd") else None)

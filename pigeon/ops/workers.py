@@ -164,6 +164,7 @@ class Supervisor:
         return [c.proc for c in self.children]
 
     def run(self) -> int:
+        local_ports.taken(self.config.port, self.config.http_port)  # (ours to share, not bound until the workers start)
         layout = _layout(self.config)
         port = self.config.port or free_port()  # the one port every worker shares
         own = [free_port() if self.config.http_port else 0 for _ in range(self.config.workers)]

@@ -38,3 +38,16 @@ def test_a_port_given_is_not_given_again_by_the_same_process(monkeypatch):
     monkeypatch.setattr(local_ports, "_given", {})
     ports = [free_port() for _ in range(500)]
     assert len(set(ports)) == len(ports), sorted(p for p in ports if ports.count(p) > 1)
+
+
+def test_a_port_chosen_elsewhere_is_not_given(monkeypatch):
+    """A `--workers` supervisor is handed its shared port by whoever started it, and picks its workers' other
+    ports before any of them binds that one: it must not pick it again."""
+    from pigeon.ops import local_ports
+
+    monkeypatch.setattr(local_ports, "_given", {})
+    low = ephemeral_low()
+    kept = set(range(max(1024, low - 16_384), low - 3_000))  # all but the span's top 3,000
+    local_ports.taken(*kept)
+    ports = [free_port() for _ in range(50)]
+    assert not kept & set(ports), sorted(kept & set(ports))
