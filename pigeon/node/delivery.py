@@ -175,7 +175,7 @@ class Delivery:
         that delivery neither reads nor parses the record back; one nobody waits for costs no memory."""
         ex = self.executor
         log_id = t.log_id if not t.spread else ex.state.shard_logs(t, ex.config.bundles)[rec.shard]
-        early = ex.logs.recording(log_id) is not None
+        early = ex.logs.replicates(log_id)
         if early or any(sig.waiting for uid in t.subscriptions if (sig := ex.signals.get(uid)) is not None):
             pos = t.shards[rec.shard].pos[-1]  # apply has just indexed the batch
             ex.reader.remember_published(pos, rec.request, rec.publish_ms, end - pos)
@@ -375,10 +375,15 @@ class Delivery:
                 raise FailedPrecondition(f"The subscription {s.name} is detached.")
             s.last_activity = self.executor.clock.now()  # an open stream keeps the subscription alive
             if stream.unsent:  # (a cluster) the oldest delivery goes out once its lease is recorded; meanwhile
-                out, recording, until = stream.unsent[0]  # the next one's lease goes on its way
+                out, recording, until = stream.unsent[0]  # the next ones' leases go on their way
                 if not recording.done():
                     if len(stream.unsent) < limits.stream_deliveries_ahead:
                         self._deliver_to(stream)
+                    if len(stream.unsent) < limits.stream_deliveries_ahead and stream.room() > 0:
+                        # messages published meanwhile are leased as they come (their Deliver record rides
+                        # with their Publish record), not once the oldest lease is recorded: a round trip less
+                        await self._wait(s, limits.stream_idle_wake_s, stream)
+                        continue
                     await asyncio.shield(recording)
                 stream.unsent.popleft()
                 recording.result()  # Unavailable: the bundle moved (its next owner holds the leases)
@@ -413,6 +418,7 @@ class Delivery:
         if recording is None:
             return out
         stream.unsent.append((out, recording, self.executor.clock.now() + stream.deadline_s))
+        recording.add_done_callback(stream.wake)
         return None
 
     def close_stream(self, stream: Stream) -> None:

@@ -154,8 +154,9 @@ class Stream:
         if self.waiter is not None and self.room() > 0:
             _resolve(self.waiter, _WOKEN)
 
-    def wake(self) -> None:
-        """Something for this stream alone: a response in its outbox, an error, the client's half-close."""
+    def wake(self, _=None) -> None:
+        """Something for this stream alone: a response in its outbox, an error, the client's half-close, a
+        delivery's lease recorded (a cluster: a future's done callback)."""
         if self.waiter is not None:
             _resolve(self.waiter, _WOKEN)
 

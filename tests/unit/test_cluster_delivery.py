@@ -86,3 +86,36 @@ def test_a_delivery_whose_lease_ran_out_while_it_was_recorded_is_not_sent():
         e.delivery.close_stream(stream)
 
     simloop.run(go())
+
+
+def test_a_message_published_while_an_earlier_lease_is_recorded_is_leased_at_once():
+    """A stream whose delivery waits for its lease's record takes what is published meanwhile at once (up to
+    limits.stream_deliveries_ahead deliveries): that message's Deliver record rides to the members with its
+    Publish record instead of waiting for the earlier round trip to end, then for one of its own."""
+    sim = ClusterSim(5, steps=0)
+
+    async def go():
+        await sim.start_workload()
+        topic = sim.topics[0]
+        sub = topic.replace("/topics/", "/subscriptions/") + "-plain"
+        e = sim.owner_of(0).engine
+        s = e.state.subs[sub]
+        stream = e.delivery.open_stream(sub, "client", 60, 100, 1 << 20)
+        sent = asyncio.ensure_future(e.delivery.stream_next(stream))
+        await asyncio.sleep(0.1)
+        publishes = []
+        for data in (b"one", b"two"):
+            raw = _Req(topic=topic, messages=[_Msg(data=data)]).SerializeToString()
+            publishes.append(asyncio.ensure_future(e.publish(topic, raw, 1, "")))
+            for _ in range(1000):  # (turns of the loop, no time passing: the members have not answered yet)
+                if len(s.leases) == len(publishes):
+                    break
+                await asyncio.sleep(0)
+            assert len(s.leases) == len(publishes) and not any(p.done() for p in publishes), \
+                f"{data!r} waited for an earlier lease's round trip"
+        first = _Resp.FromString(b"".join(await asyncio.wait_for(sent, 5))).received_messages
+        second = _Resp.FromString(b"".join(await asyncio.wait_for(e.delivery.stream_next(stream), 5)))
+        assert [m.message.data for m in (*first, *second.received_messages)] == [b"one", b"two"]
+        e.delivery.close_stream(stream)
+
+    simloop.run(go())
