@@ -155,7 +155,7 @@ def test_it_notices_a_log_rolling_in_a_storm(monkeypatch):
     monkeypatch.setattr(limits, "ledger_retry_s", 0.0)
     # (a seed runs long here: every retry comes at once; the seeds that meet such a member move as the code's
     # timing does — these found it last)
-    found = _first_failure([89, 41, 37, 38, *range(1, 25)])
+    found = _first_failure([62, 189, 89, 41, *range(1, 25)])
     assert "roll storm" in found, found
 
 
