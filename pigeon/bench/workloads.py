@@ -48,8 +48,10 @@ def publish(driver, plan, key: str, batch: int, tick: Tick, *, size: int | None 
     outs = run_workers(jobs, gate, _wall(plan, gate.duration_s), _ticker(gate, tick))
     count = sum(o["count"] for o in outs)
     seconds = max(o["t_end"] for o in outs) - gate.start_at
-    return {"msgs_per_s": round(count / seconds), "count": count, "seconds": round(seconds, 3), "batch": batch,
-            "message_bytes": size, "procs": plan.publish_procs, "inflight_per_proc": inflight}
+    out = {"msgs_per_s": round(count / seconds), "count": count, "seconds": round(seconds, 3), "batch": batch,
+           "message_bytes": size, "procs": plan.publish_procs, "inflight_per_proc": inflight}
+    retries = sum(o.get("publish_retries", 0) for o in outs)  # (requests the server refused and got again)
+    return dict(out, publish_retries=retries) if retries else out
 
 
 def publish_best(driver, plan, key: str, batch: int, tick: Tick) -> dict:
@@ -168,10 +170,11 @@ def _latency_once(driver, plan, key: str, tick: Tick, consumer) -> dict:
         disk = probe.stop()
     lat = sorted(sub["lat_us"])
     ms = lambda q: round(_percentile(lat, q) / 1000, 3)  # noqa: E731
-    return {"rate": plan.latency_rate, "seconds": plan.latency_s, "sent": pub["sent"], "received": len(lat),
-            "p50_ms": ms(0.50), "p99_ms": ms(0.99), "p999_ms": ms(0.999), "max_ms": round(lat[-1] / 1000, 3)
-            if lat else None, "message_bytes": plan.message_bytes,
-            **{k: v for k, v in pub.items() if k != "sent"}, **disk}
+    return _with_stream_errors({
+        "rate": plan.latency_rate, "seconds": plan.latency_s, "sent": pub["sent"], "received": len(lat),
+        "p50_ms": ms(0.50), "p99_ms": ms(0.99), "p999_ms": ms(0.999), "max_ms": round(lat[-1] / 1000, 3)
+        if lat else None, "message_bytes": plan.message_bytes,
+        **{k: v for k, v in pub.items() if k != "sent"}, **disk}, [sub])
 
 
 def idle(server, plan, key: str, tick: Tick) -> dict:
