@@ -223,10 +223,12 @@ def markdown(doc: dict) -> str:
               "and with them, divided by their count; and publish + consume at once (as above, for "
               f"{s.get('idle_probe_s', 0):.0f} s) while they are held, against the mean of the same run before and "
               "after. gRPC targets only.", ""]
-    notes = [(t, k, r["note"]) for t, e in doc["targets"].items() for k, r in (e.get("results") or {}).items()
+    notes = [f"{t} / {k}: {r['note']}" for t, e in doc["targets"].items() for k, r in (e.get("results") or {}).items()
              if isinstance(r, dict) and r.get("note")]
+    notes += [line for t, e in doc["targets"].items()
+              for line in latency_caveats(t, (e.get("results") or {}).get("latency") or {})]
     if notes:
-        lines += ["## Notes", ""] + [f"* {t} / {k}: {n}" for t, k, n in notes] + [""]
+        lines += ["## Notes", ""] + [f"* {n}" for n in notes] + [""]
     problems = [(t, k, v) for t, e in doc["targets"].items() for k, v in (e.get("errors") or {}).items()]
     skipped = [(t, k, v) for t, e in doc["targets"].items() for k, v in (e.get("skipped") or {}).items()]
     if problems or skipped:
@@ -265,6 +267,24 @@ def print_table(doc: dict, console: Console) -> None:
     for t, e in doc["targets"].items():
         for k, v in (e.get("errors") or {}).items():
             console.print(f"[red]{t} / {k}: {v.splitlines()[0][:300]}")
+        for line in latency_caveats(t, (e.get("results") or {}).get("latency") or {}):
+            console.print(f"[yellow]{line}")
+
+
+def latency_caveats(target: str, r: dict) -> list[str]:
+    """What the latency figures of `target` leave out: messages not received within the run (a stream the
+    server ended holds them until their leases run out), publishes the server refused and got again."""
+    out = []
+    if r.get("received") is not None and r.get("sent") and r["received"] < r["sent"]:
+        out.append(f"{target} / latency: {r['received']:,} of {r['sent']:,} messages received within the run "
+                   f"(the percentiles are of those)")
+    if r.get("stream_errors"):
+        out.append(f"{target} / latency: streams the server ended: "
+                   + ", ".join(f"{code} {n}" for code, n in sorted(r["stream_errors"].items())))
+    if r.get("publish_retries"):
+        out.append(f"{target} / latency: {r['publish_retries']:,} publishes refused and sent again "
+                   f"(their wait counted)")
+    return out
 
 
 # chart panels: (title, unit, better, log scale, [(series label, results key, field)])

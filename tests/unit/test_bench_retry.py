@@ -1,5 +1,6 @@
 """The benchmark's gRPC client sends a publish again where the official client would (a cluster refuses one with
-UNAVAILABLE while the topic's shard moves), and only there: every other refusal is the benchmark's failure."""
+UNAVAILABLE while the topic's shard moves), and only there: every other refusal is the benchmark's failure; the
+report says what the latency figures leave out."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import grpc
 import pytest
 
 from pigeon.bench.grpc_client import retried
+from pigeon.bench.report import latency_caveats
 
 
 def _refusal(code: grpc.StatusCode) -> grpc.aio.AioRpcError:
@@ -38,3 +40,14 @@ def test_a_refusal_the_official_client_does_not_retry_is_raised_at_once():
     with pytest.raises(grpc.aio.AioRpcError) as e:
         asyncio.run(retried(call, b"req", 30, retries))
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and retries == [0]
+
+
+
+def test_the_report_says_what_the_latency_figures_leave_out():
+    figures = {"sent": 20000, "received": 19978, "p50_ms": 18.1, "stream_errors": {"UNAVAILABLE": 2},
+               "publish_retries": 3}
+    assert latency_caveats("pigeon-cluster", figures) == [
+        "pigeon-cluster / latency: 19,978 of 20,000 messages received within the run (the percentiles are of those)",
+        "pigeon-cluster / latency: streams the server ended: UNAVAILABLE 2",
+        "pigeon-cluster / latency: 3 publishes refused and sent again (their wait counted)"]
+    assert latency_caveats("pigeon", {"sent": 10, "received": 10, "p50_ms": 1.0}) == []
