@@ -17,7 +17,7 @@ from pigeon.core.pubsub_types import types
 from pigeon.broker import commands
 from pigeon.core import limits, names, wire
 from pigeon.node import hops
-from pigeon.api import errors, spread
+from pigeon.api import errors, merge, spread
 from pigeon.api.access import FORWARDED, REGION
 from pigeon.api.errors import abort, translate
 from pigeon.core.errors import InvalidArgument, NotFound
@@ -32,7 +32,6 @@ PUBLISH = "/google.pubsub.v1.Publisher/Publish"
 PULL = "/google.pubsub.v1.Subscriber/Pull"
 ACKNOWLEDGE = "/google.pubsub.v1.Subscriber/Acknowledge"
 MODIFY_ACK_DEADLINE = "/google.pubsub.v1.Subscriber/ModifyAckDeadline"
-STREAMING_PULL = "/google.pubsub.v1.Subscriber/StreamingPull"
 # admin calls that read or write a bundle's data (where a subscription starts, what a snapshot holds, where a
 # seek goes) are answered by the bundle's owner, whose view of it is the current one
 CREATE_SUBSCRIPTION = "/google.pubsub.v1.Subscriber/CreateSubscription"
@@ -290,12 +289,11 @@ class PubSubApi:
                 request_iterator = _limits_set_once(request_iterator)
             if self.router is not None and (t := await self.router.spread_subscription(first.subscription, context)):
                 self.router.check_in_transit(t)
-                async for resp in spread.streaming_pull(self.router, t, first, request_iterator, context):
+                async for resp in merge.streaming_pull(self.router, t, first, request_iterator, context):
                     yield resp
                 return
             if self.router is not None and (owner := await self.router.for_stream(first.subscription, context)):
-                async for resp in self.router.stream(owner, STREAMING_PULL, first.SerializeToString(),
-                                                     request_iterator, context):
+                async for resp in merge.forwarded(self.router, owner, first, request_iterator, context):
                     yield resp
                 return
             stream = engine.delivery.open_stream(

@@ -8,18 +8,11 @@ over the shards' owners and joined. Owns the rules:
   * a Pull asks every owner without waiting first (a shard moving between nodes: left out) and answers with all they had; with nothing anywhere and a client
     that waits, it waits on them all and answers with the first that has messages (the others are cancelled: a
     message one of them leased meanwhile comes back after its ack deadline);
-  * a StreamingPull is one stream to each owner — this node's own share too, over its own port — with the
-    client's flow control steered to the owners whose shards deliver (`demand_shares`; the shares add up to the
-    client's limit, though a share shrunk is used up only as the client acks what it holds): their responses go down as they come, the client's acks and deadline changes go up
-    to the owner of each id's shard; when one of them ends (its shards moved, its owner
-    died) the client's stream ends with UNAVAILABLE, and the client's reopen finds the owners anew (opened while
-    a shard has no owner, it waits for one: Router.spread_settled);
+  * a StreamingPull is one stream to each owner, merged (api.merge: it outlives its shards' moves);
   * a subscription starts at the end each shard's owner reports for its own shards;
   * another region's shards are one more part, served through a gateway of that region (docs/regions.md): a
     Pull takes nothing from a region that does not answer within limits.region_answer_s (while the Pull waits
-    for messages, until its own deadline), nor asks it again for limits.region_silent_s; a StreamingPull's stream to
-    one that ends is
-    opened again, with backoff, while the others go on — a region cut off delays its own messages only."""
+    for messages, until its own deadline), nor asks it again for limits.region_silent_s."""
 
 from __future__ import annotations
 
@@ -27,22 +20,18 @@ import asyncio
 import logging
 
 from pigeon.api.proto import pigeon_ranges_pb2 as ranges_pb
-from pigeon.api.router import Owner
 from pigeon.broker import commands
 from pigeon.broker.topic import SHARD_MASK
 from pigeon.core import limits
 from pigeon.core.errors import InvalidArgument, Unavailable
 from pigeon.core.pubsub_types import types
 
-_StreamingPullRequest = types.StreamingPullRequest.pb()
 _PublishResponse = types.PublishResponse.pb()
 _PUBLISH = "/google.pubsub.v1.Publisher/Publish"
 _PullRequest = types.PullRequest.pb()
 _PULL = "/google.pubsub.v1.Subscriber/Pull"
-_STREAMING_PULL = "/google.pubsub.v1.Subscriber/StreamingPull"
 _LATEST = "/pigeon.v1.Ranges/LatestOffsets"
 _GET_CURSOR = "/pigeon.v1.Ranges/GetCursor"
-_ENDED = "A shard of the subscription's topic moved to another node; reconnect."
 _MOVING = "The topic's shards are moving between nodes; retry."
 
 log = logging.getLogger("pigeon.router")
@@ -193,131 +182,6 @@ async def pull(router, t, req, context, here, method: str = _PULL, share=None, w
             task.cancel()
 
 
-async def streaming_pull(router, t, first, requests, context):
-    """The responses of one stream to each owner of a spread topic's shards, merged (see the module's rules)."""
-    parts = await router.spread_settled(t)
-    n = len(parts)
-    dial = router.cluster.info.dial
-    owners = [p.owner or Owner(dial, ()) for p in parts]  # (this node's share: over its own port, served here)
-    owner_of = {k: i for i, p in enumerate(parts) for k in p.shards}
-    ups: list[asyncio.Queue] = [asyncio.Queue() for _ in parts]
-    limit = (first.max_outstanding_messages, first.max_outstanding_bytes)
-    now = asyncio.get_running_loop().time
-    shares = [demand_shares(x, n, set(range(n))) for x in limit]  # even, until the owners' deliveries say more
-    for i, q in enumerate(ups):
-        share = _StreamingPullRequest()
-        share.CopyFrom(first)
-        del share.ack_ids[:], share.modify_deadline_ack_ids[:], share.modify_deadline_seconds[:]
-        share.max_outstanding_messages, share.max_outstanding_bytes = shares[0][i], shares[1][i]
-        q.put_nowait(share)
-    _route_ids(first, owner_of, ups, n)
-    down: asyncio.Queue = asyncio.Queue()
-    last = [now()] * n  # when each owner's stream last delivered
-
-    async def client() -> None:
-        async for req in requests:
-            if hasattr(req, "refused"):  # (api.errors.Unparsable: the stream ends with its error)
-                raise req.refused()
-            _route_ids(req, owner_of, ups, n)
-            if req.stream_ack_deadline_seconds:
-                for q in ups:
-                    q.put_nowait(_StreamingPullRequest(stream_ack_deadline_seconds=req.stream_ack_deadline_seconds))
-
-    async def steer() -> None:
-        """Move the client's flow control to the owners whose shards deliver: an owner silent for two turns keeps
-        a floor of it (its first messages go out at once; then it is steered more)."""
-        while True:
-            await asyncio.sleep(limits.merge_steer_s)
-            busy = {i for i in range(n) if now() - last[i] < 2 * limits.merge_steer_s}
-            new = [demand_shares(x, n, busy) for x in limit]
-            for i, q in enumerate(ups):
-                if (new[0][i], new[1][i]) != (shares[0][i], shares[1][i]):
-                    q.put_nowait(_StreamingPullRequest(max_outstanding_messages=new[0][i],
-                                                       max_outstanding_bytes=new[1][i]))
-            shares[:] = new
-
-    async def reqs(q: asyncio.Queue):
-        while (r := await q.get()) is not None:
-            yield r
-
-    async def upstream(i: int) -> None:
-        it = reqs(ups[i])
-        head = await it.__anext__()
-        if owners[i].gateway:
-            return await across(i, head.SerializeToString())
-        async for resp in router.stream(owners[i], _STREAMING_PULL, head.SerializeToString(), it, context,
-                                        watch=parts[i].owner is not None):
-            last[i] = now()
-            down.put_nowait(resp)
-        raise Unavailable(_ENDED)
-
-    async def across(i: int, head: bytes) -> None:
-        """Another region's share: opened again whenever it ends (what its stream had leased comes again after
-        its ack deadline), at limits.region_reopen_s apart at first, up to limits.region_reopen_s_max."""
-        delay, logs = limits.region_reopen_s, owners[i].log_ids
-        while True:
-            owner = Owner(router.cluster.address_of(logs[0]) or "", logs, gateway=True)
-            why = "no gateway of the region is known"
-            if owner.address:
-                try:
-                    async for resp in router.stream(owner, _STREAMING_PULL, head, reqs(ups[i]), context, watch=False):
-                        last[i] = now()
-                        delay = limits.region_reopen_s
-                        down.put_nowait(resp)
-                    why = "its stream ended"
-                except Exception as e:  # noqa: BLE001 — any end of another region's stream: opened again
-                    why = str(e) or type(e).__name__
-            log.info("a stream of %s from another region (%s): %s; opened again in %.1f s", first.subscription,
-                     owner.address or "-", why, delay)
-            await asyncio.sleep(delay)
-            delay = min(limits.region_reopen_s_max, delay * 2)
-
-    async def regions_change() -> None:
-        """A region that comes to hold its slot has shards of the topic to serve, and one declared lost has its
-        copies serve in its place: the client's stream ends (it reopens over every region's)."""
-        gateways = router.cluster.gateways
-        if gateways is None:
-            return await asyncio.get_running_loop().create_future()  # (never)
-        held, lost = set(gateways.held), set(gateways.lost)
-        while gateways.held == held and gateways.lost == lost:
-            await gateways.changed.wait()
-        raise Unavailable(_ENDED)
-
-    tasks = [asyncio.ensure_future(upstream(i)) for i in range(n)] + [asyncio.ensure_future(regions_change())]
-    reader = asyncio.ensure_future(client())
-    steering = asyncio.ensure_future(steer()) if n > 1 and any(x > 0 for x in limit) else None
-    ended = asyncio.ensure_future(_first_failure([*tasks, reader]))  # (the client's half-close ends nothing)
-    try:
-        while True:
-            got = asyncio.ensure_future(down.get())
-            done, _ = await asyncio.wait({got, ended}, return_when=asyncio.FIRST_COMPLETED)
-            if got in done:
-                yield got.result()
-                continue
-            got.cancel()
-            while not down.empty():
-                yield down.get_nowait()
-            ended.result()  # raises what ended it
-            return
-    finally:
-        for task in (*tasks, reader, ended, steering):
-            if task is not None:
-                task.cancel()
-
-
-def demand_shares(limit: int, n: int, busy: set[int]) -> list[int]:
-    """A client's flow-control limit (messages or bytes; 0 or less: none) shared among n owners' streams: evenly
-    while all or none deliver, else a floor (an eighth of an even share, at least 1) to each silent one and the
-    rest evenly to the busy ones. None stays none."""
-    if limit <= 0:
-        return [0] * n
-    if not busy or len(busy) == n:
-        return [max(1, limit // n)] * n
-    floor = max(1, limit // (8 * n))
-    rest = max(1, (limit - floor * (n - len(busy))) // len(busy))
-    return [rest if i in busy else floor for i in range(n)]
-
-
 async def _or_nothing(call, silent) -> bytes:
     """Another region's answer to a Pull, or nothing when it does not answer (it is cut off: its messages wait;
     `silent()` notes it)."""
@@ -329,30 +193,6 @@ async def _or_nothing(call, silent) -> bytes:
         log.info("a pull from another region: %s", e or type(e).__name__)
         silent()
         return b""
-
-
-async def _first_failure(tasks) -> None:
-    done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-    for d in done:
-        if d.exception() is not None:
-            raise d.exception()
-
-
-def _route_ids(req, owner_of: dict, ups: list[asyncio.Queue], n: int) -> None:
-    """A client request's ack ids and deadline changes, each to the stream of its shard's owner (one it cannot
-    read goes to the first, whose owner answers for it)."""
-    if not (req.ack_ids or req.modify_deadline_ack_ids):
-        return
-    out = [_StreamingPullRequest() for _ in range(n)]
-    for a in req.ack_ids:
-        out[owner_of.get(shard_of(a), 0)].ack_ids.append(a)
-    for a, sec in zip(req.modify_deadline_ack_ids, req.modify_deadline_seconds):
-        o = out[owner_of.get(shard_of(a), 0)]
-        o.modify_deadline_ack_ids.append(a)
-        o.modify_deadline_seconds.append(sec)
-    for q, o in zip(ups, out):
-        if o.ack_ids or o.modify_deadline_ack_ids:
-            q.put_nowait(o)
 
 
 async def everywhere(router, t, method: str, req, context, here) -> list:

@@ -424,7 +424,8 @@ class Engine:
 
     def shard_moved(self, t) -> None:
         """A shard of topic `t` was handed from this node's log to another's (node.handover): the topic's streams
-        here end with UNAVAILABLE, so that their clients reconnect and are served every shard from its owner."""
+        here end with UNAVAILABLE, so that the nodes that merge them (api.merge) open one to the shard's new owner
+        — and a client connected here reconnects and is served every shard from its owner."""
         gone = Unavailable("A shard of the topic moved to another node; reconnect.")
         for st in self.streams:
             if st.sub.topic is t:

@@ -180,3 +180,64 @@ def stop_subscriber(future) -> None:
         future.result(timeout=30)
     except Exception:  # noqa: BLE001 — cancelled, as asked
         pass
+
+
+class RawStream:
+    """One StreamingPull through the official client's generated method (no reopen of its own, unlike
+    `subscribe`): every message id it delivered, each acked on the stream as it came, and what ended it before
+    `close()` (the official subscriber would open it again unseen; a test of a stream that must not end reads
+    `ended`)."""
+
+    def __init__(self, subscriber, subscription: str, max_messages: int = 20, ack_deadline_s: int = 10):
+        import queue
+        import threading
+
+        from google.pubsub_v1.types import StreamingPullRequest
+
+        self.got: set[str] = set()
+        self.ended: list = []
+        self._acks: queue.Queue = queue.Queue()
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+
+        def requests():
+            yield StreamingPullRequest(subscription=subscription, stream_ack_deadline_seconds=ack_deadline_s,
+                                       max_outstanding_messages=max_messages)
+            while not self._stop.is_set():
+                try:
+                    yield StreamingPullRequest(ack_ids=self._acks.get(timeout=0.1))
+                except queue.Empty:
+                    continue
+
+        self._stream = subscriber.streaming_pull(requests=requests(), timeout=300)
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        try:
+            for resp in self._stream:
+                with self._lock:
+                    self.got.update(m.message.message_id for m in resp.received_messages)
+                if resp.received_messages:
+                    self._acks.put([m.ack_id for m in resp.received_messages])
+        except Exception as e:  # noqa: BLE001 — the stream's end: close()'s cancel, or a failure
+            if not self._stop.is_set():
+                self.ended.append(e)
+        else:
+            self.ended.append("the server ended the stream")
+
+    def received(self) -> set[str]:
+        with self._lock:
+            return set(self.got)
+
+    def wait_for(self, ids, timeout: float) -> set[str]:
+        """Until every id of `ids` arrived, the stream ended or `timeout` passed: the ids still missing."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not self.ended and not set(ids) <= self.received():
+            time.sleep(0.1)
+        return set(ids) - self.received()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._stream.cancel()
+        self._reader.join(10)

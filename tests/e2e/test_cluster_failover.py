@@ -16,7 +16,7 @@ import pytest
 
 from pigeon.core.bundles import bundle_log
 from pigeon.node.proto import pigeon_storage_pb2
-from pigeon.testing.cluster import await_status, clients_of, ledgers_of, owners, topic_owned_by
+from pigeon.testing.cluster import RawStream, await_status, clients_of, ledgers_of, owners, topic_owned_by
 
 pytestmark = pytest.mark.e2e
 
@@ -133,9 +133,9 @@ def _ledger(node, ledger: int, count: int) -> list[tuple[int, bytes]]:
 
 def test_a_stream_forwarded_to_a_paused_owner_moves_with_the_bundle(three_nodes, etcd):
     """A subscriber streams through n2 from n1, which owns the topic; n1 is paused (SIGSTOP) past its session.
-    Once another node owns the bundle, n2 ends the forwarded stream (UNAVAILABLE), the official client opens it
-    again — now to the new owner — and the messages published meanwhile arrive, without restarting the
-    subscriber. Then n1 is let go on (SIGCONT) and its late writes are refused by fencing."""
+    Once another node owns the bundle, n2 cuts its stream to n1 and opens one to the new owner in its place, and
+    the messages published meanwhile arrive, without restarting the subscriber. Then n1 is let go on (SIGCONT)
+    and its late writes are refused by fencing."""
     import signal
 
     topic = topic_owned_by(owners(etcd.endpoint), "n1", f"{P}/topics/paused")
@@ -187,3 +187,25 @@ def test_a_stream_forwarded_to_a_paused_owner_moves_with_the_bundle(three_nodes,
             future.result(timeout=30)
         except Exception:  # noqa: BLE001 — a cancelled streaming pull ends with its cancellation
             pass
+
+
+def test_a_stream_forwarded_to_a_killed_owner_goes_on_from_the_next_one(three_nodes, etcd):
+    """kill -9 of the node that owns a topic under a StreamingPull through another node: the client's stream is
+    not ended (the node it reached opens a stream to the bundle's next owner in place of the dead one's), and
+    every publish answered, before the kill and after it, arrives on it."""
+    topic = topic_owned_by(owners(etcd.endpoint), "n1", f"{P}/topics/killed-under-stream")
+    pub, sub = clients_of(three_nodes["n3"])
+    name = f"{P}/subscriptions/killed-under-stream"
+    pub.create_topic(name=topic)
+    sub.create_subscription(name=name, topic=topic, ack_deadline_seconds=10)
+    sent = {f.result(timeout=30) for f in [pub.publish(topic, f"before-{i}".encode()) for i in range(50)]}
+    stream = RawStream(clients_of(three_nodes["n2"])[1], name)
+    try:
+        assert not stream.wait_for(sent, 60) and not stream.ended, (len(stream.received()), stream.ended)
+        three_nodes["n1"].kill()
+        sent |= {f.result(timeout=60) for f in [pub.publish(topic, f"after-{i}".encode()) for i in range(50)]}
+        missing = stream.wait_for(sent, 60)
+        assert not stream.ended, f"the client's stream ended: {stream.ended[0]}"
+        assert not missing, f"{len(missing)} of {len(sent)} answered publishes never arrived"
+    finally:
+        stream.close()

@@ -181,9 +181,9 @@ def test_a_hot_bundles_busiest_topic_is_split_over_other_nodes_under_load(etcd, 
 
 
 def test_a_streaming_subscriber_gets_every_message_of_a_shard_handed_over_under_it(etcd, tmp_path):
-    """The official client's StreamingPull through n3 while n1 hands a shard to n2: its stream ends (UNAVAILABLE),
-    the client reopens it, and the reopened stream brings every shard's messages — the moved one's from its new
-    owner, the old backlog read from the old log's ledgers."""
+    """The official client's StreamingPull through n3 while n1 hands a shard to n2: n1 ends its stream, n3 opens
+    one to each shard's owner in its place, and the client's stream brings every shard's messages — the moved
+    one's from its new owner, the old backlog read from the old log's ledgers."""
     nodes = start_nodes(str(tmp_path), etcd.endpoint, http=True)
     try:
         owner_of = settled_owners(etcd.endpoint, BUNDLES)

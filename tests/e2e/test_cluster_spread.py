@@ -12,7 +12,7 @@ import time
 import pytest
 
 from pigeon.core.bundles import shard_log
-from pigeon.testing.cluster import clients_of, owners, start_nodes, stop_subscriber
+from pigeon.testing.cluster import RawStream, clients_of, owners, start_nodes, stop_subscriber
 
 pytestmark = pytest.mark.e2e
 
@@ -59,6 +59,21 @@ def _ordered_publisher(node):
             del os.environ["PUBSUB_EMULATOR_HOST"]
         else:
             os.environ["PUBSUB_EMULATOR_HOST"] = saved
+
+
+def _publish_without_n3(nodes, clients, topic: str, shard_owners: list[str], n: int) -> set[str]:
+    """With n3 dead: `n` keyless publishes through n1 and through n2 (answered by their own shards), and n // 10 for
+    each of five keys whose shards were n3's (stored by their new owners): the ids answered."""
+    sent: set[str] = set()
+    for node in ("n1", "n2"):
+        pub = clients[node][0]
+        sent.update(f.result(timeout=60) for f in [pub.publish(topic, f"{node}-after-{i}".encode())
+                                                   for i in range(n)])
+    keyed = _ordered_publisher(nodes["n1"])
+    keys = [k for k in (f"key-{i}" for i in range(1000)) if shard_owners[_shard_of_key(k)] == "n3"][:5]
+    sent.update(f.result(timeout=60) for f in [keyed.publish(topic, f"{k}-{i}".encode(), ordering_key=k)
+                                               for k in keys for i in range(n // 10)])
+    return sent
 
 
 def test_one_topic_is_served_by_every_node_and_consumed_through_any(spread_nodes, etcd):
@@ -159,14 +174,7 @@ def test_an_owner_of_some_shards_killed_mid_stream_loses_nothing(spread_nodes, e
         spread_nodes["n3"].kill()
         with lock:
             assert not {m for m in sent if shard_owners[int(m) & 63] == "n3"} <= got, "n3's were all in already"
-        for node in ("n1", "n2"):  # answered by their own shards
-            pub = clients[node][0]
-            sent.update(f.result(timeout=60) for f in [pub.publish(topic, f"{node}-after-{i}".encode())
-                                                       for i in range(200)])
-        keyed = _ordered_publisher(spread_nodes["n1"])  # to n3's shards, stored by their new owners
-        keys = [k for k in (f"key-{i}" for i in range(1000)) if shard_owners[_shard_of_key(k)] == "n3"][:5]
-        sent.update(f.result(timeout=60) for f in [keyed.publish(topic, f"{k}-{i}".encode(), ordering_key=k)
-                                                   for k in keys for i in range(20)])
+        sent |= _publish_without_n3(spread_nodes, clients, topic, shard_owners, 200)
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline and not sent <= got:
             time.sleep(0.2)
@@ -175,6 +183,33 @@ def test_an_owner_of_some_shards_killed_mid_stream_loses_nothing(spread_nodes, e
         assert not missing, f"{len(missing)} of {len(sent)} answered publishes never arrived"
     finally:
         stop_subscriber(future)
+
+
+def test_a_stream_through_any_node_goes_on_while_an_owner_of_its_shards_dies(spread_nodes, etcd):
+    """kill -9 of a node owning some of a topic's shards, under a StreamingPull through another node: the client's
+    stream is not ended (that node opens streams to the shards' new owners in place of the dead one's), and every
+    answered publish arrives on it — those stored by the dead node's shards' new owners too."""
+    topic, shard_owners = _spanning_topic(owners(etcd.endpoint))
+    clients = {i: clients_of(spread_nodes[i]) for i in ("n1", "n2", "n3")}
+    clients["n1"][0].create_topic(name=topic)
+    name = f"{P}/subscriptions/outlives"
+    clients["n2"][1].create_subscription(name=name, topic=topic, ack_deadline_seconds=10)
+    sent: set[str] = set()
+    for node in ("n1", "n2", "n3"):
+        pub = clients[node][0]
+        sent.update(f.result(timeout=30) for f in [pub.publish(topic, f"{node}-{i}".encode()) for i in range(100)])
+
+    stream = RawStream(clients["n1"][1], name)  # (merged from the three owners through n1)
+    try:
+        assert not stream.wait_for(sorted(sent)[:100], 60), f"{len(stream.received())} before the kill"
+        assert not stream.ended, stream.ended
+        spread_nodes["n3"].kill()
+        sent |= _publish_without_n3(spread_nodes, clients, topic, shard_owners, 100)
+        missing = stream.wait_for(sent, 90)
+        assert not stream.ended, f"the client's stream ended: {stream.ended[0]}"
+        assert not missing, f"{len(missing)} of {len(sent)} answered publishes never arrived"
+    finally:
+        stream.close()
 
 
 def test_seek_and_snapshots_act_on_every_shard_at_its_owner(spread_nodes, etcd):
