@@ -241,8 +241,12 @@ class _Merge:
             if req.ack_ids or req.modify_deadline_ack_ids:
                 self.held.append(req)
             return
-        out: dict[_Up, object] = {}
         first = self.ups[0]
+        if len(self.ups) == 1 and not self.owner_of:  # (a topic in one bundle: all to its owner, whole)
+            return first.q.put_nowait(_StreamingPullRequest(
+                ack_ids=req.ack_ids, modify_deadline_ack_ids=req.modify_deadline_ack_ids,
+                modify_deadline_seconds=req.modify_deadline_seconds))
+        out: dict[_Up, object] = {}
 
         def to(a: str):
             u = self.owner_of.get(shard_of(a), first)

@@ -265,3 +265,16 @@ def test_a_forwarded_stream_follows_its_bundle_to_its_next_owner():
         await _until(lambda: n3.acks() == [ack(2)] and here.acks() == [ack(1)])
 
     asyncio.run(run())
+
+
+def test_a_merged_streams_flow_control_follows_the_owners_that_deliver():
+    demand_shares = merge.demand_shares
+
+    assert demand_shares(1000, 3, set()) == demand_shares(1000, 3, {0, 1, 2}) == [333, 333, 333]
+    assert demand_shares(1000, 3, {1}) == [41, 918, 41]  # the silent keep an eighth of an even share
+    assert demand_shares(1000, 4, {0, 3}) == [469, 31, 31, 469]
+    for limit in (1, 7, 100, 1000, 10 << 20):
+        for busy in (set(), {0}, {0, 2}, {0, 1, 2, 3}):
+            shares = demand_shares(limit, 4, busy)
+            assert min(shares) >= 1 and (sum(shares) <= limit or limit < 8)
+    assert demand_shares(0, 3, {0}) == [0, 0, 0]  # no limit stays none

@@ -179,19 +179,6 @@ def test_the_meter_averages_and_forgets():
     assert 2 not in meter.rates
 
 
-def test_a_merged_streams_flow_control_follows_the_owners_that_deliver():
-    from pigeon.api.spread import demand_shares
-
-    assert demand_shares(1000, 3, set()) == demand_shares(1000, 3, {0, 1, 2}) == [333, 333, 333]
-    assert demand_shares(1000, 3, {1}) == [41, 918, 41]  # the silent keep an eighth of an even share
-    assert demand_shares(1000, 4, {0, 3}) == [469, 31, 31, 469]
-    for limit in (1, 7, 100, 1000, 10 << 20):
-        for busy in (set(), {0}, {0, 2}, {0, 1, 2, 3}):
-            shares = demand_shares(limit, 4, busy)
-            assert min(shares) >= 1 and (sum(shares) <= limit or limit < 8)
-    assert demand_shares(0, 3, {0}) == [0, 0, 0]  # no limit stays none
-
-
 def test_a_hot_bundle_splits_half_its_busiest_topics_shards_over_the_least_busy_other_nodes():
     owner_of = {0: "a", 1: "b", 2: "c", 3: "a", 4: "b", 5: "c"}
     carried = {"a": 1.5, "b": 0.4, "c": 0.1}
