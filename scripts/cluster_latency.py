@@ -2,7 +2,8 @@
 benchmark's latency workload (open loop, one message per durable publish, a StreamingPull consumer acking) against
 `pigeon bench`'s pigeon-cluster target, the topic's owner named. With `--single`, the single node (`pigeon bench`'s
 pigeon target) runs in the same sitting, and each cluster figure is also given against it; with `--layout spread`
-the nodes make spread topics (`--topic-layout spread`: the publish is stored in a shard of the node that took it).
+the nodes make spread topics (`--topic-layout spread`: the publish is stored in a shard of the node that took it);
+with `--layout forwarded` the calls go to a node that does not own the topic (it forwards them).
 Every target of a round runs on a fresh server, one after the other; `--rounds` alternates them.
 
     python scripts/cluster_latency.py --rate 300 --rate 1000 [--seconds 6]
@@ -38,10 +39,11 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from pigeon.bench import workloads as w  # noqa: E402
-from pigeon.bench.cluster import PigeonClusterServer  # noqa: E402
+from pigeon.bench.cluster import BUNDLES, OwnerRoutedDriver, PigeonClusterServer  # noqa: E402
 from pigeon.bench.peers import PigeonServer  # noqa: E402
 from pigeon.bench.plan import PLANS  # noqa: E402
 from pigeon.bench.procs import wait_quiet  # noqa: E402
+from pigeon.core.bundles import bundle_of  # noqa: E402
 
 
 GENERATOR = "load generator"  # (this process: the publisher and the subscriber)
@@ -50,6 +52,15 @@ GENERATOR = "load generator"  # (this process: the publisher and the subscriber)
 class SpreadClusterServer(PigeonClusterServer):
     name = "pigeon-cluster-spread"
     node_args = ("--topic-layout", "spread")
+
+
+class ForwardingDriver(OwnerRoutedDriver):
+    """Each topic's calls sent to a node that does not own it (as a load balancer sends two of three): the node
+    forwards the publishes and serves the stream through one to the owner (api.merge)."""
+
+    def _at(self, key: str) -> None:
+        owner = self.owners[bundle_of(self.topic(key), BUNDLES)]
+        self.address = min(a for a in set(self.owners.values()) if a != owner)
 
 
 def _tree(pid: int) -> list[int]:
@@ -157,7 +168,8 @@ def _profile(pids: dict[str, int], profile_dir: str, kind: str, seconds: float,
 
 def run_one(kind: str, rate: int, seconds: float, hops_dir: str | None, profile: tuple[str, str] | None = None) -> dict:
     plan = PLANS["quick"].scaled(latency_s=seconds, latency_runs=1, latency_rate=rate)
-    cls = {"single": PigeonServer, "together": PigeonClusterServer, "spread": SpreadClusterServer}[kind]
+    cls = {"single": PigeonServer, "together": PigeonClusterServer, "forwarded": PigeonClusterServer,
+           "spread": SpreadClusterServer}[kind]
     if hops_dir:
         os.environ["PIGEON_HOPS"] = os.path.join(hops_dir, f"{kind}-{time.monotonic_ns()}-%p.hops")
     server = cls(tempfile.mkdtemp(prefix="pigeon-cluster-latency-"), plan)
@@ -169,6 +181,8 @@ def run_one(kind: str, rate: int, seconds: float, hops_dir: str | None, profile:
         if kind == "single":
             owner, pids = "pigeon", {"pigeon": server.main().pid}
         else:
+            if kind == "forwarded":
+                server.driver = ForwardingDriver(server.driver.owners)
             owner = server.owner_of(server.driver.topic("latency"))
             pids = {n: d.pid for n, d in server.nodes.items()}
         procs = {n: _tree(p) for n, p in pids.items()}
@@ -204,8 +218,9 @@ def main() -> int:
     ap.add_argument("--rate", type=int, action="append", help="messages per second (repeat for several runs)")
     ap.add_argument("--seconds", type=float, default=6.0)
     ap.add_argument("--single", action="store_true", help="the single node too, in the same sitting")
-    ap.add_argument("--layout", action="append", choices=("together", "spread"),
-                    help="the cluster nodes' topic layout (repeat for both; default together)")
+    ap.add_argument("--layout", action="append", choices=("together", "forwarded", "spread"),
+                    help="the cluster nodes' topic layout (repeat for several; default together); forwarded: "
+                         "together, the calls sent to a node that does not own the topic")
     ap.add_argument("--rounds", type=int, default=1, help="times each target runs, alternating")
     ap.add_argument("--hops", metavar="DIR", help="hop timestamps on; their files go here")
     ap.add_argument("--profile", metavar="DIR", help="sample every node with py-spy while the workload runs; "

@@ -20,7 +20,7 @@ from pigeon.node import hops
 from pigeon.api import errors, merge, spread
 from pigeon.api.access import FORWARDED, REGION
 from pigeon.api.errors import abort, translate
-from pigeon.core.errors import InvalidArgument, NotFound
+from pigeon.core.errors import InvalidArgument, NotFound, Unavailable
 from pigeon.node.engine import Engine
 
 log = logging.getLogger("pigeon.api")
@@ -283,7 +283,8 @@ class PubSubApi:
                 raise first.refused()
             if not first.subscription:
                 raise InvalidArgument("The first StreamingPullRequest must set subscription.")
-            if not any(k in (FORWARDED, REGION) for k, _ in context.invocation_metadata() or ()):
+            client = not any(k in (FORWARDED, REGION) for k, _ in context.invocation_metadata() or ())
+            if client:
                 # a client sets flow control in its first request only (Pub/Sub's rule); a merge of a spread
                 # topic's shards (api.spread) steers each owner's (or region's) share of it by later ones
                 request_iterator = _limits_set_once(request_iterator)
@@ -304,7 +305,8 @@ class PubSubApi:
                 first.max_outstanding_bytes,
             )
             self._stream_requests(stream, first)
-            reader = asyncio.create_task(self._read_requests(stream, request_iterator))
+            handoff = merge.Handoff()
+            reader = asyncio.create_task(self._read_requests(stream, request_iterator, handoff))
             cfg = stream.sub.config
             props = wire.length_delimited(
                 4,
@@ -313,7 +315,12 @@ class PubSubApi:
             )
             admission, clock = engine.admission, engine.clock
             while True:
-                rms = await engine.delivery.stream_next(stream)
+                try:
+                    rms = await engine.delivery.stream_next(stream)
+                except Unavailable:
+                    if not client or not self._moved_away(first.subscription):
+                        raise
+                    break
                 if rms is None:
                     return
                 out, stream.outbox = stream.outbox, []
@@ -330,6 +337,12 @@ class PubSubApi:
                     finally:
                         admission.sent(n)
                         stream.sending_since = None
+            # the subscription's bundle, or a shard of its topic, is another node's now: the client's stream goes
+            # on through its owners (its messages leased here stay leased there, till their deadlines)
+            engine.delivery.close_stream(stream)
+            stream = None
+            async for resp in merge.follow(self.router, first, handoff.requests(), context):
+                yield resp
         except Exception as e:  # noqa: BLE001 — the boundary (api.errors): a PigeonError or a bug
             await abort(context, e)
         finally:
@@ -359,21 +372,44 @@ class PubSubApi:
         stream.outbox.append(response.SerializeToString())
         stream.wake()
 
-    async def _read_requests(self, stream, request_iterator) -> None:
+    async def _read_requests(self, stream, request_iterator, handoff) -> None:
+        """The client's requests for the stream served here — until it broke (its subscription moved away: what
+        comes then goes to `handoff`, for the stream's owners from then on)."""
         try:
             async for req in request_iterator:
+                if stream.error is not None or handoff.q is not None:
+                    handoff.put(req)
+                    continue
                 if type(req) is errors.Unparsable:
                     raise req.refused()
                 if req.max_outstanding_messages or req.max_outstanding_bytes:  # (a merge's steering: a client's
                     stream.resize(req.max_outstanding_messages, req.max_outstanding_bytes)  # is refused above)
-                self._stream_requests(stream, req)
+                try:
+                    self._stream_requests(stream, req)
+                except Unavailable as e:  # (its subscription moved away: the stream ends here, or follows it)
+                    stream.error = e
+                    handoff.put(req)
+                    stream.wake()
         except (asyncio.CancelledError, grpc.RpcError):
             return
         except Exception as e:  # noqa: BLE001 — a PigeonError or a bug: the stream ends with it (api.errors)
             stream.error = e
         else:
             stream.ended = True
+            handoff.put(None)
         stream.wake()
+
+    def _moved_away(self, name: str) -> bool:
+        """Whether a stream served here broke because its subscription's bundle, or a shard of its topic, is
+        another node's now. (Only a client's stream follows the move: one forwarded here ends, and the node that
+        forwarded it follows.)"""
+        engine = self.engine
+        if self.router is None or engine.closing:
+            return False
+        s = engine.state.subs.get(name)
+        if s is None or (s.topic is not None and s.topic.spread):
+            return s is not None
+        return not engine.owns(engine.state.log_of_sub(name, engine.config.bundles))
 
     @translate
     @fresh

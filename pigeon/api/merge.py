@@ -1,7 +1,8 @@
 """A StreamingPull that a node serves through other nodes' streams, merged into the client's: of a topic whose shards
 are spread over the cluster's nodes (docs/cluster.md, "Scale-out", step 3), one stream to each owner of its shards
 — this node's own share too, over its own port; of a topic in one bundle that another node owns, one stream to
-that owner. Owns the rules:
+that owner; and a client's stream this node served itself until the subscription's bundle, or a shard of its
+topic, moved away (`follow`: the client's requests read meanwhile wait for the merge, `Handoff`). Owns the rules:
 
   * the owners' responses go down as they come; the client's acks and deadline changes go up to the owner of
     each id's shard (an id it cannot read: to the first stream, whose owner answers for it);
@@ -77,6 +78,44 @@ async def forwarded(router, owner: Owner, first, requests, context):
     merge = _Merge(router, settled, first, context, regions=False)
     async for resp in merge.run(requests, [Part(owner, ())]):
         yield resp
+
+
+async def follow(router, first, requests, context):
+    """A client's stream this node served until the subscription's bundle (or a shard of its topic) moved away:
+    it goes on as a merge of the streams of the subscription's owners now — the leases it held are theirs, and the
+    client's acks of them go there."""
+    t = await router.spread_subscription(first.subscription, context)
+    if t is not None:
+        moved = streaming_pull(router, t, first, requests, context)
+    else:
+        moved = forwarded(router, await router.for_stream(first.subscription, context), first, requests, context)
+    async for resp in moved:
+        yield resp
+
+
+class Handoff:
+    """A stream's client requests, read by the task that reads them for the stream served here, passed on once
+    the stream follows its subscription elsewhere (`follow`): a request iterator cannot change hands (a read
+    cancelled closes it). Those read after the stream here broke and before it follows wait for it."""
+
+    def __init__(self):
+        self.q: asyncio.Queue | None = None
+        self._early: list = []
+
+    def put(self, req) -> None:
+        """A client request (None: the client half-closed)."""
+        if self.q is None:
+            self._early.append(req)
+        else:
+            self.q.put_nowait(req)
+
+    def requests(self):
+        """The client's requests from here on, for `follow`."""
+        self.q = asyncio.Queue()
+        for req in self._early:
+            self.q.put_nowait(req)
+        self._early.clear()
+        return _requests(self.q)
 
 
 class _Merge:

@@ -413,8 +413,8 @@ class Engine:
                     sig.notify_all()
 
     def log_moved(self, log_id: int) -> None:
-        """A bundle is no longer this node's: its streams end with UNAVAILABLE (their clients reconnect, and are
-        routed to the new owner); their leases are the new owner's business."""
+        """A bundle is no longer this node's: its streams end with UNAVAILABLE (one another node forwarded here is
+        replaced there, a client's goes on through the new owner: api.merge); their leases are the new owner's."""
         gone = Unavailable("The subscription's bundle moved to another node; reconnect.")
         for st in self.streams:
             if st.sub.topic is not None and log_id in self.state.shard_logs(st.sub.topic, self.config.bundles):
@@ -424,8 +424,8 @@ class Engine:
 
     def shard_moved(self, t) -> None:
         """A shard of topic `t` was handed from this node's log to another's (node.handover): the topic's streams
-        here end with UNAVAILABLE, so that the nodes that merge them (api.merge) open one to the shard's new owner
-        — and a client connected here reconnects and is served every shard from its owner."""
+        here end with UNAVAILABLE: a stream another node forwarded here is replaced there by one to the shard's new
+        owner, and a client's stream goes on through every shard's owner (api.merge.follow)."""
         gone = Unavailable("A shard of the topic moved to another node; reconnect.")
         for st in self.streams:
             if st.sub.topic is t:

@@ -7,8 +7,7 @@ records' rules are broker.log_state's). Owns the steps and their order on a clus
   2. it asks the new home L's owner to commit `ShardIn` (`accept`, over the storage service's peer call), which
      commits it only while L does not hold that hand-over's ShardIn already, and answers once L holds it;
   3. it commits `ShardHome(P, L, gen)` to the metadata log: every node routes P's calls to L from then on — and
-     ends the topic's streams it holds, so that the nodes that merge them (api.merge) open streams to every
-     shard's owner instead.
+     ends the topic's streams it holds, which go on through every shard's owner instead (api.merge).
 
 Steps 2–3 are `finish`: retried until done, and redone by whoever owns B next (`resume`, after a takeover) from
 the ShardOut it reads back — the image rides in the record. Until step 3 reaches a node, P's calls go to B's

@@ -4,7 +4,8 @@ takes the bundle over (fence, recover the tail from the surviving members, read 
 ledger) and then: every publish the client was told succeeded is delivered, no acknowledged message comes back,
 and publishing goes on — the time it took is printed (a test does not time a shared machine; the benchmark
 does). Started again on its data, the killed owner reads back its own copy of the ledgers it wrote — borrowed
-from its journal, not written twice — as the other members hold them, entry by entry."""
+from its journal, not written twice — as the other members hold them, entry by entry. A StreamingPull follows its
+bundle to the next owner without ending: one forwarded to a killed owner, one served by an owner drained."""
 
 from __future__ import annotations
 
@@ -189,20 +190,32 @@ def test_a_stream_forwarded_to_a_paused_owner_moves_with_the_bundle(three_nodes,
             pass
 
 
-def test_a_stream_forwarded_to_a_killed_owner_goes_on_from_the_next_one(three_nodes, etcd):
-    """kill -9 of the node that owns a topic under a StreamingPull through another node: the client's stream is
-    not ended (the node it reached opens a stream to the bundle's next owner in place of the dead one's), and
-    every publish answered, before the kill and after it, arrives on it."""
-    topic = topic_owned_by(owners(etcd.endpoint), "n1", f"{P}/topics/killed-under-stream")
+@pytest.mark.parametrize("move", ["kill", "drain"])
+def test_a_stream_follows_its_bundle_to_the_next_owner(three_nodes, etcd, move):
+    """The node that owns a topic is killed (-9) under a StreamingPull through another node, or drained under one
+    it serves itself: the client's stream is not ended — the node it reached opens a stream to the bundle's next
+    owner in place of the dead one's, or goes on serving it through that owner — and every publish answered,
+    before the move and after it, arrives on it."""
+    import subprocess
+    import sys
+
+    topic = topic_owned_by(owners(etcd.endpoint), "n1", f"{P}/topics/{move}-under-stream")
     pub, sub = clients_of(three_nodes["n3"])
-    name = f"{P}/subscriptions/killed-under-stream"
+    name = f"{P}/subscriptions/{move}-under-stream"
     pub.create_topic(name=topic)
     sub.create_subscription(name=name, topic=topic, ack_deadline_seconds=10)
     sent = {f.result(timeout=30) for f in [pub.publish(topic, f"before-{i}".encode()) for i in range(50)]}
-    stream = RawStream(clients_of(three_nodes["n2"])[1], name)
+    stream = RawStream(clients_of(three_nodes["n2" if move == "kill" else "n1"])[1], name)
     try:
         assert not stream.wait_for(sent, 60) and not stream.ended, (len(stream.received()), stream.ended)
-        three_nodes["n1"].kill()
+        if move == "kill":
+            three_nodes["n1"].kill()
+        else:
+            out = subprocess.run([sys.executable, "-m", "pigeon", "cluster", "drain", "n1", "--etcd",
+                                  etcd.endpoint], capture_output=True, text=True, timeout=30)
+            assert out.returncode == 0, out.stderr
+            await_status(etcd.endpoint, lambda st: st["unowned"] == 0 and not any(
+                r["node"] == "n1" and r["bundles"] for r in st["nodes"]), timeout=60, what="n1's bundles to move")
         sent |= {f.result(timeout=60) for f in [pub.publish(topic, f"after-{i}".encode()) for i in range(50)]}
         missing = stream.wait_for(sent, 60)
         assert not stream.ended, f"the client's stream ended: {stream.ended[0]}"

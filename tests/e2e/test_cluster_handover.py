@@ -16,7 +16,7 @@ import time
 import pytest
 
 from pigeon.core.bundles import bundle_of
-from pigeon.testing.cluster import clients_of, settled_owners, start_nodes, topic_owned_by
+from pigeon.testing.cluster import RawStream, clients_of, settled_owners, start_nodes, topic_owned_by
 
 pytestmark = pytest.mark.e2e
 
@@ -183,7 +183,8 @@ def test_a_hot_bundles_busiest_topic_is_split_over_other_nodes_under_load(etcd, 
 def test_a_streaming_subscriber_gets_every_message_of_a_shard_handed_over_under_it(etcd, tmp_path):
     """The official client's StreamingPull through n3 while n1 hands a shard to n2: n1 ends its stream, n3 opens
     one to each shard's owner in its place, and the client's stream brings every shard's messages — the moved
-    one's from its new owner, the old backlog read from the old log's ledgers."""
+    one's from its new owner, the old backlog read from the old log's ledgers. A stream of another subscription
+    served by n1 itself is not ended either: n1 goes on serving it through every shard's owner."""
     nodes = start_nodes(str(tmp_path), etcd.endpoint, http=True)
     try:
         owner_of = settled_owners(etcd.endpoint, BUNDLES)
@@ -193,7 +194,10 @@ def test_a_streaming_subscriber_gets_every_message_of_a_shard_handed_over_under_
         pub.create_topic(name=topic)
         name = f"{P}/subscriptions/streamed"
         sub.create_subscription(name=name, topic=topic, ack_deadline_seconds=30)
+        at_owner = f"{P}/subscriptions/streamed-at-owner"
+        sub.create_subscription(name=at_owner, topic=topic, ack_deadline_seconds=30)
         before = {pub.publish(topic, f"before-{i}".encode()).result(timeout=30) for i in range(300)}
+        direct = RawStream(clients_of(nodes["n1"])[1], at_owner)  # (served by n1 itself: it follows the shard)
 
         got: set[str] = set()
         lock = threading.Lock()
@@ -221,8 +225,12 @@ def test_a_streaming_subscriber_gets_every_message_of_a_shard_handed_over_under_
             deadline = time.monotonic() + 90
             while time.monotonic() < deadline and not want <= got:
                 time.sleep(0.2)
+            missing = direct.wait_for(want, 60)
+            assert not direct.ended, f"the stream served by the shard's old owner ended: {direct.ended[0]}"
+            assert not missing, f"{len(missing)} published messages never reached the stream at the old owner"
         finally:
             future.cancel()
+            direct.close()
         assert want <= got, f"{len(want - got)} published messages never reached the streaming subscriber"
     finally:
         for n in nodes.values():

@@ -278,3 +278,15 @@ def test_a_merged_streams_flow_control_follows_the_owners_that_deliver():
             shares = demand_shares(limit, 4, busy)
             assert min(shares) >= 1 and (sum(shares) <= limit or limit < 8)
     assert demand_shares(0, 3, {0}) == [0, 0, 0]  # no limit stays none
+
+
+def test_a_handoff_passes_on_the_requests_read_before_the_stream_followed_first():
+    async def run():
+        handoff = merge.Handoff()
+        handoff.put(Req(ack_ids=[ack(1)]))  # (read after the stream here broke, before it followed)
+        requests = handoff.requests()
+        handoff.put(Req(ack_ids=[ack(2)]))
+        handoff.put(None)  # the client half-closed
+        return [list(r.ack_ids) async for r in requests]
+
+    assert asyncio.run(run()) == [[ack(1)], [ack(2)]]
