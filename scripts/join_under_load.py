@@ -1,7 +1,8 @@
 """A node joining a loaded cluster: on a 3-node cluster (`pigeon bench`'s pigeon-cluster target), the official
 client publishes to 16 topics through all three nodes (and a StreamingPull subscriber per topic consumes) while
 a fourth node is started; print how long from its start until every bundle is served by the node the placement
-gives it to (the new node serving its share), and how many client calls failed meanwhile. The time is read two
+gives it to (the new node serving its share), how many client calls failed meanwhile, and how many of the streams
+the cluster ended under the client (the official client reopens them unseen). The time is read two
 ways: the status polls (each a `pigeon cluster status` process: a second or more apart on a loaded machine), and the
 nodes' own logs — when the new node's process started, listened, and took its last bundle over.
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import logging
 import os
 import re
 import sys
@@ -28,6 +30,19 @@ from pigeon.bench.plan import PLANS  # noqa: E402
 from pigeon.bench.procs import free_port  # noqa: E402
 
 TOPICS = 16
+
+
+class Reopened(logging.Handler):
+    """Streams the official client opened again on its own (google.api_core logs each at INFO): the application
+    never sees one, but each is a StreamingPull the cluster ended under it."""
+
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.count = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.getMessage().startswith("Re-established stream"):
+            self.count += 1
 
 
 class Load:
@@ -104,6 +119,10 @@ def main() -> int:
         os.environ["PUBSUB_EMULATOR_HOST"] = "ipv4:" + ",".join(f"127.0.0.1:{d.port}" for d in server.nodes.values())
         from google.cloud import pubsub_v1
 
+        reopened = Reopened()
+        bidi = logging.getLogger("google.api_core.bidi")
+        bidi.addHandler(reopened)
+        bidi.setLevel(logging.INFO)
         load = Load(pubsub_v1.PublisherClient(), pubsub_v1.SubscriberClient(), "join")
         time.sleep(args.warm)
         before = (load.published, load.received)
@@ -128,7 +147,8 @@ def main() -> int:
         time.sleep(args.after)
         load.stop()
         print(f"then: {load.published:,} published, {load.received:,} received; {len(load.failed)} failed in all"
-              + (f", e.g. {load.failed[0]}" if load.failed else ""))
+              + (f", e.g. {load.failed[0]}" if load.failed else "")
+              + f"; {reopened.count} of the {len(load.streams)} streams ended under the client (it reopened them)")
         return 1 if load.failed else 0
     finally:
         if load is not None:

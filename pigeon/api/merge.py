@@ -189,6 +189,8 @@ class _Merge:
         """Give each owner's stream its share of the client's flow control (`busy`: the streams that delivered
         lately): in its head for a stream not started yet, else as a request of its own."""
         n = len(self.ups)
+        if not n:  # (its only stream ended, and is being replaced)
+            return
         new = [demand_shares(x, n, busy) for x in self.limit]
         for i, u in enumerate(self.ups):
             share = (new[0][i], new[1][i])

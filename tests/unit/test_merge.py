@@ -290,3 +290,23 @@ def test_a_handoff_passes_on_the_requests_read_before_the_stream_followed_first(
         return [list(r.ack_ids) async for r in requests]
 
     assert asyncio.run(run()) == [[ack(1)], [ack(2)]]
+
+
+def test_a_turn_of_the_steering_while_the_only_stream_is_replaced_changes_nothing(monkeypatch):
+    """The flow control is steered every limits.merge_steer_s, also while the merge has no stream open (its only
+    one ended and waits to be replaced): nothing to steer then, and the client's stream goes on."""
+    monkeypatch.setattr(limits, "merge_reopen_s", 0.05)
+    monkeypatch.setattr(limits, "merge_steer_s", 0.005)
+
+    async def run():
+        cluster = Cluster({0: "n2:1", 1: "n2:1", 2: "n2:1", 3: "n2:1"})
+        merged = _merged(cluster, asyncio.Queue())
+        got = asyncio.ensure_future(merged.__anext__())
+        await _until(lambda: len(cluster.streams) == 1)
+        cluster.streams[0].out.put_nowait(None)
+        await _until(lambda: len(cluster.streams) == 2)
+        assert not got.done(), got
+        cluster.streams[1].out.put_nowait(b"after")
+        assert await got == b"after"
+
+    asyncio.run(run())
