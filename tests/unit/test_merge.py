@@ -99,6 +99,12 @@ def _merged(cluster: Cluster, client: asyncio.Queue, first=None):
     return merge.streaming_pull(cluster.router, SimpleNamespace(name="projects/p/topics/t"), first, requests(), None)
 
 
+def _from_one_owner():
+    """A merge whose topic's shards are all one owner's, and its first response to come."""
+    cluster = Cluster({k: "n2:1" for k in range(4)})
+    return cluster, asyncio.ensure_future(_merged(cluster, asyncio.Queue()).__anext__())
+
+
 @pytest.fixture(autouse=True)
 def quick_reopen(monkeypatch):
     monkeypatch.setattr(limits, "merge_reopen_s", 0.001)
@@ -198,9 +204,7 @@ def test_replacements_that_follow_each_other_back_off(monkeypatch, caplog):
     monkeypatch.setattr(limits, "merge_reopen_s_max", 0.04)
 
     async def run():
-        cluster = Cluster({0: "n2:1", 1: "n2:1", 2: "n2:1", 3: "n2:1"})
-        merged = _merged(cluster, asyncio.Queue())
-        consumer = asyncio.ensure_future(merged.__anext__())
+        cluster, consumer = _from_one_owner()
         for n in range(1, 6):
             await _until(lambda: len(cluster.streams) == n)
             cluster.streams[-1].out.put_nowait(None)
@@ -299,9 +303,7 @@ def test_a_turn_of_the_steering_while_the_only_stream_is_replaced_changes_nothin
     monkeypatch.setattr(limits, "merge_steer_s", 0.005)
 
     async def run():
-        cluster = Cluster({0: "n2:1", 1: "n2:1", 2: "n2:1", 3: "n2:1"})
-        merged = _merged(cluster, asyncio.Queue())
-        got = asyncio.ensure_future(merged.__anext__())
+        cluster, got = _from_one_owner()
         await _until(lambda: len(cluster.streams) == 1)
         cluster.streams[0].out.put_nowait(None)
         await _until(lambda: len(cluster.streams) == 2)
