@@ -7,6 +7,7 @@ topics), and the history check. Exits 1 on any acknowledged publish lost, acknow
 of order, or when a kill took longer than --kill-to-publish-max to be served again.
 
     python scripts/fault_rounds.py [--rounds 50] [--seed 1] [--round-s 20] [--kill-to-publish-max 3] [--dir DIR]
+                                   [--topic-layout spread]
 """
 
 from __future__ import annotations
@@ -43,14 +44,17 @@ def main() -> int:
     ap.add_argument("--kill-to-publish-max", type=float, default=3.0,
                     help="seconds a kill may keep the probe topics from being published to through a survivor")
     ap.add_argument("--dir", default=None, help="where the cluster lives (default: a temporary directory)")
+    ap.add_argument("--topic-layout", default="together", choices=("together", "spread"),
+                    help="the nodes' topic layout (spread: each topic over every node)")
     args = ap.parse_args()
     console = Console(width=None if sys.stdout.isatty() else 160)
     root = args.dir or tempfile.mkdtemp(prefix="pigeon-rounds-")
     os.makedirs(root, exist_ok=True)
     t0 = time.monotonic()
-    console.print(f"[bold]{args.rounds} rounds of random faults[/bold], seed {args.seed} ({root})")
+    console.print(f"[bold]{args.rounds} rounds of random faults[/bold], seed {args.seed}, topics "
+                  f"{args.topic_layout} ({root})")
     fault_rounds.Probes = _KeptProbes
-    rep = run(args.seed, root, args.rounds, round_s=args.round_s,
+    rep = run(args.seed, root, args.rounds, round_s=args.round_s, layout=args.topic_layout,
               say=lambda m: console.print(f"  [{time.monotonic() - t0:6.0f} s] {m}"))
     table = Table("round", "fault", "target", "kill → publish through a survivor",
                   "other fault → publish through a survivor", title="pigeon fault rounds")

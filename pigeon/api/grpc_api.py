@@ -401,14 +401,17 @@ class PubSubApi:
 
     def _moved_away(self, name: str) -> bool:
         """Whether a stream served here broke because its subscription's bundle, or a shard of its topic, is
-        another node's now. (Only a client's stream follows the move: one forwarded here ends, and the node that
-        forwarded it follows.)"""
+        another node's now — or on its way there (a hand-over pending: its deliveries refused here until the
+        shard is homed, a fraction of a second; the stream that follows waits it out). (Only a client's stream
+        follows the move: one forwarded here ends, and the node that forwarded it follows.)"""
         engine = self.engine
         if self.router is None or engine.closing:
             return False
         s = engine.state.subs.get(name)
-        if s is None or (s.topic is not None and s.topic.spread):
-            return s is not None
+        if s is None:
+            return False
+        if s.topic is not None and (s.topic.spread or s.topic.away):
+            return True
         return not engine.owns(engine.state.log_of_sub(name, engine.config.bundles))
 
     @translate

@@ -300,10 +300,11 @@ class Faults:
 
 
 def run(seed: int, root: str, rounds: int, *, round_s: float = ROUND_S, warm_s: float = 5.0,
-        drain_s: float = 120.0, say=print) -> RoundsReport:
-    """`rounds` random faults under one seed; the cluster lives under `root` and is stopped at the end."""
+        drain_s: float = 120.0, say=print, layout: str = "together") -> RoundsReport:
+    """`rounds` random faults under one seed; the cluster lives under `root` and is stopped at the end. `layout`:
+    the nodes' --topic-layout (spread: each topic over every node, each stream a merge of every owner's)."""
     rng = random.Random(seed)
-    cluster = Cluster(root, etcd_members=3).start()
+    cluster = Cluster(root, etcd_members=3, extra=["--topic-layout", layout]).start()
     lock = threading.Lock()
     up = set(cluster.nodes)
     done: list[Round] = []
