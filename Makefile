@@ -94,9 +94,11 @@ HOURS ?= 2
 soak-long: $(STAMP) $(ETCD_BIN)
 	$(BIN)/python scripts/soak_long.py --hours $(HOURS)
 
-# Crash soak: kill -9 the server at random moments for many rounds (PIGEON_CRASH_SEED replays one run).
+# Crash soak: kill -9 the server at random moments for many rounds (PIGEON_CRASH_SEED replays one run). Each
+# round may take up to 30 s on a loaded machine: the suite's 300 s per test would end a 100-round soak midway.
 soak: $(STAMP)
-	PIGEON_CRASH_ROUNDS=$${PIGEON_CRASH_ROUNDS:-100} $(BIN)/python -m pytest -q tests/e2e/test_crash.py
+	rounds=$${PIGEON_CRASH_ROUNDS:-100}; PIGEON_CRASH_ROUNDS=$$rounds $(BIN)/python -m pytest -q -s \
+		--timeout $$((60 + 30 * rounds)) tests/e2e/test_crash.py
 
 # The deterministic simulator over many seeds (make test runs 300): SEEDS=N STEPS=M; a failure prints its seed,
 # `python -m pigeon.testing.simulator --seed N` replays it.
