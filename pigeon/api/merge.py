@@ -10,7 +10,8 @@ topic, moved away (`follow`: the client's requests read meanwhile wait for the m
     to the client's limit, though a share shrunk is used up only as the client acks what it holds);
   * an owner's stream that ends retryably (its shards moved, its owner died or stepped down: UNAVAILABLE) is
     replaced, not passed on: once the topic's shards have owners again (Router.spread_settled, Router.for_stream)
-    a stream is opened to each owner that has none, and the ended stream's shards' acks go to their new owners —
+    a stream is opened to each owner that has none, and the ended stream's shards' acks go to their new owners
+    (those it took in its last limits.merge_resend_s too: an owner handing a shard over refuses them) —
     the ids the client holds stay good there (the leases are in each shard's log: docs/cluster.md, invariant O2),
     and what the ended stream had leased and the client never acked comes again after its ack deadline. A client
     thus sees no error while the load balancer, a drain or a failover moves the shards under it. Replacements
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from typing import NamedTuple
 
 import grpc
@@ -55,6 +57,7 @@ class _Up:
         self.last = now
         self.share: tuple[int, int] | None = None  # (None until its head is queued)
         self.ended = False
+        self.sent: deque = deque()  # (when, request) of the acks and deadline changes sent up lately
 
 
 async def streaming_pull(router, t, first, requests, context):
@@ -207,7 +210,7 @@ class _Merge:
         """An owner's stream of this region, replaced when it ends retryably."""
         try:
             async for resp in self.router.stream(u.owner, _STREAMING_PULL, (await u.q.get()).SerializeToString(),
-                                                 _requests(u.q), self.context, watch=not u.here):
+                                                 self._sending(u), self.context, watch=not u.here):
                 u.last = self.now()
                 self.down.put_nowait(resp)
             why = "its stream ended"
@@ -224,13 +227,14 @@ class _Merge:
         acks meant for `u` sent to their shards' owners now."""
         u.ended = True
         self.ups.remove(u)
+        now = self.now()
+        self.held += [req for at, req in u.sent if now - at <= limits.merge_resend_s]  # (applied there or not)
         while not u.q.empty():
             req = u.q.get_nowait()
             if req.ack_ids or req.modify_deadline_ack_ids:
                 self.held.append(req)
         if self.router.engine.closing:
             raise Unavailable(why)
-        now = self.now()
         self.reopen_s = limits.merge_reopen_s if now - self.reopened_at > limits.merge_reopen_quiet_s \
             else min(limits.merge_reopen_s_max, self.reopen_s * 2)
         log.info("a merged stream of %s lost its part at %s (%s); opened again where its shards are now in %.2f s",
@@ -241,6 +245,19 @@ class _Merge:
         held, self.held = self.held, []
         for req in held:
             self.route(req)
+
+    async def _sending(self, u: _Up):
+        """`u`'s requests as they go up, the acks and deadline changes among them noted for `merge_resend_s`: an
+        owner that ends its stream retryably may not have applied them, and the replacement sends them again
+        (an ack or a deadline change applied twice is applied once)."""
+        sent, window = u.sent, limits.merge_resend_s
+        while (r := await u.q.get()) is not None:
+            if r.ack_ids or r.modify_deadline_ack_ids:
+                now = self.now()
+                sent.append((now, r))
+                while sent and sent[0][0] < now - window:
+                    sent.popleft()
+            yield r
 
     async def across(self, u: _Up) -> None:
         """Another region's share: opened again whenever it ends (what its stream had leased comes again after
