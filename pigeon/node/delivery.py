@@ -365,6 +365,10 @@ class Delivery:
             if stream.error is not None or stream.ended:
                 self._pass_on(s)  # it may have been the waiter woken for messages: the next one takes them
                 if stream.error is not None:
+                    if stream.unsent and isinstance(stream.error, Unavailable):
+                        out = await self._leased_before_the_end(stream)
+                        if out is not None:
+                            return out
                     raise stream.error
                 return None
             if stream.outbox:
@@ -379,6 +383,8 @@ class Delivery:
                 if not recording.done():
                     if len(stream.unsent) < limits.stream_deliveries_ahead:
                         self._deliver_to(stream)
+                        if stream.error is not None:
+                            continue
                     if len(stream.unsent) < limits.stream_deliveries_ahead and stream.room() > 0:
                         # messages published meanwhile are leased as they come (their Deliver record rides
                         # with their Publish record), not once the oldest lease is recorded: a round trip less
@@ -394,6 +400,8 @@ class Delivery:
                 out = self._deliver_to(stream)
                 if out is not None:
                     return out
+                if stream.error is not None:
+                    continue
                 if not stream.unsent:
                     await self._wait(s, limits.stream_idle_wake_s, stream)
                 if hops.ON:
@@ -408,9 +416,13 @@ class Delivery:
         room = stream.room()
         if room <= 0:
             return None
-        out = self.deliver(s, min(room, limits.stream_response_messages_max),
-                           max(1, min(stream.max_bytes - stream.held_bytes, self.executor.admission.share())),
-                           stream, stream.deadline_s)
+        try:
+            out = self.deliver(s, min(room, limits.stream_response_messages_max),
+                               max(1, min(stream.max_bytes - stream.held_bytes, self.executor.admission.share())),
+                               stream, stream.deadline_s)
+        except Unavailable as e:  # (a shard of its topic moved away: the stream ends, after what it leased before)
+            stream.error = e
+            return None
         if not out:
             return None
         self._pass_on(s)
@@ -419,6 +431,23 @@ class Delivery:
             return out
         stream.unsent.append((out, recording, self.executor.clock.now() + stream.deadline_s))
         recording.add_done_callback(stream.wake)
+        return None
+
+    async def _leased_before_the_end(self, stream: Stream) -> list[bytes] | None:
+        """A stream broken by a move (its subscription's bundle, or a shard of its topic, is another node's now —
+        or on its way there): the oldest delivery it leased and has not sent, once its lease is recorded. That lease
+        is in the log the next owner reads (a hand-over's image carries it), and nothing there sends the message
+        before its deadline: sent now, its client acks it there at once, through the stream that follows the
+        move. None once none is left. One whose record failed is not sent (its lease may not be in the log), nor
+        one whose lease (nearly) ran out: they come again after their deadline, as any unacked message."""
+        while stream.unsent:
+            out, recording, until = stream.unsent.popleft()
+            try:
+                await asyncio.shield(recording)
+            except PigeonError:
+                continue
+            if self.lease_left(until, stream.deadline_s):
+                return out
         return None
 
     def close_stream(self, stream: Stream) -> None:
