@@ -427,8 +427,9 @@ class BundleLogs:
             self.cluster.changed.set()  # placement looks now whether this node is cut off from its peers
         ol.writer = None
         await old.close()
-        log.warning("log %d: ledger %d stops at %d (%s); %d entries go to the next", ol.log_id, ol.ledger.id,
-                    close_at, stop.why, len(ol.pending))
+        # (a roll planned — a snapshot, a larger ensemble — is routine: every second or so under load)
+        (log.warning if failed else log.info)("log %d: ledger %d stops at %d (%s); %d entries go to the next",
+                                              ol.log_id, ol.ledger.id, close_at, stop.why, len(ol.pending))
         waited = False
         while True:
             try:
