@@ -8,6 +8,7 @@ stored messages are spliced, not re-encoded."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 
@@ -290,58 +291,31 @@ class PubSubApi:
                 request_iterator = _limits_set_once(request_iterator)
             if self.router is not None and (t := await self.router.spread_subscription(first.subscription, context)):
                 self.router.check_in_transit(t)
-                async for resp in merge.streaming_pull(self.router, t, first, request_iterator, context):
+                async for resp in merge.streaming_pull(self.router, t, first, request_iterator, context,
+                                                       self.own_share):
                     yield resp
                 return
             if self.router is not None and (owner := await self.router.for_stream(first.subscription, context)):
-                async for resp in merge.forwarded(self.router, owner, first, request_iterator, context):
+                async for resp in merge.forwarded(self.router, owner, first, request_iterator, context,
+                                                  self.own_share):
                     yield resp
                 return
-            stream = engine.delivery.open_stream(
-                first.subscription,
-                first.client_id,
-                first.stream_ack_deadline_seconds,
-                first.max_outstanding_messages or limits.stream_outstanding_messages_default,
-                first.max_outstanding_bytes,
-            )
-            self._stream_requests(stream, first)
+            stream = self._open_stream(first)
             handoff = merge.Handoff()
             reader = asyncio.create_task(self._read_requests(stream, request_iterator, handoff))
-            cfg = stream.sub.config
-            props = wire.length_delimited(
-                4,
-                (b"\x08\x01" if cfg.enable_exactly_once_delivery else b"")
-                + (b"\x10\x01" if cfg.enable_message_ordering else b""),
-            )
-            admission, clock = engine.admission, engine.clock
-            while True:
-                try:
-                    rms = await engine.delivery.stream_next(stream)
-                except Unavailable:
-                    if not client or not self._moved_away(first.subscription):
-                        raise
-                    break
-                if rms is None:
-                    return
-                out, stream.outbox = stream.outbox, []
-                if rms:
-                    out.extend(_responses(rms, props))
-                for resp in out:  # each is held against the budget until the client has taken it
-                    n = len(resp)
-                    admission.sending(n)
-                    stream.sending_since, stream.sending_bytes = clock.now(), n
-                    if hops.ON:
-                        hops.mark("sending")
-                    try:
+            try:
+                async with contextlib.aclosing(self._deliveries(stream)) as deliveries:
+                    async for resp in deliveries:
                         yield resp
-                    finally:
-                        admission.sent(n)
-                        stream.sending_since = None
+                return
+            except Unavailable:
+                if not client or not self._moved_away(first.subscription):
+                    raise
             # the subscription's bundle, or a shard of its topic, is another node's now: the client's stream goes
             # on through its owners (its messages leased here stay leased there, till their deadlines)
             engine.delivery.close_stream(stream)
             stream = None
-            async for resp in merge.follow(self.router, first, handoff.requests(), context):
+            async for resp in merge.follow(self.router, first, handoff.requests(), context, self.own_share):
                 yield resp
         except Exception as e:  # noqa: BLE001 — the boundary (api.errors): a PigeonError or a bug
             await abort(context, e)
@@ -350,6 +324,76 @@ class PubSubApi:
                 reader.cancel()
             if stream is not None:
                 engine.delivery.close_stream(stream)
+
+    async def own_share(self, first, requests):
+        """This node's share of a StreamingPull that api.merge serves from several owners' streams: the stream a
+        forwarded StreamingPull would get here, without the round trip through this node's own port (each
+        message and ack would pass gRPC twice more on this node). `requests`: the merge's later requests (acks,
+        deadline changes, its share of the client's flow control). Ends as a forwarded stream ends — with
+        Unavailable once the subscription's bundle, or a shard of its topic, is another node's (the merge
+        replaces it), with what ended it otherwise."""
+        engine, reader, stream = self.engine, None, None
+        try:
+            s = engine.state.subs.get(first.subscription)
+            if s is not None and (s.topic is None or not s.topic.spread) \
+                    and not engine.owns(engine.state.log_of_sub(first.subscription, engine.config.bundles)):
+                raise Unavailable("The topic's bundle is moving between nodes; retry.")  # (as the router says)
+            stream = self._open_stream(first)
+            reader = asyncio.create_task(self._read_requests(stream, requests, merge.Handoff()))
+            async with contextlib.aclosing(self._deliveries(stream)) as deliveries:
+                async for resp in deliveries:
+                    yield resp
+        finally:
+            if reader is not None:
+                reader.cancel()
+            if stream is not None:
+                engine.delivery.close_stream(stream)
+
+    def _open_stream(self, first):
+        """A stream served here for `first`, the StreamingPull's first request (its acks applied)."""
+        stream = self.engine.delivery.open_stream(
+            first.subscription,
+            first.client_id,
+            first.stream_ack_deadline_seconds,
+            first.max_outstanding_messages or limits.stream_outstanding_messages_default,
+            first.max_outstanding_bytes,
+        )
+        try:
+            self._stream_requests(stream, first)
+        except BaseException:
+            self.engine.delivery.close_stream(stream)
+            raise
+        return stream
+
+    async def _deliveries(self, stream):
+        """A stream's responses as it gets them, each held against the budget of responses on their way
+        (admission) until taken; ends once its client half-closed, raises what ended it otherwise."""
+        engine = self.engine
+        cfg = stream.sub.config
+        props = wire.length_delimited(
+            4,
+            (b"\x08\x01" if cfg.enable_exactly_once_delivery else b"")
+            + (b"\x10\x01" if cfg.enable_message_ordering else b""),
+        )
+        admission, clock = engine.admission, engine.clock
+        while True:
+            rms = await engine.delivery.stream_next(stream)
+            if rms is None:
+                return
+            out, stream.outbox = stream.outbox, []
+            if rms:
+                out.extend(_responses(rms, props))
+            for resp in out:  # each is held against the budget until the client has taken it
+                n = len(resp)
+                admission.sending(n)
+                stream.sending_since, stream.sending_bytes = clock.now(), n
+                if hops.ON:
+                    hops.mark("sending")
+                try:
+                    yield resp
+                finally:
+                    admission.sent(n)
+                    stream.sending_since = None
 
     def _stream_requests(self, stream, req) -> None:
         eod = stream.sub.config.enable_exactly_once_delivery

@@ -1,6 +1,6 @@
 """A StreamingPull that a node serves through other nodes' streams, merged into the client's: of a topic whose shards
 are spread over the cluster's nodes (docs/cluster.md, "Scale-out", step 3), one stream to each owner of its shards
-— this node's own share too, over its own port; of a topic in one bundle that another node owns, one stream to
+— this node's own share too, served in this process as a stream of its own; of a topic in one bundle that another node owns, one stream to
 that owner; and a client's stream this node served itself until the subscription's bundle, or a shard of its
 topic, moved away (`follow`: the client's requests read meanwhile wait for the merge, `Handoff`). Owns the rules:
 
@@ -27,6 +27,7 @@ topic, moved away (`follow`: the client's requests read meanwhile wait for the m
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import deque
 from typing import NamedTuple
@@ -60,17 +61,18 @@ class _Up:
         self.sent: deque = deque()  # (when, request) of the acks and deadline changes sent up lately
 
 
-async def streaming_pull(router, t, first, requests, context):
-    """The responses of one stream to each owner of spread topic `t`'s shards, merged (see the module's rules)."""
-    merge = _Merge(router, lambda: router.spread_settled(t), first, context, regions=True)
+async def streaming_pull(router, t, first, requests, context, here):
+    """The responses of one stream to each owner of spread topic `t`'s shards, merged (see the module's rules).
+    `here(first, requests)`: this node's share, served in this process (grpc_api's `own_share`)."""
+    merge = _Merge(router, lambda: router.spread_settled(t), first, context, here, regions=True)
     async for resp in merge.run(requests, await router.spread_settled(t)):
         yield resp
 
 
-async def forwarded(router, owner: Owner, first, requests, context):
+async def forwarded(router, owner: Owner, first, requests, context, here):
     """A StreamingPull of a topic in one bundle, which `owner` serves: forwarded there as a merge of one stream,
-    so that it too outlives a move of the bundle (replaced by a stream to the bundle's next owner — over this
-    node's own port when that is this node — or, once a shard of the topic was handed to another bundle, by one
+    so that it too outlives a move of the bundle (replaced by a stream to the bundle's next owner — this node's
+    own stream when that is this node — or, once a shard of the topic was handed to another bundle, by one
     to each shard's owner)."""
     async def settled():
         t = await router.spread_subscription(first.subscription, context)  # (a shard of it handed to another
@@ -78,20 +80,21 @@ async def forwarded(router, owner: Owner, first, requests, context):
             return await router.spread_settled(t)
         return [Part(await router.for_stream(first.subscription, context), ())]
 
-    merge = _Merge(router, settled, first, context, regions=False)
+    merge = _Merge(router, settled, first, context, here, regions=False)
     async for resp in merge.run(requests, [Part(owner, ())]):
         yield resp
 
 
-async def follow(router, first, requests, context):
+async def follow(router, first, requests, context, here):
     """A client's stream this node served until the subscription's bundle (or a shard of its topic) moved away:
     it goes on as a merge of the streams of the subscription's owners now — the leases it held are theirs, and the
     client's acks of them go there."""
     t = await router.spread_subscription(first.subscription, context)
     if t is not None:
-        moved = streaming_pull(router, t, first, requests, context)
+        moved = streaming_pull(router, t, first, requests, context, here)
     else:
-        moved = forwarded(router, await router.for_stream(first.subscription, context), first, requests, context)
+        moved = forwarded(router, await router.for_stream(first.subscription, context), first, requests, context,
+                          here)
     async for resp in moved:
         yield resp
 
@@ -122,8 +125,8 @@ class Handoff:
 
 
 class _Merge:
-    def __init__(self, router, settled, first, context, regions: bool):
-        self.router, self.settled, self.first, self.context = router, settled, first, context
+    def __init__(self, router, settled, first, context, here, regions: bool):
+        self.router, self.settled, self.first, self.context, self.here = router, settled, first, context, here
         self.regions = regions  # (a spread topic's: regions that come or go end the client's stream)
         self.head = _StreamingPullRequest()  # what a newly opened owner's stream starts with (its share set then)
         self.head.CopyFrom(first)
@@ -175,7 +178,7 @@ class _Merge:
         have = {u.key: u for u in self.ups}
         owner_of: dict[int, _Up] = {}
         for p in parts:
-            owner = p.owner or Owner(dial, ())  # (this node's share: over its own port, served here)
+            owner = p.owner or Owner(dial, ())  # (this node's share: served in this process)
             key = ("region", owner.log_ids) if owner.gateway else owner.address
             u = have.get(key)
             if u is None:
@@ -209,10 +212,13 @@ class _Merge:
     async def upstream(self, u: _Up) -> None:
         """An owner's stream of this region, replaced when it ends retryably."""
         try:
-            async for resp in self.router.stream(u.owner, _STREAMING_PULL, (await u.q.get()).SerializeToString(),
-                                                 self._sending(u), self.context, watch=not u.here):
-                u.last = self.now()
-                self.down.put_nowait(resp)
+            head = await u.q.get()
+            source = self.here(head, self._sending(u)) if u.here else self.router.stream(
+                u.owner, _STREAMING_PULL, head.SerializeToString(), self._sending(u), self.context)
+            async with contextlib.aclosing(source):
+                async for resp in source:
+                    u.last = self.now()
+                    self.down.put_nowait(resp)
             why = "its stream ended"
         except Unavailable as e:
             why = str(e)

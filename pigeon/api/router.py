@@ -425,8 +425,8 @@ class Router:
 
     async def stream(self, owner: Owner, method: str, first: bytes, requests, context, watch: bool = True):
         """Forward a bidirectional stream: `first` then every later request (parsed: re-encoded) up, every
-        response down, until the bundle moves away from the owner (unless not `watch`ed: a stream to this node's
-        own port, whose server ends it when its shards move)."""
+        response down, until the bundle moves away from the owner (unless not `watch`ed: one whose server ends it
+        when its shards move)."""
         async def up():
             yield first
             async for req in requests:

@@ -74,6 +74,10 @@ class Cluster:
         finally:
             reader.cancel()
 
+    def here(self, first, requests):
+        """This node's share (grpc_api's `own_share`), played as a stream to "here:1"."""
+        return self.stream(Owner("here:1", ()), None, first.SerializeToString(), requests, None)
+
     def open_at(self, address: str) -> list[OwnerStream]:
         return [s for s in self.streams if s.address == address]
 
@@ -96,7 +100,8 @@ def _merged(cluster: Cluster, client: asyncio.Queue, first=None):
             yield r
 
     first = first or Req(subscription=SUB, max_outstanding_messages=30, stream_ack_deadline_seconds=10)
-    return merge.streaming_pull(cluster.router, SimpleNamespace(name="projects/p/topics/t"), first, requests(), None)
+    return merge.streaming_pull(cluster.router, SimpleNamespace(name="projects/p/topics/t"), first, requests(), None,
+                                cluster.here)
 
 
 def _from_one_owner():
@@ -271,7 +276,7 @@ def test_a_forwarded_stream_follows_its_bundle_to_its_next_owner(monkeypatch):
                 yield r
 
         first = Req(subscription=SUB, max_outstanding_messages=30, ack_ids=[ack(2)])
-        merged = merge.forwarded(cluster.router, Owner("n2:1", (7,)), first, requests(), None)
+        merged = merge.forwarded(cluster.router, Owner("n2:1", (7,)), first, requests(), None, cluster.here)
         got = asyncio.ensure_future(merged.__anext__())
         await _until(lambda: len(cluster.streams) == 1)
         (n2,) = cluster.streams
