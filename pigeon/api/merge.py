@@ -37,7 +37,7 @@ import grpc
 from pigeon.api.errors import Relayed
 from pigeon.api.router import Owner, Part
 from pigeon.api.spread import shard_of
-from pigeon.core import limits
+from pigeon.core import hot, limits
 from pigeon.core.errors import Unavailable
 from pigeon.core.pubsub_types import types
 
@@ -140,6 +140,7 @@ class _Merge:
         self.down: asyncio.Queue = asyncio.Queue()  # the owners' responses, then what ended the merge (_Ended)
         self.tasks: set[asyncio.Task] = set()
         self.reopen_s, self.reopened_at = limits.merge_reopen_s, -1e9
+        self._routed: tuple | None = None  # (owner_of, first stream, `_routes`' answer) as last worked out
 
     async def run(self, requests, parts):
         self.open(parts)
@@ -312,21 +313,40 @@ class _Merge:
                 modify_deadline_seconds=req.modify_deadline_seconds))
         out: dict[_Up, object] = {}
 
-        def to(a: str):
-            u = self.owner_of.get(shard_of(a), first)
+        def to(u: _Up):
             o = out.get(u)
             if o is None:
                 o = out[u] = _StreamingPullRequest()
             return o
 
-        for a in req.ack_ids:
-            to(a).ack_ids.append(a)
+        if req.ack_ids:  # (the many: split in one compiled pass)
+            targets, table = self._routes(first)
+            for u, ids in zip(targets, hot.ack_groups(req.ack_ids, table, len(targets), limits.shard_bits)):
+                if ids:
+                    to(u).ack_ids.extend(ids)
         for a, sec in zip(req.modify_deadline_ack_ids, req.modify_deadline_seconds):
-            o = to(a)
+            o = to(self.owner_of.get(shard_of(a), first))
             o.modify_deadline_ack_ids.append(a)
             o.modify_deadline_seconds.append(sec)
         for u, o in out.items():
             (self.held.append if u.ended else u.q.put_nowait)(o)
+
+    def _routes(self, first: _Up) -> tuple[list[_Up], list[int]]:
+        """The streams the shards' acks go up (`first` first: it takes those of shards no stream has, and ids it
+        cannot read), and each shard's index among them — kept until `owner_of` or the first stream changes."""
+        cached = self._routed
+        if cached is not None and cached[0] is self.owner_of and cached[1] is first:
+            return cached[2], cached[3]
+        targets, at, table = [first], {first: 0}, []
+        for k in range(max(self.owner_of, default=-1) + 1):
+            u = self.owner_of.get(k, first)
+            i = at.get(u)
+            if i is None:
+                i = at[u] = len(targets)
+                targets.append(u)
+            table.append(i)
+        self._routed = (self.owner_of, first, targets, table)
+        return targets, table
 
     async def steer(self) -> None:
         """Move the client's flow control to the owners whose shards deliver: an owner silent for two turns keeps

@@ -175,3 +175,39 @@ def ack_numbers(sub_uid, ack_ids, generation=0):
             return None
         out.append(_number(s + plen, dot - plen))
     return out
+
+
+def ack_groups(ack_ids, table, Py_ssize_t groups, int shard_bits):
+    cdef list out = [[] for _ in range(groups)]
+    cdef list tab = list(table)
+    cdef Py_ssize_t ntab = len(tab), n, i, start, end
+    cdef uint64_t mask = ((<uint64_t>1) << shard_bits) - 1, v
+    cdef long k
+    cdef const char* s
+    for a in ack_ids:
+        if type(a) is not str or not PyUnicode_IS_ASCII(a):
+            k = _python().ack_shard(a, shard_bits)
+        else:
+            s = PyUnicode_AsUTF8AndSize(a, &n)
+            start = -1
+            for i in range(n):
+                if s[i] == b'.':
+                    start = i + 1
+                    break
+            if start < 0:
+                k = -1
+            else:
+                end = n
+                for i in range(start, n):
+                    if s[i] == b'.':
+                        end = i
+                        break
+                if end - start > 18 or not _all_digits(s + start, end - start):  # (int() reads more: signs, _)
+                    k = _python().ack_shard(a, shard_bits)
+                else:
+                    v = 0
+                    for i in range(start, end):
+                        v = v * 10 + <uint64_t>(s[i] - 48)
+                    k = <long>(v & mask)
+        (<list>out[tab[k] if 0 <= k < ntab else 0]).append(a)
+    return out

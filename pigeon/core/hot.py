@@ -64,7 +64,31 @@ def received_entries(locate: Callable[[object, int], Located], topic, taken: Seq
 
 
 ack_numbers = ackid.parse_many
-PYTHON = SimpleNamespace(received_entries=received_entries, ack_numbers=ack_numbers)  # kept when twins take the names
+
+
+def ack_shard(ack_id: str, shard_bits: int) -> int:
+    """The shard of an ack id ("uid.number.version": its number's low `shard_bits` bits), -1 when it cannot be
+    read."""
+    try:
+        return int(ack_id.split(".")[1]) & ((1 << shard_bits) - 1)
+    except (IndexError, ValueError, AttributeError):
+        return -1
+
+
+def ack_groups(ack_ids: Sequence[str], table: Sequence[int], groups: int, shard_bits: int) -> list[list[str]]:
+    """Ack ids split among `groups` groups by their shards (a merged StreamingPull's acks, by the owner of each
+    id's shard: api.merge): an id of shard k goes to group table[k]; of a shard beyond the table, or one that
+    cannot be read, to group 0. Each group keeps the ids' order."""
+    out: list[list[str]] = [[] for _ in range(groups)]
+    n = len(table)
+    for a in ack_ids:
+        k = ack_shard(a, shard_bits)
+        out[table[k] if 0 <= k < n else 0].append(a)
+    return out
+
+
+PYTHON = SimpleNamespace(received_entries=received_entries, ack_numbers=ack_numbers, ack_shard=ack_shard,
+                         ack_groups=ack_groups)  # kept when twins take the names
 
 try:
     from pigeon.core import _compiled
@@ -74,3 +98,4 @@ else:
     COMPILED = True
     received_entries = _compiled.received_entries  # noqa: F811
     ack_numbers = _compiled.ack_numbers
+    ack_groups = _compiled.ack_groups  # noqa: F811

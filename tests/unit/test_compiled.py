@@ -19,6 +19,7 @@ BITS = 6
 def test_the_install_built_the_twins():
     assert hot.COMPILED, "pigeon.core._compiled was not built: `pip install -e .` needs a C compiler (setup.py)"
     assert hot.received_entries is compiled.received_entries and hot.ack_numbers is compiled.ack_numbers
+    assert hot.ack_groups is compiled.ack_groups
 
 
 @st.composite
@@ -129,6 +130,24 @@ def test_ack_numbers_twin_returns_what_python_returns(ack_ids, sub_uid):
     for generation in (1, 3):
         assert compiled.ack_numbers(sub_uid, ack_ids, generation) == \
             hot.PYTHON.ack_numbers(sub_uid, ack_ids, generation)
+
+
+@settings(max_examples=500)
+@given(st.lists(ids, max_size=20), st.lists(st.integers(0, 3), max_size=70), st.sampled_from([BITS, 1, 0]))
+def test_ack_groups_twin_splits_as_python_does(ack_ids, table, bits):
+    groups = max(table, default=0) + 1
+    want = hot.PYTHON.ack_groups(ack_ids, table, groups, bits)
+    assert compiled.ack_groups(ack_ids, table, groups, bits) == want
+    assert compiled.ack_groups(tuple(ack_ids), tuple(table), groups, bits) == want
+    assert sorted(a for g in want for a in g) == sorted(ack_ids)
+
+
+def test_ack_groups_send_an_id_to_its_shards_group_and_one_it_cannot_read_to_the_first():
+    for f in (compiled.ack_groups, hot.PYTHON.ack_groups):
+        ids = [ackid.make(UID, 5 << BITS | 2, 1), ackid.make(UID, 9 << BITS | 1, 1), "junk", "7.x.1",
+               ackid.make(UID, 3 << BITS | 40, 1), "7.-1.1"]
+        # shard 2 → group 1, shard 1 → group 2; shard 40 is beyond the table, -1 reads as shard 63 (int() takes it)
+        assert f(ids, [0, 2, 1], 3, BITS) == [["junk", "7.x.1", ids[4], "7.-1.1"], [ids[0]], [ids[1]]]
 
 
 def test_ack_numbers_decline_ids_whose_dots_only_add_up():
