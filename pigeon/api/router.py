@@ -427,15 +427,27 @@ class Router:
         """Forward a bidirectional stream: `first` then every later request (parsed: re-encoded) up, every
         response down, until the bundle moves away from the owner (unless not `watch`ed: one whose server ends it
         when its shards move)."""
-        async def up():
-            yield first
-            async for req in requests:
-                yield req.SerializeToString()
-
         call = self.channel(owner.address).stream_stream(method, request_serializer=_same,
                                                           response_deserializer=_same)
         self.forwarded += 1
-        it = call(up(), metadata=self._metadata(context, owner))
+        it = call(metadata=self._metadata(context, owner))
+
+        async def up():
+            """The requests, written by a task this call ends: one grpc.aio runs itself, given an iterator, is
+            ended by a cancel only while the call is open — after the owner ended the stream it waited on
+            `requests` for good, and was destroyed pending when collected."""
+            try:
+                await it.write(first)
+                async for req in requests:
+                    await it.write(req.SerializeToString())
+                await it.done_writing()
+            except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
+                pass  # (the call ended: its status comes with the responses)
+            except Exception:  # noqa: BLE001 — a bug on this side: the call ends CANCELLED, and says so here
+                log.exception("forwarding a stream's requests to %s failed", owner.address)
+                it.cancel()
+
+        writer = asyncio.ensure_future(up())
         try:
             async with self._cut_when_moved(owner, it) if watch else contextlib.nullcontext():
                 async for resp in it:
@@ -446,6 +458,7 @@ class Router:
             raise _relayed(e, owner.address) from None
         finally:
             it.cancel()
+            writer.cancel()
 
     def _cut_when_moved(self, owner: Owner, call) -> "_MoveWatch":
         return _MoveWatch(self.cluster, owner, call, self._waiting)
