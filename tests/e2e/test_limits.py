@@ -28,7 +28,10 @@ class QuietStream:
     HTTP/2 window fills and the server's write waits)."""
 
     def __init__(self, address: str, subscription: str, max_messages: int = 1000):
-        self.channel = grpc.insecure_channel(address)
+        # its receive window fixed: left to grow with gRPC's bandwidth probe, a client that reads nothing took in
+        # a few MB a stream on a busy machine before the server's write waited, and eight of them took every
+        # message of the test again and again as its lease ran out, ahead of the reader that polls
+        self.channel = grpc.insecure_channel(address, options=[("grpc.http2.bdp_probe", 0)])
         self.done = threading.Event()
         call = self.channel.stream_stream(
             "/google.pubsub.v1.Subscriber/StreamingPull",
