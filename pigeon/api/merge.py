@@ -8,8 +8,9 @@ topic, moved away (`follow`: the client's requests read meanwhile wait for the m
     each id's shard (an id it cannot read: to the first stream, whose owner answers for it);
   * the client's flow control is shared among the owners' streams by demand (`demand_shares`; the shares add up
     to the client's limit, though a share shrunk is used up only as the client acks what it holds);
-  * an owner's stream that ends retryably (its shards moved, its owner died or stepped down: UNAVAILABLE) is
-    replaced, not passed on: once the topic's shards have owners again (Router.spread_settled, Router.for_stream)
+  * an owner's stream that ends retryably (its shards moved, its owner died or stepped down: UNAVAILABLE; or
+    any status the client libraries reopen a stream on — gRPC's own INTERNAL when the connection to a killed
+    owner broke under a write, say) is replaced, not passed on: once the topic's shards have owners again (Router.spread_settled, Router.for_stream)
     a stream is opened to each owner that has none, and the ended stream's shards' acks go to their new owners
     (those it took in its last limits.merge_resend_s too: an owner handing a shard over refuses them) —
     the ids the client holds stay good there (the leases are in each shard's log: docs/cluster.md, invariant O2),
@@ -44,6 +45,11 @@ from pigeon.core.pubsub_types import types
 _StreamingPullRequest = types.StreamingPullRequest.pb()
 _STREAMING_PULL = "/google.pubsub.v1.Subscriber/StreamingPull"
 _REGIONS_CHANGED = "The regions serving the subscription's topic changed; reconnect."
+# the statuses on which the client libraries open a StreamingPull again (google-cloud-pubsub's
+# _RETRYABLE_STREAM_ERRORS): an owner's stream ending so is replaced, not passed on
+_REOPENED = frozenset((grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN,
+                       grpc.StatusCode.ABORTED, grpc.StatusCode.DEADLINE_EXCEEDED,
+                       grpc.StatusCode.RESOURCE_EXHAUSTED))
 
 log = logging.getLogger("pigeon.router")
 
@@ -224,7 +230,7 @@ class _Merge:
         except Unavailable as e:
             why = str(e)
         except Relayed as e:
-            if e.code != grpc.StatusCode.UNAVAILABLE:
+            if e.code not in _REOPENED:
                 raise
             why = e.details
         await self.replace(u, why)

@@ -210,6 +210,23 @@ def test_a_stream_ended_for_good_ends_the_clients_stream_with_its_status():
     asyncio.run(run())
 
 
+def test_a_stream_ended_with_a_status_the_clients_reopen_on_is_replaced():
+    """gRPC's own INTERNAL ("Internal error from Core"), when the connection to an owner killed -9 broke under a
+    write, ended the client's stream through another node; the client libraries reopen a stream on it, and so does
+    the merge for its part."""
+    async def run():
+        cluster = Cluster({0: "n2:1", 1: "n2:1", 2: "n3:1", 3: "n3:1"})
+        merged = _merged(cluster, asyncio.Queue())
+        got = asyncio.ensure_future(merged.__anext__())
+        await _until(lambda: len(cluster.streams) == 2)
+        cluster.open_at("n3:1")[0].out.put_nowait(Relayed(grpc.StatusCode.INTERNAL, "Internal error from Core"))
+        await _until(lambda: len(cluster.open_at("n3:1")) == 2)
+        cluster.open_at("n3:1")[1].out.put_nowait(b"from n3 again")
+        assert await got == b"from n3 again"
+
+    asyncio.run(run())
+
+
 def test_a_shard_left_without_an_owner_ends_the_clients_stream_unavailable():
     async def run():
         cluster = Cluster({0: "n2:1", 1: "n2:1", 2: "n3:1", 3: "n3:1"})
