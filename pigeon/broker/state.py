@@ -156,13 +156,12 @@ class BrokerState:
                 return META_LOG
         topic = owner if isinstance(owner, TopicState) else owner.topic
         if topic is not None and topic.spread:
-            shards = shard_split.shards_of(rec)
-            assert shards is not None and len(shards) == 1, f"a {rec.TYPE.name} of a spread topic names one shard"
-            if topic.away and shards[0] in topic.away:
+            shard = shard_split.shard_of(rec)  # (`split` cut it so: one shard a record)
+            if topic.away and shard in topic.away:
                 raise Unavailable("A shard of the topic is moving to another node; retry.")
             logs = self.shard_logs(topic, bundles)
             owner.log_id = tuple(logs)  # (what the node waits on for its records: each shard's log it writes)
-            return logs[shards[0]]
+            return logs[shard]
         log_id = owner.log_id
         if log_id is None:
             log_id = owner.log_id = bundle_log(owner.name if topic is None else topic.name, bundles)
