@@ -7,7 +7,8 @@ topic, moved away (`follow`: the client's requests read meanwhile wait for the m
   * the owners' responses go down as they come; the client's acks and deadline changes go up to the owner of
     each id's shard (an id it cannot read: to the first stream, whose owner answers for it);
   * the client's flow control is shared among the owners' streams by demand (`demand_shares`; the shares add up
-    to the client's limit, though a share shrunk is used up only as the client acks what it holds);
+    to the client's limit, though a share shrunk is used up only as the client acks what it holds): a stream
+    delivers while it did lately or since its share was last set (silent since, it is held by its share);
   * an owner's stream that ends retryably (its shards moved, its owner died or stepped down: UNAVAILABLE; or
     any status the client libraries reopen a stream on — gRPC's own INTERNAL when the connection to a killed
     owner broke under a write, say) is replaced, not passed on: once the topic's shards have owners again (Router.spread_settled, Router.for_stream)
@@ -63,6 +64,7 @@ class _Up:
         self.q: asyncio.Queue = asyncio.Queue()
         self.last = now
         self.share: tuple[int, int] | None = None  # (None until its head is queued)
+        self.delivered = False  # whether it delivered since its share was last set (then silent: held by it)
         self.ended = False
         self.sent: deque = deque()  # (when, request) of the acks and deadline changes sent up lately
 
@@ -195,8 +197,8 @@ class _Merge:
             for k in p.shards:
                 owner_of[k] = u
         self.owner_of = owner_of
-        now = self.now()  # (a stream opened now counts as delivering: it may hold a moved shard's backlog)
-        self.share_out({i for i, u in enumerate(self.ups) if u.share is None or now - u.last < 2 * limits.merge_steer_s})
+        self.share_out(self._busy(new=True))  # (a stream opened now counts as delivering: it may hold a moved
+        #                                        shard's backlog)
 
     def share_out(self, busy: set[int]) -> None:
         """Give each owner's stream its share of the client's flow control (`busy`: the streams that delivered
@@ -214,7 +216,16 @@ class _Merge:
                 u.q.put_nowait(head)
             elif share != u.share:
                 u.q.put_nowait(_StreamingPullRequest(max_outstanding_messages=share[0], max_outstanding_bytes=share[1]))
+                u.delivered = False
             u.share = share
+
+    def _busy(self, new: bool = False) -> set[int]:
+        """The streams that deliver: those that did within the last two turns of the steering, and those that did
+        since their share was last set — silent since, they are held by it, not out of messages (`new`: and those
+        not started yet)."""
+        now, window = self.now(), 2 * limits.merge_steer_s
+        return {i for i, u in enumerate(self.ups)
+                if now - u.last < window or u.delivered or (new and u.share is None)}
 
     async def upstream(self, u: _Up) -> None:
         """An owner's stream of this region, replaced when it ends retryably."""
@@ -224,7 +235,7 @@ class _Merge:
                 u.owner, _STREAMING_PULL, head.SerializeToString(), self._sending(u), self.context)
             async with contextlib.aclosing(source):
                 async for resp in source:
-                    u.last = self.now()
+                    u.last, u.delivered = self.now(), True
                     self.down.put_nowait(resp)
             why = "its stream ended"
         except Unavailable as e:
@@ -359,8 +370,7 @@ class _Merge:
         a floor of it (its first messages go out at once; then it is steered more)."""
         while True:
             await asyncio.sleep(limits.merge_steer_s)
-            now = self.now()
-            self.share_out({i for i, u in enumerate(self.ups) if now - u.last < 2 * limits.merge_steer_s})
+            self.share_out(self._busy())
 
     async def regions_change(self) -> None:
         """A region that comes to hold its slot has shards of the topic to serve, and one declared lost has its

@@ -6,6 +6,7 @@ the owner's stream was being replaced too; any other end, or a shard left withou
 from __future__ import annotations
 
 import asyncio
+import time
 from types import SimpleNamespace
 
 import grpc
@@ -345,6 +346,32 @@ def test_a_handoff_passes_on_the_requests_read_before_the_stream_followed_first(
         return [list(r.ack_ids) async for r in requests]
 
     assert asyncio.run(run()) == [[ack(1)], [ack(2)]]
+
+
+def test_an_owner_that_delivered_up_to_its_share_keeps_being_steered_more_when_the_turn_comes_late(monkeypatch):
+    """Every message in one owner's shards: its stream delivers its even share, then stands still — held back by
+    flow control, not out of messages. A steering turn that comes after that (a busy machine: later than two turns'
+    time) still counts it as delivering, and gives it nearly all of the client's flow control."""
+    monkeypatch.setattr(limits, "merge_steer_s", 0.02)
+
+    async def run():
+        cluster = Cluster({0: "n2:1", 1: "n2:1", 2: "n3:1", 3: "n4:1"})
+        merged = _merged(cluster, asyncio.Queue())
+        got = asyncio.ensure_future(merged.__anext__())
+        await _until(lambda: len(cluster.streams) == 3)
+        (n2,) = cluster.open_at("n2:1")
+        assert n2.head.max_outstanding_messages == 10
+        n2.out.put_nowait(b"its first ten")
+        assert await got == b"its first ten"
+        time.sleep(3 * limits.merge_steer_s)  # (the loop held up: the next turn comes late)
+        await _until(lambda: any(r.max_outstanding_messages >= 24 for r in n2.asked))
+        n2.out.put_nowait(b"eighteen more")
+        assert await merged.__anext__() == b"eighteen more"
+        await asyncio.sleep(10 * limits.merge_steer_s)  # (nothing more from it: it holds its share)
+        shares = [r.max_outstanding_messages for r in n2.asked if r.max_outstanding_messages]
+        assert shares[-1] >= 24, shares
+
+    asyncio.run(run())
 
 
 def test_a_turn_of_the_steering_while_the_only_stream_is_replaced_changes_nothing(monkeypatch):
