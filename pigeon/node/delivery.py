@@ -442,9 +442,12 @@ class Delivery:
         one whose lease (nearly) ran out: they come again after their deadline, as any unacked message."""
         while stream.unsent:
             out, recording, until = stream.unsent.popleft()
+            # (waited for no longer than the lease could still go out: a record the members do not answer —
+            # cut off — does not hold up the stream's end)
+            left = until - min(limits.lease_left_s_min, stream.deadline_s / 4) - self.executor.clock.now()
             try:
-                await asyncio.shield(recording)
-            except PigeonError:
+                await asyncio.wait_for(asyncio.shield(recording), max(0.0, left))
+            except (PigeonError, asyncio.TimeoutError):
                 continue
             if self.lease_left(until, stream.deadline_s):
                 return out
