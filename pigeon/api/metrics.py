@@ -222,6 +222,11 @@ class NodeCollector(Collector):
             for transport, n in self.cluster.store.append_requests.items():
                 taken.add_metric([transport], n)
             yield taken
+            yield CounterMetricFamily("pigeon_cluster_ledger_cold_reads", "Reads of this node's ledgers that found "
+                                      "entries outside the page cache (a thread read them in: the event loop does not "
+                                      "wait for the disk)", value=self.cluster.store.cold_reads)
+            yield CounterMetricFamily("pigeon_cluster_ledger_cold_read_bytes", "Bytes those reads brought into the "
+                                      "page cache", value=self.cluster.store.cold_read_bytes)
             ready, _ = self.cluster.ready()
             yield GaugeMetricFamily("pigeon_cluster_ready", "1 while joined with etcd answering", value=int(ready))
             balancer = self.cluster.balancer

@@ -21,15 +21,6 @@ from pigeon.storage import records as R
 SERVICE = "pigeon.v1.Storage"
 
 
-def _fitting(entries: list) -> list:
-    size = 0
-    for i, e in enumerate(entries):
-        size += len(e.body)
-        if i and size > limits.storage_message_bytes_max:
-            return entries[:i]
-    return entries
-
-
 class StorageApi:
     def __init__(self, store: LedgerStore, handovers=None):
         self.store = store
@@ -50,7 +41,7 @@ class StorageApi:
     async def read(self, req, context):
         """The entries [start, end) that fit in limits.storage_message_bytes_max (one at least): the reader asks
         again from where the answer stops."""
-        got = _fitting(self.store.read(req.ledger, req.start, req.end))
+        got = await self.store.read_warm(req.ledger, req.start, req.end, limits.storage_message_bytes_max)
         return pb.ReadResponse(entries=[e.body for e in got], types=[e.rtype for e in got]).SerializeToString()
 
     @translate

@@ -235,6 +235,7 @@ stray_check_s = 60.0  # a storage member looks for ledgers no list names (delete
 repair_check_s = 30.0  # a repair pass at least this often even when nothing it depends on changed
 log_ledgers_snapshot = 8  # a log listing more ledgers than this gets a snapshot (then a cut) though little was written
 loop_slice_bytes = 1 << 20  # a read of a ledger this node holds lets the event loop serve others after this much
+cold_read_bytes = 1 << 20  # where a ledger's entries are not in the page cache, a thread reads this much into it
 fetch_bytes = 4 << 20  # one read of a batch named by a log address (core.bundles) and the entries after it, about
 fetch_ahead = 4  # … and the reads of as many ranges ahead at once, once a reader gets to a range (≤ ¼ of the cache each)
 fetch_tries = 3  # reads of a batch from its ledger in a row before a caller is answered UNAVAILABLE (core.bundles)

@@ -1,10 +1,12 @@
 """The real files behind storage.disk.Disk. Read handles are cached per file (a segment is read many times);
 `remove` closes them, so a deleted segment gives its space back at once.
 
-`OsDisk(drop_synced=True)` is for files written and hardly ever read back — a storage member's ledgers, read only
-when an owner recovers or repairs a ledger: once synced, their pages leave the page cache (POSIX_FADV_DONTNEED;
-clean after the fdatasync, so dropping them is free of I/O), as a BookKeeper bookie drops its journal's. Kept, they
-would fill memory with copies nobody reads, and every write would then first have to win a page back (a
+`OsDisk(drop_synced=True)` is for files written and read back seldom or much later — a storage member's ledgers,
+read when an owner recovers or repairs a ledger, or delivers a backlog it took over: once synced, their pages leave
+the page cache (POSIX_FADV_DONTNEED; clean after the fdatasync, so dropping them is free of I/O), as a BookKeeper
+bookie drops its journal's. (Their readers ask not to wait for the disk — `pread_into(nowait)`, RWF_NOWAIT — and
+have a thread `warm` what the cache lacks: node.ledger_store.read_warm.) Kept, they
+would fill memory with copies few read, and every write would then first have to win a page back (a
 member's CPU per message replicated, and the cluster's publish rate, in docs/cluster.md). They are dropped
 once limits.drop_pages_bytes were written since the last time (and when the file is closed), so the call is rare
 at low rates: it sits after a group commit's fdatasync, once the loop has been told.
@@ -17,6 +19,7 @@ tests/unit/test_commit_io.py holds the two side by side."""
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 import time
@@ -25,6 +28,7 @@ from pigeon.core import limits
 
 _IOV_MAX = os.sysconf("SC_IOV_MAX")  # buffers per writev
 _DROP = getattr(os, "POSIX_FADV_DONTNEED", None)  # (not on every OS: there the pages stay)
+_NOWAIT = getattr(os, "RWF_NOWAIT", None)  # a read that takes only what the page cache holds (Linux 4.14+)
 
 
 class _PyPost:
@@ -83,6 +87,7 @@ class OsDisk:
         self.drop_synced = drop_synced and _DROP is not None
         self._undropped: dict[int, int] = {}  # handle → bytes written through it since its pages were dropped
         self._read_fds: dict[str, int] = {}
+        self._nowait = _NOWAIT is not None  # reads can be asked not to wait for the disk
         self._lock = threading.Lock()  # the read cache is shared by the loop and the read-ahead thread
 
     def makedirs(self, path: str) -> None:
@@ -110,8 +115,34 @@ class OsDisk:
                     fd = self._read_fds[path] = os.open(path, os.O_RDONLY)
         return fd
 
-    def pread_into(self, path: str, offset: int, buf: memoryview) -> int:
+    def pread_into(self, path: str, offset: int, buf: memoryview, nowait: bool = False) -> int:
+        if nowait and self._nowait:
+            try:
+                return os.preadv(self._fd(path), [buf], offset, _NOWAIT)
+            except BlockingIOError:  # none of it cached
+                return 0
+            except OSError as e:
+                if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                    raise
+                self._nowait = False  # a filesystem that cannot tell: its reads wait, as they did before
         return os.preadv(self._fd(path), [buf], offset)
+
+    def warm(self, path: str, offset: int, n: int) -> int:
+        """With a file of its own (the loop's may be closed meanwhile: a segment deleted), read and thrown away."""
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            return 0
+        try:
+            view, done = memoryview(bytearray(min(n, limits.read_ahead_chunk_bytes))), 0
+            while done < n:
+                got = os.preadv(fd, [view[:n - done]], offset + done)
+                if got <= 0:
+                    break
+                done += got
+            return done
+        finally:
+            os.close(fd)
 
     def create(self, path: str) -> None:
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o644))

@@ -46,11 +46,12 @@ from array import array
 from dataclasses import dataclass
 
 from pigeon.cluster.ledgers import DeletedLedgers
+from pigeon.core import limits
 from pigeon.core.errors import FailedPrecondition, PigeonError
 from pigeon.node.disk import OsDisk
 from pigeon.node.journal_writer import FsyncPolicy, JournalWriter
 from pigeon.storage import recovery
-from pigeon.storage.journal import Entry
+from pigeon.storage.journal import Cold, Entry
 from pigeon.storage.record import Broken, Malformed, decode_at, split_entry
 
 FENCE_EPOCH = 0xFFFF_FFFF  # above every writer's epoch (epochs are 32-bit): recovery writes at it
@@ -106,6 +107,7 @@ class LedgerStore:
         self.borrowed: dict[int, list[int]] = {}  # ledger → [its first borrowed record's position, last's end]
         self._where: dict[int, array] = {}  # ledger → its entries' record positions in this journal, by index
         self.append_requests = {"channel": 0, "grpc": 0}  # Append requests taken, by the way they came (statistics)
+        self.cold_reads = self.cold_read_bytes = 0  # reads that found entries outside the page cache, bytes warmed
         self._disk = host.disk if host is not None else OsDisk()
         self._deleting = asyncio.Lock()  # one write of `deleted` at a time, each holding every one before it
         self._fence_at: dict[int, int] = {}  # a kept ledger with a fence and no entry → where its fence was rewritten
@@ -246,30 +248,70 @@ class LedgerStore:
         st = self.writer.journal.logs.get(ledger)
         return st is not None and st.fenced >= FENCE_EPOCH
 
-    def read(self, ledger: int, start: int, end: int) -> list[Entry]:
-        """The durable entries of `ledger` in [start, end), in order: each read where its record lies."""
+    def read(self, ledger: int, start: int, end: int, nowait: bool = False, nbytes_max: int | None = None,
+             held: int = 0) -> list[Entry]:
+        """The durable entries of `ledger` in [start, end), in order: each read where its record lies. With
+        `nbytes_max`, no more than fit in it besides the `held` bytes the caller has (one at least, when it has
+        none). With `nowait`, journal.Cold where the page cache lacks the next one (its `got`: those before)."""
         if ledger in self.deleted:
             return []
-        journal, out = self.writer.journal, []
+        journal, out, size = self.writer.journal, [], held
         where = self._where.get(ledger, ())
         for index in range(start, min(end, len(where))):
             at = where[index]
             if at >= journal.durable:  # (written whole: not yet)
                 break
-            rtype, payload = journal.read_record(at)
-            got_ledger, epoch, offset, body = split_entry(payload)
-            if (got_ledger, offset) != (ledger, index):
-                raise PigeonError(f"ledger {ledger} entry {index}: the record at {at} is ledger {got_ledger}'s entry "
-                                  f"{offset}")
-            e = Entry(epoch, offset, rtype, bytes(body), at)
-            if e.rtype == BORROWED:
-                e = self._lent(ledger, e)
-                if e is None:
-                    break  # the node journal does not hold it durable yet
+            try:
+                rtype, payload = journal.read_record(at, nowait)
+                got_ledger, epoch, offset, body = split_entry(payload)
+                if (got_ledger, offset) != (ledger, index):
+                    raise PigeonError(f"ledger {ledger} entry {index}: the record at {at} is ledger {got_ledger}'s "
+                                      f"entry {offset}")
+                e = Entry(epoch, offset, rtype, bytes(body), at)
+                if e.rtype == BORROWED:
+                    e = self._lent(ledger, e, nowait)
+                    if e is None:
+                        break  # the node journal does not hold it durable yet
+            except Cold as c:
+                c.got = out
+                raise
+            size += len(e.body)
+            if nbytes_max is not None and size > nbytes_max and (out or held):
+                break
             out.append(e)
         return out
 
-    def _lent(self, ledger: int, e: Entry) -> Entry | None:
+    async def read_warm(self, ledger: int, start: int, end: int, nbytes_max: int | None = None) -> list[Entry]:
+        """`read`, without the event loop ever waiting for the disk: what the page cache holds is read at once, and
+        where it lacks an entry, a thread brings limits.cold_read_bytes from there into it first. (A member's ledger
+        files leave the cache once synced, and a backlog may be larger than memory: read from the disk on the
+        loop, every stream and append of the node waited for each of those reads.)"""
+        out: list[Entry] = []
+        held, warmed = 0, None
+        while True:
+            try:
+                return out + self.read(ledger, start, end, True, nbytes_max, held)
+            except Cold as c:
+                cold = c
+            got, at = cold.got, (cold.path, cold.offset)
+            out += got
+            start += len(got)
+            held += sum(len(e.body) for e in got)
+            if at == warmed and not got:  # warmed, and out of the cache again before it was read (memory is that
+                one = self.read(ledger, start, start + 1, False, nbytes_max, held)  # short): wait for one entry
+                if not one:
+                    return out
+                out += one
+                start += 1
+                held += len(one[0].body)
+                warmed = None
+                continue
+            warmed = at
+            self.cold_reads += 1
+            self.cold_read_bytes += await asyncio.get_running_loop().run_in_executor(None, cold.disk.warm, *at,
+                                                                                     limits.cold_read_bytes)
+
+    def _lent(self, ledger: int, e: Entry, nowait: bool = False) -> Entry | None:
         """A borrowed entry, read from the node journal (None while its record there is not durable)."""
         _, index, pos, size, log, offset = _WHERE.unpack_from(e.body)
         if pos + size > self.node.durable:
@@ -279,7 +321,7 @@ class LedgerStore:
             raise PigeonError(f"ledger {ledger} entry {index}: the node journal no longer holds position {pos} "
                               f"(it starts at {journal.starts[0] if journal.starts else journal.tail})")
         try:
-            rtype, payload, _ = decode_at(journal.read(pos, size), 0, size)  # (its size, not the bytes' say)
+            rtype, payload, _ = decode_at(journal.read(pos, size, nowait), 0, size)  # (its size, not the bytes')
             got_log, _, got_offset, body = split_entry(payload)
         except (Broken, Malformed, OSError) as e:
             raise PigeonError(f"ledger {ledger} entry {index}: the node journal's record at {pos} cannot be read "

@@ -23,8 +23,15 @@ class Disk(Protocol):
 
     def read_file(self, path: str) -> bytes: ...
 
-    def pread_into(self, path: str, offset: int, buf: memoryview) -> int:
-        """Fill `buf` from `offset` of the file; how many bytes were read (fewer only at the end)."""
+    def pread_into(self, path: str, offset: int, buf: memoryview, nowait: bool = False) -> int:
+        """Fill `buf` from `offset` of the file; how many bytes were read (fewer only at the end). With `nowait`,
+        only what the page cache holds from `offset` on (possibly none): the rest is the disk's to fetch, which
+        `warm` does on another thread — the event loop never waits for it."""
+        ...
+
+    def warm(self, path: str, offset: int, n: int) -> int:
+        """Bring bytes [offset, offset + n) of the file into the page cache (blocks on the disk: a thread's call,
+        never the event loop's); how many there were (0 for a file gone meanwhile)."""
         ...
 
     def create(self, path: str) -> None:

@@ -46,6 +46,17 @@ class Fenced(Exception):
         self.log, self.epoch, self.fenced = log, epoch, fenced
 
 
+class Cold(Exception):
+    """A read asked not to wait for the disk found the bytes at `offset` of the file at `path` outside the page
+    cache: `disk.warm` brings them in (on another thread), then the read is made again. `got`: what the reader
+    that raised it had read before (its caller's to keep)."""
+
+    def __init__(self, disk: Disk, path: str, offset: int):
+        super().__init__(f"{path} at {offset} is not in the page cache")
+        self.disk, self.path, self.offset = disk, path, offset
+        self.got: list = []
+
+
 def segment_name(start: int) -> str:
     return f"{start:020d}{SUFFIX}"
 
@@ -340,15 +351,20 @@ class Journal:
         path, offset = self.locate(pos)
         return self.disk.pread_into(path, offset, buf)
 
-    def read(self, pos: int, n: int) -> bytes:
+    def read(self, pos: int, n: int, nowait: bool = False) -> bytes:
+        """The bytes at `pos`: n of them (fewer only at a segment's end). With `nowait` they must be written whole
+        (a record's) and Cold is raised unless the page cache holds them all."""
         buf = bytearray(n)
-        got = self.read_into(pos, memoryview(buf))
+        path, offset = self.locate(pos)
+        got = self.disk.pread_into(path, offset, memoryview(buf), nowait)
+        if nowait and got < n:
+            raise Cold(self.disk, path, offset + got)
         return bytes(buf[:got])
 
-    def read_record(self, pos: int) -> tuple[int, memoryview]:
-        """(type, payload) of the record at `pos`, checked."""
-        size = record.size_from_prefix(self.read(pos, record.PREFIX_BYTES))
-        buf = self.read(pos, size)
+    def read_record(self, pos: int, nowait: bool = False) -> tuple[int, memoryview]:
+        """(type, payload) of the record at `pos`, checked; with `nowait`, Cold unless the page cache holds it."""
+        size = record.size_from_prefix(self.read(pos, record.PREFIX_BYTES, nowait))
+        buf = self.read(pos, size, nowait)
         rtype, payload, _ = record.decode_at(buf, 0, size)
         return rtype, payload
 

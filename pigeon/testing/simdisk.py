@@ -3,7 +3,9 @@ after a power cut — `crash()` undoes every byte written since the file's last 
 file already had, reserved zeros among them, go back to what they were; the file shrinks back to its synced
 length), and drops the name of a file made since its directory's last sync — and injects faults on demand: a torn
 last write (part of what was written since the sync survives), a flipped bit, a failing operation (ENOSPC, EIO).
-Deterministic: every choice comes from the `rng` the caller passes."""
+With `cache_pages` it also models the page cache, for the reads that must not wait for the disk (`nowait`): they
+see only the pages written or read since the file's pages were last evicted (`evict`, a crash, or every sync with
+`evict_synced`). Deterministic: every choice comes from the `rng` the caller passes."""
 
 from __future__ import annotations
 
@@ -11,6 +13,8 @@ import errno
 import posixpath
 import random
 from dataclasses import dataclass, field
+
+PAGE = 4096  # the page cache's unit, when one is modelled
 
 
 @dataclass
@@ -24,7 +28,7 @@ class _File:
 
 
 class SimDisk:
-    def __init__(self):
+    def __init__(self, cache_pages: bool = False, evict_synced: bool = False):
         self.files: dict[str, _File] = {}
         self.dirs: set[str] = set()
         self._handles: dict[int, str] = {}
@@ -32,6 +36,11 @@ class SimDisk:
         self.fail: dict[str, int] = {}  # operation → errno of the next call to it (removed when used)
         self.space: int | None = None  # bytes the disk holds in all (None: unbounded)
         self.syncs = 0
+        # the page cache, modelled when `cache_pages`: path → the pages it holds (a write's pages are held; a read
+        # that does not wait sees only these; with `evict_synced`, a sync lets go of the file's, as a storage
+        # member's ledger files do — node.disk.OsDisk(drop_synced))
+        self.pages: dict[str, set[int]] | None = {} if cache_pages else None
+        self.evict_synced = evict_synced and cache_pages
 
     # --- faults ------------------------------------------------------------------------------------------
     def crash(self, rng: random.Random | None = None, torn: bool = False) -> None:
@@ -52,6 +61,7 @@ class SimDisk:
             del f.data[max(keep, f.synced):]
             f.synced, f.undo, f.dirty, f.dirty_end = len(f.data), [], None, 0
         self._handles.clear()
+        self.evict()  # (the machine's memory went with it)
 
     def flip_bit(self, path: str, offset: int, bit: int) -> None:
         f = self.files[path]
@@ -87,11 +97,43 @@ class SimDisk:
     def read_file(self, path: str) -> bytes:
         return bytes(self._file(path).data)
 
-    def pread_into(self, path: str, offset: int, buf: memoryview) -> int:
-        data = self._file(path).data
-        chunk = data[offset:offset + len(buf)]
-        buf[:len(chunk)] = chunk
-        return len(chunk)
+    def pread_into(self, path: str, offset: int, buf: memoryview, nowait: bool = False) -> int:
+        f = self._file(path)
+        n = max(0, min(len(buf), len(f.data) - offset))
+        if self.pages is not None:
+            if nowait:
+                n = self._cached(path, offset, n)
+            else:
+                self._cache(path, offset, n)
+        buf[:n] = f.data[offset:offset + n]
+        return n
+
+    def warm(self, path: str, offset: int, n: int) -> int:
+        f = self.files.get(path)
+        n = 0 if f is None else max(0, min(n, len(f.data) - offset))
+        if self.pages is not None:
+            self._cache(path, offset, n)
+        return n
+
+    # --- the page cache, when one is modelled (`pages`) -----------------------------------------------------
+    def evict(self, path: str | None = None) -> None:
+        """The page cache lets go of the file's pages (every file's without a path): memory was short."""
+        if self.pages is not None:
+            if path is None:
+                self.pages.clear()
+            else:
+                self.pages.pop(path, None)
+
+    def _cache(self, path: str, offset: int, n: int) -> None:
+        if n > 0:
+            self.pages.setdefault(path, set()).update(range(offset // PAGE, (offset + n - 1) // PAGE + 1))
+
+    def _cached(self, path: str, offset: int, n: int) -> int:
+        """How many of the n bytes from `offset` on the cache holds without a gap (a read that does not wait)."""
+        held, end, page = self.pages.get(path, ()), offset + n, offset // PAGE
+        while page * PAGE < end and page in held:
+            page += 1
+        return max(0, min(end, page * PAGE) - offset)
 
     def create(self, path: str) -> None:
         self._check("create")
@@ -119,6 +161,8 @@ class SimDisk:
                 raise OSError(errno.ENOSPC, "No space left on device (simulated)")
         self._write(f, at, data)
         handle[1] += len(data)
+        if self.pages is not None:
+            self._cache(self._handles[handle[0]], at, len(data))
 
     @staticmethod
     def _write(f: _File, at: int, data: bytes) -> None:
@@ -154,6 +198,8 @@ class SimDisk:
         f = self.files[self._handles[handle[0]]]
         f.synced, f.undo, f.dirty, f.dirty_end = len(f.data), [], None, 0
         self.syncs += 1
+        if self.evict_synced:
+            self.evict(self._handles[handle[0]])
 
     def close(self, handle: list) -> None:
         self._handles.pop(handle[0], None)
@@ -169,6 +215,7 @@ class SimDisk:
         self._check("remove")
         self._file(path)
         del self.files[path]
+        self.evict(path)
 
     def write_durably(self, path: str, data: bytes) -> None:
         self._check("write", len(data))

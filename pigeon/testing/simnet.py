@@ -115,8 +115,9 @@ class SimStorageClient:
         return await self.net.call(self.src, self.dst, lambda: self._store().fence(ledger))
 
     async def read(self, ledger: int, start: int, end: int) -> list[tuple[int, bytes]]:
-        async def read():
-            return [(e.rtype, bytes(e.body)) for e in self._store().read(ledger, start, end)]
+        async def read():  # (as api.storage_api's Read)
+            got = await self._store().read_warm(ledger, start, end, limits.storage_message_bytes_max)
+            return [(e.rtype, e.body) for e in got]
         return await self.net.call(self.src, self.dst, read)
 
     async def answers(self, timeout: float) -> bool:

@@ -110,7 +110,9 @@ class SimNode:
     def __init__(self, sim, node_id: str, skew: float):  # sim: testing.simcluster.ClusterSim
         self.sim, self.id, self.skew = sim, node_id, skew
         self.address = f"{node_id}.sim:1"
-        self.disk = SimDisk()
+        # (its files leave the page cache once synced, as a member's ledgers do: every read of a ledger that must
+        # not wait for the disk finds its bytes cold first)
+        self.disk = SimDisk(cache_pages=True, evict_synced=True)
         self.writers: list[SimJournalWriter] = []
         self.life: Incarnation | None = None
         self.engine: Engine | None = None

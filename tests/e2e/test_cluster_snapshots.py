@@ -94,6 +94,7 @@ def test_a_takeover_reads_the_log_from_its_last_snapshot(etcd, tmp_path):
         assert 0 < m[("pigeon_cluster_journal_held_bytes", ())] <= m[("pigeon_journal_bytes", ())]
         member = scrape(nodes["n2"].http)  # a member of n1's ledgers: their appends came over the append channel
         assert member[("pigeon_cluster_append_requests_total", (("transport", "channel"),))] > 0
+        assert ("pigeon_cluster_ledger_cold_read_bytes_total", ()) in member  # (reads that did not wait for the disk)
         assert call(nodes["n2"].http, "GET", "/readyz") == (200, {"status": "ready"})
 
         kept = {pub.publish(topic, f"b{i}".encode()).result(timeout=30) for i in range(30)}
