@@ -14,6 +14,7 @@ import os
 import sys
 import tempfile
 import time
+import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.dirname(__file__))
@@ -24,6 +25,12 @@ from pigeon.bench.peers import PigeonServer  # noqa: E402
 from pigeon.bench.plan import PLANS  # noqa: E402
 
 MOVES = ("splitting", "leaves log", "lost its part")
+
+
+def _metric(http_port: int, name: str) -> float:
+    """A node's metric (0 when it has none: a tree from before it was counted)."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{http_port}/metrics", timeout=10).read().decode()
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " "))
 
 
 def main() -> int:
@@ -51,6 +58,11 @@ def main() -> int:
         print(f"consumed {got['count']:,} of {got['backlog']:,} in {got['seconds']} s: {got['msgs_per_s']:,} msg/s, "
               f"drained {got['drained']}, received more than once at least {max(0, got['count'] - got['backlog']):,}; "
               f"CPU {cpu}", flush=True)
+        if args.target == "cluster":
+            print("ledger reads that found their entries outside the page cache (read in by a thread): " + ", ".join(
+                f"{n} {_metric(d.port + 1, 'pigeon_cluster_ledger_cold_reads_total'):,.0f} "
+                f"({_metric(d.port + 1, 'pigeon_cluster_ledger_cold_read_bytes_total') / 1e6:,.0f} MB)"
+                for n, d in server.nodes.items()))
         for path in sorted(glob.glob(os.path.join(server.root, "**", "*.log"), recursive=True)):
             for line in open(path, errors="replace"):
                 if any(m in line for m in MOVES):
