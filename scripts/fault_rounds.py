@@ -50,6 +50,8 @@ def main() -> int:
     console = Console(width=None if sys.stdout.isatty() else 160)
     root = args.dir or tempfile.mkdtemp(prefix="pigeon-rounds-")
     os.makedirs(root, exist_ok=True)
+    if os.listdir(root):  # (an earlier run's etcd would start with that cluster's state and never elect a leader)
+        sys.exit(f"{root} is not empty: give a new directory, or none (a temporary one)")
     t0 = time.monotonic()
     console.print(f"[bold]{args.rounds} rounds of random faults[/bold], seed {args.seed}, topics "
                   f"{args.topic_layout} ({root})")

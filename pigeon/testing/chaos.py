@@ -153,14 +153,20 @@ class Cluster:
         self.network: Network | None = None
 
     def start(self) -> "Cluster":
-        self.etcd.start()
-        if self.split:
-            self.network = Network(self.etcd.endpoint)
-        wipe(self.etcd.endpoint)
-        for i in range(self.count):
-            self.add(f"n{i + 1}")
-        await_status(self.etcd.endpoint, lambda st: st["unowned"] == 0 and len(st["nodes"]) == self.count
-                     and all(r["bundles"] for r in st["nodes"]), timeout=60)
+        """Everything up and every bundle owned; what started is stopped again when that fails (etcd members
+        left running by a start that failed outlived the run)."""
+        try:
+            self.etcd.start()
+            if self.split:
+                self.network = Network(self.etcd.endpoint)
+            wipe(self.etcd.endpoint)
+            for i in range(self.count):
+                self.add(f"n{i + 1}")
+            await_status(self.etcd.endpoint, lambda st: st["unowned"] == 0 and len(st["nodes"]) == self.count
+                         and all(r["bundles"] for r in st["nodes"]), timeout=60)
+        except BaseException:
+            self.stop()
+            raise
         return self
 
     def add(self, node_id: str):
