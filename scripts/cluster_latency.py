@@ -118,6 +118,13 @@ def hop_steps(path: str) -> dict[str, list[float]]:
         out["committed → answered"] = [(a - c) / 1e3 for c, a in zip(com[200:], ans[200:])]
         out["publish → answered"] = [(a - p) / 1e3 for p, a in zip(pub[200:], ans[200:])]
     out["woken → sending"] = _last_before(hops.get("woken", []), hops.get("sending", []))
+    leased, sending = hops.get("leased", []), hops.get("sending", [])
+    if leased and len(leased) == len(sending):  # (one stream: its deliveries are leased, recorded and sent in order)
+        for hop in ("lease-recorded", "answers-in"):
+            if len(hops.get(hop, [])) == len(leased):
+                out[f"leased → {hop}"] = [(r - x) / 1e3 for x, r in zip(leased[200:], hops[hop][200:])]
+        out["leased → sending"] = [(y - x) / 1e3 for x, y in zip(leased[200:], sending[200:])]
+        out["committed → leased"] = _last_before(hops.get("committed", []), leased)
     out["fdatasync"] = _last_before(hops.get("syncing", []), hops.get("synced", []))
     return {k: v for k, v in out.items() if v}
 

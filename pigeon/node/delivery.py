@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from operator import itemgetter
 
 from pigeon.broker import commands
@@ -21,7 +22,7 @@ from pigeon.core import limits
 from pigeon.core.errors import AckIdFailure, FailedPrecondition, InvalidArgument, NotFound, PigeonError, Unavailable
 from pigeon.node import hops
 from pigeon.node.reader import NotCached
-from pigeon.node.streams import Signal, Stream
+from pigeon.node.streams import Gate, Signal, Stream
 from pigeon.storage import records as R
 
 log = logging.getLogger("pigeon.delivery")
@@ -33,7 +34,7 @@ class Delivery:
         self._tasks: set[asyncio.Task] = set()  # dead letters on their way
         self._fetching: dict[int, asyncio.Task] = {}  # log address → its batch being fetched for a delivery
         self._unanswered: dict = {}  # ShardIndex → _Unanswered: its batches whose publishers wait for their answer
-        self._answers: dict[int, asyncio.Future] = {}  # subscription uid → its last leases' wait for their publishers
+        self._answers: dict[int, Gate] = {}  # subscription uid → its last leases' wait for their publishers
 
     @property
     def dead_letters_in_flight(self) -> int:
@@ -90,7 +91,7 @@ class Delivery:
         if self._unanswered and picks.out and self.executor.logs.replicas is not None:
             self._wait_for_answers(s, picks.out)
 
-    def recording(self, s: SubscriptionState) -> asyncio.Future | None:
+    def recording(self, s: SubscriptionState, wake=None) -> asyncio.Future | None:
         """What the leases just taken for `s` wait for before their messages go out (take it right after them);
         None when there is nothing to wait for (one node). In a cluster, their Deliver record held by Qa members
         of the log's ensemble (Unavailable when the log moved meanwhile): the lease is then in the log every later
@@ -98,12 +99,21 @@ class Delivery:
         knowing it yet (paused, cut off) cannot have its Deliver record confirmed (the new owner fenced the
         ledger), so it hands out nothing, not even a message the new owner has seen acknowledged since. And the
         publishers of those messages answered (show_when_durable): a subscriber never gets a message before its
-        publisher's answer is on its way."""
+        publisher's answer is on its way. `wake()`, when given, is called once it is done (the stream to wake)."""
         recording = self.executor.logs.recording(s.log_id)
-        answers = self._answers.pop(s.uid, None)
-        if answers is None or answers.done():
+        gate = self._answers.pop(s.uid, None)
+        if hops.ON and recording is not None:
+            _mark_recording(recording, gate)
+        if gate is None:
+            if recording is not None and wake is not None:
+                recording.add_done_callback(wake)
             return recording
-        return answers if recording is None else asyncio.gather(asyncio.shield(recording), answers)
+        if recording is not None:
+            gate.wait_future(recording)
+        if wake is not None:
+            gate.wakes.append(wake)
+        gate.arm()
+        return gate.fut
 
     async def recorded(self, s: SubscriptionState) -> None:
         """Until `recording(s)` is done (Unavailable when the log moved meanwhile)."""
@@ -131,17 +141,14 @@ class Delivery:
             shard, offset = num & SHARD_MASK, num >> limits.shard_bits
             if last.get(shard, -1) < offset:
                 last[shard] = offset
-        waits = []
         for shard, offset in last.items():
             held = self._unanswered.get(t.shards[shard]) if shard < len(t.shards) else None
             if held is not None and held.bases and min(held.bases) <= offset:
-                fut = asyncio.get_running_loop().create_future()
-                held.waiters.append((offset, fut))
-                waits.append(fut)
-        if waits:
-            if (earlier := self._answers.get(s.uid)) is not None:
-                waits.append(earlier)
-            self._answers[s.uid] = waits[0] if len(waits) == 1 else asyncio.gather(*waits)
+                gate = self._answers.get(s.uid)  # (one an earlier take left, not waited on yet, takes these too)
+                if gate is None:
+                    gate = self._answers[s.uid] = Gate()
+                gate.wait_answer()
+                held.waiters.append((offset, gate.answer_in))
 
     def lease(self, s: SubscriptionState, max_messages: int, deadline_s: float, owner=None, per_key_max: int = 0):
         """Lock up to `max_messages` messages for `owner` (a push worker); messages past their delivery attempts
@@ -210,8 +217,7 @@ class Delivery:
             low = min(held.bases, default=1 << 62)  # the deliveries of messages below it may go out
             for w in [w for w in held.waiters if w[0] < low]:
                 held.waiters.remove(w)
-                if not w[1].done():
-                    w[1].set_result(None)
+                w[1]()
         self._visible(t, ix, held.wanted)
 
     def shown(self, t, ix) -> None:
@@ -394,7 +400,7 @@ class Delivery:
                 stream.unsent.popleft()
                 recording.result()  # Unavailable: the bundle moved (its next owner holds the leases)
                 if self.lease_left(until, stream.deadline_s):
-                    return out
+                    return self._and_recorded_since(stream, out)
                 continue  # (its messages go out again as their leases run out)
             if stream.room() > 0:
                 out = self._deliver_to(stream)
@@ -408,6 +414,21 @@ class Delivery:
                     hops.mark("woken")
             else:  # flow control: only this stream's acks (or its own events) can change that
                 await stream.wait(limits.stream_idle_wake_s)
+
+    def _and_recorded_since(self, stream: Stream, out: list[bytes]) -> list[bytes]:
+        """`out` and the stream's next deliveries whose leases are recorded by now too, as one response: gRPC writes
+        a stream's responses one after the other, each once the one before is written, so on a busy owner each
+        delivery recorded while one was being written waited for that write, and then for its own."""
+        unsent, most = stream.unsent, limits.stream_response_messages_max
+        while unsent:
+            more, recording, until = unsent[0]
+            if not recording.done() or recording.cancelled() or recording.exception() is not None or \
+                    len(out) + len(more) > most:
+                break  # (a failure is raised by the next call, as it was)
+            unsent.popleft()
+            if self.lease_left(until, stream.deadline_s):
+                out = out + more
+        return out
 
     def _deliver_to(self, stream: Stream) -> list[bytes] | None:
         """Lease what the stream may take now: the entries to send at once (one node), or None — nothing to
@@ -426,11 +447,10 @@ class Delivery:
         if not out:
             return None
         self._pass_on(s)
-        recording = self.recording(s)
+        recording = self.recording(s, stream.wake)
         if recording is None:
             return out
         stream.unsent.append((out, recording, self.executor.clock.now() + stream.deadline_s))
-        recording.add_done_callback(stream.wake)
         return None
 
     async def _leased_before_the_end(self, stream: Stream) -> list[bytes] | None:
@@ -531,4 +551,16 @@ class _Unanswered:
     def __init__(self):
         self.bases: list[int] = []
         self.wanted = 0
-        self.waiters: list[tuple[int, asyncio.Future]] = []  # (offset, future): a delivery of the message at offset
+        self.waiters: list[tuple[int, Callable[[], None]]] = []  # (offset, called once answered): a delivery of
+        # the message at offset
+
+
+def _mark_recording(recording: asyncio.Future, gate: Gate | None) -> None:
+    """Hops of a cluster delivery: `leased` (its Deliver record appended), `lease-recorded` (held by Qa members),
+    `answers-in` (its messages' publishers answered)."""
+    hops.mark("leased")
+    recording.add_done_callback(lambda _: hops.mark("lease-recorded"))
+    if gate is None or not gate.answers:
+        hops.mark("answers-in")
+    else:
+        gate.on_answers = lambda: hops.mark("answers-in")

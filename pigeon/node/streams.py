@@ -110,6 +110,65 @@ def _resolve(fut: asyncio.Future, why=None) -> None:
         fut.set_result(why)
 
 
+class Gate:
+    """What a cluster delivery waits for before its messages go out (node.delivery: `recording`): its parts — the
+    Deliver record held by Qa members, each shard's publishers answered — and once all are in, `fut` is done and
+    `wakes` are called in that same step. A part that is a future (the record's) is heard in its done callback;
+    an answer (`answer_in`) in the call that gives it: the stream waiting on the delivery is then woken at once,
+    where each future the news passed through (a shield, a gather, then the stream's wake-up as their callback)
+    had cost a turn of the event loop, each as long as the busy owner's longest. A failed or cancelled part makes
+    `fut` fail (or cancel) the same way."""
+
+    __slots__ = ("fut", "left", "answers", "wakes", "on_answers")
+
+    def __init__(self):
+        self.fut: asyncio.Future = asyncio.get_running_loop().create_future()
+        self.left = 1  # parts not in yet, and the arming (`arm`): nothing opens the gate while parts are added
+        self.answers = 0  # of them, publishers' answers
+        self.wakes: list = []
+        self.on_answers = None  # called once every answer is in (hop timestamps)
+
+    def wait_answer(self) -> None:
+        self.left += 1
+        self.answers += 1
+
+    def answer_in(self) -> None:
+        self.answers -= 1
+        if not self.answers and self.on_answers is not None:
+            self.on_answers()
+        self._part_in()
+
+    def wait_future(self, fut: asyncio.Future) -> None:
+        self.left += 1
+        fut.add_done_callback(self._future_in)
+
+    def arm(self) -> None:
+        """Every part is added: open the gate once they are in (now, if they are)."""
+        self._part_in()
+
+    def _future_in(self, fut: asyncio.Future) -> None:
+        if self.fut.done():
+            return
+        if fut.cancelled():
+            self.fut.cancel()
+        elif fut.exception() is not None:
+            self.fut.set_exception(fut.exception())
+        else:
+            self._part_in()
+            return
+        self._wake()
+
+    def _part_in(self) -> None:
+        self.left -= 1
+        if not self.left and not self.fut.done():
+            self.fut.set_result(None)
+            self._wake()
+
+    def _wake(self) -> None:
+        for wake in self.wakes:
+            wake()
+
+
 @dataclass(frozen=True, slots=True)
 class StreamStats:
     subscription: str

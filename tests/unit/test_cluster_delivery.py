@@ -11,7 +11,7 @@ import pytest
 from google.pubsub_v1 import types
 
 from pigeon.broker.topic import SHARD_MASK
-from pigeon.core import ackid
+from pigeon.core import ackid, limits
 from pigeon.core.errors import Unavailable
 from pigeon.testing import simloop
 from pigeon.testing.simcluster import ClusterSim
@@ -126,7 +126,9 @@ def test_a_delivery_whose_lease_ran_out_while_it_was_recorded_is_not_sent():
 def test_a_message_published_while_an_earlier_lease_is_recorded_is_leased_at_once():
     """A stream whose delivery waits for its lease's record takes what is published meanwhile at once (up to
     limits.stream_deliveries_ahead deliveries): that message's Deliver record rides to the members with its
-    Publish record instead of waiting for the earlier round trip to end, then for one of its own."""
+    Publish record instead of waiting for the earlier round trip to end, then for one of its own. Recorded by
+    the time the first goes out, it goes with it, in one response (gRPC writes a stream's responses one at a
+    time: as a second response it waited for the first one's write)."""
     sim = ClusterSim(5, steps=0)
 
     async def go():
@@ -135,6 +137,21 @@ def test_a_message_published_while_an_earlier_lease_is_recorded_is_leased_at_onc
         assert len(s.leases) == 2 and not any(p.done() for p in publishes), \
             "b'two' waited for an earlier lease's round trip"
         first = _Resp.FromString(b"".join(await asyncio.wait_for(sent, 5))).received_messages
+        assert [m.message.data for m in first] == [b"one", b"two"] and not stream.unsent
+        e.delivery.close_stream(stream)
+
+    simloop.run(go())
+
+
+def test_deliveries_recorded_meanwhile_go_in_one_response_up_to_its_limit(monkeypatch):
+    """… but no more messages than a response holds (limits.stream_response_messages_max): the rest go next."""
+    monkeypatch.setattr(limits, "stream_response_messages_max", 1)
+    sim = ClusterSim(5, steps=0)
+
+    async def go():
+        node, s, stream, sent, _ = await _one_leased_ahead(sim)
+        e = node.engine
+        first = _Resp.FromString(b"".join(await asyncio.wait_for(sent, 5))).received_messages
         second = _Resp.FromString(b"".join(await asyncio.wait_for(e.delivery.stream_next(stream), 5)))
         assert [m.message.data for m in (*first, *second.received_messages)] == [b"one", b"two"]
         e.delivery.close_stream(stream)
@@ -142,12 +159,13 @@ def test_a_message_published_while_an_earlier_lease_is_recorded_is_leased_at_onc
     simloop.run(go())
 
 
-def test_a_stream_broken_by_a_hand_over_sends_what_it_had_leased_before_it_ends():
+def test_a_stream_broken_by_a_hand_over_sends_what_it_had_leased_before_it_ends(monkeypatch):
     """A stream holds deliveries whose leases are recorded and not sent yet (limits.stream_deliveries_ahead) when
     a shard of its topic is handed to another owner: those leases ride to the shard's new home in the pair's image,
     and nothing there would send the messages before their deadline (a drain across a load planner's split stalled
     a minute on a few thousand of them). The stream sends them before it ends; the client acks them at the new
     owner, through the stream that follows."""
+    monkeypatch.setattr(limits, "stream_response_messages_max", 1)  # ("two" is not sent with "one")
     sim = ClusterSim(5, steps=0)
 
     async def go():
