@@ -22,7 +22,9 @@ switches while the workload runs (`perf stat`), and ends with a table of them pe
 `--hops DIR` starts every server with its hop timestamps on (pigeon.node.hops) and prints, for the node that took
 the publishes, where a message's time went inside it: publish → answered (the Publish handler to its answer:
 commit, the node's fdatasync and, in a cluster, the members' quorum) and woken → sending (a stream woken for a
-message to its response handed to gRPC: in a cluster, the Deliver record's quorum, docs/cluster.md invariant O3).
+message to its response handed to gRPC: in a cluster, the Deliver record's quorum, docs/cluster.md invariant O3);
+and a cluster delivery's steps from its lease: leased → lease-recorded (its Deliver record held by Qa members),
+leased → answers-in (its publishers answered), leased → sending.
 """
 
 from __future__ import annotations
