@@ -349,7 +349,7 @@ class LedgerStore:
                     for lid in [lid for lid in table if lid in after]:
                         del table[lid]
             await self._move_fences()
-            return len(self.collect())
+            return len(await self.collect())
 
     def kept(self) -> list[int]:
         """The ledgers this store holds (not deleted)."""
@@ -375,7 +375,7 @@ class LedgerStore:
             return 0
         return min((b[0] for b in self.borrowed.values()), default=None)
 
-    def collect(self) -> list[int]:
+    async def collect(self) -> list[int]:
         """Remove the journal segments wholly below the first entry of every kept ledger (and the fence of one that
         has no entry: none while one's is not known); the segments removed."""
         low = self.writer.tail
@@ -390,7 +390,7 @@ class LedgerStore:
                     low = min(low, at)
                 continue
             low = min(low, st.samples[0][1])
-        return self.writer.delete_before(low)
+        return await self.writer.delete_before(low)
 
     def statistics(self) -> LedgerStats:
         logs = [st for lid, st in self.writer.journal.logs.items() if lid not in self.deleted]

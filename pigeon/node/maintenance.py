@@ -92,7 +92,7 @@ async def maintain_once(engine) -> None:
             await checkpoint(engine)
     cut = cks.journal_needed_from(need_pos)
     if cut is not None:
-        removed = engine.journal.delete_before(cut)
+        removed = await engine.journal.delete_before(cut)
         if removed:
             log.info("deleted %d journal segments no longer needed", len(removed))
 

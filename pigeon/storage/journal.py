@@ -408,18 +408,30 @@ class Journal:
 
     def delete_before(self, pos: int) -> list[int]:
         """Remove whole segments that end at or before `pos` (never the active one)."""
+        removed = self.drop_before(pos)
+        self.remove_files(removed)
+        return removed
+
+    def drop_before(self, pos: int) -> list[int]:
+        """`delete_before`'s first half: the segments are no longer the journal's (nothing reads or keeps them from
+        now on); their files are `remove_files`' to remove — which may come later, from another thread: a file
+        left by a crash meanwhile is one the next deletion removes, as if the crash had come a moment sooner."""
         removed = []
         while len(self.starts) > 1 and self.starts[1] <= pos:
-            start = self.starts.pop(0)
-            self.disk.remove(self.path(start))
-            removed.append(start)
+            removed.append(self.starts.pop(0))
         if removed:
-            self.disk.sync_dir(self.dir)
             first = self.starts[0]
             for st in self.logs.values():
                 st.samples = [s for s in st.samples if s[1] >= first]
                 st.truncations = [t for t in st.truncations if t[0] >= first]
         return removed
+
+    def remove_files(self, starts: list[int]) -> None:
+        """The files of segments `drop_before` dropped, removed for good (their directory synced)."""
+        for start in starts:
+            self.disk.remove(self.path(start))
+        if starts:
+            self.disk.sync_dir(self.dir)
 
     def statistics(self) -> "JournalStats":
         return JournalStats(len(self.starts), self.tail - (self.starts[0] if self.starts else 0), self.tail,
