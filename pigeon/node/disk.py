@@ -78,8 +78,11 @@ try:
     from pigeon.node import _commit
 
     Post, _commit_io, COMPILED = _commit.Post, _commit.commit, True
+    Lane = _commit.Lane  # a writer thread that takes placed batches without the GIL (node.journal_writer)
+    LANE_STOPPED, LANE_PYTHON, LANE_FAILED = _commit.STOPPED, _commit.PYTHON, _commit.FAILED  # why Lane.run returned
 except ImportError:  # no C compiler where Pigeon was installed
     Post, _commit_io, COMPILED = _PyPost, _py_commit, False
+    Lane = LANE_STOPPED = LANE_PYTHON = LANE_FAILED = None
 
 
 class OsDisk:

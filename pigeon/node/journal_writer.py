@@ -1,14 +1,14 @@
 """The journal's writer: the thread and the event-loop plumbing around storage.journal.Journal, which owns the
 rules (entries, offsets, fencing, acknowledged ⇒ covered by fdatasync). Entries get their position when
 appended (on the event loop's thread); one writer thread writes everything pending with one writev and one
-fdatasync, then wakes every waiter whose entry is covered. The writer is woken when someone waits for an entry (a
-publish, a unary ack); an entry nobody waits for (an ack sent on a stream, a delivery) is handed to it with the
-next one somebody waits for, or limits.lazy_write_s after it at the latest, and fdatasync'd limits.lazy_flush_s
-after it at the latest: those ride along with the next group commit instead of costing a wake-up of the writer
-thread and a disk flush of their own. (Waking the writer for every entry cost the event loop's thread a futex
-wake and, on a busy machine, the core, three times per message delivered; a process killed within
-limits.lazy_write_s of such an entry loses it, which changes no answer given: its message is delivered again, as
-after any lost lease.)"""
+fdatasync, then wakes every waiter whose entry is covered. Under fsync=always on real files the loop hands it each
+batch placed (pigeon.node._commit.Lane): from its wake-up to the loop's it needs no GIL, which a busy loop held
+for a millisecond and more; its own Python turns open new segments and ride out a full disk. The writer is woken
+when someone waits for an entry (a publish, a unary ack); an entry nobody waits for (an ack sent on a stream, a
+delivery) goes with the next one somebody waits for, or limits.lazy_write_s after it at the latest, and is
+fdatasync'd limits.lazy_flush_s after it at the latest — not a wake-up of the writer and a disk flush of its own
+(a process killed within limits.lazy_write_s of it loses it, which changes no answer given: its message is
+delivered again, as after any lost lease)."""
 
 from __future__ import annotations
 
@@ -19,13 +19,15 @@ import logging
 import os
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
+from functools import partial
 
 from pigeon.core import limits
 from pigeon.node import hops
 from pigeon.core.histogram import Histogram, HistogramStats
 from pigeon.core.errors import ResourceExhausted, Unavailable
-from pigeon.node.disk import OsDisk, Post
+from pigeon.node.disk import LANE_FAILED, LANE_STOPPED, Lane, OsDisk, Post
 from pigeon.node.readahead import ReadAhead
 from pigeon.storage.journal import Journal, JournalStats, LogState, WriteCursor
 from pigeon.storage.log import JournalLog, LogStats
@@ -80,9 +82,13 @@ class JournalWriter:
         self._post: Post | None = None  # where the writer tells how far the journal is written (synced: always)
         self._told = 0  # … the last of it the loop took
         self._post_open = False
+        self._lane: Lane | None = None  # fsync=always on real files: the loop hands the writer placed batches
+        self._cursor: WriteCursor | None = None  # the lane's: placed by the loop, but in the writer's Python turn
+        self._py_turn = False
+        self._unposted: deque = deque()  # (end, batch) written or handed to the lane, not yet told of
         self._logs: dict[int, JournalLog] = {}
         self.opened_at = 0
-        # statistics, written by the writer thread only
+        # statistics, written by the writer thread only (with a lane: under _cv, by both)
         self._syncs = 0
         self._sync_s = self._sync_max_s = 0.0
         self._sync_hist = [0] * len(SYNC_BUCKETS_MS)
@@ -104,8 +110,17 @@ class JournalWriter:
         self._told = tail
         self._post_open = True
         self._loop.add_reader(self._post.fd, self._on_post)
+        if Lane is not None and self.policy is FsyncPolicy.always and type(self.disk).commit is OsDisk.commit:
+            self._lane = Lane(self._post, SYNC_BUCKETS_MS)
+            self._lane.fd = cursor.handle
+            if self.disk.drop_synced:
+                self._lane.drop_bytes = limits.drop_pages_bytes
+            rounds = self._lane_writer
+        else:
+            rounds = partial(self._writer, cursor, tail)
         # the writer's starting point is fixed here: appends may run before the thread gets going
-        self._thread = threading.Thread(target=self._writer, args=(cursor, tail), name="pigeon-journal-writer",
+        self._cursor = cursor
+        self._thread = threading.Thread(target=self._writer_thread, args=(rounds,), name="pigeon-journal-writer",
                                         daemon=True)
         self._thread.start()
 
@@ -117,6 +132,8 @@ class JournalWriter:
         with self._cv:
             self._closing = True
             self._cv.notify()
+        if self._lane is not None:
+            self._lane.stop()
         loop = asyncio.get_running_loop()
         if self._thread is not None:
             await loop.run_in_executor(None, self._thread.join)
@@ -166,12 +183,12 @@ class JournalWriter:
         """Wake the writer for what was appended (it writes without fdatasync when nobody waits)."""
         self._write_timer = None
         with self._cv:
-            self._cv.notify()
+            self._hand(False)
 
     def fence(self, log_id: int, epoch: int) -> int:
         with self._cv:
             out = self.journal.fence(log_id, epoch)
-            self._cv.notify()
+            self._hand(False)
         return out
 
     def truncate(self, log_id: int, after: int) -> None:
@@ -179,14 +196,40 @@ class JournalWriter:
         next group commit."""
         with self._cv:
             self.journal.truncate(log_id, after)
-            self._cv.notify()
+            self._hand(False)
 
     def mark(self, log_id: int) -> int:
         """A marker entry that changes nothing (storage.journal.Journal.mark); its journal position."""
         with self._cv:
             out = self.journal.mark(log_id)
-            self._cv.notify()
+            self._hand(False)
         return out
+
+    def _hand(self, sync: bool) -> None:
+        """(Holding _cv.) Wake the writer for what was appended — with a lane, hand it over placed: the writer
+        starts on it without waiting for the GIL this thread holds. `sync`: somebody waits for it."""
+        if self._lane is None or self._py_turn:
+            self._cv.notify()
+            return
+        journal = self.journal
+        if not journal.placeable(self._cursor):  # a new segment to open: the writer's Python side does it
+            self._py_turn = True
+            self._lane.python()
+            return
+        batch, nbytes = journal.take_pending()
+        if not batch and not sync:
+            return
+        chunks, reserve = journal.place_in(self._cursor, batch)
+        end = journal.tail
+        self._lane.push(chunks, sync, end, reserve)
+        if batch:
+            self._unposted.append((end, batch))
+            self._count_batch(batch, nbytes)
+
+    def _count_batch(self, batch: list, nbytes: int) -> None:
+        self._batches, self._batch_entries, self._batch_bytes = (self._batches + 1, self._batch_entries + len(batch),
+                                                                 self._batch_bytes + nbytes)
+        self._batch_sizes.observe(len(batch))
 
     def flush_soon(self) -> None:
         """Ask the writer for everything appended so far."""
@@ -200,7 +243,7 @@ class JournalWriter:
             with self._cv:
                 self._want = self.journal.tail
                 self._post.asked += 1
-                self._cv.notify()
+                self._hand(True)
             if hops.ON:
                 hops.mark("asked")
 
@@ -280,93 +323,160 @@ class JournalWriter:
         synced, last_sync = written, time.monotonic()  # synced: what fdatasync covers
         posted = written  # what the loop was told is written (always: durable); never cut back below it
         kept: list = []  # batches written since `posted`: written again if the disk fills up before their sync
-        try:
-            while True:
-                batch = None
-                idle_sync = False
-                try:
-                    with self._cv:
-                        # asked for: durable (always), else written — under batch a waiter is answered once its
-                        # entry is written, and waiting for the sync here would spin until limits.batch_sync_s passed
-                        while not (journal.pending() or self._closing or self._want > (synced if always else written)):
-                            if batch_policy and written > synced:  # sync soon after the last write, even when idle
-                                self._cv.wait(limits.batch_sync_s)
-                                if not (journal.pending() or self._closing):
-                                    idle_sync = True  # … outside the lock: appends go on meanwhile
-                                    break
-                            else:
-                                self._cv.wait()
-                        if not idle_sync:
-                            if not journal.pending() and self._closing:
+        while True:
+            batch = None
+            idle_sync = False
+            try:
+                with self._cv:
+                    # asked for: durable (always), else written — under batch a waiter is answered once its
+                    # entry is written, and waiting for the sync here would spin until limits.batch_sync_s passed
+                    while not (journal.pending() or self._closing or self._want > (synced if always else written)):
+                        if batch_policy and written > synced:  # sync soon after the last write, even when idle
+                            self._cv.wait(limits.batch_sync_s)
+                            if not (journal.pending() or self._closing):
+                                idle_sync = True  # … outside the lock: appends go on meanwhile
                                 break
-                            batch, nbytes = journal.take_pending()
-                            self._post.seen = self._post.asked
-                            if hops.ON:
-                                hops.mark("taken")
-                            want = self._want
-                    if idle_sync:
-                        self._sync(cursor.handle)
-                        synced, last_sync = written, time.monotonic()
-                        continue
-                    chunks = journal.place(cursor, batch)
-                    written += nbytes
-                    self._batches += 1
-                    self._batch_sizes.observe(len(batch))
-                    self._batch_entries += len(batch)
-                    self._batch_bytes += nbytes
-                    if always:
-                        kept.append(batch)
-                        sync = tell = want > synced  # else written for nobody waiting: the next sync covers it
-                    else:
-                        sync, tell = batch_policy and time.monotonic() - last_sync >= limits.batch_sync_s, True
-                    if sync and hops.ON:
-                        hops.mark("syncing")
-                    # write, sync, and tell the loop: one call, which has the GIL back only once all are done
-                    told = self._post.told
-                    took = disk.commit(cursor.handle, chunks, sync, self._post if tell else None, written)
-                    if tell and self._post.told == told:  # more asked for meanwhile: tell, then take it at once
-                        self._post.tell(written, sync, self._post.synced_ns)
-                    if sync:
-                        self._sync_took(took)  # (counted by the post, before the loop was told)
-                        synced = written
-                        last_sync = time.monotonic()
-                    elif not (always or batch_policy):
-                        synced = written  # never: the OS decides
-                    if not tell:
-                        continue
-                    posted = written
-                    kept.clear()
-                except OSError as exc:
-                    if exc.errno != errno.ENOSPC:
-                        raise
-                    # the disk is full: cut the files back to what the loop was told, keep every entry since
-                    # (nothing is lost, nobody waiting is answered yet) and try again in a moment
-                    if batch is not None and not (kept and kept[-1] is batch):  # (else fdatasync failed after it)
-                        kept.append(batch)
-                    with self._cv:
-                        journal.requeue(kept)
-                    kept = []
-                    cursor = journal.rewind(cursor, posted)
-                    written = synced = posted
-                    self._enospc += 1
-                    self._loop.call_soon_threadsafe(self._disk_full, exc)
-                    with self._cv:
-                        if not self._closing:
-                            self._cv.wait(limits.disk_full_retry_s)
-            journal.leave(cursor)  # synced, cut back to its records, closed
-            cursor = None
-        except BaseException as exc:  # an I/O error: fail every waiter, refuse new appends
+                        else:
+                            self._cv.wait()
+                    if not idle_sync:
+                        if not journal.pending() and self._closing:
+                            break
+                        batch, nbytes = journal.take_pending()
+                        self._post.seen = self._post.asked
+                        if hops.ON:
+                            hops.mark("taken")
+                        want = self._want
+                if idle_sync:
+                    self._sync(cursor.handle)
+                    synced, last_sync = written, time.monotonic()
+                    continue
+                chunks = journal.place(cursor, batch)
+                written += nbytes
+                self._count_batch(batch, nbytes)
+                if always:
+                    kept.append(batch)
+                    sync = tell = want > synced  # else written for nobody waiting: the next sync covers it
+                else:
+                    sync, tell = batch_policy and time.monotonic() - last_sync >= limits.batch_sync_s, True
+                if sync and hops.ON:
+                    hops.mark("syncing")
+                # write, sync, and tell the loop: one call, which has the GIL back only once all are done
+                told = self._post.told
+                took = disk.commit(cursor.handle, chunks, sync, self._post if tell else None, written)
+                if tell and self._post.told == told:  # more asked for meanwhile: tell, then take it at once
+                    self._post.tell(written, sync, self._post.synced_ns)
+                if sync:
+                    self._sync_took(took)  # (counted by the post, before the loop was told)
+                    synced = written
+                    last_sync = time.monotonic()
+                elif not (always or batch_policy):
+                    synced = written  # never: the OS decides
+                if not tell:
+                    continue
+                posted = written
+                kept.clear()
+            except OSError as exc:
+                if exc.errno != errno.ENOSPC:
+                    raise
+                # the disk is full: cut the files back to what the loop was told, keep every entry since
+                # (nothing is lost, nobody waiting is answered yet) and try again in a moment
+                if batch is not None and not (kept and kept[-1] is batch):  # (else fdatasync failed after it)
+                    kept.append(batch)
+                with self._cv:
+                    journal.requeue(kept)
+                kept = []
+                cursor = self._cursor = journal.rewind(cursor, posted)
+                written = synced = posted
+                self._enospc += 1
+                self._loop.call_soon_threadsafe(self._disk_full, exc)
+                with self._cv:
+                    if not self._closing:
+                        self._cv.wait(limits.disk_full_retry_s)
+        journal.leave(cursor)  # synced, cut back to its records, closed
+        self._cursor = None
+
+    def _writer_thread(self, rounds) -> None:
+        """The writer thread: `rounds()` until the writer closes. An I/O error fails every waiter and refuses new
+        appends."""
+        try:
+            rounds()
+        except BaseException as exc:
             log.error("journal writer failed: %s", exc)
             try:
                 self._loop.call_soon_threadsafe(self._on_failed, exc)
             except RuntimeError:
                 pass
         finally:
-            if cursor is not None:
+            if self._cursor is not None:
                 try:
-                    disk.close(cursor.handle)
+                    self.disk.close(self._cursor.handle)
                 except OSError:
                     pass
+
+    def _lane_writer(self) -> None:
+        """The writer's rounds with a lane: the lane's, and its own Python turns in between."""
+        lane = self._lane
+        while True:
+            why = lane.run()
+            if why == LANE_STOPPED:
+                break
+            if why == LANE_FAILED:
+                exc = OSError(lane.errno_failed, os.strerror(lane.errno_failed))
+                if exc.errno != errno.ENOSPC:
+                    raise exc
+                self._disk_filled(exc)
+            self._python_rounds()
+        self._python_rounds(closing=True)  # what was appended and never handed over
+        self.journal.leave(self._cursor)  # synced, cut back to its records, closed
+        self._cursor = None
+
+    def _python_rounds(self, closing: bool = False) -> None:
+        """The lane's writer on its own, holding the GIL between system calls: group commits that open a new
+        segment, and every one after a full disk, until nothing is pending or asked for; then the lane again."""
+        journal, post = self.journal, self._post
+        while True:
+            with self._cv:
+                posted = max(post.end, self.opened_at)
+                if not journal.pending() and self._want <= posted:
+                    if not closing:
+                        self._lane.fd = self._cursor.handle
+                        self._py_turn = False
+                    return
+                batch, nbytes = journal.take_pending()
+                end, sync = journal.tail, self._want > posted
+                post.seen = post.asked
+                if batch:
+                    self._unposted.append((end, batch))
+                    self._count_batch(batch, nbytes)
+            try:
+                chunks = journal.place(self._cursor, batch)  # the new segment opened here
+                told = post.told
+                took = self.disk.commit(self._cursor.handle, chunks, sync, post if sync else None, end)
+                if sync:
+                    if post.told == told:  # (more asked for meanwhile: pigeon.node._commit)
+                        post.tell(end, True, post.synced_ns)
+                    self._sync_took(took)
+            except OSError as exc:
+                if exc.errno != errno.ENOSPC:
+                    raise
+                self._disk_filled(exc)
+
+    def _disk_filled(self, exc: OSError) -> None:
+        """With a lane: a write or a sync failed for a full disk. Cut the files back to what the loop was told, keep
+        every entry since (nobody waiting for one is answered yet) and try again in a moment, on the writer's
+        Python side: the loop hands the lane nothing meanwhile."""
+        with self._cv:
+            self._py_turn = True
+            self._lane.clear()
+            posted = max(self._post.end, self.opened_at)
+            self.journal.requeue([batch for end, batch in self._unposted if end > posted])
+            self._unposted.clear()
+        self._cursor = self.journal.rewind(self._cursor, posted)
+        self._enospc += 1
+        self._loop.call_soon_threadsafe(self._disk_full, exc)
+        with self._cv:
+            if not self._closing:
+                self._cv.wait(limits.disk_full_retry_s)
 
     # --- the writer's news (loop thread) --------------------------------------------------------
     def _on_post(self) -> None:
@@ -377,9 +487,23 @@ class JournalWriter:
         post = self._post
         self.journal.flushes = post.told
         end = post.end
+        lane = self._lane
+        if lane is not None:
+            lane.reap()
+            with self._cv:
+                q = self._unposted
+                while q and q[0][0] <= end:
+                    q.popleft()
+                if lane.reserve_errno:  # (as Journal._reserve: no such call here, so stop asking; a full disk: again)
+                    if lane.reserve_errno != errno.ENOSPC and not self._py_turn:
+                        self._cursor.reserving = False
+                    lane.reserve_errno = 0
         if end > self._told:
             self._told = end
             if hops.ON and self._post.synced_ns:
+                if lane is not None:
+                    hops.mark_at(lane.taken_ns, "taken")
+                    hops.mark_at(lane.syncing_ns, "syncing")
                 hops.mark_at(self._post.synced_ns, "synced")
             self._written(end)
 
@@ -433,8 +557,12 @@ class JournalWriter:
     def statistics(self) -> WriterStats:
         """Plain values for metrics; read from the loop thread while the writer counts (a moment's skew only)."""
         syncs = self._syncs + (self._post.syncs if self._post is not None else 0)
+        sync_s, sync_max_s, hist, lane = self._sync_s, self._sync_max_s, tuple(self._sync_hist), self._lane
+        if lane is not None:
+            sync_s, sync_max_s = sync_s + lane.sync_ns / 1e9, max(sync_max_s, lane.sync_ns_max / 1e9)
+            hist = tuple(a + b for a, b in zip(hist, lane.sync_histogram()))
         return WriterStats(self.journal.statistics(), tuple(self.log(i).statistics() for i in sorted(self.journal.logs)),
-                           syncs, self._sync_s, self._sync_max_s, tuple(self._sync_hist), self._batches,
+                           syncs, sync_s, sync_max_s, hist, self._batches,
                            self._batch_entries, self._batch_bytes, self._batch_sizes.snapshot(),
                            "" if self._failed is None else str(self._failed), self.space.statistics(),
                            self._enospc)

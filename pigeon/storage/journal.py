@@ -265,12 +265,41 @@ class Journal:
         self.disk.writev(cursor.handle, chunks)
         cursor.at += size
 
-    def _reserve(self, cursor: "WriteCursor", size: int) -> None:
-        """Allocate the segment ahead of a write of `size` bytes at the cursor (limits.segment_reserve_bytes at a
-        time)."""
+    def placeable(self, cursor: "WriteCursor") -> bool:
+        """Whether what is pending goes to the cursor's segment: `place_in` can place it (no new file to open)."""
+        return not self._pending or self._pending[-1][0] == cursor.start  # (their segments ascend)
+
+    def place_in(self, cursor: "WriteCursor", batch: list[tuple[int, bytes]]) -> tuple[list, int]:
+        """`place` for a batch that goes to the cursor's segment (`placeable`), without any I/O: its chunks, and
+        how far the segment is to be reserved before they are written (0: no need) — for a writer that reserves
+        and writes them itself (pigeon.node._commit.Lane)."""
+        chunks: list[bytes] = []
+        size = 0
+        for _, data in batch:
+            if type(data) is tuple:
+                chunks.extend(data)
+                size += sum(map(len, data))
+            else:
+                chunks.append(data)
+                size += len(data)
+        want = self._reservation(cursor, size)
+        if want:
+            cursor.reserved = want
+        cursor.at += size
+        return chunks, want
+
+    def _reservation(self, cursor: "WriteCursor", size: int) -> int:
+        """How far to allocate the segment ahead of a write of `size` bytes at the cursor
+        (limits.segment_reserve_bytes at a time); 0: not now."""
         end = cursor.at + size
         if size and end > cursor.reserved and cursor.reserving and size <= limits.reserved_write_bytes_max:
-            want = max(end, min(cursor.at + limits.segment_reserve_bytes, self.segment_bytes))
+            return max(end, min(cursor.at + limits.segment_reserve_bytes, self.segment_bytes))
+        return 0
+
+    def _reserve(self, cursor: "WriteCursor", size: int) -> None:
+        """Allocate the segment ahead of a write of `size` bytes at the cursor."""
+        want = self._reservation(cursor, size)
+        if want:
             try:
                 self.disk.reserve(cursor.handle, want)
             except OSError as e:  # no room for it (the write may still fit) or no such call: write without

@@ -1,7 +1,7 @@
 """The journal's group commit on real files (fsync=always): the writer writes and fdatasyncs when someone waits for
 a record; records nobody waits for ride along with the next group commit, or are written within limits.lazy_write_s and
-synced within limits.lazy_flush_s; closing writes everything. Each test runs over the compiled group commit and over its
-Python twin (pigeon.node.disk)."""
+synced within limits.lazy_flush_s; closing writes everything. Each test runs over the lane, over the compiled group commit
+without it and over its Python twin (pigeon.node.disk)."""
 
 from __future__ import annotations
 
@@ -11,15 +11,21 @@ import os
 import pytest
 
 from pigeon.core import limits
+from pigeon.core.errors import ResourceExhausted
 from pigeon.node import disk as disk_mod
 from pigeon.node import journal_writer as wal_mod
+from pigeon.node.disk import OsDisk
 from pigeon.node.journal_writer import JournalWriter
 from pigeon.storage import record
 from pigeon.storage.records import TopicDel
 
 
-@pytest.fixture(autouse=True, params=["compiled", "python"])
+@pytest.fixture(autouse=True, params=["lane", "compiled", "python"])
 def _twin(request, monkeypatch):
+    """The writer as a server runs it (fsync=always: the lane, the loop placing each batch; else the compiled
+    commit), the writer taking its own batches with the compiled commit, and with its Python twin."""
+    if request.param != "lane":
+        monkeypatch.setattr(wal_mod, "Lane", None)
     if request.param == "python":
         monkeypatch.setattr(disk_mod, "_commit_io", disk_mod._py_commit)
         monkeypatch.setattr(wal_mod, "Post", disk_mod._PyPost)
@@ -179,8 +185,12 @@ def test_a_batch_is_answered_whether_the_loop_is_told_at_once_or_by_the_writer_h
                                                                                            monkeypatch):
     """With nothing more asked for (or once), the group commit tells the loop itself; when more was asked for
     twice while it wrote, the writer tells once it has the GIL back, then takes the next batch. Either way every
-    waiter is answered by the commit that covers it — not by a later one."""
+    waiter is answered by the commit that covers it — not by a later one. (The writer taking its own batches: a
+    lane is handed them placed and tells after each round.)"""
     import threading
+
+    if wal_mod.Lane is not None:
+        pytest.skip("the writer's own group commit, not the lane's")
 
     gates = [threading.Event(), threading.Event(), threading.Event()]
     entered = [threading.Event(), threading.Event(), threading.Event()]
@@ -217,5 +227,84 @@ def test_a_batch_is_answered_whether_the_loop_is_told_at_once_or_by_the_writer_h
         assert calls[:2] == [(2, 0), (0, 1)]  # two asks while the first wrote, none while the second did
         gates[2].set()
         await w.close()
+
+    asyncio.run(go())
+
+
+def test_many_small_segments_waited_for_or_not_every_record_once_in_order(tmp_path, monkeypatch):
+    """The writer's own turn opens each new segment (with a lane, the loop then hands it the batches after):
+    records waited for and records nobody waits for, across many segments, all on disk once, in order."""
+    monkeypatch.setattr(limits, "lazy_flush_s", 3600.0)
+
+    async def go():
+        w = Wal(JournalWriter(str(tmp_path / "wal"), "always", 1 << 10, OsDisk()))  # 1 KiB segments
+        w.open(0, {})
+        waits = []
+        for i in range(600):
+            r = _rec(i)
+            end = w.append(r) + _size(r)
+            if i % 7 == 0:
+                waits.append(w.wait_durable(end))
+            if i % 50 == 0:
+                await asyncio.sleep(0)
+        waits.append(w.wait_durable(w.tail))
+        await asyncio.wait_for(asyncio.gather(*waits), 10)
+        assert w.durable == w.tail and len(w.journal.starts) > 10
+        assert [e.offset for e in w.journal.entries(0, 0, 1000)] == list(range(600))
+        stats = w.statistics()
+        assert stats.group_commit_entries == 600 and stats.failed == ""
+        await w.close()
+        assert _on_disk(tmp_path) == w.tail
+
+    asyncio.run(go())
+
+
+class _FillingDisk(OsDisk):
+    """Real files, whose writes fail with ENOSPC once `fill()` is called — until the writer opens its segment
+    again (as after a full disk it does, cutting it back): /dev/full in place of the segment's descriptor."""
+
+    def __init__(self):
+        super().__init__()
+        self.opened: list[int] = []
+
+    def open_write(self, path: str, at: int) -> int:
+        fd = super().open_write(path, at)
+        self.opened.append(fd)
+        return fd
+
+    def fill(self) -> None:
+        full = os.open("/dev/full", os.O_WRONLY)
+        os.dup2(full, self.opened[-1])
+        os.close(full)
+
+
+def test_a_disk_that_fills_under_the_writer_keeps_every_record_and_goes_on(tmp_path, monkeypatch):
+    """The segment's writes fail with ENOSPC: nobody waiting is answered, publishes are refused, and once the
+    writer has cut the segment back and opened it again every record is on disk, once, in order."""
+    monkeypatch.setattr(limits, "disk_full_retry_s", 0.3)
+    monkeypatch.setattr(limits, "disk_free_check_s", 0.0)
+
+    async def go():
+        disk = _FillingDisk()
+        w = Wal(JournalWriter(str(tmp_path / "wal"), "always", 1 << 20, disk))
+        w.open(0, {})
+        await w.wait_durable(w.append(_rec(0)) + _size(_rec(0)))
+        written = w.durable
+        disk.fill()
+        ends = [w.append(_rec(i)) + _size(_rec(i)) for i in range(1, 40)]
+        waiting = w.wait_durable(ends[-1])
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 5
+        while w.statistics().enospc == 0 and loop.time() < deadline:
+            await asyncio.sleep(0.01)
+        assert w.statistics().enospc > 0 and not waiting.done() and w.durable == written
+        with pytest.raises(ResourceExhausted, match="is full"):
+            w.check_publish()
+        await asyncio.wait_for(waiting, 10)
+        assert w.durable == w.tail and w.statistics().failed == ""
+        assert [e.offset for e in w.journal.entries(0, 0, 1000)] == list(range(40))
+        w.check_publish()  # accepted again
+        await w.close()
+        assert _on_disk(tmp_path) == w.tail  # nothing written twice
 
     asyncio.run(go())

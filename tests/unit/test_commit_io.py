@@ -130,3 +130,75 @@ except OSError as e:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.split() == [str(errno.EFBIG), "0"], out.stderr
     assert path.read_bytes() == b"".join(bytes([i]) * 300 for i in range(5))[:1000]
+
+
+# --- the lane: placed batches written by a thread that never takes the GIL ------------------------------------------
+
+needs_lane = pytest.mark.skipif(disk.Lane is None, reason="pigeon.node._commit was not built")
+
+
+def _lane_run(lane):
+    """`lane.run()` on a thread of its own (as the journal's writer runs it); the result once it returns."""
+    import concurrent.futures
+
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    fut = pool.submit(lane.run)
+    pool.shutdown(wait=False)
+    return fut
+
+
+@needs_lane
+def test_a_lane_writes_its_jobs_in_order_and_tells_once_synced(tmp_path):
+    post = disk.Post(os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC))
+    lane = disk.Lane(post)
+    path = tmp_path / "seg"
+    lane.fd = fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        running = _lane_run(lane)
+        lane.push([b"one", bytearray(b"-two")], False, 7)  # nobody waits: written, not told
+        deadline = time.monotonic() + 10
+        while lane.written_id < 1 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert lane.written_id == 1 and path.read_bytes() == b"one-two"
+        assert _told(post) == 0 and post.end == 0 and post.told == 0
+        lane.push([memoryview(b"|three").toreadonly()], True, 13)  # waited for: synced, then told
+        while not post.told and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert _told(post) == 1 and post.end == 13 and post.syncs == 1 and post.synced_ns > 0
+        assert lane.rounds == 2 and lane.bytes_written == 13 and lane.sync_histogram()[-1] == 1  # (cumulative)
+        lane.push([], True, 13)  # a sync with nothing new (a lazy flush)
+        while post.told < 2 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert post.syncs == 2
+        lane.reap()  # the buffers of the written jobs let go
+        lane.python()
+        assert running.result(10) == disk.LANE_PYTHON
+        running = _lane_run(lane)
+        lane.push([b"|four"], True, 18, 4096)  # with a reservation ahead of it
+        while post.told < 3 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        lane.stop()
+        assert running.result(10) == disk.LANE_STOPPED
+        assert os.fstat(fd).st_size == 4096 and lane.reserve_errno == 0
+    finally:
+        os.close(fd)
+        os.close(post.fd)
+    assert path.read_bytes()[:18] == b"one-two|three|four"
+
+
+@needs_lane
+def test_a_lane_on_a_full_disk_fails_the_round_and_tells_nobody(tmp_path):
+    post = disk.Post(os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC))
+    lane = disk.Lane(post)
+    lane.fd = fd = os.open("/dev/full", os.O_WRONLY)
+    try:
+        lane.push([b"x" * 100], False, 100)
+        lane.push([b"y" * 100], True, 200)
+        assert _lane_run(lane).result(10) == disk.LANE_FAILED
+        assert lane.errno_failed == errno.ENOSPC and lane.failed == 1  # the round's first job
+        assert _told(post) == 0 and post.told == 0 and post.end == 0 and lane.written_id == 0
+        lane.clear()  # the writer hands the entries to the journal again
+        assert lane.failed == -1 and lane.errno_failed == 0
+    finally:
+        os.close(fd)
+        os.close(post.fd)
