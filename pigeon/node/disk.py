@@ -193,7 +193,8 @@ class OsDisk:
         os.posix_fadvise(handle, 0, 0, _DROP)
 
     def close(self, handle: int) -> None:
-        if self._undropped.pop(handle, 0):  # (a segment is synced before it is closed)
+        # (a segment is synced before it is closed; what a journal's lane wrote is not counted in _undropped)
+        if self._undropped.pop(handle, 0) or self.drop_synced:
             os.posix_fadvise(handle, 0, 0, _DROP)
         os.close(handle)
 

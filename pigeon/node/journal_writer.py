@@ -240,12 +240,12 @@ class JournalWriter:
             if self._write_timer is not None:  # the writer takes everything appended so far now
                 self._write_timer.cancel()
                 self._write_timer = None
+            if hops.ON:
+                hops.mark("asked")
             with self._cv:
                 self._want = self.journal.tail
                 self._post.asked += 1
                 self._hand(True)
-            if hops.ON:
-                hops.mark("asked")
 
     def wait_durable(self, end: int, ask: bool = True, also: tuple["JournalWriter", int] | None = None) \
             -> asyncio.Future:
