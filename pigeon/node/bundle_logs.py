@@ -43,6 +43,7 @@ from pigeon.cluster.ledgers import (LedgerInfo, NotOurs, TooFewNodes, ledger_id,
 from pigeon.cluster.quorum import Replication
 from pigeon.core.bundles import bundle_of_log
 from pigeon.core.errors import Unavailable
+from pigeon.node import hops
 from pigeon.node.log_reads import LogReads
 from pigeon.storage import formats
 from pigeon.node.replication import LedgerRolled, LedgerWriter, LocalMember, RecoveryFailed, recover_ledger
@@ -68,6 +69,7 @@ class _Pending:
     body: bytes
     fut: asyncio.Future
     where: tuple | None  # (log, offset, position, end) of its record in the node journal, when it has one
+    waiters: list | None = None  # futures of when_confirmed, settled in the step that settles `fut`
 
 
 @dataclass
@@ -158,13 +160,30 @@ class BundleLogs:
         except LedgerRolled:
             self.start_roll(ol)
 
+    def when_confirmed(self, log_id: int) -> asyncio.Future | None:
+        """A future of the caller's own, done in the very step that confirms the log's latest record so far (and so
+        every one before it), or failed with Unavailable if the log moves first; None when none is unconfirmed. The
+        record's own future tells its waiters a turn of the loop later (its done callbacks are scheduled, then the
+        waiter's), and a waiter cancelled must not cancel it: the shield around it costs a turn more."""
+        ol = self.logs.get(log_id)
+        if ol is None or not ol.pending:
+            return None
+        p = ol.pending[-1]
+        fut = asyncio.get_running_loop().create_future()
+        if p.waiters is None:
+            p.waiters = [fut]
+        else:
+            p.waiters.append(fut)
+        return fut
+
     @staticmethod
     def _confirmed(ol: OwnedLog, p: _Pending) -> None:
         # the writer confirms in log order: p is the oldest unconfirmed entry
         if ol.pending and ol.pending[0] is p:
             ol.pending.popleft()
-            if not p.fut.done():
-                p.fut.set_result(None)
+            if hops.ON:
+                hops.mark("confirmed")
+            _settle(p, None)
 
     # --- ledgers in etcd -----------------------------------------------------------------------------------
     def _owner_cmp(self, bundle: int, epoch: int) -> M.Cmp:
@@ -509,9 +528,7 @@ class BundleLogs:
 
     def _fail(self, ol: OwnedLog) -> None:
         while ol.pending:
-            p = ol.pending.popleft()
-            if not p.fut.done():
-                p.fut.set_exception(Unavailable(_MOVED))
+            _settle(ol.pending.popleft(), Unavailable(_MOVED))
 
     async def release(self, bundle: int) -> None:
         """Give `bundle` up: no new records, the ones in flight confirmed (a while at most), the ledger closed at
@@ -565,3 +582,14 @@ def _retrieve(fut: asyncio.Future) -> None:
     """Callers that do not wait (deliveries, acks on a stream) leave a failure unread: read it here."""
     if not fut.cancelled():
         fut.exception()
+
+
+def _settle(p: _Pending, exc: BaseException | None) -> None:
+    """The record's future, then its waiters' (whose tasks so resume after the record's done callbacks: a
+    publish's delivery is shown before its publisher is answered)."""
+    for f in [p.fut] + (p.waiters or []):
+        if not f.done():
+            if exc is None:
+                f.set_result(None)
+            else:
+                f.set_exception(exc)

@@ -494,6 +494,8 @@ class Engine:
                 hops.mark("committed")
             log_id = self.delivery.show_when_durable(t, rec, end, answered)
             await self.durable(end, log_id)
+            if hops.ON:
+                hops.mark("resumed")
         self.publish_latency.observe(time.perf_counter() - t0)
         t.publish_requests += 1
         t.published += rec.count

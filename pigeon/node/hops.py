@@ -12,7 +12,8 @@ called / returned), `posted` (the event loop hears it), `woken` (a waiting strea
 hands the response to gRPC), `answered` (the publisher's answer is handed to gRPC). On a cluster's append channel
 besides: `replicating` (the owner writes an Append request to a member), `frame` (the member has one whole),
 `answering` (the member writes its answer), `acked` (the owner has an answer whole) — with the member's journal
-hops between them, in the member's own file; and a delivery's `leased` (its Deliver record appended),
+hops between them, in the member's own file; `confirmed` (a record held by Qa members), `resumed` (the Publish
+handler has heard it); and a delivery's `leased` (its Deliver record appended),
 `lease-recorded` (held by Qa members) and `answers-in` (its messages' publishers answered), before its `sending`."""
 
 from __future__ import annotations

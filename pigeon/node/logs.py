@@ -79,11 +79,16 @@ class NodeLogs:
         replicated."""
         replicated = self._replication(log_id)
         end = self.journal.tail if end is None else end
+        mine = None
         if replicated is not None:  # the journal only for what only it holds (the ledgers hold the rest)
             end = min(end, self._local_end)
+            if not replicated.done() and type(log_id) is int:  # (a turn sooner than through the record's future)
+                mine = self.replicas.when_confirmed(log_id)
         if self.journal.durable < end:
             await self.journal.wait_durable(end)
-        if replicated is not None:
+        if mine is not None:
+            await mine
+        elif replicated is not None:
             await asyncio.shield(replicated)  # (many wait for it: a waiter cancelled must not cancel it)
 
     async def replicated(self, log_id: int | tuple) -> None:

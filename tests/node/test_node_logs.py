@@ -39,6 +39,12 @@ class _Ledgers:
     def flush(self, log_id) -> None:
         pass
 
+    def when_confirmed(self, log_id) -> asyncio.Future | None:
+        """Done with the latest entry sent (BundleLogs settles it in the step that confirms that entry)."""
+        fut = asyncio.get_running_loop().create_future()
+        self.sent[-1].add_done_callback(lambda f: fut.done() or fut.set_result(None))
+        return fut
+
 
 def test_a_replicated_entry_is_durable_once_qa_hold_it_while_the_journal_has_not_synced(tmp_path):
     async def run():
