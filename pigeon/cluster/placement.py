@@ -99,7 +99,8 @@ def shed(assignment: Mapping[int, str], load: Mapping[int, float], nodes: Iterab
     """The moves (bundle, to node) that bring the busiest node toward `balance` × the average load, at most `most`
     of them, and the bundles too hot for that (each alone above the bound: only a split helps them).
 
-    Nothing moves while the busiest node is within the bound or carries less than `floor`. Each move takes a
+    Nothing moves while the busiest node is within the bound or carries less than `floor`, nor a hot bundle
+    whose move would lower the busier node by less than `floor`. Each move takes a
     bundle of the busiest node to the least busy one, the bundle that lowers the busier of the two the most (its
     load nearest half their gap), and only one that leaves the target below where the source was — so each move
     lowers the loads, busiest first, and plans made period after period from the same loads settle rather than
@@ -110,6 +111,7 @@ def shed(assignment: Mapping[int, str], load: Mapping[int, float], nodes: Iterab
     carried = node_loads(assignment, load, nodes)
     bound = balance * sum(carried.values()) / len(nodes)
     hot = sorted(b for b, n in assignment.items() if n in carried and load.get(b, 0.0) > max(bound, floor))
+    hot_set = set(hot)
     where = {b: n for b, n in assignment.items() if n in carried}
     out: list[tuple[int, str]] = []
     while len(out) < most:
@@ -118,7 +120,10 @@ def shed(assignment: Mapping[int, str], load: Mapping[int, float], nodes: Iterab
             break
         idlest = min(nodes, key=lambda n: (carried[n], n))
         gap = carried[busiest] - carried[idlest]
-        fits = [b for b, n in where.items() if n == busiest and 0.0 < load.get(b, 0.0) < gap]
+        # (a hot bundle moves only where that lowers the busier of the two nodes by `floor` at least: off a node
+        # otherwise idle it would carry the hot spot elsewhere, no cooler, and its split in progress with it)
+        fits = [b for b, n in where.items() if n == busiest and 0.0 < load.get(b, 0.0) < gap
+                and (b not in hot_set or min(load[b], gap - load[b]) >= floor)]
         if not fits:
             break
         b = min(fits, key=lambda b: (abs(load[b] - gap / 2), b))

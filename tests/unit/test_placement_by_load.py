@@ -207,3 +207,13 @@ def test_the_placement_key_carries_the_hot_bundles_and_an_older_one_reads_as_non
     raw = placement.encode_moves({3: "b"}, [7, 2])
     assert placement.decode_moves(raw) == {3: "b"} and placement.decode_hot(raw) == [2, 7]
     assert placement.decode_hot(b'{"moves":{"3":"b"}}') == [] and placement.decode_hot(None) == []
+
+
+def test_a_hot_bundle_with_a_trickle_beside_it_is_not_carried_to_an_idle_node():
+    """Moving it would lower its node by the trickle alone and make the idle node the hot one (a placement
+    planner did that while the bundle's owner split it: the split's hand-overs then ran on the moved bundle's new
+    owner)."""
+    a = {0: "n1", 1: "n1", 2: "n2", 3: "n3"}
+    load = {0: 0.1199, 1: 0.0002, 2: 0.0, 3: 0.0}
+    moves, hot = shed(a, load, NODES, **PLAN)
+    assert hot == [0] and 0 not in dict(moves)
