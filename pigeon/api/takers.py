@@ -6,7 +6,9 @@ publishes started ~1,200 a second with its loop half idle, every request waiting
 turn.
 
 Owns the rule: the hot methods (`HOT`) are registered with gRPC, and `limits.grpc_call_takers` asks for each are
-kept outstanding beside grpc.aio's own, so that many calls of one method are taken in one turn of the loop. A call
+kept outstanding beside grpc.aio's own, so that many calls of one method are taken in one turn of the loop; a call
+is served by the task that took it (a new one asks in its place), so its handling starts in the turn it arrives in
+— a task of its own would start a turn of the loop later: on a busy cluster owner, a millisecond of every publish. A call
 taken here is handled by grpc.aio's own code (the same method handler, so the same guard, errors and limits as any
 other): only who asks differs. This leans on grpc.aio's internals (`grpc._cython.cygrpc`: `_request_registered_call`,
 `_handle_rpc`, `_schedule_rpc_coro`, `_MethodResolver`) of the pinned grpcio; where they are not there, `register`
@@ -63,7 +65,7 @@ class Takers:
     def __init__(self, server: grpc.aio.Server, takers: int):
         self.server, self.takers = server, takers
         self.methods: dict[str, object] = {}  # "/service/method" → its handler
-        self.tasks: list[asyncio.Task] = []
+        self.tasks: set[asyncio.Task] = set()  # the asks outstanding
         self._calls: set[asyncio.Task] = set()  # the calls taken here, until they end (the loop keeps weak refs)
         self.taken = 0
 
@@ -93,26 +95,38 @@ class Takers:
         resolver = cygrpc._MethodResolver([], dict(self.methods))
         for name in self.methods:
             for _ in range(self.takers):
-                self.tasks.append(loop.create_task(self._take(core, loop, resolver, name), name="pigeon-taker"))
+                self._ask(core, loop, resolver, name)
+
+    def _ask(self, core, loop, resolver, name: str) -> None:
+        t = loop.create_task(self._take(core, loop, resolver, name), name="pigeon-taker")
+        self.tasks.add(t)
+        t.add_done_callback(self.tasks.discard)
 
     async def _take(self, core, loop, resolver, name: str) -> None:
-        method = name.encode()
-        while core.is_running():
-            try:
-                state = await core._request_registered_call(method)
-            except Exception:  # noqa: BLE001 — the server is shutting down: gRPC fails the asks outstanding
-                return
-            self.taken += 1
-            if hops.ON:
-                hops.mark("arrived")
-            call = loop.create_task(cygrpc._schedule_rpc_coro(
-                cygrpc._handle_rpc(name, resolver, (), state, loop, False), state, loop, name), name="rpc_task")
-            self._calls.add(call)
-            call.add_done_callback(self._calls.discard)
+        """Ask for one call; serve it in this task, a new one asking for the next: the call's handling starts in the
+        step it arrives in, not a turn of the loop later."""
+        if not core.is_running():
+            return
+        try:
+            state = await core._request_registered_call(name.encode())
+        except Exception:  # noqa: BLE001 — the server is shutting down: gRPC fails the asks outstanding
+            return
+        self.taken += 1
+        if hops.ON:
+            hops.mark("arrived")
+        self._ask(core, loop, resolver, name)
+        self.tasks.discard(asyncio.current_task())  # (a call taken is not cancelled with the asks)
+        self._calls.add(asyncio.current_task())
+        try:
+            await cygrpc._schedule_rpc_coro(cygrpc._handle_rpc(name, resolver, (), state, loop, False), state, loop,
+                                            name)
+        finally:
+            self._calls.discard(asyncio.current_task())
 
     async def stop(self) -> None:
         """After the server stopped: the asks are gone with it; ends what is left of ours."""
-        for t in self.tasks:
+        tasks = list(self.tasks)
+        for t in tasks:
             t.cancel()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         self.tasks.clear()

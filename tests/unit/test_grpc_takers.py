@@ -54,6 +54,8 @@ def test_hot_calls_come_through_the_extra_asks_and_keep_their_handlers_statuses(
                 calls = [asyncio.ensure_future(publish(str(i).encode(), timeout=30)) for i in range(40)]
                 while len(inside) < 40:  # every call is in its handler at once, none answered yet
                     await asyncio.sleep(0.01)
+                # each call taken here is served by the task that took it, another asking in its place
+                assert len(taking.tasks) == 4 and len(taking._calls) == taking.taken > 0
                 release.set()
                 assert await asyncio.gather(*calls) == [b"ok:" + str(i).encode() for i in range(40)]
                 with pytest.raises(grpc.aio.AioRpcError) as e:
@@ -73,15 +75,16 @@ def test_the_asks_end_with_the_server():
     async def run():
         server, taking, port, _, release = await _serve(3)
         release.set()
-        assert len(taking.tasks) == 3 and not any(t.done() for t in taking.tasks)
+        asks = list(taking.tasks)
+        assert len(asks) == 3 and not any(t.done() for t in asks)
         await server.stop(None)
-        for _ in range(100):  # gRPC fails the outstanding asks as it shuts down: each ask loop returns
-            if all(t.done() for t in taking.tasks):
+        for _ in range(100):  # gRPC fails the outstanding asks as it shuts down: each ask returns
+            if all(t.done() for t in asks):
                 break
             await asyncio.sleep(0.01)
-        assert all(t.done() and not t.cancelled() and t.exception() is None for t in taking.tasks)
+        assert all(t.done() and not t.cancelled() and t.exception() is None for t in asks)
         await taking.stop()
-        assert taking.tasks == []
+        assert not taking.tasks
 
     asyncio.run(run())
 
@@ -93,7 +96,7 @@ def test_without_grpcs_internals_calls_are_taken_as_grpc_aio_takes_them(monkeypa
         server, taking, port, _, release = await _serve(4)
         release.set()
         try:
-            assert taking.methods == {} and taking.tasks == []
+            assert taking.methods == {} and not taking.tasks
             async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
                 assert await ch.unary_unary(PUBLISH)(b"x", timeout=30) == b"ok:x"
         finally:
