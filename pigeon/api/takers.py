@@ -7,10 +7,10 @@ turn.
 
 Owns the rule: the hot methods (`HOT`) are registered with gRPC, and `limits.grpc_call_takers` asks for each are
 kept outstanding beside grpc.aio's own, so that many calls of one method are taken in one turn of the loop; a call
-is served by the task that took it (a new one asks in its place), so its handling starts in the turn it arrives in
-— a task of its own would start a turn of the loop later: on a busy cluster owner, a millisecond of every publish. A call
-taken here is handled by grpc.aio's own code (the same method handler, so the same guard, errors and limits as any
-other): only who asks differs. This leans on grpc.aio's internals (`grpc._cython.cygrpc`: `_request_registered_call`,
+is served by the task that took it (a new one asks in its place), so its handling starts in the turn it arrives
+in — a task of its own would start a turn of the loop later: on a busy cluster owner, a millisecond of every
+publish. A call taken here is handled by grpc.aio's own code (the same method handler, so the same guard, errors
+and limits as any other): only who asks differs. This leans on grpc.aio's internals (`grpc._cython.cygrpc`: `_request_registered_call`,
 `_handle_rpc`, `_schedule_rpc_coro`, `_MethodResolver`) of the pinned grpcio; where they are not there, `register`
 says so once and the server takes its calls as grpc.aio does."""
 
