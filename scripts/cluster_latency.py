@@ -19,6 +19,13 @@ for a before/after in one sitting:
 `--profile DIR --profiler syscalls` counts each node's system calls of the kinds that matter here and its context
 switches while the workload runs (`perf stat`), and ends with a table of them per message sent.
 
+Each node's event-loop thread is accounted too (/proc/PID/task/PID: schedstat and context switches): the share of
+the run it was on a core, waiting in the run queue for one, and asleep (its loop idle) — the run counts the
+workload's set-up and its grace of 2 s too — and how often it slept per message sent. Well under one sleep a message,
+the loop is at its capacity: it finds more work at the end of every turn, each step of a message waits for the turns
+ahead of it, and the latency is set by how long those turns are, not by any one wait. `--node-args "..."` gives the cluster's
+nodes more `pigeon serve` options (`--replicas 1 --ack-quorum 1`: the owner alone holds each ledger).
+
 `--hops DIR` starts every server with its hop timestamps on (pigeon.node.hops) and prints, for the node that took
 the publishes, where a message's time went inside it: publish → answered (the Publish handler to its answer:
 commit, the node's fdatasync and, in a cluster, the members' quorum) and woken → sending (a stream woken for a
@@ -83,6 +90,20 @@ def cpu_seconds(pid: int) -> float:
             continue
         total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     return total
+
+
+def _python(pid: int) -> int:
+    """The Python process of a node (it may run under a wrapper: its CPU quota's, `timeout`'s)."""
+    return next((p for p in _tree(pid) if "python" in os.path.basename(os.readlink(f"/proc/{p}/exe"))), pid)
+
+
+def loop_thread(pid: int) -> tuple[int, int, int]:
+    """(ns on a core, ns runnable waiting for one, voluntary context switches) of a process's main thread — a
+    node's event loop — so far."""
+    on, waiting = map(int, open(f"/proc/{pid}/task/{pid}/schedstat").read().split()[:2])
+    slept = next(int(line.split()[1]) for line in open(f"/proc/{pid}/task/{pid}/status")
+                 if line.startswith("voluntary_ctxt_switches"))
+    return on, waiting, slept
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -156,8 +177,7 @@ def _profile(pids: dict[str, int], profile_dir: str, kind: str, seconds: float,
     if exe is None:
         sys.exit(f"--profile needs {tool} on PATH")
     stamp = time.strftime("%H%M%S")
-    pids = {name: next((p for p in _tree(pid) if "python" in os.path.basename(os.readlink(f"/proc/{p}/exe"))), pid)
-            for name, pid in pids.items()}  # (a node may run under a wrapper: its CPU quota's, for one)
+    pids = {name: _python(pid) for name, pid in pids.items()}
     out = os.path.join(profile_dir, f"{kind}-{stamp}-%s")
     if tool == "syscalls":  # the process's system calls of each kind, counted in the kernel (cheap: no tracing)
         events = ",".join(f"syscalls:sys_enter_{c}" for c in SYSCALLS) + ",context-switches"
@@ -175,10 +195,13 @@ def _profile(pids: dict[str, int], profile_dir: str, kind: str, seconds: float,
             for name, pid in pids.items()], {}
 
 
-def run_one(kind: str, rate: int, seconds: float, hops_dir: str | None, profile: tuple[str, str] | None = None) -> dict:
+def run_one(kind: str, rate: int, seconds: float, hops_dir: str | None, profile: tuple[str, str] | None = None,
+            node_args: list[str] | None = None) -> dict:
     plan = PLANS["quick"].scaled(latency_s=seconds, latency_runs=1, latency_rate=rate)
     cls = {"single": PigeonServer, "together": PigeonClusterServer, "forwarded": PigeonClusterServer,
            "spread": SpreadClusterServer}[kind]
+    if kind != "single" and node_args:
+        cls = type(cls.__name__, (cls,), {"node_args": cls.node_args + tuple(node_args)})
     if hops_dir:
         os.environ["PIGEON_HOPS"] = os.path.join(hops_dir, f"{kind}-{time.monotonic_ns()}-%p.hops")
     server = cls(tempfile.mkdtemp(prefix="pigeon-cluster-latency-"), plan)
@@ -195,12 +218,19 @@ def run_one(kind: str, rate: int, seconds: float, hops_dir: str | None, profile:
             owner = server.owner_of(server.driver.topic("latency"))
             pids = {n: d.pid for n, d in server.nodes.items()}
         procs = {n: _tree(p) for n, p in pids.items()}
+        loops = {n: _python(p) for n, p in pids.items()}
+        loops0 = {n: loop_thread(p) for n, p in loops.items()}
         before, t0 = {n: cpu_seconds(p) for n, p in pids.items()}, time.monotonic()
         me0 = sum(os.times()[:4])
         spies, counted = _profile(pids, profile[0], kind, seconds, profile[1]) if profile else ([], {})
         r = w.latency(server.driver, plan, "latency", lambda f, done: None)
         dt = time.monotonic() - t0
         used = {n: cpu_seconds(p) - before[n] for n, p in pids.items()}
+        r["loop"] = {}
+        for n, p in loops.items():  # shares of the run: on a core, waiting for one, asleep; sleeps per message
+            on, waiting, slept = (b - a for a, b in zip(loops0[n], loop_thread(p)))
+            r["loop"][n] = (100 * on / 1e9 / dt, 100 * waiting / 1e9 / dt, max(0.0, 100 - 100 * (on + waiting) / 1e9 / dt),
+                            slept / max(1, r["sent"]))
         used[GENERATOR] = sum(os.times()[:4]) - me0
         r["cpu"] = {n: 100 * u / dt for n, u in used.items()}
         r["cpu_ms_per_1000"] = {n: 1e6 * u / max(1, r["sent"]) for n, u in used.items()}
@@ -237,6 +267,8 @@ def main() -> int:
     ap.add_argument("--profiler", choices=("py-spy", "perf", "syscalls"), default="py-spy", help="what --profile samples with")
     ap.add_argument("--tree", action="append", metavar="DIR", help="run the servers from this worktree (repeat: "
                                                                    "each in turn, alternating)")
+    ap.add_argument("--node-args", default="", metavar="OPTIONS",
+                    help='more `pigeon serve` options for every cluster node, e.g. "--replicas 1 --ack-quorum 1"')
     ap.add_argument("--quiet-wait", type=float, default=0.0, metavar="S",
                     help="before each target, wait up to S seconds for other programs to go quiet")
     args = ap.parse_args()
@@ -259,13 +291,17 @@ def main() -> int:
                 if tree:
                     os.environ["PIGEON_BENCH_SERVER_TREE"] = tree
                 try:
-                    r = run_one(kind, rate, args.seconds, args.hops, (args.profile, args.profiler) if args.profile else None)
+                    r = run_one(kind, rate, args.seconds, args.hops, (args.profile, args.profiler) if args.profile else None,
+                                args.node_args.split())
                 finally:
                     if tree:
                         os.environ.pop("PIGEON_BENCH_SERVER_TREE", None)
                 results.setdefault((rate, (kind, tree)), []).append(r)
                 cpu = ", ".join(f"{n}{' (owner)' if n == r['owner'] else ''} {c:.0f} % "
                                 f"({r['cpu_ms_per_1000'][n]:.0f} ms / 1,000 msgs)" for n, c in r["cpu"].items())
+                on, waiting, asleep, sleeps = r["loop"][r["owner"]]
+                loop = (f"; its event loop's thread on a core {on:.0f} %, waiting for one {waiting:.0f} %, asleep "
+                        f"{asleep:.0f} % of the run, {sleeps:.2f} sleeps a message")
                 steps = "; ".join(f"{k} p50 {_pct(v, 0.5) / 1e3:.2f} ms p99 {_pct(v, 0.99) / 1e3:.2f} ms"
                                   for k, v in r.get("steps", {}).items() if v)
                 r.pop("steps", None)
@@ -273,12 +309,13 @@ def main() -> int:
                       f"p50 {r['p50_ms']} ms, p99 {r['p99_ms']} ms, "
                       f"publish answered p50 {r.get('ack_p50_ms')} ms; received {r['received']} of {r['sent']} "
                       f"(failed: {r.get('failed_why') or 0}); slowest fdatasync of the disk probe "
-                      f"{r.get('disk_probe_max_ms')} ms; CPU over {r['seconds_run']:.1f} s: {cpu}"
+                      f"{r.get('disk_probe_max_ms')} ms; CPU over {r['seconds_run']:.1f} s: {cpu}{loop}"
                       + (f"; inside the node that took the publishes: {steps}" if steps else ""), flush=True)
     print()
     print("| rate | target | p50 ms (each round) | p99 ms (each round) | publish answered p50 ms | p50 / single's "
-          "(each round) | owner's CPU ms / 1,000 msgs | members' | load generator's |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "(each round) | owner's CPU ms / 1,000 msgs | members' | load generator's | owner's loop thread: on a core "
+          "/ waiting / asleep %, sleeps a message |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for rate in args.rate or [1000]:
         for kind, tree in kinds:
             rs = results[(rate, (kind, tree))]
@@ -288,6 +325,7 @@ def main() -> int:
                        for r in rs]
             others = [sum(m.values()) / len(m) for m in members if m]
             gen = [r["cpu_ms_per_1000"][GENERATOR] for r in rs]
+            loop = [r["loop"][r["owner"]] for r in rs]
             ratio = " / ".join(f"{r['p50_ms'] / s['p50_ms']:.2f}×" for r, s in zip(rs, single)) \
                 if single and kind != "single" else "-"
             print(f"| {rate} | {kind}{f' [{tree}]' if tree else ''} | "
@@ -296,7 +334,8 @@ def main() -> int:
                   f"{statistics.median(r['p99_ms'] for r in rs):.2f} ({' / '.join(str(r['p99_ms']) for r in rs)}) | "
                   f"{' / '.join(str(r.get('ack_p50_ms')) for r in rs)} | {ratio} | "
                   f"{statistics.median(own):.0f} ({' / '.join(f'{c:.0f}' for c in own)}) | "
-                  f"{' / '.join(f'{c:.0f}' for c in others) or '-'} | {' / '.join(f'{c:.0f}' for c in gen)} |")
+                  f"{' / '.join(f'{c:.0f}' for c in others) or '-'} | {' / '.join(f'{c:.0f}' for c in gen)} | "
+                  f"{' · '.join('/'.join(f'{x:.0f}' for x in t[:3]) + f', {t[3]:.2f}' for t in loop)} |")
     if args.profiler == "syscalls" and args.profile:
         _syscall_table(results, args.rate or [1000], kinds)
     return 0
