@@ -53,6 +53,7 @@ from pigeon.bench.peers import PigeonServer  # noqa: E402
 from pigeon.bench.plan import PLANS  # noqa: E402
 from pigeon.bench.procs import wait_quiet  # noqa: E402
 from pigeon.core.bundles import bundle_of  # noqa: E402
+from pigeon.node.hops import read as read_hops  # noqa: E402
 
 
 GENERATOR = "load generator"  # (this process: the publisher and the subscriber)
@@ -127,13 +128,7 @@ def hop_steps(path: str) -> dict[str, list[float]]:
     (publishes are committed and answered in order, give or take a few), each `sending` with the last `woken`
     before it, each `synced` with the last `syncing` before it (a node has two journals, its own and its ledger
     store's: both are counted)."""
-    hops: dict[str, list[int]] = {}
-    with open(path) as f:
-        for line in f:
-            t, hop = line.split()
-            hops.setdefault(hop, []).append(int(t))
-    for xs in hops.values():
-        xs.sort()
+    hops = read_hops(path)
     out: dict[str, list[float]] = {}
     pub, com, ans = hops.get("publish", []), hops.get("committed", []), hops.get("answered", [])
     if pub and len(pub) == len(com) == len(ans):

@@ -5,6 +5,13 @@ publisher's send to the consumer's receipt, as percentiles. Every stamp is CLOCK
 the machine share.
 
     python scripts/latency_hops.py [--rate 1000] [--seconds 10] [--server-env NAME=VALUE]
+    python scripts/latency_hops.py --cluster [--rate 1000]
+
+`--cluster`: the benchmark's three nodes over etcd instead (pigeon.bench.cluster: fsync=always, ledgers on 3,
+answered at 2), the publisher and the consumer at the topic's owner, and the owner's steps — its sends to the
+members, their answers, the record held by two (`confirmed`), the handler resumed — with, last, how long a call
+waited before the owner's loop had it by how many publishes were in flight when it was sent: a wait that grows
+with them is a queue in front of a loop at its capacity (bench/results/2026-12-07T0630-owner-capacity.md).
 
 The k-th publish sent is matched with the k-th the server started (sends are 1 ms apart, answers ~1 ms long:
 the few that overtake one another blur a percentile, not a step). Loopback only; the server is stopped by its pid.
@@ -34,11 +41,16 @@ from rich.table import Table  # noqa: E402
 from pigeon.bench.grpc_client import StreamingPull, messages, publish_request  # noqa: E402
 from pigeon.bench.procs import await_listening, free_port  # noqa: E402
 from pigeon.core.pubsub_types import types  # noqa: E402
+from pigeon.node.hops import read as read_hops  # noqa: E402
 
 TOPIC, SUB = "projects/hops/topics/hops", "projects/hops/subscriptions/hops"
 # the server's hops in a publish's order; then the delivery's, which start from the loop hearing of the fdatasync
 PUBLISH_HOPS = ("publish", "committed", "asked", "taken", "syncing", "synced", "posted")
 DELIVERY_HOPS = ("posted", "woken", "sending")
+# a cluster owner's: its record goes to the members, is held by two, and the handler resumes to answer; the
+# subscriber's delivery goes out once its lease's record is held too
+CLUSTER_PUBLISH_HOPS = ("publish", "committed", "replicating", "acked", "confirmed", "resumed")
+CLUSTER_DELIVERY_HOPS = ("confirmed", "sending")
 SKIP = 200  # the first messages warm both sides up
 
 
@@ -50,10 +62,10 @@ async def _setup(address: str) -> None:
             types.Subscription.pb()(name=SUB, topic=TOPIC, ack_deadline_seconds=60).SerializeToString(), timeout=10)
 
 
-async def _consume(address: str, n: int, ready, out) -> None:
+async def _consume(address: str, sub: str, n: int, ready, out) -> None:
     got: list[tuple[int, int]] = []
     async with grpc.aio.insecure_channel(address) as ch:
-        stream = StreamingPull(ch, SUB, 1000)
+        stream = StreamingPull(ch, sub, 1000)
         ready.set()
         async for resp in stream.responses():
             now = time.monotonic_ns()
@@ -66,10 +78,10 @@ async def _consume(address: str, n: int, ready, out) -> None:
     out.put(got)
 
 
-def _consumer(address: str, n: int, ready, out) -> None:
+def _consumer(address: str, sub: str, n: int, ready, out) -> None:
     import uvloop
 
-    uvloop.run(_consume(address, n, ready, out))
+    uvloop.run(_consume(address, sub, n, ready, out))
 
 
 async def _publish(address: str, n: int, rate: int) -> list[tuple[int, int]]:
@@ -93,8 +105,10 @@ async def _publish(address: str, n: int, rate: int) -> list[tuple[int, int]]:
     return sorted(done)
 
 
-def _steps(hops: dict[str, list[int]], published: list[tuple[int, int]], received: dict[int, int]):
-    """{step: [µs]} for every message whose hops were all found."""
+def _steps(hops: dict[str, list[int]], published: list[tuple[int, int]], received: dict[int, int],
+           chain: tuple[tuple[str, ...], tuple[str, ...]] = (PUBLISH_HOPS, DELIVERY_HOPS)):
+    """{step: [µs]} for every message whose hops were all found. `chain`: the publish's hops, then the delivery's
+    (from the publish hop it starts at); the answer is the first after the publish's last hop."""
     def after(hop: str, t: int) -> int | None:
         xs = hops.get(hop, [])
         i = bisect.bisect_left(xs, t)
@@ -106,17 +120,20 @@ def _steps(hops: dict[str, list[int]], published: list[tuple[int, int]], receive
     for k, (sent, answered) in enumerate(published[:len(starts)]):
         if k < SKIP or sent not in received:
             continue
+        publish_hops, delivery_hops = chain
         t = {"sent": sent, "publish": starts[k]}
-        for a, b in zip(PUBLISH_HOPS, PUBLISH_HOPS[1:]):
-            t[b] = after(b, t[a])
-        for a, b in zip(DELIVERY_HOPS, DELIVERY_HOPS[1:]):
-            t[b] = after(b, t[a])
-        t["answered"] = after("answered", t["posted"])
+        for a, b in zip(publish_hops, publish_hops[1:]):
+            t[b] = after(b, t[a]) if t[a] is not None else None
+        for a, b in zip(delivery_hops, delivery_hops[1:]):
+            t[b] = after(b, t[a]) if t[a] is not None else None
+        t["answered"] = after("answered", t[publish_hops[-1]]) if t[publish_hops[-1]] is not None else None
         if None in t.values():
             continue
         t["received"], t["acknowledged"] = received[sent], answered
-        path = ("sent",) + PUBLISH_HOPS + DELIVERY_HOPS[1:] + ("received",)
-        for a, b in list(zip(path, path[1:])) + [("posted", "answered"), ("answered", "acknowledged")]:
+        path = ("sent",) + publish_hops  # then the delivery from where it starts (the single node: the last)
+        delivery = delivery_hops + ("received",)
+        for a, b in list(zip(path, path[1:])) + list(zip(delivery, delivery[1:])) + \
+                [(publish_hops[-1], "answered"), ("answered", "acknowledged")]:
             steps.setdefault(f"{a} → {b}", []).append((t[b] - t[a]) / 1e3)
         i = bisect.bisect_right(arrived, t["publish"]) - 1
         if i >= 0 and arrived[i] >= sent:  # (a call grpc.aio's own ask took has no `arrived`)
@@ -130,13 +147,23 @@ def _steps(hops: dict[str, list[int]], published: list[tuple[int, int]], receive
     return {k: split.get(k, steps.get(k)) for k in order[:at] + list(split) + order[at:]}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rate", type=int, default=1000, help="publishes per second, one message each")
-    ap.add_argument("--seconds", type=float, default=10.0)
-    ap.add_argument("--server-env", action="append", default=[], help="NAME=VALUE for the server (repeatable)")
-    a = ap.parse_args()
-    console = Console()
+def _drive(address: str, n: int, rate: int, console: Console) -> tuple[list[tuple[int, int]], dict[int, int]]:
+    """The consumer in a process of its own, then `n` publishes at `rate`: (sent, answered) each, and when each
+    publish's message was received."""
+    ctx = mp.get_context("spawn")
+    ready, out = ctx.Event(), ctx.Queue()
+    consumer = ctx.Process(target=_consumer, args=(address, SUB, n, ready, out), daemon=True)
+    consumer.start()
+    ready.wait(30)
+    time.sleep(0.5)
+    with console.status(f"{n:,} publishes at {rate:,}/s …"):
+        published = asyncio.run(_publish(address, n, rate))
+        received = dict(out.get(timeout=60))
+    consumer.join(10)
+    return published, received
+
+
+def _single(a, console: Console):
     data, port = tempfile.mkdtemp(prefix="pigeon-hops-"), free_port()
     hops_file = os.path.join(data, "hops.txt")
     env = {**os.environ, **dict(kv.split("=", 1) for kv in a.server_env), "PIGEON_HOPS": hops_file}
@@ -145,36 +172,87 @@ def main() -> None:
         server = subprocess.Popen([sys.executable, "-m", "pigeon", "serve", "--port", str(port), "--http-port",
                                    str(free_port()), "--data-dir", os.path.join(data, "d")], cwd=ROOT, env=env,
                                   stdout=log, stderr=subprocess.STDOUT)
-    address, n = f"127.0.0.1:{port}", int(a.rate * a.seconds)
+    address = f"127.0.0.1:{port}"
     try:
         await_listening(server, port, 30, "pigeon serve", log_path)
         asyncio.run(_setup(address))
-        ctx = mp.get_context("spawn")
-        ready, out = ctx.Event(), ctx.Queue()
-        consumer = ctx.Process(target=_consumer, args=(address, n, ready, out), daemon=True)
-        consumer.start()
-        ready.wait(30)
-        time.sleep(0.5)
-        with console.status(f"{n:,} publishes at {a.rate:,}/s …"):
-            published = asyncio.run(_publish(address, n, a.rate))
-            received = dict(out.get(timeout=60))
-        consumer.join(10)
+        published, received = _drive(address, int(a.rate * a.seconds), a.rate, console)
     finally:
         server.terminate()
         server.wait(30)
     try:
-        hops: dict[str, list[int]] = {}
-        with open(hops_file) as f:
-            for line in f:
-                t, hop = line.split()
-                hops.setdefault(hop, []).append(int(t))
-        for xs in hops.values():
-            xs.sort()
+        return read_hops(hops_file), published, received
     finally:
         shutil.rmtree(data, ignore_errors=True)
-    steps = _steps(hops, published, received)
+
+
+def _cluster(a, console: Console):
+    global TOPIC, SUB
+    from pigeon.bench import workloads
+    from pigeon.bench.cluster import PigeonClusterServer
+    from pigeon.bench.plan import PLANS
+
+    data = tempfile.mkdtemp(prefix="pigeon-hops-")
+    os.environ.update(dict(kv.split("=", 1) for kv in a.server_env))
+    os.environ["PIGEON_HOPS"] = os.path.join(data, "%p.hops")  # (each node's process writes its own)
+    server = PigeonClusterServer(os.path.join(data, "cluster"), PLANS["quick"])
+    try:
+        try:
+            server.start()
+        finally:
+            os.environ.pop("PIGEON_HOPS", None)
+        driver = server.driver
+        workloads.setup(driver, "hops")
+        TOPIC, SUB = driver.topic("hops"), driver.subscription("hops")
+        owner = server.owner_of(TOPIC)
+        driver._at("hops")  # (the owner's address: no forwarding hop)
+        published, received = _drive(driver.address, int(a.rate * a.seconds), a.rate, console)
+        pids = {str(p) for p in _tree(server.nodes[owner].pid)}
+    finally:
+        server.stop()
+    try:
+        found = [f for f in os.listdir(data) if f.endswith(".hops") and f.split(".")[0] in pids]
+        return read_hops(os.path.join(data, found[0])), published, received
+    finally:
+        shutil.rmtree(data, ignore_errors=True)
+
+
+def _tree(pid: int) -> list[int]:
+    """A process and its descendants (a node runs under `timeout`)."""
+    out = [pid]
+    for child in subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout.split():
+        out += _tree(int(child))
+    return out
+
+
+def _queued(hops: dict[str, list[int]], published: list[tuple[int, int]]) -> dict[int, list[float]]:
+    """sent → arrived (µs) by the publishes in flight when each was sent (answered later than its send)."""
+    starts, arrived = hops.get("publish", []), hops.get("arrived", [])
+    answers = sorted(answered for _, answered in published)
+    out: dict[int, list[float]] = {}
+    for k, (sent, _) in enumerate(published[:len(starts)]):
+        i = bisect.bisect_right(arrived, starts[k]) - 1
+        if k < SKIP or i < 0 or arrived[i] < sent:
+            continue
+        in_flight = k - bisect.bisect_right(answers, sent)
+        out.setdefault(min(in_flight, 16), []).append((arrived[i] - sent) / 1e3)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rate", type=int, default=1000, help="publishes per second, one message each")
+    ap.add_argument("--seconds", type=float, default=10.0)
+    ap.add_argument("--server-env", action="append", default=[], help="NAME=VALUE for the server (repeatable)")
+    ap.add_argument("--cluster", action="store_true", help="three nodes over etcd, the calls at the topic's owner")
+    a = ap.parse_args()
+    console = Console()
+    hops, published, received = (_cluster if a.cluster else _single)(a, console)
+    chain = (CLUSTER_PUBLISH_HOPS, CLUSTER_DELIVERY_HOPS) if a.cluster else (PUBLISH_HOPS, DELIVERY_HOPS)
+    steps = _steps(hops, published, received, chain)
     table = Table(title=f"one message's steps at {a.rate:,} publishes/s, 1 message of 256 bytes each "
-                        f"({len(next(iter(steps.values()), [])):,} messages)")
+                        f"({len(next(iter(steps.values()), [])):,} messages)"
+                        + (", inside the topic's owner" if a.cluster else ""))
     for c in ("step", "p50 µs", "p90 µs", "p99 µs", "mean µs", "mean µs, slowest 1 %"):
         table.add_column(c, justify="left" if c == "step" else "right")
     # the messages whose end to end is in its slowest 1 %: where their time went (a step's own p99 does not say)
@@ -187,6 +265,15 @@ def main() -> None:
                       f"{sum(xs) / len(xs):.0f}", f"{sum(tail) / len(tail):.0f}" if tail else "",
                       end_section=step.startswith("answered"))
     console.print(table)
+    if a.cluster:
+        queued = Table(title="sent → arrived by the publishes in flight when it was sent")
+        for c in ("in flight", "publishes", "p50 µs", "p90 µs"):
+            queued.add_column(c, justify="right")
+        for n, xs in sorted(_queued(hops, published).items()):
+            xs = sorted(xs)
+            queued.add_row(f"{n}{'+' if n == 16 else ''}", f"{len(xs):,}", f"{xs[len(xs) // 2]:.0f}",
+                           f"{xs[int(len(xs) * 0.9)]:.0f}")
+        console.print(queued)
 
 
 if __name__ == "__main__":

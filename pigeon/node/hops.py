@@ -42,5 +42,17 @@ def _write() -> None:
         f.writelines(f"{t} {hop}\n" for t, hop in _events)
 
 
+def read(path: str) -> dict[str, list[int]]:
+    """A hop file as {hop: its stamps, in order} (for the scripts that lay the hops side by side)."""
+    hops: dict[str, list[int]] = {}
+    with open(path) as f:
+        for line in f:
+            t, hop = line.split()
+            hops.setdefault(hop, []).append(int(t))
+    for xs in hops.values():
+        xs.sort()
+    return hops
+
+
 if ON:
     atexit.register(_write)
