@@ -81,6 +81,9 @@ record_bytes_max = 16 * 1024 * 1024
 storage_message_bytes_max = 4 * 1024 * 1024
 append_requests_in_flight_max = 2  # Append requests to one member not yet answered (pigeon.node.replication)
 replication_linger_s = 0.005  # an entry nobody waits for yet goes to its members at most this much later
+# a node's replication round somebody waits for goes no sooner than this after the last while that one is not yet
+# held by Qa members: what is appended meanwhile goes with it (pigeon.node.logs: fewer, fuller requests under load)
+replication_round_s = 0.003
 group_commit_bytes_max = 8 * 1024 * 1024
 checkpoint_wal_bytes_max = 256 * 1024 * 1024  # take a checkpoint after this much WAL
 checkpoint_interval_s_max = 60.0
@@ -265,5 +268,6 @@ assert log_read_first_entries <= log_read_entries_max
 assert fetch_bytes * fetch_ahead * 2 <= read_cache_bytes_max  # a range read ahead is not dropped before it is read
 assert reserved_write_bytes_max <= segment_reserve_bytes <= segment_bytes_max
 assert lazy_write_s <= lazy_flush_s
+assert 0 <= replication_round_s <= replication_linger_s
 assert 0 < quota_share_floor <= 1
 assert 0 < security_watch_s <= 5.0  # revocation reaches open streams "within seconds"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 
+from pigeon.core import limits
 from pigeon.core.bundles import META_LOG
 from pigeon.storage import records as R
 
@@ -22,6 +23,8 @@ class NodeLogs:
         self._latest: dict[int, asyncio.Future] = {}  # replicated log → the replication of its latest entry
         self._local_end = 0  # the journal position past the latest entry only the journal holds
         self._to_flush: set[int] = set()  # replicated logs whose lingering entries go out at the flush queued
+        self._last_round = float("-inf")  # (loop time) when the last flush went out
+        self._round: list[asyncio.Future] = []  # … and the replication of the latest entry of each log it sent
 
     def replicate_with(self, replicas) -> None:
         """From now on the data logs are replicated by `replicas` (node.bundle_logs.BundleLogs)."""
@@ -58,14 +61,26 @@ class NodeLogs:
     def _flush_soon(self, log_id: int) -> None:
         """Send the log's lingering entries once the callbacks readied so far have run, not now, so that what they
         append goes in the same request: above all the lease a publish's subscriber takes when the publish wakes
-        it (its Deliver record rides with the batch: one round trip for both, not two in a row), and under load
-        the records of many publishes (fewer requests: fewer wake-ups of the members)."""
+        it (its Deliver record rides with the batch: one round trip for both, not two in a row). While the last
+        round is not yet held by Qa members, no sooner than limits.replication_round_s after it: rounds asked for
+        faster than the members answer them then carry the records of several publishes each. Every request
+        costs each member a wake-up of its loop and of its journal's writer, and the owner its sends and their
+        answers; a round for every publish or two keeps a loaded owner's loop at its capacity, where each step of
+        each publish waits for the turns ahead of it, and a few milliseconds to fill a round cost less than that.
+        An owner whose last round was answered sends the next at once (no wait at a few hundred a second)."""
         if not self._to_flush:
-            asyncio.get_running_loop().call_soon(self._flush)
+            loop = asyncio.get_running_loop()
+            wait = self._last_round + limits.replication_round_s - loop.time()
+            if wait > 0 and not all(f.done() for f in self._round):
+                loop.call_later(wait, self._flush)
+            else:
+                loop.call_soon(self._flush)
         self._to_flush.add(log_id)
 
     def _flush(self) -> None:
+        self._last_round = asyncio.get_running_loop().time()
         logs, self._to_flush = self._to_flush, set()
+        self._round = [f for f in map(self._latest.get, logs) if f is not None]
         for log_id in logs:
             self.replicas.flush(log_id)
 

@@ -7,11 +7,13 @@ from __future__ import annotations
 import asyncio
 import threading
 
+from pigeon.core import limits
 from pigeon.core.bundles import META_LOG
 from pigeon.node.disk import OsDisk
 from pigeon.node.journal_writer import FsyncPolicy, JournalWriter
 from pigeon.node.logs import NodeLogs
 from pigeon.storage import records as R
+from pigeon.testing import simloop
 
 
 class _HeldDisk(OsDisk):
@@ -74,3 +76,59 @@ def test_a_replicated_entry_is_durable_once_qa_hold_it_while_the_journal_has_not
         await journal.close()
 
     asyncio.run(run())
+
+
+class _Journal:
+    """Just enough of a journal for NodeLogs' appends (the rounds below never wait for it)."""
+
+    def __init__(self):
+        self.tail = 0
+
+    def append(self, log_id, epoch, rtype, parts):
+        self.tail += 1
+        return self.tail - 1, self.tail - 1
+
+
+class _Rounds(_Ledgers):
+    """Notes when each round goes out (a flush of the log's lingering entries)."""
+
+    def __init__(self):
+        super().__init__()
+        self.at: list[float] = []
+
+    def flush(self, log_id) -> None:
+        self.at.append(asyncio.get_running_loop().time())
+
+
+def test_a_round_asked_for_while_the_last_is_unanswered_waits_a_round_and_one_after_its_answer_goes_at_once():
+    round_s = limits.replication_round_s
+    assert round_s > 0
+
+    async def go():
+        loop = asyncio.get_running_loop()
+        logs, rounds = NodeLogs(_Journal()), _Rounds()
+        logs.replicate_with(rounds)
+
+        def publish() -> None:  # a record appended, and somebody waiting for it
+            logs.append(5, 1, R.RecordType.PUBLISH, [b"a message"])
+            assert logs.recording(5) is not None
+
+        start = loop.time()
+        publish()
+        await asyncio.sleep(0)
+        assert rounds.at == [start], "the first round goes once the callbacks readied so far have run"
+
+        publish()
+        publish()  # (both wait for the same round)
+        await asyncio.sleep(round_s / 2)
+        assert len(rounds.at) == 1, "the last round unanswered: the next waits until a round after it"
+        await asyncio.sleep(round_s)
+        assert rounds.at == [start, start + round_s], "… and then goes, with everything appended meanwhile"
+
+        rounds.sent[-1].set_result(None)  # Qa members hold the last round
+        answered = loop.time()
+        publish()
+        await asyncio.sleep(0)
+        assert rounds.at[-1] == answered, "the last round answered: the next goes at once, however soon"
+
+    simloop.run(go())
