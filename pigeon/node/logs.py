@@ -25,6 +25,8 @@ class NodeLogs:
         self._to_flush: set[int] = set()  # replicated logs whose lingering entries go out at the flush queued
         self._last_round = float("-inf")  # (loop time) when the last flush went out
         self._round: list[asyncio.Future] = []  # … and the replication of the latest entry of each log it sent
+        self._round_overlapped = False  # … and whether it was asked for while the one before was still out
+        self._asking_overlapped = False  # (the same of the flush queued)
 
     def replicate_with(self, replicas) -> None:
         """From now on the data logs are replicated by `replicas` (node.bundle_logs.BundleLogs)."""
@@ -61,24 +63,28 @@ class NodeLogs:
     def _flush_soon(self, log_id: int) -> None:
         """Send the log's lingering entries once the callbacks readied so far have run, not now, so that what they
         append goes in the same request: above all the lease a publish's subscriber takes when the publish wakes
-        it (its Deliver record rides with the batch: one round trip for both, not two in a row). While the last
-        round is not yet held by Qa members, no sooner than limits.replication_round_s after it: rounds asked for
-        faster than the members answer them then carry the records of several publishes each. Every request
-        costs each member a wake-up of its loop and of its journal's writer, and the owner its sends and their
-        answers; a round for every publish or two keeps a loaded owner's loop at its capacity, where each step of
-        each publish waits for the turns ahead of it, and a few milliseconds to fill a round cost less than that.
-        An owner whose last round was answered sends the next at once (no wait at a few hundred a second)."""
+        it (its Deliver record rides with the batch: one round trip for both, not two in a row). Under load, no
+        sooner than limits.replication_round_s after the last round, so that a round carries the records of several
+        publishes: every request costs each member a wake-up of its loop and of its journal's writer, and the owner
+        its sends and their answers, and a round for every publish or two keeps a loaded owner's loop at its
+        capacity, where each step of each publish waits for the turns ahead of it — a few milliseconds to fill a
+        round cost less than that. "Under load": the last round is not yet held by Qa members and was itself asked
+        for while the one before it was still out. A burst's second round still goes at once, beside the first
+        (its publish's lease then rides with it), and a cluster that keeps up waits for nothing."""
         if not self._to_flush:
             loop = asyncio.get_running_loop()
+            out = not all(f.done() for f in self._round)
             wait = self._last_round + limits.replication_round_s - loop.time()
-            if wait > 0 and not all(f.done() for f in self._round):
+            if out and self._round_overlapped and wait > 0:
                 loop.call_later(wait, self._flush)
             else:
                 loop.call_soon(self._flush)
+            self._asking_overlapped = out
         self._to_flush.add(log_id)
 
     def _flush(self) -> None:
         self._last_round = asyncio.get_running_loop().time()
+        self._round_overlapped = self._asking_overlapped
         logs, self._to_flush = self._to_flush, set()
         self._round = [f for f in map(self._latest.get, logs) if f is not None]
         for log_id in logs:
