@@ -63,21 +63,25 @@ def main() -> int:
                       f"lost {len(rep.lost)}, acks undone {len(rep.undone)}, out of order {len(rep.disorder)}"
                       + (f", acked while cut off {len(rep.unreplicated)}" if rep.unreplicated else "")
                       + (f", publishes answered again {rep.recovery_s:.1f} s after the fault"
-                         if rep.recovery_s is not None else ""))
+                         if rep.recovery_s is not None else "")
+                      + (f" ({rep.served_s:.2f} s through any node up)" if rep.served_s is not None else ""))
         for line in (rep.lost + rep.undone + rep.disorder + rep.unreplicated)[:10]:
             console.print(f"      {line}")
     table = Table("scenario", "seed", "acked publishes", "deliveries", "lost", "acks undone", "out of order",
-                  "publish errors", "ack errors", "publishes again after", "run", title="pigeon chaos")
+                  "publish errors", "ack errors", "publishes again after",
+                  "… through any node up", "run", title="pigeon chaos")
     failed = 0
     for name, seed, rep, took in reports:
         if rep is None:
             failed += 1
-            table.add_row(name, str(seed), "-", "-", "-", "-", "-", "-", "-", "-", f"{took:.0f} s  [red]error[/red]")
+            table.add_row(name, str(seed), "-", "-", "-", "-", "-", "-", "-", "-", "-",
+                          f"{took:.0f} s  [red]error[/red]")
             continue
         failed += not rep.ok
         table.add_row(name, str(seed), str(rep.published), str(rep.delivered), str(len(rep.lost)),
                       str(len(rep.undone)), str(len(rep.disorder)), str(rep.publish_failed), str(rep.ack_failed),
-                      f"{rep.recovery_s:.1f} s" if rep.recovery_s is not None else "-", f"{took:.0f} s")
+                      f"{rep.recovery_s:.1f} s" if rep.recovery_s is not None else "-",
+                      f"{rep.served_s:.2f} s" if rep.served_s is not None else "-", f"{took:.0f} s")
     console.print(table)
     console.print(f"{len(reports) - failed} of {len(reports)} runs clean in {time.monotonic() - t_all:.0f} s")
     if not args.dir:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from pigeon.core.bundles import bundle_of
 from pigeon.bench.procs import free_port
-from pigeon.testing.cluster import await_status, node_process, open_ledgers, owners, wipe
+from pigeon.testing.cluster import await_status, made_for, node_process, open_ledgers, owners, wipe
 from pigeon.testing.etcd import EtcdCluster, EtcdProcess
 from pigeon.testing.netsplit import Network
 
@@ -82,7 +82,10 @@ class Checked:
 class Report(Checked):
     scenario: str = ""
     seed: int = 0
-    recovery_s: float | None = None  # from the fault to the first publish acknowledged after it
+    recovery_s: float | None = None  # from the fault to the first of the workload's publishes acknowledged after it
+    # … and to the first probe publish answered after it: what a client that can reach any node up waits (the
+    # workload's publisher keeps to one node until a publish fails there, PUBLISH_WAIT_S)
+    served_s: float | None = None
     unreplicated: list[str] = field(default_factory=list)  # acknowledged while no quorum could have stored it
 
     @property
@@ -215,26 +218,16 @@ class Workload:
         self.each_pull_elsewhere = False  # a consumer takes the next node for every pull (not only after a failure)
         self.labels: dict[str, str] = {}  # the topics' labels
         self.pull_retry = None  # the pulls' retry (None: the client library's, which tries a dead node for a minute)
+        self.probes: list[tuple[float, float]] = []  # (sent, answered) of each probe publish answered (`probe`)
 
     def _clients(self):
         """A publisher and a subscriber client of every node, in an order of the seed's (made on the main
         thread: the clients read PUBSUB_EMULATOR_HOST when made)."""
         from google.cloud import pubsub_v1
 
-        out = []
-        for n in self.cluster.nodes.values():
-            saved = os.environ.get("PUBSUB_EMULATOR_HOST")
-            os.environ["PUBSUB_EMULATOR_HOST"] = n.address
-            try:
-                pub = pubsub_v1.PublisherClient(publisher_options=pubsub_v1.types.PublisherOptions(
-                    enable_message_ordering=True))
-                sub = pubsub_v1.SubscriberClient()
-            finally:
-                if saved is None:
-                    del os.environ["PUBSUB_EMULATOR_HOST"]
-                else:
-                    os.environ["PUBSUB_EMULATOR_HOST"] = saved
-            out.append((n.address, pub, sub))
+        ordered = pubsub_v1.types.PublisherOptions(enable_message_ordering=True)
+        out = [(n.address, made_for(n.address, lambda: pubsub_v1.PublisherClient(publisher_options=ordered)),
+                made_for(n.address, pubsub_v1.SubscriberClient)) for n in self.cluster.nodes.values()]
         self.rng.shuffle(out)
         return out
 
@@ -338,9 +331,38 @@ class Workload:
                     return False
             return True
 
+    def probe(self, topic: str) -> None:
+        """A publish of one message to `topic` every 0.1 s through a node that is up (a fresh choice each time),
+        without the client's retries, answered or failed within 2 s: (sent, answered) of each one answered in
+        `self.probes` — how soon the topic is served again after a fault, whichever node a client reaches."""
+        from google.cloud import pubsub_v1
+        from google.pubsub_v1 import PubsubMessage
+
+        clients = {n.address: made_for(n.address, pubsub_v1.PublisherClient) for n in self.cluster.nodes.values()}
+
+        def probing() -> None:
+            rng, i = random.Random(0), 0  # (not the workload's: its faults stay the seed's)
+            while not self.stop_publishing.is_set():  # (a node added meanwhile is not probed)
+                up = [n.address for n in list(self.cluster.nodes.values()) if n.address in clients and _running(n)]
+                if up:
+                    sent = time.monotonic()
+                    try:
+                        clients[rng.choice(sorted(up))].api.publish(
+                            topic=topic, messages=[PubsubMessage(data=f"probe {i}".encode())], timeout=2.0,
+                            retry=None)
+                        self.probes.append((sent, time.monotonic()))
+                    except Exception:  # noqa: BLE001 — refused or timed out: tried again, through any node up
+                        pass
+                    i += 1
+                time.sleep(0.1)
+
+        th = threading.Thread(target=probing, daemon=True)
+        th.start()
+        self.threads.insert(0, th)  # (joined with the publishers)
+
     def finish(self, drain_s: float) -> None:
         self.stop_publishing.set()
-        for th in self.threads[:len(self.topics)]:  # the publishers end their last batch first
+        for th in self.threads[:len(self.topics) + 1]:  # the publishers (and the probe) end their last batch first
             th.join(timeout=2 * PUBLISH_WAIT_S + 5)
         deadline = time.monotonic() + drain_s
         while time.monotonic() < deadline and not self.drained():
@@ -349,6 +371,16 @@ class Workload:
         self.stop_consuming.set()
         for th in self.threads:
             th.join(timeout=30)
+
+
+def _running(node) -> bool:
+    """The node's process is alive and not stopped (SIGSTOP): a client reaching it may be answered."""
+    if node.proc is None or node.proc.poll() is not None:
+        return False
+    try:
+        return open(f"/proc/{node.proc.pid}/stat").read().rsplit(")", 1)[1].split()[0] not in "Tt"
+    except OSError:
+        return False
 
 
 # --- faults ------------------------------------------------------------------------------------------------
@@ -550,6 +582,7 @@ def run(scenario: str, seed: int, root: str, *, warm_s: float = 4.0, outage_s: f
         w = Workload(cluster, rng, topics)
         w.setup()
         w.start()
+        w.probe(topics[0])
         time.sleep(warm_s)
         t_fault = time.monotonic()
         say(f"at {t_fault - w.h.start:.1f} s:")
@@ -562,8 +595,9 @@ def run(scenario: str, seed: int, root: str, *, warm_s: float = 4.0, outage_s: f
         # publishes to the faulted topic sent after the fault: how long until the first was answered
         answered = sorted(done for topic, sent, done in w.h.publish_times if topic == 0 and sent >= t_fault)
         recovery = answered[0] - t_fault if answered else None
+        served = min((done for sent, done in w.probes if sent >= t_fault), default=None)
         return Report(**vars(Checked.of(w)), scenario=scenario, seed=seed, recovery_s=recovery,
-                      unreplicated=unreplicated)
+                      served_s=None if served is None else served - t_fault, unreplicated=unreplicated)
     finally:
         cluster.stop()
 

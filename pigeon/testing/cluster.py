@@ -158,14 +158,19 @@ def open_ledgers(endpoint: str | EtcdAccess) -> dict[int, list[str]]:
 
 
 def clients_of(node):
-    """(publisher, subscriber) official clients of one node (each reads PUBSUB_EMULATOR_HOST when made; the
-    variable is left as it was)."""
+    """(publisher, subscriber) official clients of one node."""
     from google.cloud import pubsub_v1
 
+    return made_for(node.address, pubsub_v1.PublisherClient), made_for(node.address, pubsub_v1.SubscriberClient)
+
+
+def made_for(address: str, make):
+    """`make()` — an official client — for the node at `address`: the clients read PUBSUB_EMULATOR_HOST when made
+    (on the main thread, or one at a time); the variable is left as it was."""
     saved = os.environ.get("PUBSUB_EMULATOR_HOST")
-    os.environ["PUBSUB_EMULATOR_HOST"] = node.address
+    os.environ["PUBSUB_EMULATOR_HOST"] = address
     try:
-        return pubsub_v1.PublisherClient(), pubsub_v1.SubscriberClient()
+        return make()
     finally:
         if saved is None:
             del os.environ["PUBSUB_EMULATOR_HOST"]

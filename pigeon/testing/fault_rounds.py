@@ -30,6 +30,7 @@ import time
 from dataclasses import dataclass, field
 
 from pigeon.testing.chaos import Checked, Cluster, Workload, lease_of
+from pigeon.testing.cluster import made_for
 
 P = "projects/rounds"
 ROUND_S = 20.0
@@ -165,15 +166,7 @@ class Probes:
         with self.lock:
             c = self._clients.get(node)
             if c is None:
-                saved = os.environ.get("PUBSUB_EMULATOR_HOST")
-                os.environ["PUBSUB_EMULATOR_HOST"] = self.cluster.nodes[node].address
-                try:
-                    c = self._clients[node] = pubsub_v1.PublisherClient()
-                finally:
-                    if saved is None:
-                        del os.environ["PUBSUB_EMULATOR_HOST"]
-                    else:
-                        os.environ["PUBSUB_EMULATOR_HOST"] = saved
+                c = self._clients[node] = made_for(self.cluster.nodes[node].address, pubsub_v1.PublisherClient)
             return c
 
     def start(self) -> None:
