@@ -24,7 +24,9 @@ the run it was on a core, waiting in the run queue for one, and asleep (its loop
 workload's set-up and its grace of 2 s too — and how often it slept per message sent. Well under one sleep a message,
 the loop is at its capacity: it finds more work at the end of every turn, each step of a message waits for the turns
 ahead of it, and the latency is set by how long those turns are, not by any one wait. `--node-args "..."` gives the cluster's
-nodes more `pigeon serve` options (`--replicas 1 --ack-quorum 1`: the owner alone holds each ledger).
+nodes more `pigeon serve` options (`--replicas 1 --ack-quorum 1`: the owner alone holds each ledger). Each member's
+Append requests per message sent (its /metrics) count the replication rounds the owner sent it: one a message when
+every publish has its own, fewer when rounds carry several.
 
 `--hops DIR` starts every server with its hop timestamps on (pigeon.node.hops) and prints, for the node that took
 the publishes, where a message's time went inside it: publish → answered (the Publish handler to its answer:
@@ -105,6 +107,14 @@ def loop_thread(pid: int) -> tuple[int, int, int]:
     slept = next(int(line.split()[1]) for line in open(f"/proc/{pid}/task/{pid}/status")
                  if line.startswith("voluntary_ctxt_switches"))
     return on, waiting, slept
+
+
+def append_requests(port: int) -> float:
+    """Append requests a node took as a ledger member so far (its /metrics, on the gRPC port + 1)."""
+    import urllib.request
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port + 1}/metrics", timeout=10).read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("pigeon_cluster_append_requests_total"))
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -215,6 +225,8 @@ def run_one(kind: str, rate: int, seconds: float, hops_dir: str | None, profile:
         procs = {n: _tree(p) for n, p in pids.items()}
         loops = {n: _python(p) for n, p in pids.items()}
         loops0 = {n: loop_thread(p) for n, p in loops.items()}
+        ports = {} if kind == "single" else {n: d.port for n, d in server.nodes.items() if n != owner}
+        asked0 = {n: append_requests(port) for n, port in ports.items()}
         before, t0 = {n: cpu_seconds(p) for n, p in pids.items()}, time.monotonic()
         me0 = sum(os.times()[:4])
         spies, counted = _profile(pids, profile[0], kind, seconds, profile[1]) if profile else ([], {})
@@ -227,6 +239,9 @@ def run_one(kind: str, rate: int, seconds: float, hops_dir: str | None, profile:
             r["loop"][n] = (100 * on / 1e9 / dt, 100 * waiting / 1e9 / dt, max(0.0, 100 - 100 * (on + waiting) / 1e9 / dt),
                             slept / max(1, r["sent"]))
         used[GENERATOR] = sum(os.times()[:4]) - me0
+        # each member's append requests a message: the replication rounds the owner sent it (the other nodes'
+        # own bundles are idle, so theirs are the latency topic's)
+        r["rounds"] = {n: (append_requests(port) - asked0[n]) / max(1, r["sent"]) for n, port in ports.items()}
         r["cpu"] = {n: 100 * u / dt for n, u in used.items()}
         r["cpu_ms_per_1000"] = {n: 1e6 * u / max(1, r["sent"]) for n, u in used.items()}
         r["owner"], r["seconds_run"] = owner, dt
@@ -297,6 +312,8 @@ def main() -> int:
                 on, waiting, asleep, sleeps = r["loop"][r["owner"]]
                 loop = (f"; its event loop's thread on a core {on:.0f} %, waiting for one {waiting:.0f} %, asleep "
                         f"{asleep:.0f} % of the run, {sleeps:.2f} sleeps a message")
+                if r["rounds"]:
+                    loop += "; append requests a message: " + ", ".join(f"{n} {v:.2f}" for n, v in r["rounds"].items())
                 steps = "; ".join(f"{k} p50 {_pct(v, 0.5) / 1e3:.2f} ms p99 {_pct(v, 0.99) / 1e3:.2f} ms"
                                   for k, v in r.get("steps", {}).items() if v)
                 r.pop("steps", None)

@@ -195,7 +195,10 @@ def _cluster(a, console: Console):
     data = tempfile.mkdtemp(prefix="pigeon-hops-")
     os.environ.update(dict(kv.split("=", 1) for kv in a.server_env))
     os.environ["PIGEON_HOPS"] = os.path.join(data, "%p.hops")  # (each node's process writes its own)
-    server = PigeonClusterServer(os.path.join(data, "cluster"), PLANS["quick"])
+    cls = PigeonClusterServer
+    if a.node_args:
+        cls = type(cls.__name__, (cls,), {"node_args": cls.node_args + tuple(a.node_args.split())})
+    server = cls(os.path.join(data, "cluster"), PLANS["quick"])
     try:
         try:
             server.start()
@@ -245,10 +248,15 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--server-env", action="append", default=[], help="NAME=VALUE for the server (repeatable)")
     ap.add_argument("--cluster", action="store_true", help="three nodes over etcd, the calls at the topic's owner")
+    ap.add_argument("--node-args", default="", metavar="OPTIONS",
+                    help='with --cluster: more `pigeon serve` options for every node, e.g. '
+                         '"--replicas 1 --ack-quorum 1"')
     a = ap.parse_args()
     console = Console()
     hops, published, received = (_cluster if a.cluster else _single)(a, console)
     chain = (CLUSTER_PUBLISH_HOPS, CLUSTER_DELIVERY_HOPS) if a.cluster else (PUBLISH_HOPS, DELIVERY_HOPS)
+    if a.cluster and "replicating" not in hops:  # (no member but the owner's own store: no append channel)
+        chain = (tuple(h for h in chain[0] if h not in ("replicating", "acked")), chain[1])
     steps = _steps(hops, published, received, chain)
     table = Table(title=f"one message's steps at {a.rate:,} publishes/s, 1 message of 256 bytes each "
                         f"({len(next(iter(steps.values()), [])):,} messages)"

@@ -221,7 +221,7 @@ def main() -> int:
         spy.send_signal(signal.SIGINT)
         _, err = spy.communicate(timeout=60)
         if spy.returncode not in (0, -signal.SIGINT) and not os.path.exists(out):
-            console.print(err.decode(errors="replace"))
+            console.print(f"py-spy ended with {spy.returncode}:", err.decode(errors="replace"))
             return 1
     finally:
         server.stop()
