@@ -219,6 +219,7 @@ class Workload:
         self.labels: dict[str, str] = {}  # the topics' labels
         self.pull_retry = None  # the pulls' retry (None: the client library's, which tries a dead node for a minute)
         self.probes: list[tuple[float, float]] = []  # (sent, answered) of each probe publish answered (`probe`)
+        self.probers: list[threading.Thread] = []
 
     def _clients(self):
         """A publisher and a subscriber client of every node, in an order of the seed's (made on the main
@@ -332,37 +333,36 @@ class Workload:
             return True
 
     def probe(self, topic: str) -> None:
-        """A publish of one message to `topic` every 0.1 s through a node that is up (a fresh choice each time),
-        without the client's retries, answered or failed within 2 s: (sent, answered) of each one answered in
-        `self.probes` — how soon the topic is served again after a fault, whichever node a client reaches."""
+        """Through each node, a publish of one message to `topic` every 0.1 s while the node's process runs, without
+        the client's retries, answered or failed within 2 s: (sent, answered) of each one answered in
+        `self.probes` — how soon the topic is served again after a fault by some node a client can reach (one probe
+        a node: a node cut off, whose publishes time out, holds up only its own)."""
         from google.cloud import pubsub_v1
         from google.pubsub_v1 import PubsubMessage
 
-        clients = {n.address: made_for(n.address, pubsub_v1.PublisherClient) for n in self.cluster.nodes.values()}
-
-        def probing() -> None:
-            rng, i = random.Random(0), 0  # (not the workload's: its faults stay the seed's)
-            while not self.stop_publishing.is_set():  # (a node added meanwhile is not probed)
-                up = [n.address for n in list(self.cluster.nodes.values()) if n.address in clients and _running(n)]
-                if up:
+        def probing(node, pub) -> None:
+            i = 0
+            while not self.stop_publishing.is_set():
+                if _running(node):
                     sent = time.monotonic()
                     try:
-                        clients[rng.choice(sorted(up))].api.publish(
-                            topic=topic, messages=[PubsubMessage(data=f"probe {i}".encode())], timeout=2.0,
-                            retry=None)
+                        pub.api.publish(topic=topic, messages=[PubsubMessage(data=f"probe {i}".encode())],
+                                        timeout=2.0, retry=None)
                         self.probes.append((sent, time.monotonic()))
-                    except Exception:  # noqa: BLE001 — refused or timed out: tried again, through any node up
+                    except Exception:  # noqa: BLE001 — refused or timed out: tried again
                         pass
                     i += 1
                 time.sleep(0.1)
 
-        th = threading.Thread(target=probing, daemon=True)
-        th.start()
-        self.threads.insert(0, th)  # (joined with the publishers)
+        for node in list(self.cluster.nodes.values()):  # (a node added later is not probed)
+            th = threading.Thread(target=probing, args=(node, made_for(node.address, pubsub_v1.PublisherClient)),
+                                  daemon=True)
+            th.start()
+            self.probers.append(th)
 
     def finish(self, drain_s: float) -> None:
         self.stop_publishing.set()
-        for th in self.threads[:len(self.topics) + 1]:  # the publishers (and the probe) end their last batch first
+        for th in self.threads[:len(self.topics)] + self.probers:  # the publishers end their last batch first
             th.join(timeout=2 * PUBLISH_WAIT_S + 5)
         deadline = time.monotonic() + drain_s
         while time.monotonic() < deadline and not self.drained():
