@@ -83,8 +83,8 @@ class Report(Checked):
     scenario: str = ""
     seed: int = 0
     recovery_s: float | None = None  # from the fault to the first of the workload's publishes acknowledged after it
-    # … and to the first probe publish answered after it: what a client that can reach any node up waits (the
-    # workload's publisher keeps to one node until a publish fails there, PUBLISH_WAIT_S)
+    # … and to the first probe publish answered after it (Workload.probe): the workload's publisher keeps to one node
+    # until a publish fails there (PUBLISH_WAIT_S), a client able to reach any node up need not
     served_s: float | None = None
     unreplicated: list[str] = field(default_factory=list)  # acknowledged while no quorum could have stored it
 
@@ -333,32 +333,27 @@ class Workload:
             return True
 
     def probe(self, topic: str) -> None:
-        """Through each node, a publish of one message to `topic` every 0.1 s while the node's process runs, without
-        the client's retries, answered or failed within 2 s: (sent, answered) of each one answered in
-        `self.probes` — how soon the topic is served again after a fault by some node a client can reach (one probe
-        a node: a node cut off, whose publishes time out, holds up only its own)."""
+        """Through each node whose process runs, a publish of one message to `topic` every 0.1 s, no client retries,
+        answered or failed within 2 s ((sent, answered) of each answered: `self.probes`): how soon some node a client
+        can reach serves the topic again after a fault (a node cut off, its publishes timing out, holds up only its
+        own probe)."""
         from google.cloud import pubsub_v1
         from google.pubsub_v1 import PubsubMessage
 
-        def probing(node, pub) -> None:
-            i = 0
-            while not self.stop_publishing.is_set():
+        def probing(node, api) -> None:
+            while not self.stop_publishing.wait(0.1):
                 if _running(node):
                     sent = time.monotonic()
                     try:
-                        pub.api.publish(topic=topic, messages=[PubsubMessage(data=f"probe {i}".encode())],
-                                        timeout=2.0, retry=None)
+                        api.publish(topic=topic, messages=[PubsubMessage(data=b"probe")], timeout=2.0, retry=None)
                         self.probes.append((sent, time.monotonic()))
                     except Exception:  # noqa: BLE001 — refused or timed out: tried again
                         pass
-                    i += 1
-                time.sleep(0.1)
 
         for node in list(self.cluster.nodes.values()):  # (a node added later is not probed)
-            th = threading.Thread(target=probing, args=(node, made_for(node.address, pubsub_v1.PublisherClient)),
-                                  daemon=True)
-            th.start()
-            self.probers.append(th)
+            api = made_for(node.address, pubsub_v1.PublisherClient).api  # (the call without the client's batching)
+            self.probers.append(threading.Thread(target=probing, args=(node, api), daemon=True))
+            self.probers[-1].start()
 
     def finish(self, drain_s: float) -> None:
         self.stop_publishing.set()
