@@ -53,7 +53,7 @@ from pigeon.bench import workloads as w  # noqa: E402
 from pigeon.bench.cluster import BUNDLES, OwnerRoutedDriver, PigeonClusterServer  # noqa: E402
 from pigeon.bench.peers import PigeonServer  # noqa: E402
 from pigeon.bench.plan import PLANS  # noqa: E402
-from pigeon.bench.procs import wait_quiet  # noqa: E402
+from pigeon.bench.procs import python_pid, wait_quiet  # noqa: E402
 from pigeon.core.bundles import bundle_of  # noqa: E402
 from pigeon.node.hops import read as read_hops  # noqa: E402
 
@@ -93,11 +93,6 @@ def cpu_seconds(pid: int) -> float:
             continue
         total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     return total
-
-
-def _python(pid: int) -> int:
-    """The Python process of a node (it may run under a wrapper: its CPU quota's, `timeout`'s)."""
-    return next((p for p in _tree(pid) if "python" in os.path.basename(os.readlink(f"/proc/{p}/exe"))), pid)
 
 
 def loop_thread(pid: int) -> tuple[int, int, int]:
@@ -182,7 +177,7 @@ def _profile(pids: dict[str, int], profile_dir: str, kind: str, seconds: float,
     if exe is None:
         sys.exit(f"--profile needs {tool} on PATH")
     stamp = time.strftime("%H%M%S")
-    pids = {name: _python(pid) for name, pid in pids.items()}
+    pids = {name: python_pid(pid) for name, pid in pids.items()}
     out = os.path.join(profile_dir, f"{kind}-{stamp}-%s")
     if tool == "syscalls":  # the process's system calls of each kind, counted in the kernel (cheap: no tracing)
         events = ",".join(f"syscalls:sys_enter_{c}" for c in SYSCALLS) + ",context-switches"
@@ -223,7 +218,7 @@ def run_one(kind: str, rate: int, seconds: float, hops_dir: str | None, profile:
             owner = server.owner_of(server.driver.topic("latency"))
             pids = {n: d.pid for n, d in server.nodes.items()}
         procs = {n: _tree(p) for n, p in pids.items()}
-        loops = {n: _python(p) for n, p in pids.items()}
+        loops = {n: python_pid(p) for n, p in pids.items()}
         loops0 = {n: loop_thread(p) for n, p in loops.items()}
         ports = {} if kind == "single" else {n: d.port for n, d in server.nodes.items() if n != owner}
         asked0 = {n: append_requests(port) for n, port in ports.items()}

@@ -12,6 +12,9 @@ functions by inclusive time, and writes a speedscope file (open it at https://ww
     python scripts/profile_server.py publish --batch 100 --after 1000   # as the benchmark runs it: after × 1,000
     python scripts/profile_server.py publish --cluster --perf     # Linux perf: the kernel's and C libraries' share
 
+(py-spy 0.4.1 crashed — exit −11 — on a cluster owner at 1,000 publishes a second, with or without `--threads`,
+`--subprocesses` or `--gil`; `--perf` profiles it.)
+
 Sizes come from the benchmark's plans (`--plan full` by default); loopback only; bounded like the benchmark.
 With `--cluster` the nodes run without the load planner (`--load-balance-s 0`; `--balance` keeps it): under a
 minute of one hot topic it splits the topic's bundle mid-run, and the benchmark's client, which does not retry,
@@ -39,6 +42,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from pigeon.bench import workloads as w  # noqa: E402
 from pigeon.bench.peers import PigeonServer  # noqa: E402
 from pigeon.bench.plan import PLANS  # noqa: E402
+from pigeon.bench.procs import python_pid  # noqa: E402
 from pigeon.bench.workers import Background  # noqa: E402
 
 console = Console(width=150)
@@ -210,7 +214,7 @@ def main() -> int:
         if args.perf:
             return perf_profile(target.pid, call, root, args.top)
         spy = subprocess.Popen(
-            [os.path.join(os.path.dirname(sys.executable), "py-spy"), "record", "--pid", str(target.pid),
+            [os.path.join(os.path.dirname(sys.executable), "py-spy"), "record", "--pid", str(python_pid(target.pid)),
              "--subprocesses", "--threads",
              *(["--native"] if args.cluster and args.native else ["--nonblocking"] if args.cluster
                else [] if args.no_native else ["--native"]),

@@ -88,6 +88,18 @@ def tree_pids(pid: int) -> list[int]:
     return out
 
 
+def python_pid(pid: int) -> int:
+    """The Python process in a process's tree (a server may run under a wrapper: its CPU quota's, `timeout`'s) — the
+    one a Python profiler attaches to; `pid` when there is none."""
+    for p in tree_pids(pid):
+        try:
+            if "python" in os.path.basename(os.readlink(f"/proc/{p}/exe")):
+                return p
+        except OSError:
+            continue
+    return pid
+
+
 def rss_tree_bytes(pid: int) -> int:
     """Resident memory of a process and all its descendants."""
     total = 0
