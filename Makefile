@@ -120,8 +120,9 @@ sim-cluster: $(STAMP)
 FUZZ_EXAMPLES ?= 2000
 REST_FUZZ_EXAMPLES ?= 300
 fuzz: $(STAMP)
-	FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) FUZZ_REPORT=1 $(BIN)/python -m pytest -q -s tests/e2e/test_fuzz.py
-	REST_FUZZ_EXAMPLES=$(REST_FUZZ_EXAMPLES) FUZZ_REPORT=1 $(BIN)/python -m pytest -q -s tests/e2e/test_rest_fuzz.py
+	FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) FUZZ_REPORT=1 $(BIN)/python -m pytest -q -s --timeout 1800 tests/e2e/test_fuzz.py
+	REST_FUZZ_EXAMPLES=$(REST_FUZZ_EXAMPLES) FUZZ_REPORT=1 $(BIN)/python -m pytest -q -s --timeout 3600 \
+		tests/e2e/test_rest_fuzz.py
 
 # Fault scenarios against a real 3-node cluster under load (kill -9 of an owner and of a storage member, SIGSTOP
 # past the session, drain and join under load, etcd stopped), each ending in a full history check; prints a

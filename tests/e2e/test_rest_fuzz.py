@@ -43,11 +43,15 @@ def test_no_server_errors(server_factory, tmp_path):
     srv = server_factory(http=True)
     _create_the_examples(srv.http)
     st = shutil.which("schemathesis", path=os.path.dirname(sys.executable)) or "schemathesis"
-    args = [st, "run", f"{srv.http}/openapi.json", "--checks", "not_a_server_error", "--max-examples",
-            str(EXAMPLES), "--no-color"]
+    # 501 is UNIMPLEMENTED: what Pigeon answers, on purpose, for a field it does not support (a topic's
+    # kmsKeyName, …) rather than accept and ignore it — not a server error. A bug answers 500 (api.errors).
+    config = tmp_path / "schemathesis.toml"
+    config.write_text('[checks.not_a_server_error]\nexpected-statuses = ["2XX", "3XX", "4XX", "501"]\n')
+    args = [st, "--config-file", str(config), "run", f"{srv.http}/openapi.json", "--checks", "not_a_server_error",
+            "--max-examples", str(EXAMPLES), "--no-color"]
     if "REST_FUZZ_EXAMPLES" not in os.environ:
         args.append("--generation-deterministic")
-    out = subprocess.run(args, capture_output=True, text=True, timeout=1800, cwd=tmp_path)  # its cache goes there
+    out = subprocess.run(args, capture_output=True, text=True, timeout=3500, cwd=tmp_path)  # its cache goes there
     tail = "\n".join(out.stdout.splitlines()[-40:])
     if os.environ.get("FUZZ_REPORT"):
         print(tail)
