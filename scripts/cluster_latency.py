@@ -318,6 +318,8 @@ def main() -> int:
                       f"(failed: {r.get('failed_why') or 0}); slowest fdatasync of the disk probe "
                       f"{r.get('disk_probe_max_ms')} ms; CPU over {r['seconds_run']:.1f} s: {cpu}{loop}"
                       + (f"; inside the node that took the publishes: {steps}" if steps else ""), flush=True)
+                print("  p50 each second, ms: " + " ".join(f"{x:g}" for x in r.get("p50_ms_each_second", [])),
+                      flush=True)
     print()
     print("| rate | target | p50 ms (each round) | p99 ms (each round) | publish answered p50 ms | p50 / single's "
           "(each round) | owner's CPU ms / 1,000 msgs | members' | load generator's | owner's loop thread: on a core "

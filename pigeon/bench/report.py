@@ -229,6 +229,13 @@ def markdown(doc: dict) -> str:
               for line in latency_caveats(t, (e.get("results") or {}).get("latency") or {})]
     if notes:
         lines += ["## Notes", ""] + [f"* {n}" for n in notes] + [""]
+    courses = [(t, r["p50_ms_each_second"]) for t, e in doc["targets"].items()
+               if (r := (e.get("results") or {}).get("latency") or {}).get("p50_ms_each_second")]
+    if courses:
+        lines += ["## Latency second by second", "",
+                  "Each second's median latency in ms over the run shown in the table (a warm-up, a stall and the "
+                  "queue it leaves draining show here; the percentiles blur them):", ""]
+        lines += [f"* {t}: " + " ".join(f"{x:g}" for x in xs) for t, xs in courses] + [""]
     problems = [(t, k, v) for t, e in doc["targets"].items() for k, v in (e.get("errors") or {}).items()]
     skipped = [(t, k, v) for t, e in doc["targets"].items() for k, v in (e.get("skipped") or {}).items()]
     if problems or skipped:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing as mp
+import statistics
 import time
 from typing import Callable
 
@@ -137,6 +138,13 @@ def _percentile(sorted_values: list[float], q: float) -> float:
     return sorted_values[i]
 
 
+def medians_each_second(lat_us: list[float], rate: int) -> list[float]:
+    """The run's course: the median latency in ms of each second's messages (in the order received, `rate` of them
+    a second) — a warm-up, a stall and the queue it leaves draining show here, where the run's percentiles blur
+    them."""
+    return [round(statistics.median(lat_us[i:i + rate]) / 1000, 2) for i in range(0, len(lat_us), rate)]
+
+
 def latency(driver, plan, key: str, tick: Tick, consumer=None) -> dict:
     """`plan.latency_runs` latency runs, each on its own topic and subscription; the figures are those of the
     median run by p99 (one run's p50, p99, p999 and disk probe together), every run is kept under `runs`. One
@@ -170,10 +178,11 @@ def _latency_once(driver, plan, key: str, tick: Tick, consumer) -> dict:
         disk = probe.stop()
     lat = sorted(sub["lat_us"])
     ms = lambda q: round(_percentile(lat, q) / 1000, 3)  # noqa: E731
+    by_second = medians_each_second(sub["lat_us"], plan.latency_rate)
     return _with_stream_errors({
         "rate": plan.latency_rate, "seconds": plan.latency_s, "sent": pub["sent"], "received": len(lat),
         "p50_ms": ms(0.50), "p99_ms": ms(0.99), "p999_ms": ms(0.999), "max_ms": round(lat[-1] / 1000, 3)
-        if lat else None, "message_bytes": plan.message_bytes,
+        if lat else None, "p50_ms_each_second": by_second, "message_bytes": plan.message_bytes,
         **{k: v for k, v in pub.items() if k != "sent"}, **disk}, [sub])
 
 

@@ -1,6 +1,7 @@
 """The latency workloads' open loop (pigeon.bench.workers.open_loop) on a slow or failing server: a failed send is
 counted and the run goes on (one failure used to end the loop and cancel every call still out, and the run
-reported nothing); what is still unanswered a while after the gate's end is counted and cancelled."""
+reported nothing); what is still unanswered a while after the gate's end is counted and cancelled. And the course of
+a latency run, second by second (pigeon.bench.workloads.medians_each_second)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import time
 import uvloop
 
 from pigeon.bench.workers import open_loop
+from pigeon.bench.workloads import medians_each_second
 
 
 class _Gate:
@@ -55,3 +57,10 @@ def test_no_send_leaves_before_it_is_due():
     out = uvloop.run(open_loop(send, 1000, _Gate(0.3), settle_s=0.1))
     assert out["sent"] == len(early) >= 250
     assert max(early) <= 0, f"{sum(e > 0 for e in early)} sends left before they were due, by up to {max(early)} s"
+
+
+def test_the_run_s_course_is_each_second_s_median():
+    # a warm-up second at 40 ms, a steady one at 2 ms, a stall's queue draining, and a part second at the end
+    lat_us = [40_000.0] * 10 + [2_000.0] * 10 + [float(30_000 - 3_000 * i) for i in range(10)] + [5_000.0] * 3
+    assert medians_each_second(lat_us, rate=10) == [40.0, 2.0, 16.5, 5.0]
+    assert medians_each_second([], rate=10) == []

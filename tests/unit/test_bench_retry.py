@@ -10,7 +10,8 @@ import grpc
 import pytest
 
 from pigeon.bench.grpc_client import retried
-from pigeon.bench.report import latency_caveats
+from pigeon.bench.plan import PLANS
+from pigeon.bench.report import latency_caveats, markdown
 
 
 def _refusal(code: grpc.StatusCode) -> grpc.aio.AioRpcError:
@@ -51,3 +52,15 @@ def test_the_report_says_what_the_latency_figures_leave_out():
         "pigeon-cluster / latency: streams the server ended: UNAVAILABLE 2",
         "pigeon-cluster / latency: 3 publishes refused and sent again (their wait counted)"]
     assert latency_caveats("pigeon", {"sent": 10, "received": 10, "p50_ms": 1.0}) == []
+
+
+def test_the_report_shows_each_latency_run_second_by_second():
+    targets = {"pigeon": {"results": {"latency": {"p50_ms": 2.1, "p50_ms_each_second": [21.4, 2.3, 2.05]}}},
+               "nats": {"results": {"latency": {"p50_ms": 0.4}}}}  # a result from before the field: no line
+    doc = {"plan": "quick", "when": "2026-12-07T00:00:00+00:00",
+           "settings": dict(PLANS["quick"].__dict__, message_bytes=1000),
+           "machine": {"cores": 2, "cpu": "x", "memory_bytes": 2**34, "kernel": "6", "python": "3.11"},
+           "targets": targets}
+    text = markdown(doc)
+    assert "## Latency second by second" in text and "* pigeon: 21.4 2.3 2.05\n" in text
+    assert "* nats:" not in text
