@@ -13,6 +13,7 @@ seed. Everything it starts is on loopback and is stopped (by pid) at the end."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
@@ -23,7 +24,8 @@ import time
 from concurrent import futures
 from dataclasses import dataclass, field
 
-from pigeon.core.bundles import bundle_of
+from pigeon.api.spread import shard_of_message
+from pigeon.core.bundles import bundle_of, shard_log
 from pigeon.bench.procs import free_port
 from pigeon.testing.cluster import await_status, made_for, node_process, open_ledgers, owners, wipe
 from pigeon.testing.etcd import EtcdCluster, EtcdProcess
@@ -40,7 +42,7 @@ PUBLISH_WAIT_S = 5.0  # a publish not answered by then counts as failed, and the
 class History:
     published: dict[str, str] = field(default_factory=dict)  # message id → data, publishes acknowledged
     publish_failed: int = 0
-    publish_times: list[tuple[int, float, float]] = field(default_factory=list)  # (topic, sent, answered)
+    publish_times: list[tuple[int, float, float, str]] = field(default_factory=list)  # (topic, sent, answered, id)
     answered: dict[str, float] = field(default_factory=dict)  # message id → when its publish was answered
     deliveries: dict[str, list[tuple[str, float]]] = field(default_factory=dict)  # sub → [(message id, sent)]
     first_seen: dict[str, dict[str, float]] = field(default_factory=dict)  # sub → data → first delivery's time
@@ -193,10 +195,8 @@ class Cluster:
     def stop(self) -> None:
         for n in self.nodes.values():
             if n.proc is not None and n.proc.poll() is None:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.kill(n.proc.pid, signal.SIGCONT)
-                except ProcessLookupError:
-                    pass
             n.kill()
         self.etcd.kill()
         if self.network is not None:
@@ -257,13 +257,14 @@ class Workload:
         while not self.stop_publishing.is_set():
             t0 = time.monotonic()
             pub = clients[c % len(clients)][1]
-            futs = []
+            futs, at = [], {}  # each publish's own answer time: the wait below ends only once all are in
+            sent = time.monotonic()  # before the first leaves: sent after a fault's start is all of the batch
             for _ in range(batch):
                 key = self.rng.randrange(KEYS)
                 data = f"{index}:{key}:{seq[key]}"
                 seq[key] += 1
                 futs.append((key, data, pub.publish(topic, data.encode(), ordering_key=f"k{key}")))
-            sent = time.monotonic()
+                futs[-1][2].add_done_callback(lambda f, at=at: at.setdefault(id(f), time.monotonic()))
             done, _ = futures.wait([f for _, _, f in futs], timeout=PUBLISH_WAIT_S)
             answered = time.monotonic()
             failed = False
@@ -272,16 +273,14 @@ class Workload:
                 if mid is None:  # not acknowledged (yet): nothing is promised about it
                     with self.h.lock:
                         self.h.publish_failed += 1
-                    try:
+                    with contextlib.suppress(RuntimeError):  # (not paused: it timed out rather than failed)
                         pub.resume_publish(topic, f"k{key}")  # a failed key pauses until resumed
-                    except RuntimeError:
-                        pass  # not paused: it timed out rather than failed
                     failed = True
                     continue
                 with self.h.lock:
                     self.h.published[mid] = data
-                    self.h.answered[mid] = answered
-                    self.h.publish_times.append((index, sent, answered))
+                    self.h.answered[mid] = at.get(id(f), answered)
+                    self.h.publish_times.append((index, sent, self.h.answered[mid], mid))
             if failed:
                 c += 1  # try another node's client
             time.sleep(max(0.0, 0.1 - (time.monotonic() - t0)))
@@ -344,11 +343,9 @@ class Workload:
             while not self.stop_publishing.wait(0.1):
                 if _running(node):
                     sent = time.monotonic()
-                    try:
+                    with contextlib.suppress(Exception):  # refused or timed out: tried again
                         api.publish(topic=topic, messages=[PubsubMessage(data=b"probe")], timeout=2.0, retry=None)
                         self.probes.append((sent, time.monotonic()))
-                    except Exception:  # noqa: BLE001 — refused or timed out: tried again
-                        pass
 
         for node in list(self.cluster.nodes.values()):  # (a node added later is not probed)
             api = made_for(node.address, pubsub_v1.PublisherClient).api  # (the call without the client's batching)
@@ -450,7 +447,6 @@ def move_by_load(cluster, topic, rng, say, outage_s):
 
     from pigeon.cluster import metadata as M
     from pigeon.cluster.placement import encode_moves
-    from pigeon.core.bundles import bundle_of
     from pigeon.node.meta_etcd import EtcdMetadata
 
     async def put(moves):
@@ -536,9 +532,11 @@ def cut_owner_peers(cluster, topic, rng, say, outage_s):
     say(f"cut {name} (the owner) off from its peers for {cut:.0f} s; it keeps its etcd session")
     cluster.network.cut(name, etcd=False)
     t_cut = time.monotonic()
-    moved = None
+    moved, held = None, {}  # each bundle it owns → the last time etcd still said so (from before that read)
     while time.monotonic() - t_cut < cut:
-        if moved is None and cluster.owner_now(topic) != name:  # (none: it stepped down, nobody took it yet)
+        t, now = time.monotonic(), owners(cluster.etcd.endpoint)
+        held.update((b, t) for b, n in now.items() if n == name)
+        if moved is None and now.get(bundle_of(topic, BUNDLES)) != name:  # (none: stepped down, not yet taken)
             moved = time.monotonic()
         time.sleep(0.2)
     without = sorted(log for log, members in open_ledgers(cluster.etcd.endpoint).items() if name not in members)
@@ -548,8 +546,8 @@ def cut_owner_peers(cluster, topic, rng, say, outage_s):
                            "stepped down")
     say(f"healed; {name} stepped down {moved - t_cut:.1f} s into the cut, {len(without)} open ledger(s) of other "
         f"logs had left it out")
-    # while it owned the topic it could reach no other member: nothing sent to the topic then can be acknowledged
-    return t_cut, moved
+    # while it owned a bundle it could reach no other member: nothing sent then to a shard there can be acknowledged
+    return t_cut, held
 
 
 def _cli(verb: str, node: str, endpoint: str) -> None:
@@ -581,14 +579,16 @@ def run(scenario: str, seed: int, root: str, *, warm_s: float = 4.0, outage_s: f
         time.sleep(warm_s)
         t_fault = time.monotonic()
         say(f"at {t_fault - w.h.start:.1f} s:")
-        cut_off = fault(cluster, topics[0], rng, say, outage_s)  # a window no publish to it can be acked in
+        cut_off = fault(cluster, topics[0], rng, say, outage_s)  # (start, {bundle: until}): none acked in
         time.sleep(after_s)
         w.finish(drain_s)
-        unreplicated = [] if cut_off is None else [
+        bundle = lambda m: shard_log(topics[0], shard_of_message(m) or 0, BUNDLES, layout == "spread") - 1  # noqa: E731
+        unreplicated = [] if cut_off is None else [  # acked while the bundle of its shard was the cut node's
             f"a publish sent {sent - cut_off[0]:.1f} s into the cut was acknowledged {done - sent:.1f} s later"
-            for topic, sent, done in w.h.publish_times if topic == 0 and cut_off[0] <= sent and done < cut_off[1]]
+            for topic, sent, done, mid in w.h.publish_times
+            if topic == 0 and cut_off[0] <= sent and done < cut_off[1].get(bundle(mid), 0.0)]
         # publishes to the faulted topic sent after the fault: how long until the first was answered
-        answered = sorted(done for topic, sent, done in w.h.publish_times if topic == 0 and sent >= t_fault)
+        answered = sorted(done for topic, sent, done, _ in w.h.publish_times if topic == 0 and sent >= t_fault)
         recovery = answered[0] - t_fault if answered else None
         served = min((done for sent, done in w.probes if sent >= t_fault), default=None)
         return Report(**vars(Checked.of(w)), scenario=scenario, seed=seed, recovery_s=recovery,

@@ -105,7 +105,7 @@ def run(scenario: str, seed: int, root: str, *, outage_s: float = 60.0, warm_s: 
             raise ValueError(f"unknown scenario {scenario!r}")
         time.sleep(max(0.0, outage_s - (time.monotonic() - t0)))
         t1 = time.monotonic()
-        during = {t: sum(1 for i, sent, done in w.h.publish_times if i == k and t0 <= sent and done <= t1)
+        during = {t: sum(1 for i, sent, done, _ in w.h.publish_times if i == k and t0 <= sent and done <= t1)
                   for k, t in enumerate(topics)}
         with w.h.lock:
             delivered = {t: sum(1 for s, when in w.h.first_seen.get(t.replace("/topics/", "/subscriptions/")
