@@ -204,7 +204,8 @@ def run_one(kind: str, rate: int, seconds: float, hops_dir: str | None, profile:
         cls = type(cls.__name__, (cls,), {"node_args": cls.node_args + tuple(node_args)})
     if hops_dir:
         os.environ["PIGEON_HOPS"] = os.path.join(hops_dir, f"{kind}-{time.monotonic_ns()}-%p.hops")
-    server = cls(tempfile.mkdtemp(prefix="pigeon-cluster-latency-"), plan)
+    base = tempfile.mkdtemp(prefix="pigeon-cluster-latency-")
+    server = cls(base, plan)
     try:
         server.start()
     finally:
@@ -247,6 +248,7 @@ def run_one(kind: str, rate: int, seconds: float, hops_dir: str | None, profile:
     finally:
         server.stop()
         server.discard()
+        shutil.rmtree(base, ignore_errors=True)  # (discard removes the server's own directory inside it)
     if hops_dir:
         files = {n: [f for p in ps for f in glob.glob(os.path.join(hops_dir, f"{kind}-*-{p}.hops"))]
                  for n, ps in procs.items()}
