@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -92,6 +93,7 @@ def main() -> int:
         for d in dirs.values():
             subprocess.run(["git", "worktree", "remove", "--force", d], cwd=ROOT, check=False,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        shutil.rmtree(tmp, ignore_errors=True)  # the runs' JSON files: the table below has their figures
     table = Table(title=f"A = {args.a}, B = {args.b}: {args.workloads}, {args.rounds} alternating rounds")
     table.add_column("figure")
     table.add_column("A runs", justify="right")
