@@ -29,7 +29,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from pigeon.testing.chaos import Checked, Cluster, Workload, lease_of
+from pigeon.testing.chaos import Cluster, Workload
+from pigeon.testing.history import Checked, lease_of
 from pigeon.testing.cluster import made_for
 
 P = "projects/rounds"

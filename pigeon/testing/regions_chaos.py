@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 from pigeon.core.regions import COPY_LABEL
-from pigeon.testing.chaos import Checked, Workload
+from pigeon.testing.chaos import Workload
+from pigeon.testing.history import Checked
 from pigeon.testing.regions import Deployment
 
 P = "projects/regions-chaos"
