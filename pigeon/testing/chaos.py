@@ -1,6 +1,6 @@
 """Fault scenarios against a real cluster (`make chaos`, and a few in `make test`): real etcd, real nodes on
 loopback, the official Python client publishing with ordering keys and pulling + acknowledging through any
-node, while one fault is injected — then a full check of the history:
+node, while one fault is injected — then a full check of the history (pigeon.testing.history):
 
   * **no acknowledged publish lost**: every message the publisher was told was stored reaches each subscription;
   * **no acknowledged ack undone**: once `Acknowledge` returned OK for a message, no pull *sent after that*
