@@ -239,6 +239,7 @@ repair_check_s = 30.0  # a repair pass at least this often even when nothing it 
 log_ledgers_snapshot = 8  # a log listing more ledgers than this gets a snapshot (then a cut) though little was written
 loop_slice_bytes = 1 << 20  # a read of a ledger this node holds lets the event loop serve others after this much
 cold_read_bytes = 1 << 20  # where a ledger's entries are not in the page cache, a thread reads this much into it
+own_positions_checkpoint_bytes = 64 << 20  # an owner writes where its own ledgers' entries lie after this much journal
 fetch_bytes = 4 << 20  # one read of a batch named by a log address (core.bundles) and the entries after it, about
 fetch_ahead = 4  # … and the reads of as many ranges ahead at once, once a reader gets to a range (≤ ¼ of the cache each)
 fetch_tries = 3  # reads of a batch from its ledger in a row before a caller is answered UNAVAILABLE (core.bundles)

@@ -69,6 +69,7 @@ class _Pending:
     body: bytes
     fut: asyncio.Future
     where: tuple | None  # (log, offset, position, end) of its record in the node journal, when it has one
+    at: int  # … that position, or where the node journal notes an entry it does not hold went (node.own_copy)
     waiters: list | None = None  # futures of when_confirmed, settled in the step that settles `fut`
 
 
@@ -132,14 +133,14 @@ class BundleLogs:
     def append(self, log_id: int, rtype: int, body: bytes, where: tuple | None = None) -> asyncio.Future:
         """Replicate one record of an owned log: a future done once Qa members hold it durable; it fails with
         Unavailable when the log is not (or no longer) this node's. `where`: (log, offset, position, end) of the
-        record in the node journal, when it was written there: this node's own copy borrows it."""
+        record in the node journal, when it was written there (else a marker there says where it went: own_copy)."""
         fut = asyncio.get_running_loop().create_future()
         fut.add_done_callback(_retrieve)
         ol = self.logs.get(log_id)
         if ol is None:
             fut.set_exception(Unavailable(_MOVED))
             return fut
-        p = _Pending(rtype, body, fut, where)
+        p = _Pending(rtype, body, fut, where, where[2] if where else self.cluster.engine.journal.mark(log_id))
         ol.pending.append(p)
         self.reads.noted(ol, rtype, where)
         ol.next_offset += 1
@@ -147,6 +148,10 @@ class BundleLogs:
         if ol.rolling is None:
             self._send(ol, p)
         return fut
+
+    def unsent_from(self) -> int | None:
+        """Where the node journal holds the first record of an owned log not yet confirmed (node.own_copy)."""
+        return min((ol.pending[0].at for ol in self.logs.values() if ol.pending), default=None)
 
     def flush(self, log_id: int) -> None:
         """Somebody waits for the log's records: send the ones lingering to the members now."""

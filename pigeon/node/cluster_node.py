@@ -81,6 +81,7 @@ class ClusterNode:
         self._peer_channels: dict[str, object] = {}
         self.meta_log = MetaLog(self.global_meta or self.meta, engine)
         self.logs = BundleLogs(self, Replication(config.replicas, config.replicas, config.ack_quorum))
+        self.store.unsent_from = self.logs.unsent_from
         self.upkeep = LedgerUpkeep(self.logs)
         self.handovers = HandOvers(self)  # (topic, shard) pairs handed between bundle logs (docs/cluster.md 4.3)
         self.routes: dict[int, str] = {}  # bundle → where its owner is dialled (NodeInfo.dial), as last read

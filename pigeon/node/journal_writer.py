@@ -185,25 +185,25 @@ class JournalWriter:
         with self._cv:
             self._hand(False)
 
-    def fence(self, log_id: int, epoch: int) -> int:
+    def _marker(self, change, *args):
+        """A journal marker (a fence, a truncation, a move of a log's numbering, a mark: storage.journal.Journal's
+        methods of those names), durable with the next group commit; what `change` returns."""
         with self._cv:
-            out = self.journal.fence(log_id, epoch)
+            out = change(*args)
             self._hand(False)
         return out
+
+    def fence(self, log_id: int, epoch: int) -> int:
+        return self._marker(self.journal.fence, log_id, epoch)
 
     def truncate(self, log_id: int, after: int) -> None:
-        """Drop the entries of `log_id` above offset `after` (storage.journal.Journal.truncate); durable with the
-        next group commit."""
-        with self._cv:
-            self.journal.truncate(log_id, after)
-            self._hand(False)
+        self._marker(self.journal.truncate, log_id, after)
 
-    def mark(self, log_id: int) -> int:
-        """A marker entry that changes nothing (storage.journal.Journal.mark); its journal position."""
-        with self._cv:
-            out = self.journal.mark(log_id)
-            self._hand(False)
-        return out
+    def advance(self, log_id: int, nxt: int) -> None:
+        self._marker(self.journal.advance, log_id, nxt)
+
+    def mark(self, log_id: int) -> int:  # (its journal position)
+        return self._marker(self.journal.mark, log_id)
 
     def _hand(self, sync: bool) -> None:
         """(Holding _cv.) Wake the writer for what was appended — with a lane, hand it over placed: the writer

@@ -217,6 +217,16 @@ class Journal:
         st.durable_next = min(st.durable_next, st.next)
         st.unsynced = deque((o, e) for o, e in st.unsynced if o <= after)
 
+    def advance(self, log_id: int, nxt: int) -> None:
+        """Number the log's next entry `nxt`, past its end: the entries between are kept elsewhere (a ledger store's
+        own copy, node.own_copy). A truncation marker past the end says so, replayed as any truncation is."""
+        st = self.log(log_id)
+        if nxt <= st.next:
+            return
+        pos = self._marker(st, TRUNCATE, st.epoch, nxt - 1)
+        st.truncations.append((pos, nxt - 1))
+        st.next = nxt
+
     # --- the writer's side -----------------------------------------------------------------------------
     def pending(self) -> bool:
         return bool(self._pending)

@@ -240,7 +240,7 @@ def _follow(logs: dict[int, LogState], rtype: int, payload, at: int, forgotten=f
             return "a truncation marker of the wrong size"
         after = int.from_bytes(body, "little")
         st.truncations.append((at, after))
-        st.next = min(st.next, after + 1)
+        st.next = after + 1  # (a marker past the end moves it on: Journal.advance)
     else:
         if epoch < st.fenced:
             return f"an entry of log {log} from epoch {epoch}, which was fenced at {st.fenced}"

@@ -82,6 +82,10 @@ class SimJournalWriter(JournalWriter):
         super().truncate(log_id, after)
         self._schedule()
 
+    def advance(self, log_id: int, nxt: int) -> None:
+        super().advance(log_id, nxt)
+        self._schedule()
+
     def mark(self, log_id: int) -> int:
         out = super().mark(log_id)
         self._schedule()

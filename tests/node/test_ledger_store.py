@@ -247,7 +247,8 @@ def test_the_owners_copy_asks_the_node_journal_for_what_it_borrows(tmp_path, mon
         node = await _node_journal(tmp_path)
         s = LedgerStore(str(tmp_path), node=node)
         await s.open()
-        await s.submit(9, 1, 0, 1, b"the first entry: a whole copy")
+        await s.submit(9, 1, 0, 1, b"the first entry: a whole copy", where=_commit(node, 9, 1, b"the first entry: "
+                                                                                        b"a whole copy"))
         where = _commit(node, 9, 1, b"a record the executor waits for at Qa only")
         done = s.submit(9, 1, 1, 1, b"a record the executor waits for at Qa only", now=False, where=where)
         s.flush()  # the ledger's writer: somebody waits for the entry
@@ -307,15 +308,15 @@ def test_a_borrowed_entry_whose_record_is_another_is_an_error_not_other_bytes(tm
         node = await _node_journal(tmp_path)
         s = LedgerStore(str(tmp_path), node=node)
         await s.open()
-        await s.submit(3, 1, 0, 1, b"first, whole")
-        log, offset, at, end = _commit(node, 5, 1, b"log 5's entry 0")
-        await s.submit(3, 1, 1, 1, b"log 5's entry 0", where=(log, offset + 1, at, end))
-        with pytest.raises(PigeonError, match="not log 5's entry 1"):
-            s.read(3, 0, 2)
-        await s.submit(6, 1, 0, 1, b"first, whole")
-        await s.submit(6, 1, 1, 1, b"log 5's entry 0", where=(log, offset, at + 1, end))  # inside the record
+        await s.submit(3, 1, 0, 1, b"first, whole", where=_commit(node, 5, 1, b"first, whole"))
+        log, offset, at, end = _commit(node, 5, 1, b"log 5's entry 1")
+        with pytest.raises(FailedPrecondition, match="entry 1 is log 5's record at offset 1 in the node journal, "
+                                                     "not log 5's at 2"):
+            s.submit(3, 1, 1, 1, b"log 5's entry 1", where=(log, offset + 1, at, end))
+        assert s.held(3) == 1, "refused: nothing taken"
+        await s.submit(3, 1, 1, 1, b"log 5's entry 1", where=(log, offset, at + 1, end))  # inside the record
         with pytest.raises(PigeonError, match="record at %d cannot be read" % (at + 1)):
-            s.read(6, 0, 2)
+            s.read(3, 0, 2)
         await s.close()
         await node.close()
 
