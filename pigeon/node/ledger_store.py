@@ -64,7 +64,7 @@ log = logging.getLogger("pigeon.ledgers")
 FENCE_EPOCH = 0xFFFF_FFFF  # above every writer's epoch (epochs are 32-bit): recovery writes at it
 BORROWED = 28  # (stores written before) an entry the node journal holds, where it lies; no broker record has this type
 # ledger · index · the node journal's record: position, size, log, offset
-_WHERE = struct.Struct("<QQQIIQ")
+BORROWED_WHERE = struct.Struct("<QQQIIQ")
 
 
 class _Found:
@@ -87,7 +87,7 @@ class _Found:
             self.owns[ledger] = Own(log, offset, epoch, index)
         if rtype != BORROWED:
             return
-        ledger, index, pos, size, _, _ = _WHERE.unpack_from(body)
+        ledger, index, pos, size, _, _ = BORROWED_WHERE.unpack_from(body)
         b = self.borrowed.get(ledger)
         if b is None:
             self.borrowed[ledger] = [pos, pos + size]
@@ -469,7 +469,7 @@ class LedgerStore:
 
     def _lent(self, ledger: int, e: Entry, nowait: bool = False) -> Entry | None:
         """A borrowed entry, read from the node journal (None while its record there is not durable)."""
-        _, index, pos, size, log, offset = _WHERE.unpack_from(e.body)
+        _, index, pos, size, log, offset = BORROWED_WHERE.unpack_from(e.body)
         if pos + size > self.node.durable:
             return None
         journal = self.node.journal

@@ -15,6 +15,7 @@ from pigeon.core import limits
 from pigeon.core.errors import FailedPrecondition, PigeonError
 from pigeon.node.disk import OsDisk
 from pigeon.node.journal_writer import FsyncPolicy, JournalWriter
+from pigeon.node import ledger_store
 from pigeon.node.ledger_store import FENCE_EPOCH, LedgerStore
 from pigeon.storage import record
 from pigeon.storage import recovery as storage_recovery
@@ -400,3 +401,41 @@ def test_a_delete_before_the_store_opened_is_refused_and_forgets_nothing(tmp_pat
 
     run(first_life())
     assert run(second_life()) == [ledger_id(4, 0), ledger_id(1, 0)]
+
+
+def test_a_store_written_before_reads_its_borrowed_entries_as_they_were(tmp_path):
+    """Stores written before kept a BORROWED record of each entry the node journal held: they still read back, and
+    those whose node journal record a crash lost (past the end it recovered: never answered) are dropped."""
+    bodies = [b"%03d" % i * 300 for i in range(8)]
+
+    async def write_as_before() -> int:
+        node = await _node_journal(tmp_path)
+        s = LedgerStore(str(tmp_path), node=node)
+        await s.open()
+        await s.submit(4, 1, 0, 1, bodies[0])  # (the first entry, whole)
+        cut = 0
+        for i, body in enumerate(bodies[1:], 1):
+            log, offset, at, end = _commit(node, 4, 1, body)
+            ref = ledger_store.BORROWED_WHERE.pack(4, i, at, end - at, log, offset)
+            s.writer.append(4, 1, ledger_store.BORROWED, [ref])
+            cut = cut or (at if i == 6 else 0)
+        await node.wait_durable(node.tail)
+        await s.writer.wait_durable(s.writer.tail)
+        await s.close()
+        await node.close()
+        return cut
+
+    async def reread():
+        node = await _node_journal(tmp_path)
+        s = LedgerStore(str(tmp_path), node=node)
+        await s.open()
+        assert s.held(4) == 6 and [e.body for e in s.read(4, 0, 8)] == bodies[:6]
+        assert s.journal_floor() is not None
+        await s.close()
+        await node.close()
+
+    cut = run(write_as_before())
+    wal = tmp_path / "wal"
+    (segment,) = [wal / f for f in os.listdir(wal) if f.endswith(".wal")]
+    os.truncate(segment, cut - int(os.path.basename(segment).split(".")[0]) + 5)  # a torn record at entry 6
+    run(reread())
