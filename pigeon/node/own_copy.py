@@ -38,7 +38,7 @@ from pigeon.storage import records as R
 from pigeon.storage.journal import FENCE, TRUNCATE
 
 OWN_FIRST = 29  # an own ledger's first entry: a whole copy, naming where the ledger's records lie in the node journal
-_FIRST = struct.Struct("<QQQQII")  # ledger · index · the log · the offset of its record in that log there · type · epoch
+_FIRST = struct.Struct("<QQQQII")  # ledger · index · the log · its record's offset in the log there · type · epoch
 _HEAD = struct.Struct("<8sQQ")  # magic · mark · ledgers
 _LEDGER = struct.Struct("<QQ")  # ledger · positions
 _MAGIC = b"PGOWNPOS"
