@@ -18,7 +18,9 @@ clients drain the subscriptions. Checked:
   * no acknowledged ack undone (a pull sent after an ack returned OK never returns that message again);
   * per-key order on the ordered subscriptions (first deliveries come in publish order);
   * every bundle has an owner again, and no closed ledger stays short of members that are up;
-  * no log rolls in a storm (many ledgers opened within one step).
+  * no log rolls in a storm (many ledgers opened within one step);
+  * at the end, every idle log's ledger list cut short and every journal rid of what no log keeps, once a
+    diligent subscriber took what was left (the checks: testing.simcluster_checks).
 
 A failure raises SimFailure naming the seed; `python -m pigeon.testing.simcluster_main --seed N` replays it (with the
 PYTHONHASHSEED it prints), `--seeds N` runs many (`make sim-cluster SEEDS=N`)."""
@@ -29,20 +31,18 @@ import asyncio
 import gc
 import random
 import traceback
-from dataclasses import dataclass, field
 
 import crc32c
 from google.pubsub_v1 import types
 
-from pigeon.broker import images
 from pigeon.cluster import metadata as M
-from pigeon.cluster.ledgers import LedgerInfo
 from pigeon.cluster.placement import decode_homes, encode_homes
 from pigeon.core import limits
 from pigeon.core.bundles import shard_log
 from pigeon.core.errors import PigeonError, Unavailable
 from pigeon.node.meta_local import LocalMetadata
 from pigeon.testing import simloop
+from pigeon.testing.simcluster_checks import History, RollWatch, lists_short
 from pigeon.testing.simnet import SimNet
 from pigeon.testing.simnode import BUNDLES, LOG_SNAPSHOT_S, NODE, SHARDS, SimNode, _Refused
 
@@ -51,7 +51,6 @@ KEYS = ["k1", "k2", "k3"]
 CALL_S = 5.0  # a client's deadline for one call
 FAULT_RATE = 0.2  # the share of steps that begin with a fault
 MOVE_RATE = 0.15  # the share of faults that are a shard asked into another bundle
-ROLLS_MAX = 20  # more new ledgers of one log than this within one step of the workload is a roll storm
 DRAIN_PULL, DRAIN_PAUSE_S = 100, 0.2  # a drain's pulls ask for this many; it pauses between rounds that bring some …
 DRAIN_PAUSE_MAX_S = 3.2  # … doubling up to this while they bring none (waiting out leases and backoff)
 SETTLE_PAUSE_S, SETTLE_PAUSE_MAX_S = 1.0, 8.0  # the same, while waiting for the journals to drop what no log keeps
@@ -64,21 +63,6 @@ _Task, _node_get = asyncio.Task, NODE.get
 
 class SimFailure(AssertionError):
     pass
-
-
-@dataclass
-class History:
-    published: dict[str, tuple[int, str]] = field(default_factory=dict)  # message id → (topic, data), acked
-    keys: dict[str, str] = field(default_factory=dict)  # data → ordering key
-    seq: dict[str, int] = field(default_factory=dict)  # data → its place in its key
-    delivered: dict[str, set[str]] = field(default_factory=dict)  # sub → message ids delivered
-    first: dict[str, list[str]] = field(default_factory=dict)  # sub → data in order of first delivery
-    firsts: dict[str, set[str]] = field(default_factory=dict)  # sub → the data in `first`
-    received: int = 0  # messages that pulls returned, on every subscription
-    acked: dict[str, dict[str, float]] = field(default_factory=dict)  # sub → message id → when its ack returned
-    dead: set[str] = field(default_factory=set)  # data delivered on the dead-letter topic's subscription
-    publish_failed: int = 0
-    calls: int = 0
 
 
 class ClusterSim:
@@ -99,8 +83,7 @@ class ClusterSim:
         self._seq = {k: 0 for k in KEYS}
         self._publishing: dict[tuple[int, str], asyncio.Lock] = {}
         self.faults: list[str] = []
-        self._seqs: dict[str, int] = {}  # ledger list key → its last ledger's number, at the last look
-        self._seen: dict[str, int] = {}  # ledger list key → the revision of its value at the last look
+        self.rolls = RollWatch()
 
     def sync_s(self) -> float:
         return self.rng.uniform(0.0002, 0.003)
@@ -175,11 +158,12 @@ class ClusterSim:
         t = self._view().topics.get(topic)
         return self.spread or (t is not None and t.spread)
 
-    async def _pull_and_ack(self, sub: str, topic: str, max_messages: int, settle):
-        """A Pull through a random node — spread, from one shard's owner, which serves the shards it owns — and
-        `settle(node, ack ids)` of what came, each ack id sent to its shard's owner (as api.spread splits them).
-        (response, whether every settle call went through)"""
-        shard = self.rng.randrange(SHARDS) if self._spread(topic) else 0
+    async def _pull_and_ack(self, sub: str, topic: str, max_messages: int, settle, shard: int | None = None):
+        """A Pull through a random node — spread, from one shard's owner (`shard`'s, else a random one's), which
+        serves the shards it owns — and `settle(node, ack ids)` of what came, each ack id sent to its shard's owner
+        (as api.spread splits them). (response, whether every settle call went through)"""
+        if shard is None:
+            shard = self.rng.randrange(SHARDS) if self._spread(topic) else 0
         rms = await self._routed(self.log_for(topic, shard=shard),
                                  lambda node: node.engine.delivery.pull(sub, max_messages, True))
         got = _PullResponse.FromString(b"".join(rms)).received_messages
@@ -266,12 +250,24 @@ class ClusterSim:
         for mid, d in zip(ids, datas):
             self.h.published[mid] = (t, d)
 
-    async def consume(self, sub: str, most: int = 20) -> None:
+    def _shard_owners(self, topic: str) -> list[int]:
+        """A shard of each log that holds shards of `topic` (a Pull to each reaches every shard)."""
+        view = self._view()
+        t = view.topics.get(topic)
+        if t is None or not self._spread(topic):
+            return [0]
+        firsts: dict[int, int] = {}
+        for shard, log_id in enumerate(view.shard_logs(t, BUNDLES)):
+            firsts.setdefault(log_id, shard)
+        return list(firsts.values())
+
+    async def consume(self, sub: str, most: int = 20, shard: int | None = None, diligent: bool = False) -> None:
+        """A subscriber's Pull and ack; it dies before acking now and then, unless `diligent`."""
         t = self.subs[sub]
         sent = asyncio.get_running_loop().time()
         try:
             got, settle = await self._pull_and_ack(sub, self.topics[t], most, lambda node, ids: (
-                node.engine.delivery.acknowledge(sub, ids)))
+                node.engine.delivery.acknowledge(sub, ids)), shard)
         except (PigeonError, _Refused, asyncio.TimeoutError):
             return
         h = self.h
@@ -290,7 +286,7 @@ class ClusterSim:
                 if d not in firsts:
                     firsts.add(d)
                     h.first.setdefault(sub, []).append(d)
-        if not got or self.rng.random() < 0.1:  # sometimes the consumer dies before acking
+        if not got or (not diligent and self.rng.random() < 0.1):  # sometimes the consumer dies before acking
             return
         try:
             await settle(got)
@@ -412,29 +408,16 @@ class ClusterSim:
         await self.heal_all()
         await self.drain()
         self.check()
-        await self.until(self.lists_short, 120, "every log's ledger list to be cut short (snapshots, cuts)")
+        await self.until(lambda: lists_short(self.nodes.values()), 120, "every log's ledger list to be cut short (snapshots, cuts)")
         await self.settle()
         self.trace = simloop.fingerprint()
         return self.h
 
-    def lists_short(self) -> bool:
-        """Every log that keeps no message lists at most a few ledgers more than a snapshot is written at: an idle
-        log moved again and again gets a snapshot and is cut too, its list does not grow with every takeover. (A
-        log with messages not yet acknowledged keeps their ledgers, and so does one whose messages a shard handed
-        to another log still holds unacknowledged.)"""
-        lent = {source for n in self.nodes.values() for log_id in n.cluster.logs.logs
-                for source in images.lent_map(n.engine.state, log_id, BUNDLES)}
-        for n in self.nodes.values():
-            for log_id, ol in n.cluster.logs.logs.items():
-                if log_id in lent or images.bundle_need(n.engine.state, log_id, BUNDLES) < 1 << 63:
-                    continue
-                if len(ol.ledgers) > limits.log_ledgers_snapshot + 2:
-                    return False
-        return True
-
     async def settle(self) -> None:
         """Consume whatever comes again (a lease that ran out after a crash) until every member's journals dropped
-        what no log keeps."""
+        what no log keeps: a subscriber that pulls from every shard's owner and acks all it gets (what is asked
+        of the cluster here is to reclaim space once nothing is needed; a consumer that keeps dying before it acks
+        an ordered key's batches, or misses a shard round after round, only holds it back)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + 4 * LOG_SNAPSHOT_S + limits.stray_check_s
         pause = SETTLE_PAUSE_S
@@ -443,7 +426,9 @@ class ClusterSim:
                 self.fail(f"waited for every member's journal to drop what no log keeps; {self._describe()}; "
                           f"segments {self._segments()}")
             received = self.h.received
-            await asyncio.gather(*(self.consume(s) for s in set(self.subs) - set(self.poison) - {self.dead_sub}),
+            await asyncio.gather(*(self.consume(s, shard=shard, diligent=True)
+                                   for s in sorted(set(self.subs) - set(self.poison) - {self.dead_sub})
+                                   for shard in self._shard_owners(self.topics[self.subs[s]])),
                                  *(self.nack_all(s) for s in self.poison), self.consume_dead())
             pause = self._pause(received, pause, SETTLE_PAUSE_S, SETTLE_PAUSE_MAX_S)
             await simloop.nap(min(pause, max(deadline - loop.time(), 0.0) + 0.05), self.space_reclaimed, SETTLE_LOOK_S)
@@ -480,7 +465,7 @@ class ClusterSim:
         deadline = loop.time() + 120
         pause = DRAIN_PAUSE_S
         while loop.time() < deadline:
-            missing = self._missing()
+            missing = self.h.missing(self.subs, self.poison)
             if not missing:
                 return
             subs = {s for s, _ in missing}
@@ -490,17 +475,19 @@ class ClusterSim:
             pause = self._pause(received, pause, DRAIN_PAUSE_S, DRAIN_PAUSE_MAX_S)
             await asyncio.sleep(min(pause, max(deadline - loop.time(), 0.0) + 0.05))
 
-    def _missing(self) -> list[tuple[str, str]]:
-        by_topic: dict[int, list[tuple[str, str]]] = {}
-        for mid, (topic, d) in self.h.published.items():
-            by_topic.setdefault(topic, []).append((mid, d))
-        out = []
-        for sub, t in self.subs.items():
-            seen = self.h.delivered.get(sub, set())
-            out += [(sub, mid) for mid, _ in by_topic.get(t, ()) if mid not in seen]
-        for sub, t in self.poison.items():  # each of its messages is dead-lettered in the end
-            out += [(sub, mid) for mid, d in by_topic.get(t, ()) if d not in self.h.dead]
-        return out
+    def watch_rolls(self) -> None:
+        if (storm := self.rolls.look(self.meta.kvs)) is not None:
+            self.fail(storm)
+
+    def check(self) -> None:
+        self.watch_rolls()
+        missing = self.h.missing(self.subs, self.poison)
+        if missing:
+            sub, mid = missing[0]
+            self.fail(f"{len(missing)} acknowledged publishes never delivered, e.g. {self.h.published[mid][1]} "
+                      f"(id {mid}) on {sub}")
+        if (why := self.h.out_of_order()) is not None:
+            self.fail(why)
 
     def all_owned(self) -> bool:
         owned = {}
@@ -532,37 +519,6 @@ class ClusterSim:
                 seen.append(f"{n.id}: down")
         return f"owner keys {owners}; node keys {nodes}; " + "; ".join(seen)
 
-    def watch_rolls(self) -> None:
-        """A log's ledgers are numbered in order: many new ones since the last look (a step: at most a few
-        seconds) is a roll storm — ledgers opened and closed at once, each a change of the list in etcd."""
-        for key, kv in self.meta.kvs.items():
-            if "/ledgers/" not in key or self._seen.get(key) == kv.mod_revision:
-                continue  # (unchanged since the last look: its last ledger is the same)
-            self._seen[key] = kv.mod_revision
-            if lgs := LedgerInfo.decode_list(kv.value):
-                last, seq = self._seqs.get(key), lgs[-1].seq
-                self._seqs[key] = seq
-                if last is not None and seq - last > ROLLS_MAX:
-                    self.fail(f"log {key.rsplit('/', 1)[-1]} opened {seq - last} ledgers in one step (a roll storm:"
-                              f" ledgers opened and closed with nothing written); the last {lgs[-1]}")
-
-    def check(self) -> None:
-        self.watch_rolls()
-        missing = self._missing()
-        if missing:
-            sub, mid = missing[0]
-            self.fail(f"{len(missing)} acknowledged publishes never delivered, e.g. {self.h.published[mid][1]} "
-                      f"(id {mid}) on {sub}")
-        published = {d for _, d in self.h.published.values()}
-        for sub, order in self.h.first.items():
-            last: dict[str, int] = {}
-            for d in order:
-                if d not in published:
-                    continue
-                key, seq = self.h.keys[d], self.h.seq[d]
-                if seq < last.get(key, 0):
-                    self.fail(f"{sub}: {d} first delivered after a later message of key {key}")
-                last[key] = seq
 
 
 def run_seed(seed: int, steps: int = 100, spread: bool = False) -> ClusterSim:
