@@ -4,7 +4,7 @@ benchmark's latency workload (open loop, one message per durable publish, a Stre
 pigeon target) runs in the same sitting, and each cluster figure is also given against it; with `--layout spread`
 the nodes make spread topics (`--topic-layout spread`: the publish is stored in a shard of the node that took it);
 with `--layout forwarded` the calls go to a node that does not own the topic (it forwards them).
-Every target of a round runs on a fresh server, one after the other; `--rounds` alternates them.
+Every target of a round runs on a fresh server, one after the other; `--rounds` alternates them, every other round in reverse
 
     python scripts/cluster_latency.py --rate 300 --rate 1000 [--seconds 6]
     python scripts/cluster_latency.py --single --layout together --layout spread --rounds 2 --seconds 10
@@ -291,7 +291,8 @@ def main() -> int:
     results: dict[tuple[int, tuple], list[dict]] = {}
     for rate in args.rate or [1000]:
         for rnd in range(args.rounds):
-            for kind, tree in kinds:
+            for kind, tree in (kinds if rnd % 2 == 0 else kinds[::-1]):  # (no target always after another)
+                os.sync()  # (the last run's dirty pages written back now, not during this one)
                 quiet = wait_quiet(args.quiet_wait) if args.quiet_wait else None
                 load = open("/proc/loadavg").read().split()[0] + (
                     f", others {quiet['other_pct']:.0f} % of the machine after {quiet['waited_s']} s" if quiet else "")
