@@ -5,7 +5,7 @@ publisher's send to the consumer's receipt, as percentiles. Every stamp is CLOCK
 the machine share.
 
     python scripts/latency_hops.py [--rate 1000] [--seconds 10] [--server-env NAME=VALUE]
-    python scripts/latency_hops.py --cluster [--rate 1000]
+    python scripts/latency_hops.py --cluster [--rate 1000] [--nodes 1 --node-args "--replicas 1 --ack-quorum 1"]
 
 `--cluster`: the benchmark's three nodes over etcd instead (pigeon.bench.cluster: fsync=always, ledgers on 3,
 answered at 2), the publisher and the consumer at the topic's owner, and the owner's steps — its sends to the
@@ -196,8 +196,9 @@ def _cluster(a, console: Console):
     os.environ.update(dict(kv.split("=", 1) for kv in a.server_env))
     os.environ["PIGEON_HOPS"] = os.path.join(data, "%p.hops")  # (each node's process writes its own)
     cls = PigeonClusterServer
-    if a.node_args:
-        cls = type(cls.__name__, (cls,), {"node_args": cls.node_args + tuple(a.node_args.split())})
+    if a.node_args or a.nodes:
+        cls = type(cls.__name__, (cls,), {"node_args": cls.node_args + tuple(a.node_args.split()),
+                                          "size": a.nodes or cls.size})
     server = cls(os.path.join(data, "cluster"), PLANS["quick"])
     try:
         try:
@@ -251,6 +252,8 @@ def main() -> None:
     ap.add_argument("--node-args", default="", metavar="OPTIONS",
                     help='with --cluster: more `pigeon serve` options for every node, e.g. '
                          '"--replicas 1 --ack-quorum 1"')
+    ap.add_argument("--nodes", type=int, default=0,
+                    help="with --cluster: how many nodes (default the benchmark's 3; 1 needs --replicas 1)")
     a = ap.parse_args()
     console = Console()
     hops, published, received = (_cluster if a.cluster else _single)(a, console)
