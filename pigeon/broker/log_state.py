@@ -124,8 +124,8 @@ def snapshot(state, rec: R.Snapshot):
     for image in images:  # and a later reset of the log must)
         t = state.topics_by_uid.get(image.topic) if isinstance(image, R.ShardHome) else None
         if t is not None and t.gens.get(image.shard, 0) < image.gen:  # (the reset below clears the pair)
-            landing = _landing(t, image.shard, image.log, image.gen)
-            _homed(state, t, image.shard, image.log, image.gen)
+            landing = _landing(t, image.shard, image.log, image.gen)  # (homed by the log, not yet by the metadata
+            _homed(state, t, image.shard, image.log, image.gen, until_home=True)  # log: as a ShardIn, `shard_in`)
             landed.append((t, image.shard, landing))
         elif t is not None and image.shard in t.landed and t.gens.get(image.shard) == image.gen:
             landed.append((t, image.shard, t.landed.pop(image.shard)))

@@ -281,3 +281,27 @@ def test_the_old_homes_owner_reads_the_new_home_back_whole_while_its_hand_over_i
     assert node.topics_by_uid[1].away[MOVED] == out
     with pytest.raises(Unavailable):
         node.log_of(R.Publish(1, MOVED, 7, 3000, 1, 0, b""), BUNDLES)
+
+
+def test_a_node_owning_the_old_home_keeps_its_hand_over_pending_when_it_loads_the_new_homes_snapshot():
+    """The cluster simulator (seed 8707, spread layout): a node owning the old home, its ShardOut pending, took the
+    new home over from a snapshot its other owner wrote after the ShardIn — the snapshot carries the pair as a
+    ShardHome. Loaded as the metadata log's homing, it dropped the pending ShardOut: no node committed the
+    hand-over's ShardHome then, the metadata log routed the pair to the old home for good (which refuses it), and
+    no checkpoint was ever taken again (the homing pending): the journals grew without end. A snapshot's homing
+    is the log's own, as a ShardIn's: the hand-over stays pending until the metadata log's ShardHome."""
+    node = fresh()
+    for at, rec in enumerate(before(), start=100):
+        node.apply(rec, at)
+    out = R.ShardOut(1, MOVED, HOME, NEW, 1, 30.0, images.pair_images(node, node.topics_by_uid[1], MOVED))
+    node.apply(out)
+    other = fresh()  # the new home's owner: its ShardIn, then a snapshot of the new home
+    other.apply(R.ShardIn(1, MOVED, NEW, HOME, 1, 30.0, out.images))
+    snap = images.bundle_snapshot(other, NEW, BUNDLES)
+    node.apply(snap)
+    t = node.topics_by_uid[1]
+    assert t.away.get(MOVED) == out, "the hand-over out of the old home is still to finish"
+    with pytest.raises(Unavailable):
+        node.log_of(R.Publish(1, MOVED, 5, 2000, 1, 0, b""), BUNDLES)
+    node.apply(R.ShardHome(1, MOVED, NEW, 1, 40.0))
+    assert not t.away and node.log_of(R.Publish(1, MOVED, 5, 2000, 1, 0, b""), BUNDLES) == NEW
