@@ -28,19 +28,27 @@ def commit(state: BrokerState, logs, epoch: int, fenced: set[int], bundles: int,
     """`commit_step` of each record `rec` is committed as — itself, or one a shard of a spread topic's that names
     several (each durable and applied on its own, as on several owners): (record, its journal position, the
     journal's end after it, effects).
-    A part for a log this node does not `owns` (a spread topic's shard another node owns now) refuses the whole
-    record with Unavailable before anything is appended: a node writes only the logs it owns."""
+    A record, or a part, for a log this node does not `owns` — a spread topic's shard another node owns now, a
+    bundle given up while a task still worked for it (a dead letter's ack) — refuses the whole record with
+    Unavailable before anything is appended: a node writes only the logs it owns (an append to another's log
+    fails, and its failure would stay that log's latest replication here, failing every later wait on it)."""
     if not state.spread:
+        if owns is not None and not rec.META and not _owned(state.log_of(rec, bundles), owns):
+            raise Unavailable("The topic's bundle moved to another node; retry.")
         _, _, at, _, effects = commit_step(state, logs, epoch, fenced, bundles, rec, owner)
         return [(rec, at, logs.journal.tail, effects)]
     parts = state.split(rec)
-    if owns is not None and not all(log == META_LOG or owns(log) for log in (state.log_of(p, bundles) for p in parts)):
+    if owns is not None and not all(_owned(state.log_of(p, bundles), owns) for p in parts):
         raise Unavailable("A shard of the topic moved to another node; retry.")
     out = []
     for part in parts:
         _, _, at, _, effects = commit_step(state, logs, epoch, fenced, bundles, part, owner)
         out.append((part, at, logs.journal.tail, effects))
     return out
+
+
+def _owned(log_id: int, owns) -> bool:
+    return log_id == META_LOG or owns(log_id)
 
 
 def append_step(state: BrokerState, logs, epoch: int, fenced: set[int], bundles: int,
