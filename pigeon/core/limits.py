@@ -84,6 +84,7 @@ replication_linger_s = 0.005  # an entry nobody waits for yet goes to its member
 # a node's replication round somebody waits for goes no sooner than this after the last while that one is not yet
 # held by Qa members: what is appended meanwhile goes with it (pigeon.node.logs: fewer, fuller requests under load)
 replication_round_s = 0.003
+ledger_close_drain_s = 0.05  # a ledger closing waits this long at most for its members' copies of what it confirmed
 group_commit_bytes_max = 8 * 1024 * 1024
 checkpoint_wal_bytes_max = 256 * 1024 * 1024  # take a checkpoint after this much WAL
 checkpoint_interval_s_max = 60.0

@@ -450,7 +450,7 @@ class BundleLogs:
         if failed:
             self.cluster.changed.set()  # placement looks now whether this node is cut off from its peers
         ol.writer = None
-        await old.close()
+        await old.close(limits.ledger_close_drain_s)
         # (a roll planned — a snapshot, a larger ensemble — is routine: every second or so under load)
         (log.warning if failed else log.info)("log %d: ledger %d stops at %d (%s); %d entries go to the next",
                                               ol.log_id, ol.ledger.id, close_at, stop.why, len(ol.pending))
@@ -559,7 +559,7 @@ class BundleLogs:
             return
         writer, ol.writer = ol.writer, None
         end = ol.ledger.first + writer.machine.lac
-        await writer.close()
+        await writer.close(limits.ledger_close_drain_s)
         self._fail(ol)
         self.cluster.engine.forget_log(log_id)
         try:
@@ -576,7 +576,7 @@ class BundleLogs:
             if ol.rolling is not None:
                 ol.rolling.cancel()
             if ol.writer is not None:
-                await ol.writer.close()
+                await ol.writer.close(limits.ledger_close_drain_s)
             self._fail(ol)
         for c in self._clients.values():
             await c.close()

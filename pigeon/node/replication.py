@@ -142,6 +142,9 @@ class LedgerWriter:
         self.failed: set[str] = set()  # members that failed or refused (the next ensemble leaves them out)
         self.on_roll = None  # called once the ledger stops taking appends (also when none were waiting)
         self.on_answer = None  # called with a member's name whenever it answers
+        self.through: dict[str, int] = {}  # member → the end of what it answered (also after the writer stopped)
+        self._flushed: dict[str, int] = {}  # member → the ledger's next index when a round was last sent to it
+        self._turn = 0  # (whose turn a round is, of the members besides this node)
         self._quiet: asyncio.Future | None = None  # set while every member has answered everything sent
         self._closed = False
         self.streams = {m: c.open_append(channel=True) for m, c in members.items()}
@@ -214,6 +217,8 @@ class LedgerWriter:
             self.failed.add(member)
             self._perform(self.machine.failed(member, error))
             return
+        if self.through.get(member, 0) <= index:
+            self.through[member] = index + 1
         if self.on_answer is not None:
             self.on_answer(member)
         self._perform(self.machine.acked_through(member, index + 1))
@@ -252,10 +257,34 @@ class LedgerWriter:
                 self.failed.update(late)
                 self._perform(m.failed(late[0], f"no answer in {silence:g} s"))
 
-    def flush(self) -> None:
-        """Send every entry appended so far now (somebody waits for it) instead of after the linger."""
-        for st in self.streams.values():
-            st.flush()
+    def flush(self, everyone: bool = False) -> None:
+        """Send every entry appended so far now (somebody waits for it) instead of after the linger — to a quorum
+        (rule R4, docs/cluster.md): this node's own store, and as many of the other members as Qa needs besides,
+        those with the fewest entries of their rounds unanswered first, in turn among equals; the others' copies
+        follow with their next round or after the linger. Every member gets every entry, in order; a round wakes
+        Qa of them, not the whole ensemble. `everyone`: to every member now."""
+        m, streams, flushed = self.machine, self.streams, self._flushed
+        need = m.rep.ack_quorum
+        if everyone or len(streams) <= need:
+            for name, st in streams.items():
+                flushed[name] = m.next
+                st.flush()
+            return
+        others = []
+        for name, st in streams.items():
+            if isinstance(st, LocalAppend):
+                st.flush()
+                need -= 1
+            elif name not in self.failed:
+                others.append(name)
+        if need <= 0 or not others:
+            return
+        self._turn += 1
+        k = self._turn % len(others)
+        order = sorted(others[k:] + others[:k], key=lambda n: max(0, flushed.get(n, 0) - m.answered[n]))  # (stable)
+        for name in order[:need]:
+            flushed[name] = m.next
+            streams[name].flush()
 
     def stop(self, why: str) -> None:
         """Roll of the writer's own accord: appends fail with LedgerRolled from now on."""
@@ -266,7 +295,17 @@ class LedgerWriter:
         r = self.rolled
         return [] if r is None else [(self.types.get(r.close_at + i, 0), b) for i, b in enumerate(r.resend)]
 
-    async def close(self) -> None:
+    async def close(self, drain_s: float = 0.0) -> None:
+        """Stop. With `drain_s`: first send every member what it was not sent yet and wait up to that long for
+        the members still up to answer all that was confirmed, so a ledger closed holds it on each (a round went
+        to a quorum only: R4)."""
+        if drain_s > 0 and not self._closed:
+            self.flush(everyone=True)
+            loop = asyncio.get_running_loop()
+            until = loop.time() + drain_s
+            while loop.time() < until and any(self.through.get(n, 0) < self.machine.lac
+                                               for n in self.streams if n not in self.failed):
+                await asyncio.sleep(0.001)
         self._closed = True
         for s in self.streams.values():
             s.close()

@@ -44,11 +44,12 @@ class SimNet:
         self.meta_cut: set[str] = set()  # nodes that cannot reach the metadata store
         self.meta_down = False  # the whole metadata store is down
         self.generation: dict[str, int] = {}  # node id → how many times it started: a restart breaks old streams
-        self._random, self._span = rng.random, delay_s[1] - delay_s[0]
+        self._random = rng.random
 
     def delay(self) -> float:
         """rng.uniform(*delay_s), without its frame (every message takes one): the same number."""
-        return self.delay_s[0] + self._span * self._random()
+        lo, hi = self.delay_s
+        return lo + (hi - lo) * self._random()
 
     def reachable(self, src: str, dst: str) -> bool:
         return (src, dst) not in self.cut

@@ -128,8 +128,10 @@ def test_a_message_published_while_an_earlier_lease_is_recorded_is_leased_at_onc
     limits.stream_deliveries_ahead deliveries): that message's Deliver record rides to the members with its
     Publish record instead of waiting for the earlier round trip to end, then for one of its own. Recorded by
     the time the first goes out, it goes with it, in one response (gRPC writes a stream's responses one at a
-    time: as a second response it waited for the first one's write)."""
+    time: as a second response it waited for the first one's write). (Links of one delay: with rounds to a
+    quorum, R4, "one"'s round and "two"'s go to different members, which answer both at once only then.)"""
     sim = ClusterSim(5, steps=0)
+    sim.net.delay_s = sim.net.delay_s[:1] * 2
 
     async def go():
         node, s, stream, sent, publishes = await _one_leased_ahead(sim)
