@@ -87,6 +87,8 @@ class Engine:
         self.meta_log = None  # a cluster node's metadata log (node.meta_log): metadata changes go through it
         self._publish_at_owner = None  # a cluster node's way to publish to a topic another node owns
         self.owns = lambda log_id: True  # whether this node owns a log (a cluster node owns some bundles)
+        self._writes = None  # a cluster node's `owns`, which every record it commits is checked against (a single
+        # node owns every log: nothing to check on its hot path)
         # where the journal must be kept from whatever the checkpoints allow (a cluster node's ledger store
         # borrows its own copies from it: node.ledger_store); None: no such bound
         self.journal_floor: Callable[[], int | None] = (lambda: 0) if config.etcd else (lambda: None)
@@ -159,7 +161,7 @@ class Engine:
     def join_cluster(self, meta_log, owns: Callable[[int], bool], replicas) -> None:
         """Serve as a cluster node from now on (node.cluster_node, once joined): metadata changes go through
         `meta_log`, the data logs this node `owns` are replicated by `replicas` (node.bundle_logs)."""
-        self.meta_log, self.owns = meta_log, owns
+        self.meta_log, self.owns, self._writes = meta_log, owns, owns
         self.logs.replicate_with(replicas)
         self.reader.fetcher = replicas.reads.fetch  # batches named by log addresses are read from their ledgers
 
@@ -211,7 +213,7 @@ class Engine:
             formats.raise_data_dir(self.journal.disk, self.config.data_dir, formats.DATA_SPREAD)
         elif rec.TYPE in _HANDOVER:  # (records formats 1 and 2 have not)
             formats.raise_data_dir(self.journal.disk, self.config.data_dir, formats.DATA_HANDOVER)
-        steps = commit(self.state, self.logs, self.epoch, self._fenced, self.config.bundles, rec, owner, self.owns)
+        steps = commit(self.state, self.logs, self.epoch, self._fenced, self.config.bundles, rec, owner, self._writes)
         for _, _, _, effects in steps:  # (performed once every part of a record cut by shard is applied)
             if effects:
                 self._perform(effects)
