@@ -81,8 +81,8 @@ record_bytes_max = 16 * 1024 * 1024
 storage_message_bytes_max = 4 * 1024 * 1024
 append_requests_in_flight_max = 2  # Append requests to one member not yet answered (pigeon.node.replication)
 replication_linger_s = 0.005  # an entry nobody waits for yet goes to its members at most this much later
-# a node's replication round somebody waits for goes no sooner than this after the last while that one is not yet
-# held by Qa members: what is appended meanwhile goes with it (pigeon.node.logs: fewer, fuller requests under load)
+# under load a node's replication round somebody waits for goes once the last is held by Qa members, and no later
+# than this after it: what is appended meanwhile goes with it (pigeon.node.logs: fewer, fuller requests under load)
 replication_round_s = 0.003
 ledger_close_drain_s = 0.05  # a ledger closing waits this long at most for its members' copies of what it confirmed
 group_commit_bytes_max = 8 * 1024 * 1024

@@ -27,6 +27,7 @@ class NodeLogs:
         self._round: list[asyncio.Future] = []  # … and the replication of the latest entry of each log it sent
         self._round_overlapped = False  # … and whether it was asked for while the one before was still out
         self._asking_overlapped = False  # (the same of the flush queued)
+        self._waiting: asyncio.TimerHandle | None = None  # the flush queued, when it waits for the last round
 
     def replicate_with(self, replicas) -> None:
         """From now on the data logs are replicated by `replicas` (node.bundle_logs.BundleLogs)."""
@@ -63,26 +64,42 @@ class NodeLogs:
     def _flush_soon(self, log_id: int) -> None:
         """Send the log's lingering entries once the callbacks readied so far have run, not now, so that what they
         append goes in the same request: above all the lease a publish's subscriber takes when the publish wakes
-        it (its Deliver record rides with the batch: one round trip for both, not two in a row). Under load, no
-        sooner than limits.replication_round_s after the last round, so that a round carries the records of several
-        publishes: every request costs each member a wake-up of its loop and of its journal's writer, and the owner
-        its sends and their answers, and a round for every publish or two keeps a loaded owner's loop at its
-        capacity, where each step of each publish waits for the turns ahead of it — a few milliseconds to fill a
-        round cost less than that. "Under load": the last round is not yet held by Qa members and was itself asked
-        for while the one before it was still out. A burst's second round still goes at once, beside the first
-        (its publish's lease then rides with it), and a cluster that keeps up waits for nothing."""
+        it (its Deliver record rides with the batch: one round trip for both, not two in a row). Under load, once
+        the last round is held by Qa members, and no later than limits.replication_round_s after it went, so that a
+        round carries the records of several publishes: every request costs a member a wake-up of its loop and of
+        its journal's writer, and the owner a send and an answer, and a round for every publish keeps a loaded
+        owner's loop at its capacity, where each step of each publish waits for the turns ahead of it. "Under
+        load": the last round is not yet held and was itself asked for while the one before it was still out —
+        two rounds out at once, the most that is worth having. Not a fixed wait: when the owner keeps up, its last
+        round is held within a round trip, and a publish then waits for that, not for the spacing. A burst's second
+        round still goes at once, beside the first (its publish's lease then rides with it), and a cluster whose
+        rounds are answered before the next is asked for waits for nothing."""
         if not self._to_flush:
             loop = asyncio.get_running_loop()
-            out = not all(f.done() for f in self._round)
+            out = [f for f in self._round if not f.done()]
             wait = self._last_round + limits.replication_round_s - loop.time()
             if out and self._round_overlapped and wait > 0:
-                loop.call_later(wait, self._flush)
+                self._flush_after(out, wait)
             else:
                 loop.call_soon(self._flush)
-            self._asking_overlapped = out
+            self._asking_overlapped = bool(out)
         self._to_flush.add(log_id)
 
+    def _flush_after(self, out: list[asyncio.Future], wait: float) -> None:
+        """Flush once the last round is held (each of `out` done) or `wait` seconds from now, whichever comes first."""
+        loop = asyncio.get_running_loop()
+        timer = self._waiting = loop.call_later(wait, self._flush)
+
+        def held(_) -> None:
+            if self._waiting is timer and all(f.done() for f in out):
+                timer.cancel()
+                self._waiting = None
+                loop.call_soon(self._flush)
+        for f in out:
+            f.add_done_callback(held)
+
     def _flush(self) -> None:
+        self._waiting = None
         self._last_round = asyncio.get_running_loop().time()
         self._round_overlapped = self._asking_overlapped
         logs, self._to_flush = self._to_flush, set()

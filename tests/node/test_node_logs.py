@@ -100,10 +100,10 @@ class _Rounds(_Ledgers):
         self.at.append(asyncio.get_running_loop().time())
 
 
-def test_under_load_a_round_waits_until_a_round_after_the_last_and_otherwise_goes_at_once():
-    """Under load (the last round still out, and itself asked for while the one before was out) a round goes no
-    sooner than limits.replication_round_s after the last; a burst's second round, and any round after an
-    answered one, at once."""
+def test_under_load_a_round_waits_for_the_last_to_be_held_at_most_a_spacing_and_otherwise_goes_at_once():
+    """Under load (the last round still out, and itself asked for while the one before was out) a round goes once
+    the last is held by Qa members, and no later than limits.replication_round_s after the last went; a burst's
+    second round, and any round after an answered one, at once."""
     round_s = limits.replication_round_s
     assert round_s > 0
 
@@ -137,5 +137,22 @@ def test_under_load_a_round_waits_until_a_round_after_the_last_and_otherwise_goe
         publish()
         await asyncio.sleep(0)
         assert rounds.at[-1] == answered, "the last round answered: the next goes at once, however soon"
+
+        await asyncio.sleep(round_s / 4)
+        publish()  # a burst's second round: at once
+        await asyncio.sleep(0)
+        assert len(rounds.at) == 5
+        publish()  # under load again: waits …
+        await asyncio.sleep(round_s / 4)
+        assert len(rounds.at) == 5, "under load a round waits for the last to be held"
+        rounds.sent[-3].set_result(None)  # (the burst's first round held: not the last)
+        await asyncio.sleep(round_s / 100)
+        assert len(rounds.at) == 5, "… the last, not only one before it"
+        rounds.sent[-2].set_result(None)  # (the burst's second round: the last)
+        held = loop.time()
+        await asyncio.sleep(round_s / 100)
+        assert rounds.at[5] == held < rounds.at[4] + round_s, "… and goes once it is, before the spacing is up"
+        await asyncio.sleep(2 * round_s)
+        assert len(rounds.at) == 6, "one round for that wait, not a second when its timer would have come"
 
     simloop.run(go())
