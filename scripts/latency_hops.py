@@ -5,13 +5,16 @@ publisher's send to the consumer's receipt, as percentiles. Every stamp is CLOCK
 the machine share.
 
     python scripts/latency_hops.py [--rate 1000] [--seconds 10] [--server-env NAME=VALUE]
-    python scripts/latency_hops.py --cluster [--rate 1000] [--nodes 1 --node-args "--replicas 1 --ack-quorum 1"]
+    python scripts/latency_hops.py --cluster [--members] [--rate 1000]
+    python scripts/latency_hops.py --cluster --nodes 1 --node-args "--replicas 1 --ack-quorum 1"
 
 `--cluster`: the benchmark's three nodes over etcd instead (pigeon.bench.cluster: fsync=always, ledgers on 3,
 answered at 2), the publisher and the consumer at the topic's owner, and the owner's steps — its sends to the
 members, their answers, the record held by two (`confirmed`), the handler resumed — with, last, how long a call
 waited before the owner's loop had it by how many publishes were in flight when it was sent: a wait that grows
 with them is a queue in front of a loop at its capacity (bench/results/2026-12-07T0630-owner-capacity.md).
+`--members` puts the member's steps between the owner's send and its answer (`frame` whole, its journal's writer
+asked, the fdatasync, the answer written), from the other nodes' hop files.
 
 The k-th publish sent is matched with the k-th the server started (sends are 1 ms apart, answers ~1 ms long:
 the few that overtake one another blur a percentile, not a step). Loopback only; the server is stopped by its pid.
@@ -51,6 +54,9 @@ DELIVERY_HOPS = ("posted", "woken", "sending")
 # subscriber's delivery goes out once its lease's record is held too
 CLUSTER_PUBLISH_HOPS = ("publish", "committed", "replicating", "acked", "confirmed", "resumed")
 CLUSTER_DELIVERY_HOPS = ("confirmed", "sending")
+# `--members`: between the owner's send and its answer, the member's own (from the other nodes' files, "member "
+# before each: the first of either member's after the owner's hop — with rounds to a quorum, the one it was sent to)
+MEMBER_HOPS = ("frame", "asked", "taken", "syncing", "synced", "posted", "answering")
 SKIP = 200  # the first messages warm both sides up
 
 
@@ -215,8 +221,17 @@ def _cluster(a, console: Console):
     finally:
         server.stop()
     try:
-        found = [f for f in os.listdir(data) if f.endswith(".hops") and f.split(".")[0] in pids]
-        return read_hops(os.path.join(data, found[0])), published, received
+        files = [f for f in os.listdir(data) if f.endswith(".hops")]
+        (mine,) = [f for f in files if f.split(".")[0] in pids]
+        hops = read_hops(os.path.join(data, mine))
+        for f in files:
+            if f != mine:
+                for hop, xs in read_hops(os.path.join(data, f)).items():
+                    hops.setdefault(f"member {hop}", []).extend(xs)
+        for hop in hops:
+            if hop.startswith("member "):
+                hops[hop].sort()
+        return hops, published, received
     finally:
         shutil.rmtree(data, ignore_errors=True)
 
@@ -249,6 +264,8 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--server-env", action="append", default=[], help="NAME=VALUE for the server (repeatable)")
     ap.add_argument("--cluster", action="store_true", help="three nodes over etcd, the calls at the topic's owner")
+    ap.add_argument("--members", action="store_true", help="with --cluster: the member's steps between the owner's "
+                    "send and its answer too")
     ap.add_argument("--node-args", default="", metavar="OPTIONS",
                     help='with --cluster: more `pigeon serve` options for every node, e.g. '
                          '"--replicas 1 --ack-quorum 1"')
@@ -260,6 +277,9 @@ def main() -> None:
     chain = (CLUSTER_PUBLISH_HOPS, CLUSTER_DELIVERY_HOPS) if a.cluster else (PUBLISH_HOPS, DELIVERY_HOPS)
     if a.cluster and "replicating" not in hops:  # (no member but the owner's own store: no append channel)
         chain = (tuple(h for h in chain[0] if h not in ("replicating", "acked")), chain[1])
+    elif a.cluster and a.members:
+        at = chain[0].index("acked")
+        chain = (chain[0][:at] + tuple(f"member {h}" for h in MEMBER_HOPS) + chain[0][at:], chain[1])
     steps = _steps(hops, published, received, chain)
     table = Table(title=f"one message's steps at {a.rate:,} publishes/s, 1 message of 256 bytes each "
                         f"({len(next(iter(steps.values()), [])):,} messages)"
