@@ -3,8 +3,15 @@ import logging
 import os
 
 import pytest
+from hypothesis import settings
 
 from pigeon.testing.server import ServerProcess
+
+# `make test` gives the same answer on every run: the property tests draw the same examples each time. A run with
+# HYPOTHESIS_PROFILE=explore draws new ones; what it finds becomes a fix (or a bound stated where it holds).
+settings.register_profile("derandomized", derandomize=True)
+settings.register_profile("explore", derandomize=False)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "derandomized"))
 
 SPARK_DIR = "tests/spark/"
 SPARK_WORKER = "gw0"  # the worker of a parallel run that runs the Spark tests
