@@ -410,25 +410,23 @@ class BundleLogs:
         live = self._live_nodes()
         return frozenset() if live is None else frozenset(n for n in lg.members if n not in live and n != self.me)
 
-    def _live_nodes(self) -> set[str] | None:
-        """The nodes whose session is live, as the membership's view holds their keys; None while the view is not
-        live (etcd out of reach tells nothing)."""
+    def _live_nodes(self, reachable: bool = False) -> set[str] | None:
+        """The nodes whose session is live (and, `reachable`, whose record does not say "cut_off": node.membership's
+        NodeInfo), as the membership's view holds their keys; None while the view is not live (etcd out of reach)."""
         view = self.cluster.membership.view
         if not view.live:
             return None
-        prefix = M.node_key("")
-        return {kv.key[len(prefix):] for kv in view.kvs[prefix].values()}
+        n, kvs = len(M.node_key("")), view.kvs[M.node_key("")].values()
+        return {kv.key[n:] for kv in kvs if not (reachable and json.loads(kv.value).get("cut_off"))}
 
     def _read_order(self, lg: LedgerInfo) -> list[tuple[str, str]]:
         """The members a read asks, in turn: this node's own copy first, then those whose session is live (as the
-        view holds the node keys) and that failed no write lately, the others last. A member that neither answers
-        nor refuses (a paused process) holds each read for limits.storage_call_s (10 s) — and a ledger's first
-        member is its writer, the very node whose bundle is being taken over when it stopped: a takeover from a
-        paused owner on a 4-node cluster (the taker not in the ledger) read its log for 10.7–11.4 s."""
-        view = self.cluster.membership.view
-        prefix = M.node_key("")
-        live = {kv.key[len(prefix):] for kv in view.kvs[prefix].values()} if view.live else None
-        suspected = self.suspected()
+        view holds the node keys), that do not say they are cut off from their peers and that failed no write
+        lately, the others last. A member that neither answers nor refuses (a paused process, one cut off) holds
+        each read for limits.storage_call_s (10 s) — and a ledger's first member is its writer, the very node whose
+        bundle is being taken over: a takeover from a paused owner on a 4-node cluster read its log for 10.7–11.4 s,
+        one from an owner cut off from its peers (which steps down saying so) for 10 s."""
+        live, suspected = self._live_nodes(reachable=True), self.suspected()
         return sorted(lg.members.items(), key=lambda m: (m[0] != self.me, live is not None and m[0] not in live,
                                                          m[0] in suspected))
 
