@@ -80,3 +80,12 @@ def test_a_writer_fails_a_member_whose_session_ended_but_not_one_the_view_has_no
     view.kvs[M.node_key("")].clear()
     logs.members_ended()
     assert gone == [("n2", "its session ended")]
+
+
+def test_a_member_that_says_it_is_cut_off_is_asked_last():
+    # n1 takes n2's bundle over: n2 (the writer) is cut off from its peers — its session lives (it reaches etcd),
+    # and its node record says it is cut off; a read that asked it first waited the call's whole limit
+    logs = _logs("n1", live=["n1", "n2", "n3", "n4"])
+    logs.cluster.membership.view.kvs[M.node_key("")][M.node_key("n2")] = M.KV(M.node_key("n2"),
+                                                                                b'{"cut_off": true}', 1, 1)
+    assert _read(logs, LEDGER, paused={"n2"}) == ["n3"]
